@@ -1,0 +1,23 @@
+# Two commands do all set-up on a fresh machine:
+#   make run    set up .venv, then run the main job (configs/quickstart.yaml)
+#   make test   set up .venv, then run the test suite
+PY := .venv/bin/python
+CONFIG ?= configs/quickstart.yaml
+PYTEST_ARGS ?=
+
+.PHONY: setup run test bench clean
+
+setup:
+	@bash scripts/bootstrap.sh
+
+run: setup
+	@$(PY) -m tff_fedadamom run $(CONFIG)
+
+test: setup
+	@$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: setup
+	@$(PY) benchmarks/optimizer_step.py
+
+clean:
+	rm -rf .venv runs

@@ -1,0 +1,175 @@
+"""The contract every registered server optimizer passes, and the registry's errors."""
+
+import collections
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_fedadamom.optimizers import registry
+
+LR_KEY = tff.learning.optimizers.LEARNING_RATE_KEY
+NAMES = registry.list_optimizers()
+
+# Learning rates that make each optimizer converge on the quadratic below.
+_QUADRATIC_LR = {
+    'fedavg': 0.015, 'fedavgm': 0.005, 'fedadam': 0.05, 'fedyogi': 0.05,
+    'fedadagrad': 0.3, 'fedadamom': 0.015,
+}
+
+
+def _weights():
+  return collections.OrderedDict(
+      dense=[tf.constant([[1.0, -2.0], [0.5, 3.0]]), tf.constant([0.1, -0.1])],
+      scalar=tf.constant(2.0),
+  )
+
+
+def _specs(weights):
+  return tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), weights)
+
+
+def _grads(weights, scale=1.0):
+  return tf.nest.map_structure(lambda t: scale * (t + 0.5), weights)
+
+
+def test_registry_names():
+  assert set(NAMES) == {
+      'fedavg', 'fedavgm', 'fedadam', 'fedyogi', 'fedadagrad', 'fedadamom'}
+  assert set(_QUADRATIC_LR) == set(NAMES)
+
+
+@pytest.mark.parametrize('name', NAMES)
+class TestContract:
+
+  def test_is_tff_optimizer(self, name):
+    assert isinstance(registry.build_server_optimizer(name),
+                      tff.learning.optimizers.Optimizer)
+
+  def test_tunable_hparams_are_hparams(self, name):
+    spec = registry.get_spec(name)
+    assert 'learning_rate' in spec.tunable
+    assert set(spec.tunable) <= set(spec.defaults)
+
+  def test_state_structure_and_dtypes_preserved(self, name):
+    opt = registry.build_server_optimizer(name)
+    weights = _weights()
+
+    @tf.function
+    def step(state, w, g):
+      return opt.next(state, w, g)
+
+    state = opt.initialize(_specs(weights))
+    state = tf.nest.map_structure(tf.convert_to_tensor, state)
+    new_state, new_w = step(state, weights, _grads(weights))
+    tf.nest.assert_same_structure(new_state, state)
+    tf.nest.assert_same_structure(new_w, weights)
+    for a, b in zip(tf.nest.flatten(new_state), tf.nest.flatten(state)):
+      assert a.dtype == b.dtype and a.shape == b.shape
+    assert LR_KEY in state
+
+  def test_finite_for_zero_and_large_updates(self, name):
+    opt = registry.build_server_optimizer(name)
+    weights = _weights()
+    state = opt.initialize(_specs(weights))
+    for scale in (0.0, 0.0, 1e6, 1e-6):
+      state, weights = opt.next(state, weights, _grads(weights, scale))
+      for leaf in tf.nest.flatten(weights):
+        assert np.all(np.isfinite(leaf)), (name, scale)
+
+  def test_none_gradient_leaves_weight_unchanged(self, name):
+    opt = registry.build_server_optimizer(name)
+    weights = [tf.constant([1.0, 2.0]), tf.constant([3.0])]
+    state = opt.initialize(_specs(weights))
+    _, new = opt.next(state, weights, [tf.constant([0.5, 0.5]), None])
+    np.testing.assert_array_equal(new[1], [3.0])
+    assert not np.array_equal(new[0], weights[0])
+
+  def test_hparams_round_trip(self, name):
+    opt = registry.build_server_optimizer(name)
+    state = opt.initialize(_specs(_weights()))
+    hparams = opt.get_hparams(state)
+    assert LR_KEY in hparams
+    changed = collections.OrderedDict(
+        (k, v * 0.5 if k == LR_KEY else v) for k, v in hparams.items())
+    new_state = opt.set_hparams(state, changed)
+    assert opt.get_hparams(new_state)[LR_KEY] == pytest.approx(
+        hparams[LR_KEY] * 0.5)
+    back = opt.get_hparams(opt.set_hparams(new_state, hparams))
+    assert back == hparams
+
+  def test_schedule_learning_rate(self, name):
+    opt = tff.learning.optimizers.schedule_learning_rate(
+        registry.build_server_optimizer(name), lambda r: 0.1 / (1.0 + tf.cast(r, tf.float32)))
+    weights = _weights()
+    state = opt.initialize(_specs(weights))
+    for r in range(3):
+      state, weights = opt.next(state, weights, _grads(weights))
+      # The scheduled wrapper keeps the wrapped state under 'optimizer'.
+      assert float(state['optimizer'][LR_KEY]) == pytest.approx(0.1 / (r + 2))
+
+  def test_runs_as_tff_computation(self, name):
+    opt = registry.build_server_optimizer(name)
+    weights = _weights()
+    specs = _specs(weights)
+
+    @tff.tensorflow.computation
+    def init_fn():
+      return opt.initialize(specs)
+
+    weights_type = tff.types.tensorflow_to_type(specs)
+
+    @tff.tensorflow.computation(init_fn.type_signature.result, weights_type,
+                                weights_type)
+    def next_fn(state, w, g):
+      return opt.next(state, w, g)
+
+    eager_state, eager_w = opt.initialize(specs), weights
+    state, w = init_fn(), tf.nest.map_structure(lambda t: t.numpy(), weights)
+    for _ in range(2):
+      g = _grads(eager_w)
+      eager_state, eager_w = opt.next(eager_state, eager_w, g)
+      state, w = next_fn(state, w, tf.nest.map_structure(lambda t: t.numpy(), g))
+    for a, b in zip(tf.nest.flatten(eager_w), tf.nest.flatten(w)):
+      np.testing.assert_allclose(a, b, rtol=1e-5)
+
+  def test_converges_on_ill_conditioned_quadratic(self, name):
+    h = tf.constant([100.0, 10.0, 1.0])
+    w = tf.constant([1.0, 1.0, 1.0])
+    opt = registry.build_server_optimizer(name, learning_rate=_QUADRATIC_LR[name])
+    state = opt.initialize(tf.TensorSpec([3], tf.float32))
+    loss0 = float(0.5 * tf.reduce_sum(h * w * w))
+    for _ in range(500):
+      state, w = opt.next(state, w, h * w)
+    assert float(0.5 * tf.reduce_sum(h * w * w)) < 1e-2 * loss0
+
+  def test_invalid_learning_rate(self, name):
+    with pytest.raises(ValueError, match='learning_rate'):
+      registry.build_server_optimizer(name, learning_rate=-1.0)
+
+
+def test_unknown_optimizer_lists_valid_names():
+  with pytest.raises(ValueError, match=r"Unknown server optimizer 'fedadamm'.*"
+                     r"fedadamom.*Did you mean"):
+    registry.build_server_optimizer('fedadamm')
+
+
+def test_unknown_hparam_lists_valid_ones():
+  with pytest.raises(ValueError, match=r"'fedavg' has no hparam 'beta_2'.*"
+                     r"learning_rate"):
+    registry.build_server_optimizer('fedavg', beta_2=0.9)
+
+
+def test_hparams_reach_the_optimizer():
+  opt = registry.build_server_optimizer('fedadam', learning_rate=0.3, beta_2=0.5)
+  hp = opt.get_hparams(opt.initialize(tf.TensorSpec([1], tf.float32)))
+  assert hp[LR_KEY] == 0.3 and hp['beta_2'] == 0.5
+  assert hp['epsilon'] == 1e-3  # Reddi et al.'s default
+
+
+def test_default_and_tunable_hparams():
+  assert registry.default_hparams('fedadamom') == {
+      'learning_rate': 1.0, 'beta_2': 0.05, 'epsilon': 1e-3}
+  assert registry.tunable_hparams('fedavg') == ('learning_rate',)
+  assert 'beta_2' not in registry.tunable_hparams('fedavgm')

@@ -1,0 +1,33 @@
+"""FedAdamom for TensorFlow Federated: optimizer, YAML pipeline, sweeps.
+
+Public names are imported lazily so that `import tff_fedadamom` (and the CLI's
+`--help`) does not pay for TensorFlow until something needs it.
+"""
+
+import importlib
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "build_fedadamom": "tff_fedadamom.optimizers",
+    "build_server_optimizer": "tff_fedadamom.optimizers",
+    "list_optimizers": "tff_fedadamom.optimizers",
+    "load_config": "tff_fedadamom.config",
+    "build_process": "tff_fedadamom.pipeline",
+    "run_experiment": "tff_fedadamom.pipeline",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+  if name in _EXPORTS:
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
+  raise AttributeError(f"module 'tff_fedadamom' has no attribute {name!r}")
+
+
+def __dir__():
+  return sorted(list(globals()) + list(_EXPORTS))

@@ -1,0 +1,196 @@
+"""The one registry of server optimizers: name -> TFF optimizer builder.
+
+Every place in the project that turns an optimizer name into an optimizer goes
+through `build_server_optimizer`; the config and sweep layers ask this module
+which names exist, which hyperparameters each one has, and which are tunable.
+
+Hyperparameter names are shared across optimizers (`learning_rate`, `beta_1`,
+`beta_2`, `epsilon`, `momentum`). Defaults of the adaptive baselines follow
+Reddi et al., "Adaptive Federated Optimization" (ICLR 2021): beta_1 = 0.9,
+beta_2 = 0.99, epsilon (their tau, the adaptivity) = 1e-3. Their server
+learning rates must be tuned; the defaults here are starting points in the
+range where that paper found the best values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from typing import Any, Callable, Mapping
+
+import tensorflow_federated as tff
+
+from tff_fedadamom.optimizers import fedadamom
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerSpec:
+  """A registered server optimizer.
+
+  Attributes:
+    name: Registry name.
+    builder: Callable taking the hparams as keywords, returning a TFF optimizer.
+    defaults: Every hparam the optimizer accepts, with its default.
+    tunable: The hparams a sweep may vary (a subset of `defaults`).
+    description: One line for listings and docs.
+  """
+
+  name: str
+  builder: Callable[..., tff.learning.optimizers.Optimizer]
+  defaults: Mapping[str, Any]
+  tunable: tuple[str, ...]
+  description: str
+
+
+def _fedavg(learning_rate):
+  return tff.learning.optimizers.build_sgdm(learning_rate=learning_rate)
+
+
+def _fedavgm(learning_rate, momentum):
+  return tff.learning.optimizers.build_sgdm(
+      learning_rate=learning_rate, momentum=momentum
+  )
+
+
+def _fedadam(learning_rate, beta_1, beta_2, epsilon):
+  return tff.learning.optimizers.build_adam(
+      learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon
+  )
+
+
+def _fedyogi(learning_rate, beta_1, beta_2, epsilon, initial_preconditioner):
+  return tff.learning.optimizers.build_yogi(
+      learning_rate=learning_rate,
+      beta_1=beta_1,
+      beta_2=beta_2,
+      epsilon=epsilon,
+      initial_preconditioner_value=initial_preconditioner,
+  )
+
+
+def _fedadagrad(learning_rate, epsilon, initial_preconditioner):
+  return tff.learning.optimizers.build_adagrad(
+      learning_rate=learning_rate,
+      initial_preconditioner_value=initial_preconditioner,
+      epsilon=epsilon,
+  )
+
+
+def _spec(name, builder, defaults, tunable, description) -> OptimizerSpec:
+  return OptimizerSpec(name, builder, dict(defaults), tuple(tunable), description)
+
+
+OPTIMIZERS: Mapping[str, OptimizerSpec] = {
+    s.name: s
+    for s in (
+        _spec(
+            'fedavg',
+            _fedavg,
+            {'learning_rate': 1.0},
+            ['learning_rate'],
+            'FedAvg: server SGD, w - eta * g (eta = 1 is plain averaging).',
+        ),
+        _spec(
+            'fedavgm',
+            _fedavgm,
+            {'learning_rate': 1.0, 'momentum': 0.9},
+            ['learning_rate', 'momentum'],
+            'FedAvgM: server heavy-ball momentum, m = momentum * m + g.',
+        ),
+        _spec(
+            'fedadam',
+            _fedadam,
+            {'learning_rate': 0.01, 'beta_1': 0.9, 'beta_2': 0.99,
+             'epsilon': 1e-3},
+            ['learning_rate', 'beta_2', 'epsilon'],
+            'FedAdam (Reddi et al. 2021): Adam on the server.',
+        ),
+        _spec(
+            'fedyogi',
+            _fedyogi,
+            {'learning_rate': 0.01, 'beta_1': 0.9, 'beta_2': 0.99,
+             'epsilon': 1e-3, 'initial_preconditioner': 1e-6},
+            ['learning_rate', 'beta_2', 'epsilon'],
+            'FedYogi (Reddi et al. 2021): Yogi on the server.',
+        ),
+        _spec(
+            'fedadagrad',
+            _fedadagrad,
+            {'learning_rate': 0.1, 'epsilon': 1e-3,
+             'initial_preconditioner': 0.0},
+            ['learning_rate', 'epsilon'],
+            'FedAdagrad (Reddi et al. 2021): Adagrad on the server.',
+        ),
+        _spec(
+            'fedadamom',
+            fedadamom.build_fedadamom,
+            {'learning_rate': fedadamom.DEFAULT_LEARNING_RATE,
+             'beta_2': fedadamom.DEFAULT_BETA_2,
+             'epsilon': fedadamom.DEFAULT_EPSILON},
+            ['learning_rate', 'beta_2', 'epsilon'],
+            'FedAdamom: second moment sets a per-coordinate momentum.',
+        ),
+    )
+}
+
+
+def list_optimizers() -> list[str]:
+  """Names of the registered server optimizers."""
+  return list(OPTIMIZERS)
+
+
+def _suggest(word: str, valid) -> str:
+  close = difflib.get_close_matches(word, list(valid), n=1)
+  return f" Did you mean '{close[0]}'?" if close else ''
+
+
+def get_spec(name: str) -> OptimizerSpec:
+  """Returns the registry entry for `name`; ValueError listing the valid names."""
+  try:
+    return OPTIMIZERS[name]
+  except (KeyError, TypeError):
+    raise ValueError(
+        f'Unknown server optimizer {name!r}; valid: {list_optimizers()}.'
+        + _suggest(str(name), OPTIMIZERS)
+    ) from None
+
+
+def default_hparams(name: str) -> dict[str, Any]:
+  """Every hparam of optimizer `name`, with its default."""
+  return dict(get_spec(name).defaults)
+
+
+def tunable_hparams(name: str) -> tuple[str, ...]:
+  """The hparams of optimizer `name` that a sweep may vary."""
+  return get_spec(name).tunable
+
+
+def resolve_hparams(name: str, **hparams) -> dict[str, Any]:
+  """Defaults of `name` updated with `hparams`; unknown hparams are an error."""
+  spec = get_spec(name)
+  unknown = sorted(set(hparams) - set(spec.defaults))
+  if unknown:
+    raise ValueError(
+        f'Server optimizer {name!r} has no hparam {unknown[0]!r}; valid:'
+        f' {sorted(spec.defaults)}.' + _suggest(unknown[0], spec.defaults)
+    )
+  return {**spec.defaults, **hparams}
+
+
+def build_server_optimizer(
+    name: str, **hparams
+) -> tff.learning.optimizers.Optimizer:
+  """Builds the server optimizer `name` with `hparams` over its defaults.
+
+  Args:
+    name: One of `list_optimizers()`.
+    **hparams: Values for any of the optimizer's hparams (`default_hparams`).
+
+  Returns:
+    A `tff.learning.optimizers.Optimizer`.
+
+  Raises:
+    ValueError: For an unknown name or hparam (listing the valid ones), or an
+      out-of-range value (raised by the optimizer, naming the argument).
+  """
+  return get_spec(name).builder(**resolve_hparams(name, **hparams))

@@ -1,0 +1,86 @@
+"""Process-level runtime: TensorFlow logging, TFF execution context, child-process cleanup.
+
+TFF's C++ execution context starts a ``worker_binary`` child process. Its owner (the
+context's service manager) is torn down in ``__del__`` too late at interpreter exit, so the
+worker can outlive Python and keep the parent's stdout/stderr pipes open, hanging whatever
+waits on them. ``install_child_cleanup`` ends this process's own children explicitly at
+exit and on SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import threading
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+_INSTALLED = False
+_LOCK = threading.Lock()
+
+
+def _child_pids(pid: int) -> list[int]:
+  """Returns the pids of every descendant of ``pid`` (Linux /proc walk)."""
+  children: dict[int, list[int]] = {}
+  try:
+    entries = os.listdir("/proc")
+  except OSError:
+    return []
+  for entry in entries:
+    if not entry.isdigit():
+      continue
+    try:
+      with open(f"/proc/{entry}/stat", "rb") as f:
+        stat = f.read().decode(errors="replace")
+      # Field 4 (ppid) follows the parenthesised command name, which may hold spaces.
+      ppid = int(stat.rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+      continue
+    children.setdefault(ppid, []).append(int(entry))
+  found, stack = [], [pid]
+  while stack:
+    for child in children.get(stack.pop(), []):
+      found.append(child)
+      stack.append(child)
+  return found
+
+
+def kill_children(sig: int = signal.SIGKILL) -> int:
+  """Sends ``sig`` to every descendant of this process; returns how many were signalled."""
+  count = 0
+  for child in _child_pids(os.getpid()):
+    try:
+      os.kill(child, sig)
+      count += 1
+    except OSError:
+      pass
+  return count
+
+
+def _on_signal(signum, frame):  # pragma: no cover - exercised through subprocess tests
+  kill_children()
+  previous = _PREVIOUS_HANDLERS.get(signum)
+  if callable(previous):
+    previous(signum, frame)
+  elif signum == signal.SIGINT:
+    raise KeyboardInterrupt
+  else:
+    os._exit(128 + signum)
+
+
+_PREVIOUS_HANDLERS: dict[int, object] = {}
+
+
+def install_child_cleanup() -> None:
+  """Makes sure no child process (TFF's worker_binary) outlives this process."""
+  global _INSTALLED
+  with _LOCK:
+    if _INSTALLED:
+      return
+    _INSTALLED = True
+  atexit.register(kill_children)
+  if threading.current_thread() is threading.main_thread():
+    for signum in (signal.SIGTERM,):
+      _PREVIOUS_HANDLERS[signum] = signal.getsignal(signum)
+      signal.signal(signum, _on_signal)
