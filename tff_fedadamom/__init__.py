@@ -7,7 +7,7 @@ Public names are imported lazily so that `import tff_fedadamom` (and the CLI's
 import importlib
 import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 __version__ = "0.1.0"
 

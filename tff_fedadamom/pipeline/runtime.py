@@ -14,7 +14,7 @@ import os
 import signal
 import threading
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 _INSTALLED = False
 _LOCK = threading.Lock()
@@ -84,3 +84,42 @@ def install_child_cleanup() -> None:
     for signum in (signal.SIGTERM,):
       _PREVIOUS_HANDLERS[signum] = signal.getsignal(signum)
       signal.signal(signum, _on_signal)
+
+
+def configure_threads(threads: int | None) -> None:
+  """Sizes TensorFlow's thread pools (must run before TensorFlow starts work)."""
+  if not threads:
+    return
+  import tensorflow as tf
+
+  try:
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(max(1, min(threads, 2)))
+  except RuntimeError:  # TensorFlow already initialized: keep its pools.
+    pass
+
+
+def configure_devices() -> list[str]:
+  """Turns on GPU memory growth; returns the devices TensorFlow will use."""
+  import tensorflow as tf
+
+  for gpu in tf.config.list_physical_devices("GPU"):
+    try:
+      tf.config.experimental.set_memory_growth(gpu, True)
+    except RuntimeError:
+      pass
+  gpus = tf.config.list_physical_devices("GPU")
+  return [d.name for d in gpus] or [d.name for d in tf.config.list_physical_devices("CPU")]
+
+
+def set_execution_context(max_concurrent_clients: int | None) -> None:
+  """Installs TFF's local C++ execution context.
+
+  `max_concurrent_clients` bounds how many client computations run at once
+  (TFF's `max_concurrent_computation_calls`); None keeps TFF's default.
+  """
+  import tensorflow_federated as tff
+
+  install_child_cleanup()
+  tff.backends.native.set_sync_local_cpp_execution_context(
+      max_concurrent_computation_calls=max_concurrent_clients or -1)

@@ -1,0 +1,138 @@
+"""The command line: run, compare, validate, plot, tune, export.
+
+    tff-fedadamom run CONFIG [--set key=value ...]
+    tff-fedadamom compare CONFIG --optimizers fedadamom,fedadam,fedavgm [--set ...]
+    tff-fedadamom validate CONFIG [--set ...]
+    tff-fedadamom plot RUN_DIR [RUN_DIR ...] [--out PATH]
+    tff-fedadamom tune SWEEP [--resume] [--smoke-test]
+    tff-fedadamom export SWEEP_DIR
+
+Ray is imported only by `tune` and `export`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+
+def _add_set(parser):
+  parser.add_argument("--set", dest="overrides", action="append", default=[],
+                      metavar="KEY=VALUE",
+                      help="override a config value by dotted key, e.g. server.learning_rate=0.5")
+
+
+def _cmd_validate(args) -> int:
+  from tff_fedadamom.config import dump_config, load_config
+
+  config = load_config(args.config, args.overrides)
+  print(f"{args.config}: valid")
+  if args.show:
+    print(dump_config(config), end="")
+  return 0
+
+
+def _print_summary(summary, output_dir) -> None:
+  status = summary["status"]
+  line = (f"{status}: {summary['rounds_completed']} rounds, final test accuracy "
+          f"{_fmt(summary['final_test_accuracy'])}, best {_fmt(summary['best_test_accuracy'])}"
+          f" (round {summary['best_round']})")
+  if status == "diverged":
+    line += f"; diverged at round {summary['diverged_round']}"
+  print(line)
+  print(f"outputs in {output_dir}")
+
+
+def _fmt(value) -> str:
+  return "n/a" if value is None else f"{value:.4f}"
+
+
+def _cmd_run(args) -> int:
+  from tff_fedadamom.pipeline import run_experiment
+
+  result = run_experiment(args.config, overrides=args.overrides, progress=not args.quiet)
+  _print_summary(result.summary, result.output_dir)
+  return 0 if result.summary["status"] == "completed" else 3
+
+
+def _cmd_compare(args) -> int:
+  from tff_fedadamom.pipeline.compare import compare
+
+  names = [n.strip() for n in args.optimizers.split(",") if n.strip()]
+  table = compare(args.config, names, overrides=args.overrides, progress=not args.quiet)
+  print(table)
+  return 0
+
+
+def _cmd_plot(args) -> int:
+  from tff_fedadamom.pipeline.compare import plot_runs
+
+  for path in plot_runs(args.run_dirs, out=args.out):
+    print(f"wrote {path}")
+  return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(
+      prog="tff-fedadamom",
+      description="FedAdamom and its baselines in TensorFlow Federated, from YAML.")
+  sub = parser.add_subparsers(dest="command", required=True)
+
+  p = sub.add_parser("run", help="run (or resume) one experiment")
+  p.add_argument("config")
+  _add_set(p)
+  p.add_argument("--quiet", action="store_true", help="no progress bar")
+  p.set_defaults(fn=_cmd_run)
+
+  p = sub.add_parser("compare", help="one run per server optimizer, same data and seed")
+  p.add_argument("config")
+  p.add_argument("--optimizers", required=True,
+                 help="comma-separated names, e.g. fedadamom,fedadam,fedavgm")
+  _add_set(p)
+  p.add_argument("--quiet", action="store_true")
+  p.set_defaults(fn=_cmd_compare)
+
+  p = sub.add_parser("validate", help="check a config without running it")
+  p.add_argument("config")
+  _add_set(p)
+  p.add_argument("--show", action="store_true", help="print the resolved config")
+  p.set_defaults(fn=_cmd_validate)
+
+  p = sub.add_parser("plot", help="draw learning curves and optimizer telemetry of runs")
+  p.add_argument("run_dirs", nargs="+")
+  p.add_argument("--out", default=None, help="output directory (default: the first run's)")
+  p.set_defaults(fn=_cmd_plot)
+
+  try:
+    from tuning import cli as tuning_cli
+  except ImportError:  # pragma: no cover - tuning not installed
+    tuning_cli = None
+  if tuning_cli is not None:
+    tuning_cli.add_tune_parser(sub)
+    tuning_cli.add_export_parser(sub)
+  return parser
+
+
+def main(argv=None) -> int:
+  from tff_fedadamom.config import ConfigError
+
+  args = build_parser().parse_args(argv)
+  try:
+    return args.fn(args)
+  except ConfigError as e:
+    print(f"config error: {e}", file=sys.stderr)
+    return 2
+  except (FileNotFoundError, OSError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  except KeyboardInterrupt:
+    print("interrupted; re-run the same command to resume from the last checkpoint",
+          file=sys.stderr)
+    return 130
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,253 @@
+"""YAML -> validated `ExperimentConfig`, dotted overrides, and the way back to YAML.
+
+Loading happens once: types and ranges are checked against the schema, names
+and their options against the registries, and the first problem raises a
+`ConfigError` naming the file, the field, the value and what is allowed. YAML is
+read with `yaml.safe_load`, so Python object tags are refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import os
+import typing
+from typing import Any, Iterable, Mapping, Optional, Union
+
+import yaml
+
+from tff_fedadamom.config import schema
+from tff_fedadamom.config.errors import ConfigError
+from tff_fedadamom.atomic_io import atomic_write_text
+
+
+def _type_name(tp) -> str:
+  names = {int: "an integer", float: "a number", str: "a string", bool: "true/false",
+           dict: "a mapping", tuple: "a list"}
+  return names.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _coerce(value, tp, source: str, path: str):
+  """Checks `value` against the annotation `tp`; returns it in canonical form."""
+  origin = typing.get_origin(tp)
+  if origin is Union:  # Optional[X]
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    if value is None:
+      return None
+    return _coerce(value, args[0], source, path)
+  if value is None:
+    raise ConfigError(source, path, "must not be null", allowed=_type_name(tp))
+  if tp is bool:
+    if not isinstance(value, bool):
+      raise ConfigError(source, path, "wrong type", value=value, allowed="true or false")
+    return value
+  if tp is int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+        isinstance(value, float) and not (math.isfinite(value) and value.is_integer())):
+      raise ConfigError(source, path, "wrong type", value=value, allowed="an integer")
+    return int(value)
+  if tp is float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+      raise ConfigError(source, path, "wrong type", value=value, allowed="a number")
+    if not math.isfinite(value):
+      raise ConfigError(source, path, "must be finite", value=value, allowed="a finite number")
+    return float(value)
+  if tp is str:
+    if not isinstance(value, str):
+      raise ConfigError(source, path, "wrong type", value=value, allowed="a string")
+    return value
+  if tp is dict:
+    if not isinstance(value, Mapping):
+      raise ConfigError(source, path, "wrong type", value=value, allowed="a mapping")
+    for key in value:
+      if not isinstance(key, str):
+        raise ConfigError(source, f"{path}.{key}", "keys must be strings", value=key)
+    return dict(value)
+  if tp is tuple:
+    if not isinstance(value, (list, tuple)):
+      raise ConfigError(source, path, "wrong type", value=value, allowed="a list")
+    return tuple(value)
+  raise TypeError(f"unsupported schema type {tp!r} at {path}")  # pragma: no cover
+
+
+def suggest(word: str, valid: Iterable[str]) -> str:
+  close = difflib.get_close_matches(str(word), list(valid), n=1, cutoff=0.6)
+  return f"did you mean '{close[0]}'?" if close else ""
+
+
+def reject_unknown(raw: Mapping, valid: Iterable[str], source: str, prefix: str) -> None:
+  valid = list(valid)
+  for key in raw:
+    if key not in valid:
+      hint = suggest(key, valid)
+      raise ConfigError(
+          source, f"{prefix}{key}", "unknown key" + (f", {hint}" if hint else ""),
+          allowed=", ".join(valid))
+
+
+def build_section(cls, raw: Any, source: str, prefix: str, *, extra_ok: bool = False):
+  """Builds dataclass `cls` from mapping `raw`; returns (instance, leftover keys)."""
+  if raw is None:
+    raw = {}
+  if not isinstance(raw, Mapping):
+    raise ConfigError(source, prefix.rstrip("."), "must be a mapping", value=raw)
+  hints = typing.get_type_hints(cls)
+  names = [f.name for f in dataclasses.fields(cls)]
+  if not extra_ok:
+    reject_unknown(raw, names, source, prefix)
+  kwargs = {}
+  for name in names:
+    if name not in raw:
+      continue
+    path = prefix + name
+    if name in schema.SECTIONS and cls is schema.ExperimentConfig:
+      kwargs[name] = build_section(schema.SECTIONS[name], raw[name], source, path + ".",
+                                   )[0]
+      continue
+    value = _coerce(raw[name], hints[name], source, path)
+    check, allowed = schema.field_check(cls, name)
+    if value is not None and check is not None and not check(value):
+      raise ConfigError(source, path, "out of range", value=value, allowed=allowed)
+    kwargs[name] = value
+  leftover = {k: v for k, v in raw.items() if k not in names}
+  return cls(**kwargs), leftover
+
+
+def _server_section(raw: Any, source: str) -> schema.ServerConfig:
+  server, leftover = build_section(schema.ServerConfig, raw, source, "server.", extra_ok=True)
+  if "hparams" in (raw or {}):
+    raise ConfigError(source, "server.hparams", "write the optimizer's hparams directly "
+                      "under 'server' (e.g. server.learning_rate)")
+  return dataclasses.replace(server, hparams=leftover)
+
+
+def parse_config(raw: Any, source: str = "<dict>") -> schema.ExperimentConfig:
+  """Builds and fully validates an `ExperimentConfig` from a plain mapping."""
+  if not isinstance(raw, Mapping):
+    raise ConfigError(source, "", "the config must be a mapping of sections", value=raw)
+  raw = dict(raw)
+  server_raw = raw.pop("server", None)
+  config, _ = build_section(schema.ExperimentConfig, raw, source, "")
+  config = dataclasses.replace(config, server=_server_section(server_raw, source))
+  for i, target in enumerate(config.targets):
+    if isinstance(target, bool) or not isinstance(target, (int, float)) or not (
+        0 < target <= 1):
+      raise ConfigError(source, f"targets[{i}]", "out of range", value=target,
+                        allowed="accuracies in (0, 1]")
+  from tff_fedadamom.config import validate  # registries: imported only when needed
+
+  return validate.check_registries(config, source)
+
+
+def read_yaml(path: Union[str, os.PathLike]) -> Any:
+  """Safe-loads a YAML file; every failure is a ConfigError naming the file."""
+  source = str(path)
+  if not os.path.isfile(path):
+    raise ConfigError(source, "", "config file not found",
+                      allowed="a path to an existing YAML file")
+  try:
+    with open(path, encoding="utf-8") as f:
+      return yaml.safe_load(f)
+  except yaml.YAMLError as e:
+    raise ConfigError(source, "", f"not valid YAML: {e}") from None
+  except (OSError, UnicodeDecodeError) as e:
+    raise ConfigError(source, "", f"cannot be read: {e}") from None
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+  if not isinstance(item, str) or "=" not in item:
+    raise ConfigError("--set", str(item), "an override must look like key.sub=value")
+  key, text = item.split("=", 1)
+  keys = key.strip().split(".")
+  if not all(k.strip() for k in keys):
+    raise ConfigError("--set", key, "empty key in dotted path")
+  try:
+    value = yaml.safe_load(text) if text.strip() else None
+  except yaml.YAMLError as e:
+    raise ConfigError("--set", key, f"value is not valid YAML: {e}") from None
+  return keys, value
+
+
+def apply_overrides(raw: Mapping, overrides: Iterable[str]) -> dict:
+  """Returns a deep copy of `raw` with dotted `a.b=value` overrides applied."""
+  result = _deep_copy(raw)
+  for item in overrides or ():
+    keys, value = parse_override(item)
+    node = result
+    for depth, key in enumerate(keys[:-1]):
+      child = node.get(key)
+      if child is None:
+        child = node[key] = {}
+      if not isinstance(child, dict):
+        raise ConfigError("--set", ".".join(keys[:depth + 1]), "is not a section",
+                          value=child)
+      node = child
+    node[keys[-1]] = value
+  return result
+
+
+def _deep_copy(value):
+  if isinstance(value, Mapping):
+    return {k: _deep_copy(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [_deep_copy(v) for v in value]
+  return value
+
+
+def load_config(config: Union[str, os.PathLike, Mapping, schema.ExperimentConfig],
+                overrides: Iterable[str] = ()) -> schema.ExperimentConfig:
+  """Loads and validates an experiment config.
+
+  Args:
+    config: A YAML path, a plain mapping, or an `ExperimentConfig`.
+    overrides: Dotted `key=value` strings (values parsed as YAML).
+
+  Raises:
+    ConfigError: naming the file, field, value and what is allowed.
+  """
+  if isinstance(config, schema.ExperimentConfig):
+    config, source = config_to_dict(config), "<config>"
+  elif isinstance(config, Mapping):
+    source = "<dict>"
+  else:
+    source, config = str(config), read_yaml(config)
+  overrides = list(overrides or ())
+  if overrides:
+    if not isinstance(config, Mapping):
+      raise ConfigError(source, "", "the config must be a mapping of sections", value=config)
+    config = apply_overrides(config, overrides)
+    source += " (with --set " + " ".join(overrides) + ")"
+  return parse_config(config, source)
+
+
+def config_to_dict(config: schema.ExperimentConfig) -> dict:
+  """The YAML-ready mapping of `config` (server hparams flat under `server`)."""
+  out = {}
+  for f in dataclasses.fields(config):
+    value = getattr(config, f.name)
+    if dataclasses.is_dataclass(value):
+      section = {g.name: _plain(getattr(value, g.name)) for g in dataclasses.fields(value)}
+      if f.name == "server":
+        hparams = section.pop("hparams")
+        section = {"optimizer": section.pop("optimizer"), **hparams, **section}
+      out[f.name] = section
+    else:
+      out[f.name] = _plain(value)
+  return out
+
+
+def _plain(value):
+  if isinstance(value, tuple):
+    return [_plain(v) for v in value]
+  if isinstance(value, Mapping):
+    return {k: _plain(v) for k, v in value.items()}
+  return value
+
+
+def dump_config(config: schema.ExperimentConfig, path: Optional[str] = None) -> str:
+  """Returns `config` as YAML; also writes it atomically to `path` when given."""
+  text = yaml.safe_dump(config_to_dict(config), sort_keys=False, default_flow_style=False)
+  if path is not None:
+    atomic_write_text(path, text)
+  return text

@@ -1,0 +1,143 @@
+"""Typed experiment schema: one frozen dataclass per config section.
+
+YAML holds values only. Every field's type and range lives here, in the field's
+metadata; names of datasets, models, optimizers and schedules are checked by
+asking their registries (see `validate.py`). Nothing else in the project
+interprets a raw config mapping.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Optional
+
+
+def _field(default=dataclasses.MISSING, *, check=None, allowed=None, factory=None):
+  """A dataclass field with a range check (`check(value) -> bool`) and its wording."""
+  meta = {"check": check, "allowed": allowed}
+  if factory is not None:
+    return dataclasses.field(default_factory=factory, metadata=meta)
+  return dataclasses.field(default=default, metadata=meta)
+
+
+def positive(x) -> bool:
+  return x > 0
+
+
+def nonnegative(x) -> bool:
+  return x >= 0
+
+
+def unit_closed(x) -> bool:
+  return 0 <= x <= 1
+
+
+def finite(x) -> bool:
+  return math.isfinite(x)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+  """Which data, and how it is split over clients.
+
+  `partition` is `{kind: <partitioner>, <its options>...}` (ignored for data
+  sets with natural clients); `options` are the data set's own options.
+  """
+
+  name: str = "fashion_mnist"
+  path: Optional[str] = None
+  num_clients: Optional[int] = _field(None, check=positive, allowed="an integer >= 1 or null")
+  seed: int = _field(0, check=nonnegative, allowed="an integer >= 0")
+  partition: dict = _field(factory=lambda: {"kind": "dirichlet", "alpha": 0.3})
+  options: dict = _field(factory=dict)
+  augment: Optional[str] = _field(None, check=lambda s: s in ("crop_flip",),
+                                  allowed="null or 'crop_flip'")
+  eval_batch_size: int = _field(500, check=positive, allowed="an integer >= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  name: str = "cnn"
+  options: dict = _field(factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientConfig:
+  """Local training: SGD with momentum, weight decay and gradient clipping.
+
+  The client learning rate is `learning_rate * lr_decay ** round` (the
+  reference setup decays it by 0.998 per round).
+  """
+
+  learning_rate: float = _field(0.1, check=positive, allowed="a number > 0")
+  momentum: float = _field(0.0, check=lambda x: 0 <= x < 1, allowed="a number in [0, 1)")
+  weight_decay: float = _field(0.0, check=nonnegative, allowed="a number >= 0")
+  lr_decay: float = _field(1.0, check=lambda x: 0 < x <= 1, allowed="a number in (0, 1]")
+  local_epochs: int = _field(1, check=positive, allowed="an integer >= 1")
+  batch_size: int = _field(20, check=positive, allowed="an integer >= 1")
+  clip_norm: Optional[float] = _field(None, check=positive, allowed="a number > 0 or null")
+  max_examples: Optional[int] = _field(
+      None, check=positive, allowed="an integer >= 1 or null (every example)")
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerConfig:
+  """The server optimizer. Its hparams sit flat beside `optimizer` in YAML
+  (`server.learning_rate`, `server.beta_2`, ...) and are kept in `hparams`,
+  resolved against the optimizer registry's defaults."""
+
+  optimizer: str = "fedadamom"
+  hparams: dict = _field(factory=dict)
+  client_weighting: str = _field(
+      "uniform", check=lambda s: s in ("uniform", "num_examples"),
+      allowed="'uniform' (the paper) or 'num_examples' (TFF's default)")
+  schedule: dict = _field(factory=lambda: {"kind": "constant"})
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeConfig:
+  """How the process uses this machine."""
+
+  threads: Optional[int] = _field(None, check=positive, allowed="an integer >= 1 or null (all)")
+  max_concurrent_clients: Optional[int] = _field(
+      None, check=positive, allowed="an integer >= 1 or null (TFF's default)")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentConfig:
+  """One federated-averaging experiment."""
+
+  name: Optional[str] = None
+  seed: int = _field(0, check=nonnegative, allowed="an integer >= 0")
+  rounds: int = _field(10, check=positive, allowed="an integer >= 1")
+  clients_per_round: int = _field(5, check=positive, allowed="an integer >= 1")
+  eval_every: int = _field(1, check=positive, allowed="an integer >= 1")
+  checkpoint_every: int = _field(1, check=positive, allowed="an integer >= 1")
+  output_dir: str = "runs/experiment"
+  targets: tuple = _field(factory=tuple)
+  telemetry: bool = True
+  histogram_every: int = _field(10, check=positive, allowed="an integer >= 1")
+  diverge_patience: int = _field(
+      3, check=positive,
+      allowed="an integer >= 1 (rounds of rejected non-finite updates before a run "
+      "counts as diverged)")
+  data: DataConfig = dataclasses.field(default_factory=DataConfig)
+  model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+  client: ClientConfig = dataclasses.field(default_factory=ClientConfig)
+  server: ServerConfig = dataclasses.field(default_factory=ServerConfig)
+  runtime: RuntimeConfig = dataclasses.field(default_factory=RuntimeConfig)
+
+
+SECTIONS = {
+    "data": DataConfig,
+    "model": ModelConfig,
+    "client": ClientConfig,
+    "server": ServerConfig,
+    "runtime": RuntimeConfig,
+}
+
+
+def field_check(cls, name: str) -> tuple[Any, Optional[str]]:
+  meta = {f.name: f.metadata for f in dataclasses.fields(cls)}[name]
+  return meta.get("check"), meta.get("allowed")

@@ -1,0 +1,139 @@
+"""Checks names and their options by asking the registries (the only place that
+knows which datasets, models, optimizers and schedules exist)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Any, Mapping
+
+from tff_fedadamom.config import schema
+from tff_fedadamom.config.errors import ConfigError
+from tff_fedadamom.config.loader import reject_unknown, suggest
+
+
+def _check_name(name, valid, source, field):
+  valid = list(valid)
+  if name not in valid:
+    hint = suggest(name, valid)
+    raise ConfigError(source, field, "unknown name" + (f", {hint}" if hint else ""),
+                      value=name, allowed=", ".join(valid))
+
+
+def _check_options(options: Mapping, defaults: Mapping, source: str, prefix: str) -> None:
+  """Options must be known and of a type compatible with their default."""
+  reject_unknown(options, defaults, source, prefix)
+  for key, value in options.items():
+    default = defaults[key]
+    if default is None or value is None:
+      continue
+    if isinstance(default, bool) != isinstance(value, bool):
+      raise ConfigError(source, prefix + key, "wrong type", value=value,
+                        allowed=f"like the default {default!r}")
+    if isinstance(default, (int, float)) and not isinstance(default, bool):
+      if not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(source, prefix + key, "wrong type", value=value,
+                          allowed=f"a finite number like the default {default!r}")
+      if isinstance(default, int) and isinstance(value, float) and not value.is_integer():
+        raise ConfigError(source, prefix + key, "wrong type", value=value,
+                          allowed=f"an integer like the default {default!r}")
+    elif isinstance(default, str) and not isinstance(value, str):
+      raise ConfigError(source, prefix + key, "wrong type", value=value,
+                        allowed=f"a string like the default {default!r}")
+    elif isinstance(default, (list, tuple)) and not isinstance(value, (list, tuple)):
+      raise ConfigError(source, prefix + key, "wrong type", value=value,
+                        allowed=f"a list like the default {list(default)!r}")
+
+
+def _check_data(data: schema.DataConfig, source: str) -> None:
+  from tff_fedadamom.data import DATASETS, PARTITIONERS
+
+  _check_name(data.name, DATASETS, source, "data.name")
+  spec = DATASETS[data.name]
+  _check_options(data.options, spec.options, source, "data.options.")
+  if spec.needs_path and not data.path:
+    raise ConfigError(source, "data.path", f"data set {data.name!r} needs local files",
+                      allowed=f"the directory holding them ({spec.source})")
+  partition = dict(data.partition)
+  kind = partition.pop("kind", "dirichlet")
+  if spec.natural_clients:
+    return
+  _check_name(kind, PARTITIONERS, source, "data.partition.kind")
+  _check_options(partition, PARTITIONERS[kind].options, source, "data.partition.")
+  for key, value in partition.items():
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:
+      raise ConfigError(source, f"data.partition.{key}", "out of range", value=value,
+                        allowed="a number > 0")
+
+
+def _check_model(model: schema.ModelConfig, source: str) -> None:
+  from tff_fedadamom.models import MODELS
+
+  _check_name(model.name, MODELS, source, "model.name")
+  _check_options(model.options, MODELS[model.name].options, source, "model.options.")
+
+
+def _named_argument(message: str) -> str | None:
+  match = re.search(r"`(\w+)`", message)
+  return match.group(1) if match else None
+
+
+def _check_server(server: schema.ServerConfig, source: str) -> schema.ServerConfig:
+  from tff_fedadamom import optimizers
+
+  _check_name(server.optimizer, optimizers.list_optimizers(), source, "server.optimizer")
+  defaults = optimizers.default_hparams(server.optimizer)
+  valid_keys = list(defaults) + [f.name for f in dataclasses.fields(server)
+                                 if f.name != "hparams"]
+  for key in server.hparams:
+    if key not in defaults:
+      hint = suggest(key, valid_keys)
+      raise ConfigError(
+          source, f"server.{key}",
+          f"unknown key for optimizer {server.optimizer!r}" + (f", {hint}" if hint else ""),
+          allowed=", ".join(valid_keys))
+  hparams = {}
+  for key, value in server.hparams.items():
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(
+        value):
+      raise ConfigError(source, f"server.{key}", "wrong type", value=value,
+                        allowed="a finite number")
+    hparams[key] = float(value)
+  try:
+    optimizers.build_server_optimizer(server.optimizer, **hparams)
+  except ValueError as e:
+    name = _named_argument(str(e))
+    field = f"server.{name}" if name else "server"
+    raise ConfigError(source, field, str(e), value=hparams.get(name)) from None
+  _check_schedule(server.schedule, source)
+  return dataclasses.replace(server, hparams=optimizers.resolve_hparams(server.optimizer,
+                                                                        **hparams))
+
+
+def _check_schedule(schedule: Mapping[str, Any], source: str) -> None:
+  from tff_fedadamom.optimizers import schedules
+
+  params = dict(schedule)
+  kind = params.pop("kind", "constant")
+  _check_name(kind, schedules.SCHEDULES, source, "server.schedule.kind")
+  _check_options(params, schedules.SCHEDULES[kind].defaults, source, "server.schedule.")
+  try:
+    schedules.build_schedule(kind, 1.0, **params)
+  except ValueError as e:
+    name = _named_argument(str(e))
+    raise ConfigError(source, f"server.schedule.{name}" if name else "server.schedule",
+                      str(e), value=params.get(name)) from None
+
+
+def check_registries(config: schema.ExperimentConfig, source: str) -> schema.ExperimentConfig:
+  """Validates every registry name and option; returns the config with the
+  server hparams resolved against the optimizer's defaults."""
+  _check_data(config.data, source)
+  _check_model(config.model, source)
+  server = _check_server(config.server, source)
+  if config.data.num_clients is not None and config.clients_per_round > config.data.num_clients:
+    raise ConfigError(source, "clients_per_round", "more than data.num_clients",
+                      value=config.clients_per_round,
+                      allowed=f"an integer in [1, {config.data.num_clients}]")
+  return dataclasses.replace(config, server=server)

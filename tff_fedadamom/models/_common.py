@@ -1,0 +1,109 @@
+"""Helpers shared by the model builders: argument checks and per-layer seeds.
+
+Builders never touch a global random seed (``tf.random.set_seed``,
+``tf.keras.utils.set_random_seed``): that would change the randomness of
+everything else in the process (data shuffling, client sampling) as a side
+effect of building a model. Instead every layer that draws random initial
+values gets its own initializer seed, derived from the one model seed.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+from typing import Optional
+
+import numpy as np
+import tensorflow as tf
+
+
+class SeedStream:
+  """Hands out one distinct initializer seed per call, derived from ``seed``.
+
+  Keras initializers that share a seed produce identical values for tensors of
+  the same shape, so reusing the model seed for every layer would make, e.g.,
+  the two LSTM layers start from the same recurrent kernel. Each call mixes the
+  model seed with a counter through ``numpy.random.SeedSequence`` instead.
+  With ``seed=None`` every call returns ``None``: Keras' nondeterministic
+  default.
+  """
+
+  def __init__(self, seed: Optional[int]):
+    self._seed = seed
+    self._count = 0
+
+  def __call__(self) -> Optional[int]:
+    if self._seed is None:
+      return None
+    self._count += 1
+    word = np.random.SeedSequence([self._seed, self._count]).generate_state(1)[0]
+    return int(word) % (2**31 - 1)
+
+
+def is_int(value) -> bool:
+  # bool is an int subclass; `True` as a width is a config mistake, not 1.
+  return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_positive_int(name: str, value) -> int:
+  if not is_int(value) or value < 1:
+    raise ValueError(f"{name} must be a positive integer, got {value!r}")
+  return int(value)
+
+
+def check_positive_ints(name: str, value) -> tuple[int, ...]:
+  """A sequence (list from YAML, tuple in code) of positive integers, possibly empty."""
+  if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+    raise ValueError(f"{name} must be a list of positive integers, got {value!r}")
+  if not all(is_int(v) and v >= 1 for v in value):
+    raise ValueError(f"{name} must be a list of positive integers, got {value!r}")
+  return tuple(int(v) for v in value)
+
+
+def check_positive_float(name: str, value) -> float:
+  if (not isinstance(value, numbers.Real) or isinstance(value, bool)
+      or not np.isfinite(value) or value <= 0):
+    raise ValueError(f"{name} must be a positive number, got {value!r}")
+  return float(value)
+
+
+def check_rate(name: str, value) -> float:
+  """A dropout rate: 0 (off) up to, but excluding, 1 (which would drop everything)."""
+  if (not isinstance(value, numbers.Real) or isinstance(value, bool)
+      or not 0 <= value < 1):
+    raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
+  return float(value)
+
+
+def check_choice(name: str, value, choices: Sequence[str]) -> str:
+  if value not in choices:
+    raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
+  return value
+
+
+def check_input_shape(value, *, ranks: Sequence[int], allow_none: bool = False
+                      ) -> tuple[Optional[int], ...]:
+  """The per-example input shape (no batch dimension) with one of ``ranks``."""
+  if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+    raise ValueError(f"input_shape must be a sequence of positive integers, got {value!r}")
+  ok = all((v is None and allow_none) or (is_int(v) and v >= 1) for v in value)
+  if not ok or len(value) not in ranks:
+    kind = "positive integers or None" if allow_none else "positive integers"
+    raise ValueError(f"input_shape must have rank {' or '.join(map(str, ranks))} "
+                     f"and hold {kind}, got {value!r}")
+  return tuple(None if v is None else int(v) for v in value)
+
+
+def check_num_classes(value) -> int:
+  if not is_int(value) or value < 2:
+    raise ValueError(f"num_classes must be an integer >= 2, got {value!r}")
+  return int(value)
+
+
+def image_input(input_shape: tuple[int, ...]):
+  """An image input; (H, W) grayscale data (EMNIST's ``pixels``) gets a channel axis."""
+  inputs = tf.keras.Input(shape=input_shape, dtype=tf.float32, name="x")
+  x = inputs
+  if len(input_shape) == 2:
+    x = tf.keras.layers.Reshape((*input_shape, 1))(x)
+  return inputs, x

@@ -1,0 +1,187 @@
+"""What a run leaves in its output directory, and how it is read back.
+
+    config.yaml          the resolved config (what `run` accepts as is)
+    metrics.csv          one row per round (TFF's CSVFileReleaseManager)
+    tensorboard/         TensorBoard event files (TFF's TensorBoardReleaseManager,
+                         plus histograms of the optimizer state)
+    checkpoints/         program state (TFF's FileProgramStateManager)
+    model.keras          the final global model, loadable with plain Keras
+    curves.png           train loss and test accuracy vs round
+    summary.json         final/best accuracy, rounds to targets, timing, status
+
+Every file this module writes itself is written atomically.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from typing import Any, Iterable, Mapping, Optional
+
+from tff_fedadamom.atomic_io import atomic_write_json
+
+CONFIG_FILE = "config.yaml"
+METRICS_FILE = "metrics.csv"
+SUMMARY_FILE = "summary.json"
+MODEL_FILE = "model.keras"
+CURVES_FILE = "curves.png"
+CHECKPOINT_DIR = "checkpoints"
+TENSORBOARD_DIR = "tensorboard"
+
+
+def check_writable(output_dir: str) -> None:
+  """Fails before any training when `output_dir` cannot be written."""
+  try:
+    os.makedirs(output_dir, exist_ok=True)
+    probe = os.path.join(output_dir, ".write-probe")
+    with open(probe, "wb") as f:
+      f.write(b"\0" * 4096)
+      f.flush()
+      os.fsync(f.fileno())
+    os.unlink(probe)
+  except OSError as e:
+    raise OSError(f"output_dir {output_dir!r} is not writable: {e.strerror or e}") from e
+
+
+def _number(text: str):
+  try:
+    value = float(text)
+  except (TypeError, ValueError):
+    return text
+  return int(value) if value.is_integer() and "." not in text and "e" not in text else value
+
+
+def read_metrics(output_dir: str) -> list[dict[str, Any]]:
+  """The rows of metrics.csv as dicts of numbers (empty strings dropped)."""
+  path = os.path.join(output_dir, METRICS_FILE)
+  if not os.path.exists(path):
+    return []
+  with open(path, newline="") as f:
+    return [{k: _number(v) for k, v in row.items() if v not in ("", None)}
+            for row in csv.DictReader(f)]
+
+
+def rounds_to_targets(history: Iterable[Mapping[str, Any]], targets: Iterable[float],
+                      key: str = "test/accuracy") -> dict[str, Optional[int]]:
+  """The first round whose evaluation reaches each target (None if never)."""
+  out = {}
+  evals = [(row["round"], row[key]) for row in history if key in row]
+  for target in targets:
+    hit = next((r for r, acc in evals if acc >= target), None)
+    out[f"{target:g}"] = hit
+  return out
+
+
+def summarize(history: list[Mapping[str, Any]], *, targets, status: str,
+              diverged_round: Optional[int], wall_time_s: float, rounds_run: int,
+              devices: list[str], extra: Optional[Mapping[str, Any]] = None) -> dict:
+  """The summary.json content, computed from the per-round history."""
+  evals = [r for r in history if "test/accuracy" in r]
+  accs = [r["test/accuracy"] for r in evals if math.isfinite(r["test/accuracy"])]
+  best = max(evals, key=lambda r: r["test/accuracy"]) if accs else None
+  nonfinite = sum(int(r.get("nonfinite_updates", 0)) for r in history)
+  summary = {
+      "status": status,
+      "diverged_round": diverged_round,
+      "rounds_completed": history[-1]["round"] if history else 0,
+      "final_test_accuracy": evals[-1]["test/accuracy"] if evals else None,
+      "final_test_loss": evals[-1].get("test/loss") if evals else None,
+      "best_test_accuracy": best["test/accuracy"] if best else None,
+      "best_round": best["round"] if best else None,
+      "final_train_loss": history[-1].get("train/loss") if history else None,
+      "rounds_to_target": rounds_to_targets(history, targets),
+      "nonfinite_updates": nonfinite,
+      "wall_time_s": round(wall_time_s, 3),
+      "rounds_per_second": round(rounds_run / wall_time_s, 4) if wall_time_s > 0 else None,
+      "devices": devices,
+      "history": [{k: r[k] for k in ("round", "test/accuracy", "test/loss", "train/loss")
+                   if k in r} for r in evals],
+  }
+  summary.update(extra or {})
+  return summary
+
+
+def write_summary(output_dir: str, summary: Mapping[str, Any]) -> None:
+  atomic_write_json(os.path.join(output_dir, SUMMARY_FILE), dict(summary))
+
+
+def plot_curves(runs: Mapping[str, list[Mapping[str, Any]]], path: str,
+                title: Optional[str] = None) -> None:
+  """Train loss and test accuracy vs round, one line per run, saved atomically."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
+  for label, history in runs.items():
+    train = [(r["round"], r["train/loss"]) for r in history if "train/loss" in r]
+    evals = [(r["round"], r["test/accuracy"]) for r in history if "test/accuracy" in r]
+    if train:
+      ax_loss.plot(*zip(*train), label=label)
+    if evals:
+      ax_acc.plot(*zip(*evals), marker="o", markersize=3, label=label)
+  ax_loss.set(xlabel="round", ylabel="train loss", title="Train loss")
+  ax_acc.set(xlabel="round", ylabel="test accuracy", title="Test accuracy")
+  for ax in (ax_loss, ax_acc):
+    ax.grid(alpha=0.3)
+    if runs:
+      ax.legend(fontsize=8)
+  if title:
+    fig.suptitle(title)
+  fig.tight_layout()
+  save_figure(fig, path)
+  plt.close(fig)
+
+
+def save_figure(fig, path: str) -> None:
+  """Saves a matplotlib figure atomically (temp file + rename)."""
+  import io
+
+  from tff_fedadamom.atomic_io import atomic_write_bytes
+
+  buffer = io.BytesIO()
+  fig.savefig(buffer, format=os.path.splitext(path)[1].lstrip(".") or "png", dpi=110)
+  atomic_write_bytes(path, buffer.getvalue())
+
+
+def plot_telemetry(runs: Mapping[str, list[Mapping[str, Any]]], path: str) -> bool:
+  """Server-optimizer state over rounds: v percentiles (log scale) for every run
+  with a second moment, and FedAdamom's beta1_t distribution (mean and the
+  fractions clipped at 0 and at 1 - epsilon). Returns False if no run has any."""
+  with_v = {k: h for k, h in runs.items() if any("opt/v_median" in r for r in h)}
+  with_beta = {k: h for k, h in runs.items() if any("opt/beta1_mean" in r for r in h)}
+  if not with_v and not with_beta:
+    return False
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, (ax_v, ax_b) = plt.subplots(1, 2, figsize=(11, 4))
+  for label, history in with_v.items():
+    rows = [r for r in history if "opt/v_median" in r]
+    rounds = [r["round"] for r in rows]
+    line, = ax_v.plot(rounds, [r["opt/v_median"] for r in rows], label=f"{label} median")
+    ax_v.fill_between(rounds, [max(r["opt/v_p01"], 1e-30) for r in rows],
+                      [r["opt/v_p99"] for r in rows], color=line.get_color(), alpha=0.15)
+  ax_v.set(xlabel="round", ylabel="v (second moment)", yscale="log",
+           title="v: median, band = 1st-99th percentile")
+  for label, history in with_beta.items():
+    rows = [r for r in history if "opt/beta1_mean" in r]
+    rounds = [r["round"] for r in rows]
+    ax_b.plot(rounds, [r["opt/beta1_mean"] for r in rows], label=f"{label} mean beta1")
+    ax_b.plot(rounds, [r["opt/frac_beta1_at_max"] for r in rows], "--",
+              label=f"{label} frac at 1-eps")
+    ax_b.plot(rounds, [r["opt/frac_beta1_at_0"] for r in rows], ":",
+              label=f"{label} frac at 0")
+  ax_b.set(xlabel="round", ylabel="value", ylim=(0, 1), title="FedAdamom beta1_t")
+  for ax in (ax_v, ax_b):
+    ax.grid(alpha=0.3)
+    if ax.lines:
+      ax.legend(fontsize=7)
+  fig.tight_layout()
+  save_figure(fig, path)
+  plt.close(fig)
+  return True

@@ -1,0 +1,162 @@
+"""Config -> `tff.learning.templates.LearningProcess`.
+
+`build_process` is the one place where a config becomes TFF objects: the Keras
+model through the model registry, the server optimizer through the optimizer
+registry (wrapped in its learning-rate schedule), the client optimizer, and the
+client weighting.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Callable, Optional
+
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_fedadamom import models, optimizers
+from tff_fedadamom.config import ExperimentConfig
+from tff_fedadamom.data import FederatedData, client_dataset, load_federated_data
+from tff_fedadamom.optimizers.client import build_client_sgd
+
+
+def load_data(config: ExperimentConfig) -> FederatedData:
+  """Loads the config's federated data set through the data registry."""
+  from tff_fedadamom.data import DATASETS
+
+  data = config.data
+  partition = dict(data.partition)
+  kind = partition.pop("kind", "dirichlet")
+  kwargs = dict(path=data.path, seed=data.seed, **data.options)
+  if DATASETS[data.name].natural_clients:
+    if data.num_clients is not None:
+      kwargs["num_clients"] = data.num_clients
+  else:
+    kwargs.update(num_clients=data.num_clients, partition=kind,
+                  partition_options=partition)
+  return load_federated_data(data.name, **kwargs)
+
+
+def client_datasets(config: ExperimentConfig, data: FederatedData, client_ids,
+                    round_num: int) -> list[tf.data.Dataset]:
+  """The batched datasets of `client_ids` for round `round_num`.
+
+  The shuffle order is a function of (seed, round, client), so that a resumed
+  run feeds exactly the batches an uninterrupted one would.
+  """
+  from tff_fedadamom.data import client_round_seed
+
+  out = []
+  for cid in client_ids:
+    ds = data.train.create_tf_dataset_for_client(cid)
+    if config.client.max_examples is not None:
+      ds = ds.take(config.client.max_examples)
+    out.append(client_dataset(
+        ds, batch_size=config.client.batch_size, local_epochs=config.client.local_epochs,
+        seed=client_round_seed(config.seed, round_num, cid), augment=config.data.augment))
+  return out
+
+
+def input_spec(config: ExperimentConfig, data: FederatedData):
+  """The batched element spec TFF's model wrapper needs."""
+  cid = data.train.client_ids[0]
+  return client_datasets(config, data, [cid], 0)[0].element_spec
+
+
+def make_keras_model(config: ExperimentConfig, data: FederatedData) -> tf.keras.Model:
+  return models.build_model(
+      config.model.name, input_shape=tuple(data.input_shape),
+      num_classes=data.num_classes, seed=config.seed, **config.model.options)
+
+
+def make_model_fn(config: ExperimentConfig, data: FederatedData,
+                  spec=None) -> Callable[[], tff.learning.models.VariableModel]:
+  spec = spec if spec is not None else input_spec(config, data)
+  loss_factory, metric_factories = models.loss_and_metrics(
+      models.MODELS[config.model.name].task)
+
+  def model_fn():
+    return tff.learning.models.from_keras_model(
+        make_keras_model(config, data), loss=loss_factory(), input_spec=spec,
+        metrics=[m() for m in metric_factories])
+
+  return model_fn
+
+
+def build_server_optimizer(config: ExperimentConfig) -> tff.learning.optimizers.Optimizer:
+  """The registry optimizer with the config's hparams and learning-rate schedule."""
+  from tff_fedadamom.optimizers import schedules
+
+  server = config.server
+  optimizer = optimizers.build_server_optimizer(server.optimizer, **server.hparams)
+  params = dict(server.schedule)
+  kind = params.pop("kind", "constant")
+  base_lr = server.hparams["learning_rate"]
+  return schedules.with_schedule(optimizer,
+                                 schedules.build_schedule(kind, base_lr, **params))
+
+
+class _UniformMean(tff.aggregators.WeightedAggregationFactory):
+  """A weighted-aggregation factory that ignores the weights: the plain mean.
+
+  `build_weighted_fed_avg_with_optimizer_schedule` always weights clients by
+  their number of examples; the paper averages uniformly.
+  """
+
+  def create(self, value_type, weight_type):
+    inner = tff.aggregators.UnweightedMeanFactory().create(value_type)
+
+    @tff.federated_computation(
+        inner.next.type_signature.parameter[0],
+        tff.FederatedType(value_type, tff.CLIENTS),
+        tff.FederatedType(weight_type, tff.CLIENTS))
+    def next_fn(state, value, weight):
+      del weight
+      return inner.next(state, value)
+
+    return tff.templates.AggregationProcess(inner.initialize, next_fn)
+
+
+def client_learning_rate(config: ExperimentConfig, round_num) -> float:
+  """eta_l * lr_decay ** round (round counted from 0)."""
+  return config.client.learning_rate * config.client.lr_decay ** round_num
+
+
+def build_process(config: ExperimentConfig,
+                  data: Optional[FederatedData] = None) -> tff.learning.templates.LearningProcess:
+  """Builds the TFF learning process an experiment config describes.
+
+  Args:
+    config: A validated `ExperimentConfig` (see `load_config`).
+    data: The loaded data, if the caller has it already (its element spec and
+      class count shape the model); loaded from the config otherwise.
+
+  Returns:
+    `build_weighted_fed_avg`, or its optimizer-schedule variant when the client
+    learning rate decays per round.
+  """
+  data = data if data is not None else load_data(config)
+  model_fn = make_model_fn(config, data)
+  client = config.client
+  server_optimizer = build_server_optimizer(config)
+  uniform = config.server.client_weighting == "uniform"
+
+  def client_optimizer_fn(lr):
+    return build_client_sgd(lr, momentum=client.momentum, weight_decay=client.weight_decay,
+                            clip_norm=client.clip_norm)
+
+  if client.lr_decay == 1.0:
+    return tff.learning.algorithms.build_weighted_fed_avg(
+        model_fn,
+        client_optimizer_fn=client_optimizer_fn(client.learning_rate),
+        server_optimizer_fn=server_optimizer,
+        client_weighting=(tff.learning.ClientWeighting.UNIFORM if uniform
+                          else tff.learning.ClientWeighting.NUM_EXAMPLES))
+  lr0, decay = client.learning_rate, client.lr_decay
+  return tff.learning.algorithms.build_weighted_fed_avg_with_optimizer_schedule(
+      model_fn,
+      client_learning_rate_fn=lambda r: lr0 * tf.pow(decay, tf.cast(r, tf.float32)),
+      client_optimizer_fn=client_optimizer_fn,
+      server_optimizer_fn=server_optimizer,
+      model_aggregator=_UniformMean() if uniform else None)
