@@ -12,4 +12,4 @@ runtime.install_child_cleanup()
 
 def pytest_sessionfinish(session, exitstatus):
   del session, exitstatus
-  runtime.kill_children()
+  runtime.shutdown()

@@ -10,8 +10,10 @@ exit and on SIGTERM/SIGINT.
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 import signal
+import sys
 import threading
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -58,6 +60,29 @@ def kill_children(sig: int = signal.SIGKILL) -> int:
   return count
 
 
+def _release_tff_context() -> None:
+  """Drops TFF's default execution context while Python is still whole, so that
+  its service manager stops the worker itself instead of failing in a late
+  `__del__` at interpreter shutdown."""
+  if "tensorflow_federated" not in sys.modules:
+    return
+  try:
+    from tensorflow_federated.python.core.impl.context_stack import context_stack_impl
+    from tensorflow_federated.python.core.impl.context_stack import runtime_error_context
+
+    context_stack_impl.context_stack.set_default_context(
+        runtime_error_context.create_runtime_error_context())
+    gc.collect()
+  except Exception:  # noqa: BLE001 - best effort; kill_children follows regardless
+    pass
+
+
+def shutdown() -> None:
+  """Stops TFF's worker cleanly, then ends any child process still running."""
+  _release_tff_context()
+  kill_children()
+
+
 def _on_signal(signum, frame):  # pragma: no cover - exercised through subprocess tests
   kill_children()
   previous = _PREVIOUS_HANDLERS.get(signum)
@@ -79,7 +104,7 @@ def install_child_cleanup() -> None:
     if _INSTALLED:
       return
     _INSTALLED = True
-  atexit.register(kill_children)
+  atexit.register(shutdown)
   if threading.current_thread() is threading.main_thread():
     for signum in (signal.SIGTERM,):
       _PREVIOUS_HANDLERS[signum] = signal.getsignal(signum)
