@@ -1,0 +1,70 @@
+"""Fashion-MNIST from the Debian package's IDX files (real data), and the IDX reader."""
+
+import gzip
+
+import numpy as np
+import pytest
+
+from tff_fedadamom.data import DataNotFoundError, load_federated_data
+from tff_fedadamom.data.datasets import fashion_mnist
+from tff_fedadamom.data.datasets.idx import read_idx, write_idx
+
+
+def test_real_files_parse_to_the_official_splits():
+  data = fashion_mnist.load()
+  assert data.x_train.shape == (60000, 28, 28, 1) and data.x_train.dtype == np.uint8
+  assert data.x_test.shape == (10000, 28, 28, 1)
+  assert data.y_train.dtype == np.int32
+  # Known facts of the published files: 6,000 / 1,000 per class; the first image of
+  # both splits is an ankle boot (9).
+  np.testing.assert_array_equal(np.bincount(data.y_train), np.full(10, 6000))
+  np.testing.assert_array_equal(np.bincount(data.y_test), np.full(10, 1000))
+  assert data.y_train[0] == 9 and data.y_test[0] == 9
+  assert data.x_train.max() == 255 and data.x_train[0, 0, 0, 0] == 0
+
+
+def test_federated_fashion_mnist_shapes_and_clients():
+  fd = load_federated_data("fashion_mnist", num_clients=10, partition="iid", seed=0)
+  assert fd.input_shape == (28, 28, 1) and fd.num_classes == 10
+  assert len(fd.train.client_ids) == 10
+  assert sum(fd.train.client_sizes.values()) == 60000
+  assert int(fd.test.cardinality()) == 10000
+  x = next(iter(fd.train.create_tf_dataset_for_client("c0004").batch(500)))["x"].numpy()
+  assert x.dtype == np.float32 and x.min() == 0.0 and x.max() == 1.0
+  assert fd.partition_summary["partition"] == {"method": "iid", "options": {}, "seed": 0}
+
+
+def test_path_overrides_the_folder(tmp_path):
+  rng = np.random.default_rng(0)
+  for stem, array in [("train-images-idx3-ubyte", rng.integers(0, 255, (6, 28, 28))),
+                      ("train-labels-idx1-ubyte", np.arange(6) % 3),
+                      ("t10k-images-idx3-ubyte", rng.integers(0, 255, (2, 28, 28))),
+                      ("t10k-labels-idx1-ubyte", np.array([1, 2]))]:
+    write_idx(tmp_path / (stem + ".gz"), array.astype(np.uint8))
+  data = fashion_mnist.load(path=str(tmp_path))
+  assert data.x_train.shape == (6, 28, 28, 1)
+  np.testing.assert_array_equal(data.y_test, [1, 2])
+
+
+def test_missing_files_say_what_where_and_how(tmp_path):
+  write_idx(tmp_path / "train-labels-idx1-ubyte", np.zeros(3, np.uint8))  # not gzipped
+  with pytest.raises(DataNotFoundError) as err:
+    load_federated_data("fashion_mnist", path=str(tmp_path))
+  message = str(err.value)
+  assert "train-images-idx3-ubyte" in message and "t10k-labels-idx1-ubyte" in message
+  assert "train-labels-idx1-ubyte[" not in message  # found uncompressed
+  assert str(tmp_path) in message and "apt-get install dataset-fashion-mnist" in message
+  assert isinstance(err.value, FileNotFoundError)
+
+
+def test_idx_round_trip_and_corrupt_files(tmp_path):
+  array = np.arange(24, dtype=np.int32).reshape(2, 3, 4) - 5
+  write_idx(tmp_path / "a.idx.gz", array)
+  np.testing.assert_array_equal(read_idx(tmp_path / "a.idx.gz"), array)
+  with gzip.open(tmp_path / "bad.gz", "wb") as f:
+    f.write(b"\x00\x00\x08\x01\x00\x00\x00\x09abc")  # says 9 bytes, holds 3
+  with pytest.raises(ValueError, match="9 bytes"):
+    read_idx(tmp_path / "bad.gz")
+  (tmp_path / "text").write_text("hello")
+  with pytest.raises(ValueError, match="not an IDX"):
+    read_idx(tmp_path / "text")

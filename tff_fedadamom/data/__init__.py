@@ -1,0 +1,33 @@
+"""The data layer: offline data sets as TFF ``ClientData``, partitioners, preprocessing.
+
+The ground floor of the project: it knows nothing of configs, runners or Ray. Everything
+it returns is TFF-native (``ClientData``, ``tf.data.Dataset``).
+"""
+
+from tff_fedadamom.data.base import (CentralizedData, DataNotFoundError, DatasetSpec,
+                                     FederatedData)
+from tff_fedadamom.data.client_data import ArrayClientData
+from tff_fedadamom.data.partition import PARTITIONERS, PartitionerSpec
+from tff_fedadamom.data.preprocess import client_dataset, client_round_seed, test_dataset
+from tff_fedadamom.data.registry import DATASETS, list_datasets, load_federated_data
+from tff_fedadamom.data.summary import (partition_summary, plot_partition_summary,
+                                        save_partition_summary)
+
+__all__ = [
+    "ArrayClientData",
+    "CentralizedData",
+    "DATASETS",
+    "DataNotFoundError",
+    "DatasetSpec",
+    "FederatedData",
+    "PARTITIONERS",
+    "PartitionerSpec",
+    "client_dataset",
+    "client_round_seed",
+    "list_datasets",
+    "load_federated_data",
+    "partition_summary",
+    "plot_partition_summary",
+    "save_partition_summary",
+    "test_dataset",
+]

@@ -1,0 +1,100 @@
+"""The data layer's value types: what a loader returns and how a dataset is registered.
+
+Two kinds of datasets exist. *Centralized* ones (Fashion-MNIST, CIFAR, ...) come as one
+train and one test array; the registry splits the train part over clients with a
+partitioner, so the loader returns :class:`CentralizedData`. *Natural* ones (Shakespeare,
+EMNIST, Synthetic) already have their own clients; their loader returns a finished
+:class:`FederatedData` and partitioners do not apply.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any, Optional
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+
+class DataNotFoundError(FileNotFoundError):
+  """A data set's files are not where they were looked for.
+
+  The message always says what is missing, where it was looked for, and how to obtain it:
+  nothing in the data layer downloads anything.
+  """
+
+
+def not_found(what: str, looked_in, how: str) -> DataNotFoundError:
+  """Builds the one uniform :class:`DataNotFoundError` message."""
+  if isinstance(looked_in, (str, bytes)) or not hasattr(looked_in, "__iter__"):
+    looked_in = [looked_in]
+  places = ", ".join(str(p) for p in looked_in) or "(no location given)"
+  return DataNotFoundError(f"{what} not found. Looked in: {places}. To obtain it: {how}")
+
+
+@dataclasses.dataclass(frozen=True)
+class FederatedData:
+  """A federated data set ready for TFF.
+
+  Attributes:
+    name: The registry name of the data set.
+    train: Per-client training data; unbatched elements ``OrderedDict(x=..., y=...)``.
+    test: The centralized held-out set, unbatched, with the same element structure.
+    input_shape: Shape of one ``x``.
+    num_classes: Number of classes (for next-character tasks, the vocabulary size).
+    partition_summary: Client sizes, label histograms and heterogeneity (see
+      :func:`tff_fedadamom.data.partition_summary`), or None where computing it would
+      mean reading the whole data set (EMNIST from SQLite).
+  """
+
+  name: str
+  train: tff.simulation.datasets.ClientData
+  test: tf.data.Dataset
+  input_shape: tuple[int, ...]
+  num_classes: int
+  partition_summary: Optional[dict] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class CentralizedData:
+  """One train and one test split as numpy arrays (images uint8 HWC, labels int)."""
+
+  x_train: np.ndarray
+  y_train: np.ndarray
+  x_test: np.ndarray
+  y_test: np.ndarray
+  num_classes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetSpec:
+  """A registry entry.
+
+  Attributes:
+    name: Registry name.
+    loader: ``loader(*, path, seed, **options)`` returning :class:`CentralizedData`
+      when ``natural_clients`` is False; ``loader(*, path, seed, num_clients, **options)``
+      returning :class:`FederatedData` when it is True.
+    natural_clients: True when the data set has its own clients (partitioners do not
+      apply).
+    needs_path: True when the files must be supplied by the user (``path=``).
+    options: Data-set specific keyword options and their defaults; the only options
+      :func:`load_federated_data` accepts for this data set.
+    description, source, license: Human-readable provenance.
+  """
+
+  name: str
+  loader: Callable[..., Any]
+  natural_clients: bool
+  needs_path: bool
+  options: Mapping[str, Any]
+  description: str
+  source: str
+  license: str
+
+  def __post_init__(self):
+    # A read-only view, so that no caller can change another caller's defaults.
+    object.__setattr__(self, "options", MappingProxyType(dict(self.options)))

@@ -1,0 +1,156 @@
+"""`ArrayClientData`: a TFF ClientData over per-client numpy arrays.
+
+Why not ``tff.simulation.datasets.TestClientData``: the pipeline hands the per-client
+``tf.data.Dataset`` to TFF every round, and TFF serializes that dataset's graph. A dataset
+that slices one big array captures the whole array as a graph constant, making every
+round pay for serializing the full data set. Here each client's dataset is built from that
+client's own arrays only. Images are kept as uint8 (4x smaller than float32) and converted
+to float32 in [0, 1] by a ``map``, so the serialized constant stays small as well.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+
+def client_id_strings(num_clients: int, prefix: str = "c") -> list[str]:
+  """Ids ``c0000, c0001, ...`` zero-padded so that string order is numeric order."""
+  width = max(4, len(str(max(num_clients - 1, 0))))
+  return [f"{prefix}{i:0{width}d}" for i in range(num_clients)]
+
+
+def _convert(element):
+  """uint8 images become float32 in [0, 1]; labels become int32; the rest is kept."""
+  out = collections.OrderedDict()
+  for key, value in element.items():
+    if value.dtype == tf.uint8:
+      value = tf.cast(value, tf.float32) / 255.0
+    elif value.dtype in (tf.int64, tf.uint16, tf.uint32, tf.int16, tf.int8):
+      value = tf.cast(value, tf.int32)
+    out[key] = value
+  return out
+
+
+def _converted_dtype(dtype: np.dtype) -> tf.DType:
+  dtype = np.dtype(dtype)
+  if dtype == np.uint8:
+    return tf.float32
+  if dtype.kind in "iu":
+    return tf.int32
+  return tf.as_dtype(dtype)
+
+
+def arrays_to_dataset(arrays: Mapping[str, np.ndarray]) -> tf.data.Dataset:
+  """An unbatched dataset of ``OrderedDict`` elements, with the uint8 -> float32 map."""
+  arrays = collections.OrderedDict(arrays)
+  ds = tf.data.Dataset.from_tensor_slices(arrays)
+  if any(np.dtype(a.dtype) != np.dtype(_converted_dtype(a.dtype).as_numpy_dtype)
+         for a in arrays.values()):
+    ds = ds.map(_convert, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  return ds
+
+
+class ArrayClientData(tff.simulation.datasets.ClientData):
+  """Client data held as one ``OrderedDict`` of numpy arrays per client.
+
+  Args:
+    client_arrays: ``{client_id: {"x": array, "y": array}}``; every client must have the
+      same keys, per-example shapes and dtypes, and at least one example.
+  """
+
+  def __init__(self, client_arrays: Mapping[str, Mapping[str, np.ndarray]]):
+    if not client_arrays:
+      raise ValueError("ArrayClientData needs at least one client.")
+    self._arrays: dict[str, collections.OrderedDict] = {}
+    first = None
+    for cid, arrays in client_arrays.items():
+      arrays = collections.OrderedDict((k, np.asarray(v)) for k, v in arrays.items())
+      sizes = {len(v) for v in arrays.values()}
+      if len(sizes) != 1 or 0 in sizes:
+        raise ValueError(f"Client {cid!r}: arrays must be non-empty and equally long, "
+                         f"got lengths {sorted(sizes)}.")
+      signature = [(k, v.shape[1:], v.dtype) for k, v in arrays.items()]
+      if first is None:
+        first = signature
+      elif signature != first:
+        raise ValueError(f"Client {cid!r} has element signature {signature}, "
+                         f"the first client has {first}.")
+      self._arrays[str(cid)] = arrays
+    self._client_ids = sorted(self._arrays)
+    self._element_type_structure = collections.OrderedDict(
+        (k, tf.TensorSpec(shape, _converted_dtype(dtype))) for k, shape, dtype in first)
+    self._lookup_fn = None
+
+  @classmethod
+  def from_partition(cls, arrays: Mapping[str, np.ndarray],
+                     parts: Sequence[np.ndarray]) -> "ArrayClientData":
+    """Clients ``c0000..`` holding ``arrays[k][parts[i]]`` (copies, one per client)."""
+    ids = client_id_strings(len(parts))
+    return cls({cid: collections.OrderedDict((k, v[idx]) for k, v in arrays.items())
+                for cid, idx in zip(ids, parts)})
+
+  @property
+  def client_ids(self) -> list[str]:
+    return self._client_ids
+
+  @property
+  def element_type_structure(self):
+    return self._element_type_structure
+
+  @property
+  def client_sizes(self) -> dict[str, int]:
+    """Number of examples per client, without building any dataset."""
+    return {cid: len(next(iter(a.values()))) for cid, a in self._arrays.items()}
+
+  def client_arrays(self, client_id: str) -> collections.OrderedDict:
+    """The raw (unconverted) numpy arrays of one client."""
+    return self._arrays[client_id]
+
+  def create_tf_dataset_for_client(self, client_id: str) -> tf.data.Dataset:
+    """That client's examples only: the graph holds nothing of other clients."""
+    try:
+      arrays = self._arrays[client_id]
+    except KeyError:
+      raise ValueError(f"ID [{client_id}] is not a client in this ClientData. See "
+                       "property `client_ids` for the list of valid ids.") from None
+    return arrays_to_dataset(arrays)
+
+  @property
+  def serializable_dataset_fn(self):
+    """A traceable ``fn(client_id) -> Dataset`` (used by ``dataset_computation``).
+
+    It looks the client up in a concatenation of all clients' arrays, so its graph holds
+    the whole data set: fine for TFF's one-off ``dataset_computation``, which is why the
+    pipeline uses :meth:`create_tf_dataset_for_client` per round instead. Built lazily.
+    """
+    if self._lookup_fn is None:
+      self._lookup_fn = self._build_lookup_fn()
+    return self._lookup_fn
+
+  def _build_lookup_fn(self):
+    # numpy, not tensors: the function may be traced into a TFF graph, where an eager
+    # tensor created here could not be captured; constants are made inside instead.
+    ids = np.asarray(self._client_ids, dtype=object)
+    sizes = [len(next(iter(self._arrays[c].values()))) for c in self._client_ids]
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    keys = list(self._element_type_structure)
+    columns = {k: np.concatenate([self._arrays[c][k] for c in self._client_ids])
+               for k in keys}
+    needs_map = any(tf.as_dtype(columns[k].dtype) != self._element_type_structure[k].dtype
+                    for k in keys)
+
+    def dataset_fn(client_id):
+      found = tf.where(tf.equal(tf.constant(ids, tf.string), client_id))
+      index = tf.reshape(found, [-1])[0]
+      bounds = tf.constant(offsets)
+      start, stop = bounds[index], bounds[index + 1]
+      ds = tf.data.Dataset.from_tensor_slices(collections.OrderedDict(
+          (k, tf.constant(columns[k])[start:stop]) for k in keys))
+      return ds.map(_convert) if needs_map else ds
+
+    return dataset_fn

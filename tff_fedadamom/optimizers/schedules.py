@@ -1,0 +1,333 @@
+"""The one registry of server learning-rate schedules.
+
+A schedule maps the server round number `t` (0 for the first round) to the
+server learning rate used in that round. Every schedule is written in
+TensorFlow ops so that it runs inside a `tff.tensorflow.computation`, and is
+applied through `tff.learning.optimizers.schedule_learning_rate` (see
+`with_schedule`), so it works for every optimizer whose state holds a
+`learning_rate`.
+
+With base rate `lr` and `t` the round number, the decays are:
+
+```
+constant:      lr
+exponential:   lr * decay_rate ** (t / decay_steps)        (floor(t / decay_steps)
+                                                            when staircase)
+cosine:        lr * ((1 - alpha) * 0.5 * (1 + cos(pi * min(t, decay_rounds)
+                                                 / decay_rounds)) + alpha)
+inverse_time:  lr / (1 + decay_rate * t / decay_steps)
+```
+
+Every schedule takes an optional linear warm-up of `W = warmup_rounds` rounds
+starting from the fraction `warmup_init` of `lr` (0 by default):
+
+```
+t <  W:   lr * (warmup_init + (1 - warmup_init) * t / W)
+t >= W:   decay(t - W)           # the decay starts when the warm-up ends
+```
+
+so the rate reaches `lr` at round `W` and the schedule is continuous there.
+
+The config and sweep layers ask `SCHEDULES` (or `resolve_schedule_params`)
+which parameters each schedule has; nothing else switches on schedule names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import numbers
+from typing import Any, Callable, Mapping
+
+import tensorflow as tf
+import tensorflow_federated as tff
+
+ScheduleFn = Callable[[tf.Tensor], tf.Tensor]
+
+_WARMUP_DEFAULTS = {'warmup_rounds': 0, 'warmup_init': 0.0}
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduleSpec:
+  """A registered learning-rate schedule.
+
+  Attributes:
+    name: Registry name.
+    defaults: Every parameter the schedule accepts, with its default (the
+      warm-up parameters included).
+    tunable: The parameters a sweep may vary (a subset of `defaults`).
+    description: One line for listings and docs, with the formula.
+  """
+
+  name: str
+  defaults: Mapping[str, Any]
+  tunable: tuple[str, ...]
+  description: str
+
+
+def _spec(name, defaults, tunable, description) -> ScheduleSpec:
+  return ScheduleSpec(
+      name, {**defaults, **_WARMUP_DEFAULTS}, tuple(tunable), description
+  )
+
+
+SCHEDULES: Mapping[str, ScheduleSpec] = {
+    s.name: s
+    for s in (
+        _spec(
+            'constant',
+            {},
+            ['warmup_rounds', 'warmup_init'],
+            'lr, the same every round.',
+        ),
+        _spec(
+            'exponential',
+            {'decay_rate': 0.99, 'decay_steps': 1, 'staircase': False},
+            ['decay_rate', 'decay_steps', 'warmup_rounds'],
+            'lr * decay_rate ** (t / decay_steps); floor(t / decay_steps)'
+            ' when staircase.',
+        ),
+        _spec(
+            'cosine',
+            {'decay_rounds': 1000, 'alpha': 0.0},
+            ['decay_rounds', 'alpha', 'warmup_rounds'],
+            'lr * ((1 - alpha) * (1 + cos(pi * min(t, decay_rounds) /'
+            ' decay_rounds)) / 2 + alpha); alpha is the final fraction of lr.',
+        ),
+        _spec(
+            'inverse_time',
+            {'decay_rate': 0.01, 'decay_steps': 1},
+            ['decay_rate', 'decay_steps', 'warmup_rounds'],
+            'lr / (1 + decay_rate * t / decay_steps).',
+        ),
+    )
+}
+
+
+def list_schedules() -> list[str]:
+  """Names of the registered schedules."""
+  return list(SCHEDULES)
+
+
+def _suggest(word: str, valid) -> str:
+  close = difflib.get_close_matches(word, list(valid), n=1)
+  return f" Did you mean '{close[0]}'?" if close else ''
+
+
+def get_schedule_spec(kind: str) -> ScheduleSpec:
+  """Returns the registry entry for `kind`; ValueError listing the valid names."""
+  try:
+    return SCHEDULES[kind]
+  except (KeyError, TypeError):
+    raise ValueError(
+        f'Unknown learning-rate schedule {kind!r}; valid: {list_schedules()}.'
+        + _suggest(str(kind), SCHEDULES)
+    ) from None
+
+
+# ---------------------------------------------------------------------------
+# Validation: each check names the parameter and the value it found.
+
+
+def _bad(kind: str, name: str, value, requirement: str) -> ValueError:
+  return ValueError(
+      f'Schedule {kind!r}: `{name}` must be {requirement}, found {value!r}.'
+  )
+
+
+def _real(kind, name, value) -> float:
+  if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    raise _bad(kind, name, value, 'a number')
+  value = float(value)
+  if not math.isfinite(value):
+    raise _bad(kind, name, value, 'finite')
+  return value
+
+
+def _count(kind, name, value, *, minimum: int) -> int:
+  """An integer >= minimum; integral floats (as sweeps produce) are accepted."""
+  ok = isinstance(value, numbers.Integral) or (
+      isinstance(value, numbers.Real) and float(value).is_integer()
+  )
+  if isinstance(value, bool) or not ok:
+    raise _bad(kind, name, value, f'an integer >= {minimum}')
+  if int(value) < minimum:
+    raise _bad(kind, name, value, f'an integer >= {minimum}')
+  return int(value)
+
+
+def _check_params(kind: str, base_lr, params: dict) -> dict:
+  """Returns `params` with checked, normalised values (ValueError otherwise)."""
+  out = dict(params)
+  lr = _real(kind, 'base_lr', base_lr)
+  if lr < 0:
+    raise _bad(kind, 'base_lr', base_lr, 'nonnegative')
+  out['warmup_rounds'] = _count(
+      kind, 'warmup_rounds', params['warmup_rounds'], minimum=0)
+  init = _real(kind, 'warmup_init', params['warmup_init'])
+  if not 0.0 <= init <= 1.0:
+    raise _bad(kind, 'warmup_init', params['warmup_init'], 'in [0, 1]')
+  out['warmup_init'] = init
+  if kind == 'exponential':
+    rate = _real(kind, 'decay_rate', params['decay_rate'])
+    if not 0.0 < rate <= 1.0:
+      raise _bad(kind, 'decay_rate', params['decay_rate'], 'in (0, 1]')
+    out['decay_rate'] = rate
+    if not isinstance(params['staircase'], bool):
+      raise _bad(kind, 'staircase', params['staircase'], 'true or false')
+  if kind == 'inverse_time':
+    rate = _real(kind, 'decay_rate', params['decay_rate'])
+    if rate < 0:
+      raise _bad(kind, 'decay_rate', params['decay_rate'], 'nonnegative')
+    out['decay_rate'] = rate
+  if kind in ('exponential', 'inverse_time'):
+    out['decay_steps'] = _count(
+        kind, 'decay_steps', params['decay_steps'], minimum=1)
+  if kind == 'cosine':
+    out['decay_rounds'] = _count(
+        kind, 'decay_rounds', params['decay_rounds'], minimum=1)
+    alpha = _real(kind, 'alpha', params['alpha'])
+    if not 0.0 <= alpha <= 1.0:
+      raise _bad(kind, 'alpha', params['alpha'], 'in [0, 1]')
+    out['alpha'] = alpha
+  return out
+
+
+def resolve_schedule_params(kind: str, base_lr=1.0, **params) -> dict[str, Any]:
+  """Defaults of `kind` updated with `params`, checked.
+
+  Args:
+    kind: One of `list_schedules()`.
+    base_lr: The base learning rate the schedule scales (checked too).
+    **params: Values for any of the schedule's parameters.
+
+  Returns:
+    Every parameter of the schedule (not `base_lr`), with normalised values.
+
+  Raises:
+    ValueError: For an unknown kind or parameter (listing the valid ones), or a
+      bad value (naming the parameter and the value).
+  """
+  spec = get_schedule_spec(kind)
+  unknown = sorted(set(params) - set(spec.defaults))
+  if unknown:
+    raise ValueError(
+        f'Schedule {kind!r} has no parameter {unknown[0]!r}; valid:'
+        f' {sorted(spec.defaults)}.' + _suggest(unknown[0], spec.defaults)
+    )
+  return _check_params(kind, base_lr, {**spec.defaults, **params})
+
+
+# ---------------------------------------------------------------------------
+# The schedules, in TF ops (float32).
+
+
+def _decay_fn(kind: str, base_lr: float, p: dict) -> Callable[[tf.Tensor], tf.Tensor]:
+  """Returns t (float32, rounds since the warm-up ended) -> learning rate.
+
+  Parameters stay Python numbers until the callable runs, so that no eager
+  tensor is captured when TFF traces it into a computation.
+  """
+  lr = base_lr
+  if kind == 'constant':
+    return lambda t: tf.fill(tf.shape(t), tf.constant(lr, tf.float32))
+  if kind == 'exponential':
+    rate, steps, staircase = p['decay_rate'], float(p['decay_steps']), p['staircase']
+
+    def exponential(t):
+      e = t / steps
+      if staircase:
+        e = tf.math.floor(e)
+      return lr * tf.math.pow(tf.constant(rate, tf.float32), e)
+
+    return exponential
+  if kind == 'cosine':
+    rounds, alpha = float(p['decay_rounds']), p['alpha']
+
+    def cosine(t):
+      done = tf.minimum(t, rounds) / rounds
+      cos = 0.5 * (1.0 + tf.math.cos(math.pi * done))
+      return lr * ((1.0 - alpha) * cos + alpha)
+
+    return cosine
+  if kind == 'inverse_time':
+    rate, steps = p['decay_rate'], float(p['decay_steps'])
+    return lambda t: lr / (1.0 + rate * t / steps)
+  raise AssertionError(kind)  # Unreachable: `kind` was checked.
+
+
+def build_schedule(kind: str, base_lr, **params) -> ScheduleFn:
+  """Returns the schedule `kind` as `round_num -> learning rate` in TF ops.
+
+  The returned callable takes an integer scalar round number (a `tf.Tensor` or
+  a Python int; 0 for the first round) and returns a float32 scalar tensor. It
+  is traced inside a `tff.tensorflow.computation` by
+  `tff.learning.optimizers.schedule_learning_rate`. The formulas are in this
+  module's docstring; in short, with `W = warmup_rounds`:
+
+  ```
+  lr_t = base_lr * (warmup_init + (1 - warmup_init) * t / W)   for t < W
+  lr_t = decay(t - W)                                          for t >= W
+  ```
+
+  The callable carries `kind`, `base_lr`, `params` (all of them, defaults
+  filled in) and `is_constant` (True for `constant` without warm-up) as
+  attributes, for logging and for `with_schedule`.
+
+  Args:
+    kind: One of `list_schedules()`.
+    base_lr: The base learning rate; it replaces the optimizer's own rate when
+      the schedule is applied, so pass the optimizer's learning rate.
+    **params: The schedule's parameters (`SCHEDULES[kind].defaults`).
+
+  Raises:
+    ValueError: For an unknown kind or parameter, or a bad value (naming the
+      parameter and the value).
+  """
+  p = resolve_schedule_params(kind, base_lr, **params)
+  base_lr = float(base_lr)
+  decay = _decay_fn(kind, base_lr, p)
+  warmup = p['warmup_rounds']
+  init = p['warmup_init']
+
+  def schedule(round_num) -> tf.Tensor:
+    t = tf.cast(round_num, tf.float32)
+    if not warmup:
+      return decay(t)
+    w = float(warmup)
+    ramp = base_lr * (init + (1.0 - init) * t / w)
+    # Both branches are finite for every t >= 0, so tf.where is safe.
+    return tf.where(t < w, ramp, decay(tf.maximum(t - w, 0.0)))
+
+  schedule.kind = kind
+  schedule.base_lr = base_lr
+  schedule.params = p
+  schedule.is_constant = kind == 'constant' and not warmup
+  schedule.__name__ = f'{kind}_schedule'
+  return schedule
+
+
+def with_schedule(
+    optimizer: tff.learning.optimizers.Optimizer,
+    schedule_fn: ScheduleFn | None,
+) -> tff.learning.optimizers.Optimizer:
+  """Applies `schedule_fn` to `optimizer`'s learning rate.
+
+  This is `tff.learning.optimizers.schedule_learning_rate`: the round-`i` call
+  of `next` uses `schedule_fn(i)`, and the optimizer state becomes
+  `{round_num, optimizer: <inner state>}`, where the inner `learning_rate` is
+  the rate for the NEXT call. A constant schedule (from `build_schedule` with
+  no warm-up) or `None` returns `optimizer` unchanged, so constant-rate runs
+  keep the plain optimizer state; the optimizer's own learning rate is then
+  the one used.
+
+  Args:
+    optimizer: A `tff.learning.optimizers.Optimizer` whose state has a
+      `learning_rate`.
+    schedule_fn: A callable from `build_schedule`, any `round_num -> rate`
+      callable in TF ops, or None.
+  """
+  if schedule_fn is None or getattr(schedule_fn, 'is_constant', False):
+    return optimizer
+  return tff.learning.optimizers.schedule_learning_rate(optimizer, schedule_fn)

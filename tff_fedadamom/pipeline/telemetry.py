@@ -1,0 +1,311 @@
+"""Per-round statistics of the server optimizer's state, in vectorised numpy.
+
+After each round the runner reads the server optimizer state from the learning
+process state (`state.finalizer`, numpy arrays) and passes it here; nothing in
+the TFF computation changes. The kind of state is recognised by its keys:
+
+| state keys                                   | optimizer            |
+|----------------------------------------------|----------------------|
+| preconditioner + accumulator + epsilon,      | FedAdamom            |
+|   no beta_1 / step                           |                      |
+| preconditioner (+ accumulator, beta_1, step) | Adam, Yogi, Adagrad  |
+| accumulator only                             | SGD with momentum    |
+| learning_rate only                           | SGD                  |
+
+A `{round_num, optimizer}` state (from `schedule_learning_rate`) is unwrapped,
+and a whole learning process state is accepted too (its `finalizer` is read).
+
+Each statistic is computed once over the concatenation of every leaf (one copy
+of `v`), so the cost is a few passes over the model's parameters.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+LEARNING_RATE_KEY = 'learning_rate'
+ACCUMULATOR_KEY = 'accumulator'
+PRECONDITIONER_KEY = 'preconditioner'
+EPSILON_KEY = 'epsilon'
+_NOT_FEDADAMOM_KEYS = ('beta_1', 'step')
+
+PREFIX = 'opt/'
+# Percentiles of v reported as opt/v_p01, opt/v_median, opt/v_p99.
+_PERCENTILES = (1.0, 50.0, 99.0)
+
+
+def unwrap_optimizer_state(state: Any) -> Mapping[str, Any]:
+  """The inner optimizer state of `state`.
+
+  Accepts a server optimizer state, one wrapped by
+  `tff.learning.optimizers.schedule_learning_rate` (`{round_num, optimizer}`,
+  possibly more than once), or a learning process state (its `finalizer`).
+  """
+  if hasattr(state, 'finalizer'):
+    state = state.finalizer
+  while (
+      isinstance(state, Mapping)
+      and 'optimizer' in state
+      and 'round_num' in state
+  ):
+    state = state['optimizer']
+  if not isinstance(state, Mapping):
+    raise TypeError(
+        'Expected a server optimizer state (a mapping such as'
+        f' {{learning_rate, ...}}), found {type(state).__name__}.'
+    )
+  return state
+
+
+def is_fedadamom_state(state: Mapping[str, Any]) -> bool:
+  """True for a FedAdamom state: v, m and epsilon, but no beta_1 or step."""
+  return (
+      PRECONDITIONER_KEY in state
+      and ACCUMULATOR_KEY in state
+      and EPSILON_KEY in state
+      and not any(k in state for k in _NOT_FEDADAMOM_KEYS)
+  )
+
+
+def _leaves(tree) -> list[np.ndarray]:
+  return [np.asarray(x) for x in tf.nest.flatten(tree)]
+
+
+def _concat(leaves: Sequence[np.ndarray]) -> np.ndarray:
+  """One flat array of every leaf (float64 if any leaf is, else float32)."""
+  if not leaves:
+    return np.zeros([0], np.float32)
+  dtype = np.float64 if any(x.dtype == np.float64 for x in leaves) else np.float32
+  return np.concatenate([x.ravel() for x in leaves]).astype(dtype, copy=False)
+
+
+def _sq_norm(leaves: Iterable[np.ndarray]) -> float:
+  """The squared global L2 norm: squares in the leaf dtype, sums in float64."""
+  total = 0.0
+  for x in leaves:
+    if x.size:
+      total += float(np.sum(np.square(x), dtype=np.float64))
+  return total
+
+
+_SAME_ORDER_INT = {np.dtype(np.float32): np.int32, np.dtype(np.float64): np.int64}
+
+
+def _percentiles(x: np.ndarray, percents: Sequence[float]) -> list[float]:
+  """`np.percentile(x, percents)` (linear interpolation) by one partition.
+
+  The same values as `np.percentile`, with only the order statistics the
+  interpolation needs. When no element has its sign bit set (a second moment
+  is never negative), IEEE floats order exactly like their bit patterns read as
+  integers, and partitioning that integer view is about a third faster. The
+  caller handles NaN.
+  """
+  n = x.size
+  positions = [p / 100.0 * (n - 1) for p in percents]
+  lows = [int(np.floor(q)) for q in positions]
+  kth = sorted({k for low in lows for k in (low, min(low + 1, n - 1))})
+  int_type = _SAME_ORDER_INT.get(x.dtype)
+  if int_type is not None and not np.signbit(x).any():
+    part = np.partition(x.view(int_type), kth).view(x.dtype)
+  else:
+    part = np.partition(x, kth)
+  out = []
+  for q, low in zip(positions, lows):
+    a = float(part[low])
+    b = float(part[min(low + 1, n - 1)])
+    frac = q - low
+    out.append(a if frac == 0 else a + (b - a) * frac)
+  return out
+
+
+def _scalar(value) -> float:
+  return float(np.asarray(value))
+
+
+def fedadamom_beta1(v_flat: np.ndarray, epsilon) -> np.ndarray:
+  """beta1_t = clip(1 - v / vbar, 0, 1 - epsilon), as FedAdamom computes it.
+
+  Mirrors `fedadamom.momentum_coefficient`: `vbar` is ONE scalar, the mean over
+  every element of every leaf, held in float32 (float64 if `v_flat` is
+  float64; the sum is accumulated in float64, so `vbar` is within a rounding of
+  the optimizer's); the coefficient is computed in that dtype as
+  `offset - v * inv_vbar` with `(offset, inv_vbar) = (1, 1 / vbar)`, or `(0, 0)`
+  when `vbar == 0` (then every beta1_t is 0, plain SGD).
+
+  FedAdamom stores the `v` it used for its last step, so on the state read
+  after a round this is the beta1_t of that round's update. (The optimizer
+  leaves tensors whose gradient is None out of vbar; in a TFF learning process
+  every trainable tensor has a gradient.)
+
+  Args:
+    v_flat: The second moment of every trainable leaf, concatenated flat.
+    epsilon: FedAdamom's clip margin (`state['epsilon']`).
+  """
+  dtype = np.float64 if v_flat.dtype == np.float64 else np.float32
+  v = v_flat.astype(dtype, copy=False)
+  vbar = dtype(np.sum(v, dtype=np.float64) / v.size) if v.size else dtype(0)
+  if vbar > 0:
+    offset, inv_vbar = dtype(1), dtype(1) / vbar
+  else:
+    offset, inv_vbar = dtype(0), dtype(0)
+  upper = dtype(1) - dtype(epsilon)
+  out = v * inv_vbar
+  np.subtract(offset, out, out=out)
+  return np.clip(out, dtype(0), upper, out=out)
+
+
+def _segment_sums(values: np.ndarray, sizes: Sequence[int]) -> np.ndarray:
+  """Sums of consecutive segments of `values` of the given sizes (float64)."""
+  sizes = np.asarray(sizes, np.int64)
+  out = np.zeros(len(sizes), np.float64)
+  nonempty = sizes > 0
+  if np.any(nonempty):
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])[nonempty]
+    out[nonempty] = np.add.reduceat(values, starts, dtype=np.float64)
+  return out
+
+
+def _layer_stats(
+    beta1: np.ndarray | None,
+    v: np.ndarray,
+    sizes: Sequence[int],
+    layer_names: Sequence[str],
+    upper,
+) -> dict[str, float]:
+  """Per-layer means and fractions; leaves sharing a name are pooled."""
+  if len(layer_names) != len(sizes):
+    raise ValueError(
+        f'`layer_names` has {len(layer_names)} names but the optimizer state'
+        f' has {len(sizes)} tensors; give one name per trainable tensor.'
+    )
+  names = list(dict.fromkeys(layer_names))  # Unique, in first-seen order.
+  index = np.array([names.index(n) for n in layer_names], np.int64)
+
+  def pooled(per_leaf: np.ndarray) -> np.ndarray:
+    return np.bincount(index, weights=per_leaf, minlength=len(names))
+
+  counts = pooled(np.asarray(sizes, np.float64))
+  sums = {'v_mean': pooled(_segment_sums(v, sizes))}
+  if beta1 is not None:
+    sums['beta1_mean'] = pooled(_segment_sums(beta1, sizes))
+    sums['frac_at_0'] = pooled(_segment_sums(beta1 == 0, sizes))
+    sums['frac_at_max'] = pooled(_segment_sums(beta1 >= upper, sizes))
+  stats = {}
+  for j, name in enumerate(names):
+    for stat, total in sums.items():
+      value = total[j] / counts[j] if counts[j] else float('nan')
+      stats[f'{PREFIX}layer/{name}/{stat}'] = float(value)
+  return stats
+
+
+def optimizer_state_stats(
+    state: Any,
+    *,
+    previous_weights: Any = None,
+    weights: Any = None,
+    layer_names: Sequence[str] | None = None,
+    epsilon: float | None = None,
+) -> dict[str, float]:
+  """Statistics of a server optimizer state, keyed under `opt/`.
+
+  Keys present depend on the state (see the module docstring):
+
+  - `opt/learning_rate`: the rate the state holds. Under a schedule that is
+    the rate for the NEXT round (`schedule_learning_rate` stores
+    `schedule(round_num)` after the round).
+  - With a second moment / preconditioner `v`: `opt/v_mean`, `opt/v_median`,
+    `opt/v_p01`, `opt/v_p99` (percentiles with linear interpolation, the
+    values of `np.percentile`).
+  - With a momentum / accumulator `m`: `opt/momentum_norm`, the global L2 norm
+    sqrt(sum over leaves of ||m||^2).
+  - With both `weights` and `previous_weights`: `opt/update_norm`, the global
+    L2 norm of `weights - previous_weights` (the update the round applied).
+  - FedAdamom only: `opt/beta1_mean`, `opt/frac_beta1_at_0` and
+    `opt/frac_beta1_at_max` (fraction of coordinates with beta1_t == 0 and
+    beta1_t == 1 - epsilon), beta1_t recomputed from `v` by `fedadamom_beta1`.
+  - With `layer_names`: per layer `opt/layer/<name>/v_mean` and, for
+    FedAdamom, `.../beta1_mean`, `.../frac_at_0`, `.../frac_at_max`.
+
+  Args:
+    state: A server optimizer state (numpy arrays or tensors), possibly
+      wrapped by `schedule_learning_rate`, or a learning process state.
+    previous_weights: The trainable weights before the round.
+    weights: The trainable weights after the round (same structure).
+    layer_names: One name per leaf of `v`, in `tf.nest.flatten` order (for
+      the trainable weights list, the order of `trainable_variables`). Leaves
+      with the same name are pooled, so `['dense', 'dense']` reports kernel and
+      bias of one layer together.
+    epsilon: FedAdamom's clip margin; defaults to the state's `epsilon`.
+
+  Returns:
+    A dict of Python floats.
+
+  Raises:
+    ValueError: If `layer_names` or the weights do not match the state.
+  """
+  state = unwrap_optimizer_state(state)
+  stats: dict[str, float] = {}
+  if LEARNING_RATE_KEY in state:
+    stats[PREFIX + 'learning_rate'] = _scalar(state[LEARNING_RATE_KEY])
+
+  if PRECONDITIONER_KEY in state:
+    v_leaves = _leaves(state[PRECONDITIONER_KEY])
+    sizes = [x.size for x in v_leaves]
+    v = _concat(v_leaves)
+    if v.size:
+      v_mean = float(np.mean(v, dtype=np.float64))
+      stats[PREFIX + 'v_mean'] = v_mean
+      if np.isnan(v_mean):
+        p01 = p50 = p99 = float('nan')
+      else:
+        p01, p50, p99 = _percentiles(v, _PERCENTILES)
+      stats[PREFIX + 'v_median'] = float(p50)
+      stats[PREFIX + 'v_p01'] = float(p01)
+      stats[PREFIX + 'v_p99'] = float(p99)
+    beta1 = upper = None
+    if is_fedadamom_state(state) and v.size:
+      eps = state[EPSILON_KEY] if epsilon is None else epsilon
+      beta1 = fedadamom_beta1(v, _scalar(eps))
+      upper = beta1.dtype.type(1) - beta1.dtype.type(_scalar(eps))
+      n = beta1.size
+      stats[PREFIX + 'beta1_mean'] = float(np.mean(beta1, dtype=np.float64))
+      stats[PREFIX + 'frac_beta1_at_0'] = np.count_nonzero(beta1 == 0) / n
+      stats[PREFIX + 'frac_beta1_at_max'] = np.count_nonzero(beta1 >= upper) / n
+    if layer_names is not None:
+      stats.update(_layer_stats(beta1, v, sizes, layer_names, upper))
+
+  if ACCUMULATOR_KEY in state:
+    stats[PREFIX + 'momentum_norm'] = float(
+        np.sqrt(_sq_norm(_leaves(state[ACCUMULATOR_KEY]))))
+
+  if weights is not None and previous_weights is not None:
+    new, old = _leaves(weights), _leaves(previous_weights)
+    if len(new) != len(old) or any(a.shape != b.shape for a, b in zip(new, old)):
+      raise ValueError(
+          '`weights` and `previous_weights` differ in structure: shapes'
+          f' {[a.shape for a in new]} vs {[b.shape for b in old]}.'
+      )
+    stats[PREFIX + 'update_norm'] = float(
+        np.sqrt(_sq_norm(np.subtract(a, b) for a, b in zip(new, old))))
+  return stats
+
+
+def state_histograms(state: Any, *, epsilon: float | None = None) -> dict[str, np.ndarray]:
+  """Flat arrays for TensorBoard histograms, keyed under `opt/`.
+
+  `opt/v`: the second moment / preconditioner of every leaf, concatenated;
+  `opt/beta1`: FedAdamom's beta1_t (see `fedadamom_beta1`). Empty for a state
+  without a preconditioner.
+  """
+  state = unwrap_optimizer_state(state)
+  out: dict[str, np.ndarray] = {}
+  if PRECONDITIONER_KEY in state:
+    v = _concat(_leaves(state[PRECONDITIONER_KEY]))
+    out[PREFIX + 'v'] = v
+    if is_fedadamom_state(state) and v.size:
+      eps = state[EPSILON_KEY] if epsilon is None else epsilon
+      out[PREFIX + 'beta1'] = fedadamom_beta1(v, _scalar(eps))
+  return out
