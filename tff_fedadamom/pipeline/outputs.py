@@ -15,6 +15,8 @@ Every file this module writes itself is written atomically.
 from __future__ import annotations
 
 import csv
+import io
+import logging
 import math
 import os
 from typing import Any, Iterable, Mapping, Optional
@@ -60,6 +62,53 @@ def read_metrics(output_dir: str) -> list[dict[str, Any]]:
   with open(path, newline="") as f:
     return [{k: _number(v) for k, v in row.items() if v not in ("", None)}
             for row in csv.DictReader(f)]
+
+
+def repair_metrics(output_dir: str, last_round: int) -> int:
+  """Makes metrics.csv agree with the checkpoint a run resumes from.
+
+  Keeps the leading rows 1, 2, ... up to `last_round` that parse completely and
+  drops the rest (rows written after the checkpoint, or a row cut short by a
+  kill), rewriting the file atomically. Returns the last round kept: when it is
+  below `last_round`, the caller must resume from an older checkpoint. A file
+  whose header cannot be read is moved aside to `metrics.csv.corrupt`.
+  """
+  path = os.path.join(output_dir, METRICS_FILE)
+  if not os.path.exists(path):
+    return 0
+  try:
+    with open(path, newline="") as f:
+      reader = csv.reader(f)
+      header = next(reader)
+      rows = list(reader)
+    if not header or header[0] != "round":
+      raise ValueError("no 'round' column")
+  except (StopIteration, ValueError, csv.Error, UnicodeDecodeError) as e:
+    os.replace(path, path + ".corrupt")
+    logging.getLogger("tff_fedadamom").warning(
+        "%s was unreadable (%s); moved to %s.corrupt", path, e, path)
+    return 0
+  kept, dropped = [], []
+  for row in rows:
+    try:
+      round_num = int(row[0])
+      ok = len(row) == len(header) and 1 <= round_num <= last_round
+    except (ValueError, IndexError):
+      round_num, ok = -1, False
+    (kept if ok and round_num == len(kept) + 1 else dropped).append(
+        row if ok else round_num)
+  if dropped:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(header)
+    writer.writerows(kept)
+    from tff_fedadamom.atomic_io import atomic_write_text
+
+    atomic_write_text(path, buffer.getvalue())
+    logging.getLogger("tff_fedadamom").warning(
+        "metrics.csv: dropped %d row(s) not covered by the checkpoint of round %d",
+        len(dropped), last_round)
+  return len(kept)
 
 
 def rounds_to_targets(history: Iterable[Mapping[str, Any]], targets: Iterable[float],

@@ -147,20 +147,42 @@ class _Evaluator:
             "test/accuracy": float(result[ACCURACY_METRIC])}
 
 
-def _load_checkpoint(manager, structure):
-  """The newest checkpoint that loads; falls back past corrupt ones."""
+def _load_checkpoint(manager, structure, root_dir: str, at_most: Optional[int] = None):
+  """The newest checkpoint that loads; falls back past corrupt ones.
+
+  An unreadable checkpoint is moved aside to `checkpoints_corrupt/` (kept for
+  inspection), so that the round can be saved again when the run redoes it.
+  """
+  import shutil
+
   versions = asyncio.run(manager.get_versions()) or []
+  if at_most is not None:
+    versions = [v for v in versions if v <= at_most]
   for version in sorted(versions, reverse=True):
     try:
       return asyncio.run(manager.load(version, structure)), version
     except Exception as e:  # noqa: BLE001 - any unreadable checkpoint is skipped
       logger.warning("checkpoint of round %d is unreadable (%s); trying an older one",
-                     version, e)
-  if versions:
+                     version, str(e).splitlines()[0][:200])
+      path = manager._get_path_for_version(version)  # noqa: SLF001
+      aside = os.path.join(os.path.dirname(root_dir), "checkpoints_corrupt",
+                           f"{os.path.basename(path)}_{int(time.time())}")
+      os.makedirs(os.path.dirname(aside), exist_ok=True)
+      shutil.move(path, aside)
+  if versions and at_most is None:
     raise RuntimeError(
-        f"every checkpoint in {manager._root_dir} is unreadable; delete the directory "  # noqa: SLF001
-        "to start over")
+        f"every checkpoint in {root_dir} is unreadable (moved to checkpoints_corrupt/); "
+        "delete the output directory to start over")
   return None, 0
+
+
+def _drop_checkpoints_after(manager, round_num: int) -> None:
+  """Deletes checkpoints newer than `round_num`: the run redoes those rounds."""
+  import shutil
+
+  for version in asyncio.run(manager.get_versions()) or []:
+    if version > round_num:
+      shutil.rmtree(manager._get_path_for_version(version))  # noqa: SLF001
 
 
 def run_experiment(config, *, overrides=(), on_eval: Optional[Callable[[EvalEvent], None]] = None,
@@ -208,11 +230,9 @@ def run_experiment(config, *, overrides=(), on_eval: Optional[Callable[[EvalEven
   layer_names = layer_labels(keras_model)
   evaluator = _Evaluator(config, data, keras_model)
 
+  checkpoint_dir = os.path.join(output_dir, outputs.CHECKPOINT_DIR)
   state_manager = tff.program.FileProgramStateManager(
-      os.path.join(output_dir, outputs.CHECKPOINT_DIR), prefix="round_", keep_total=3,
-      keep_first=False)
-  csv_manager = tff.program.CSVFileReleaseManager(
-      os.path.join(output_dir, outputs.METRICS_FILE), key_fieldname="round")
+      checkpoint_dir, prefix="round_", keep_total=3, keep_first=False)
   tb_dir = os.path.join(output_dir, outputs.TENSORBOARD_DIR)
   tb_manager = tff.program.TensorBoardReleaseManager(tb_dir)
   histogram_writer = tf.summary.create_file_writer(os.path.join(tb_dir, "histograms"))
@@ -220,9 +240,21 @@ def run_experiment(config, *, overrides=(), on_eval: Optional[Callable[[EvalEven
   state = process.initialize()
   # The state is saved flat: TFF's saver cannot serialize the dicts inside
   # LearningAlgorithmState, and the initial state gives the structure back.
-  restored, start_round = _load_checkpoint(state_manager, tf.nest.flatten(state))
+  restored, start_round = _load_checkpoint(state_manager, tf.nest.flatten(state), checkpoint_dir)
   if restored is not None:
     state = tf.nest.pack_sequence_as(state, list(restored))
+  complete = outputs.repair_metrics(output_dir, start_round)
+  if complete < start_round:
+    # Metrics rows the checkpoint covers were lost (a kill mid-write): go back to
+    # the newest checkpoint whose rounds all have their rows, or start over.
+    restored, start_round = _load_checkpoint(state_manager, tf.nest.flatten(state),
+                                             checkpoint_dir, at_most=complete)
+    state = (tf.nest.pack_sequence_as(state, list(restored)) if restored is not None
+             else process.initialize())
+    outputs.repair_metrics(output_dir, start_round)
+    _drop_checkpoints_after(state_manager, start_round)
+  csv_manager = tff.program.CSVFileReleaseManager(
+      os.path.join(output_dir, outputs.METRICS_FILE), key_fieldname="round")
   if start_round >= config.rounds and os.path.exists(summary_path):
     import json
 

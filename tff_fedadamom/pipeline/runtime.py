@@ -97,6 +97,36 @@ def _on_signal(signum, frame):  # pragma: no cover - exercised through subproces
 _PREVIOUS_HANDLERS: dict[int, object] = {}
 
 
+def _tie_worker_to_parent() -> None:
+  """Starts TFF's worker_binary under `setpriv --pdeathsig KILL`.
+
+  The kernel then kills the worker when this process dies, even by SIGKILL, when
+  no exit handler can run. TFF starts the worker with `subprocess.Popen` from its
+  `executor_factory` module; that module alone gets a `Popen` that prefixes the
+  command. Without `setpriv` (util-linux) the exit handlers below still apply.
+  """
+  import shutil
+  import subprocess
+  import types
+
+  setpriv = shutil.which("setpriv")
+  if setpriv is None:
+    return
+  from tensorflow_federated.python.core.impl.executor_stacks import executor_factory
+
+  class _Popen(subprocess.Popen):
+
+    def __init__(self, args, *rest, **kwargs):
+      if isinstance(args, (list, tuple)) and args and str(args[0]).endswith("worker_binary"):
+        args = [setpriv, "--pdeathsig", "KILL", "--", *args]
+      super().__init__(args, *rest, **kwargs)
+
+  shim = types.ModuleType("subprocess")
+  shim.__dict__.update(subprocess.__dict__)
+  shim.Popen = _Popen
+  executor_factory.subprocess = shim
+
+
 def install_child_cleanup() -> None:
   """Makes sure no child process (TFF's worker_binary) outlives this process."""
   global _INSTALLED
@@ -104,6 +134,10 @@ def install_child_cleanup() -> None:
     if _INSTALLED:
       return
     _INSTALLED = True
+  try:
+    _tie_worker_to_parent()
+  except Exception:  # noqa: BLE001 - TFF internals moved: fall back to exit handlers
+    pass
   atexit.register(shutdown)
   if threading.current_thread() is threading.main_thread():
     for signum in (signal.SIGTERM,):

@@ -1,0 +1,153 @@
+"""Faults a long run meets: kill -9, signals, corrupt checkpoints and metrics files."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import yaml
+
+from tff_fedadamom.pipeline import outputs, run_experiment
+from tests.pipeline.test_runner import tiny
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+
+
+def _weights(output_dir):
+  model = tf.keras.models.load_model(os.path.join(output_dir, outputs.MODEL_FILE))
+  return [w.numpy() for w in model.weights]
+
+
+def _start(config_path):
+  env = {**os.environ, "PYTHONPATH": ROOT}
+  return subprocess.Popen([sys.executable, "-m", "tff_fedadamom", "run", str(config_path),
+                           "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          env=env, start_new_session=True)
+
+
+def _rows(output_dir):
+  try:
+    return len(outputs.read_metrics(output_dir))
+  except Exception:  # noqa: BLE001 - a file mid-write
+    return 0
+
+
+def _wait_for_rows(proc, output_dir, n, timeout=240):
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    if _rows(output_dir) >= n:
+      return
+    if proc.poll() is not None:
+      raise AssertionError(f"run ended early: {proc.stderr.read().decode()[-2000:]}")
+    time.sleep(0.05)
+  raise AssertionError("timed out waiting for rounds")
+
+
+def _workers_of(pid):
+  out = subprocess.run(["pgrep", "-f", "worker_binary"], capture_output=True, text=True)
+  alive = []
+  for p in out.stdout.split():
+    try:
+      with open(f"/proc/{p}/stat") as f:
+        stat = f.read()
+      state = stat.rsplit(")", 1)[1].split()[0]
+      if state != "Z":
+        alive.append(int(p))
+    except OSError:
+      pass
+  return alive
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+  """An uninterrupted 5-round run."""
+  out = tmp_path_factory.mktemp("ref") / "run"
+  return run_experiment(tiny(out, rounds=5), progress=False)
+
+
+def test_kill_9_then_rerun_finishes_identically(tmp_path, reference):
+  out = tmp_path / "run"
+  config = tmp_path / "c.yaml"
+  config.write_text(yaml.safe_dump(tiny(out, rounds=5)))
+  before = set(_workers_of(None))
+  proc = _start(config)
+  _wait_for_rows(proc, out, 2)
+  os.kill(proc.pid, signal.SIGKILL)
+  proc.wait(timeout=30)
+  time.sleep(1.0)
+  # The worker was tied to its parent: it died with it.
+  assert set(_workers_of(None)) - before == set()
+  result = run_experiment(tiny(out, rounds=5), progress=False)
+  assert result.summary["status"] == "completed"
+  assert result.summary["final_test_accuracy"] == reference.summary["final_test_accuracy"]
+  for a, b in zip(_weights(out), _weights(reference.output_dir)):
+    np.testing.assert_array_equal(a, b)
+  assert [r["round"] for r in outputs.read_metrics(out)] == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signals_mid_run_leave_no_child(tmp_path, sig):
+  out = tmp_path / "run"
+  config = tmp_path / "c.yaml"
+  config.write_text(yaml.safe_dump(tiny(out, rounds=200, eval_every=50)))
+  before = set(_workers_of(None))
+  proc = _start(config)
+  _wait_for_rows(proc, out, 1)
+  os.kill(proc.pid, sig)
+  proc.wait(timeout=60)
+  assert proc.returncode != 0
+  time.sleep(1.0)
+  assert set(_workers_of(None)) - before == set()
+
+
+def test_corrupt_latest_checkpoint_falls_back_to_previous(tmp_path, reference):
+  out = tmp_path / "run"
+  run_experiment(tiny(out, rounds=3), progress=False)
+  latest = out / outputs.CHECKPOINT_DIR / "round_3"
+  assert latest.is_dir()
+  for root, _, files in os.walk(latest):
+    for name in files:
+      with open(os.path.join(root, name), "r+b") as f:
+        f.truncate(7)
+  result = run_experiment(tiny(out, rounds=5), progress=False)
+  assert result.summary["resumed_from_round"] == 2
+  for a, b in zip(_weights(out), _weights(reference.output_dir)):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_every_checkpoint_corrupt_is_a_clear_error(tmp_path):
+  out = tmp_path / "run"
+  run_experiment(tiny(out, rounds=2), progress=False)
+  for root, _, files in os.walk(out / outputs.CHECKPOINT_DIR):
+    for name in files:
+      open(os.path.join(root, name), "wb").close()
+  with pytest.raises(RuntimeError, match="every checkpoint .* is unreadable"):
+    run_experiment(tiny(out, rounds=3), progress=False)
+
+
+def test_truncated_metrics_file_is_repaired(tmp_path, reference):
+  out = tmp_path / "run"
+  run_experiment(tiny(out, rounds=3), progress=False)
+  path = out / outputs.METRICS_FILE
+  text = path.read_text()
+  path.write_text(text[: len(text) - 25])  # the last row cut short, as by a kill
+  assert outputs.repair_metrics(str(out), 3) == 2
+  path.write_text(text[: len(text) - 25])
+  result = run_experiment(tiny(out, rounds=5), progress=False)
+  assert result.summary["resumed_from_round"] == 2  # the checkpoint its rows cover
+  assert [r["round"] for r in outputs.read_metrics(out)] == [1, 2, 3, 4, 5]
+  assert result.summary["final_test_accuracy"] == reference.summary["final_test_accuracy"]
+
+
+def test_repair_metrics_drops_rows_past_the_checkpoint(tmp_path):
+  path = tmp_path / outputs.METRICS_FILE
+  path.write_text("round,a\n1,0.5\n2,0.4\n3,0.3\n4,0.")
+  assert outputs.repair_metrics(str(tmp_path), 2) == 2
+  assert path.read_text().splitlines() == ["round,a", "1,0.5", "2,0.4"]
+  path.write_text("\x00\x01garbage")
+  assert outputs.repair_metrics(str(tmp_path), 2) == 0
+  assert (tmp_path / (outputs.METRICS_FILE + ".corrupt")).exists()
