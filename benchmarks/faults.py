@@ -70,14 +70,14 @@ def _wait_rows(proc, output_dir, n, timeout=300):
   return False
 
 
-def _live_workers():
-  out = subprocess.run(["pgrep", "-f", "worker_binary"], capture_output=True, text=True)
+def _still_running(pids):
+  """The pids that still run (zombies count as ended)."""
   alive = set()
-  for pid in out.stdout.split():
+  for pid in pids:
     try:
       with open(f"/proc/{pid}/stat") as f:
         if f.read().rsplit(")", 1)[1].split()[0] != "Z":
-          alive.add(int(pid))
+          alive.add(pid)
     except OSError:
       pass
   return alive
@@ -163,13 +163,13 @@ def leftovers(tmp):
     path = out + ".yaml"
     with open(path, "w") as f:
       yaml.safe_dump({**_config(out), "rounds": 500}, f)
-    before = _live_workers()
     proc = _launch(path)
     _wait_rows(proc, out, 1)
+    children = runtime._child_pids(proc.pid)  # noqa: SLF001 - the run's own children
     os.kill(proc.pid, sig)
     proc.wait(timeout=120)
     time.sleep(1.0)
-    left += len(_live_workers() - before)
+    left += len(_still_running(children))
   return left
 
 

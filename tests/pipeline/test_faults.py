@@ -47,19 +47,27 @@ def _wait_for_rows(proc, output_dir, n, timeout=240):
   raise AssertionError("timed out waiting for rounds")
 
 
-def _workers_of(pid):
-  out = subprocess.run(["pgrep", "-f", "worker_binary"], capture_output=True, text=True)
-  alive = []
-  for p in out.stdout.split():
-    try:
-      with open(f"/proc/{p}/stat") as f:
-        stat = f.read()
-      state = stat.rsplit(")", 1)[1].split()[0]
-      if state != "Z":
-        alive.append(int(p))
-    except OSError:
-      pass
-  return alive
+def _descendants(pid):
+  from tff_fedadamom.pipeline import runtime
+
+  return runtime._child_pids(pid)  # noqa: SLF001
+
+
+def _alive(pids, timeout=10.0):
+  """The pids that still run (zombies count as ended) after up to `timeout` s."""
+  deadline = time.time() + timeout
+  while True:
+    alive = []
+    for p in pids:
+      try:
+        with open(f"/proc/{p}/stat") as f:
+          if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+            alive.append(p)
+      except OSError:
+        pass
+    if not alive or time.time() > deadline:
+      return alive
+    time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")
@@ -73,14 +81,14 @@ def test_kill_9_then_rerun_finishes_identically(tmp_path, reference):
   out = tmp_path / "run"
   config = tmp_path / "c.yaml"
   config.write_text(yaml.safe_dump(tiny(out, rounds=5)))
-  before = set(_workers_of(None))
   proc = _start(config)
   _wait_for_rows(proc, out, 2)
+  children = _descendants(proc.pid)
+  assert children, "the run should have started TFF's worker"
   os.kill(proc.pid, signal.SIGKILL)
   proc.wait(timeout=30)
-  time.sleep(1.0)
   # The worker was tied to its parent: it died with it.
-  assert set(_workers_of(None)) - before == set()
+  assert _alive(children) == []
   result = run_experiment(tiny(out, rounds=5), progress=False)
   assert result.summary["status"] == "completed"
   assert result.summary["final_test_accuracy"] == reference.summary["final_test_accuracy"]
@@ -94,14 +102,14 @@ def test_signals_mid_run_leave_no_child(tmp_path, sig):
   out = tmp_path / "run"
   config = tmp_path / "c.yaml"
   config.write_text(yaml.safe_dump(tiny(out, rounds=200, eval_every=50)))
-  before = set(_workers_of(None))
   proc = _start(config)
   _wait_for_rows(proc, out, 1)
+  children = _descendants(proc.pid)
+  assert children
   os.kill(proc.pid, sig)
   proc.wait(timeout=60)
   assert proc.returncode != 0
-  time.sleep(1.0)
-  assert set(_workers_of(None)) - before == set()
+  assert _alive(children) == []
 
 
 def test_corrupt_latest_checkpoint_falls_back_to_previous(tmp_path, reference):
