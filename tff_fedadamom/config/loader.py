@@ -9,7 +9,6 @@ read with `yaml.safe_load`, so Python object tags are refused.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import os
 import typing
@@ -19,6 +18,7 @@ import yaml
 
 from tff_fedadamom.config import schema
 from tff_fedadamom.config.errors import ConfigError
+from tff_fedadamom.naming import closest
 from tff_fedadamom.atomic_io import atomic_write_text
 
 
@@ -72,8 +72,8 @@ def _coerce(value, tp, source: str, path: str):
 
 
 def suggest(word: str, valid: Iterable[str]) -> str:
-  close = difflib.get_close_matches(str(word), list(valid), n=1, cutoff=0.6)
-  return f"did you mean '{close[0]}'?" if close else ""
+  match = closest(word, valid)
+  return f"did you mean '{match}'?" if match else ""
 
 
 def reject_unknown(raw: Mapping, valid: Iterable[str], source: str, prefix: str) -> None:

@@ -15,10 +15,11 @@ range where that paper found the best values.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from typing import Any, Callable, Mapping
 
 import tensorflow_federated as tff
+
+from tff_fedadamom.naming import did_you_mean
 
 from tff_fedadamom.optimizers import fedadamom
 
@@ -139,10 +140,6 @@ def list_optimizers() -> list[str]:
   return list(OPTIMIZERS)
 
 
-def _suggest(word: str, valid) -> str:
-  close = difflib.get_close_matches(word, list(valid), n=1)
-  return f" Did you mean '{close[0]}'?" if close else ''
-
 
 def get_spec(name: str) -> OptimizerSpec:
   """Returns the registry entry for `name`; ValueError listing the valid names."""
@@ -151,7 +148,7 @@ def get_spec(name: str) -> OptimizerSpec:
   except (KeyError, TypeError):
     raise ValueError(
         f'Unknown server optimizer {name!r}; valid: {list_optimizers()}.'
-        + _suggest(str(name), OPTIMIZERS)
+        + did_you_mean(str(name), OPTIMIZERS)
     ) from None
 
 
@@ -172,7 +169,7 @@ def resolve_hparams(name: str, **hparams) -> dict[str, Any]:
   if unknown:
     raise ValueError(
         f'Server optimizer {name!r} has no hparam {unknown[0]!r}; valid:'
-        f' {sorted(spec.defaults)}.' + _suggest(unknown[0], spec.defaults)
+        f' {sorted(spec.defaults)}.' + did_you_mean(unknown[0], spec.defaults)
     )
   return {**spec.defaults, **hparams}
 

@@ -35,13 +35,14 @@ which parameters each schedule has; nothing else switches on schedule names.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import numbers
 from typing import Any, Callable, Mapping
 
 import tensorflow as tf
 import tensorflow_federated as tff
+
+from tff_fedadamom.naming import did_you_mean
 
 ScheduleFn = Callable[[tf.Tensor], tf.Tensor]
 
@@ -110,10 +111,6 @@ def list_schedules() -> list[str]:
   return list(SCHEDULES)
 
 
-def _suggest(word: str, valid) -> str:
-  close = difflib.get_close_matches(word, list(valid), n=1)
-  return f" Did you mean '{close[0]}'?" if close else ''
-
 
 def get_schedule_spec(kind: str) -> ScheduleSpec:
   """Returns the registry entry for `kind`; ValueError listing the valid names."""
@@ -122,7 +119,7 @@ def get_schedule_spec(kind: str) -> ScheduleSpec:
   except (KeyError, TypeError):
     raise ValueError(
         f'Unknown learning-rate schedule {kind!r}; valid: {list_schedules()}.'
-        + _suggest(str(kind), SCHEDULES)
+        + did_you_mean(str(kind), SCHEDULES)
     ) from None
 
 
@@ -214,7 +211,7 @@ def resolve_schedule_params(kind: str, base_lr=1.0, **params) -> dict[str, Any]:
   if unknown:
     raise ValueError(
         f'Schedule {kind!r} has no parameter {unknown[0]!r}; valid:'
-        f' {sorted(spec.defaults)}.' + _suggest(unknown[0], spec.defaults)
+        f' {sorted(spec.defaults)}.' + did_you_mean(unknown[0], spec.defaults)
     )
   return _check_params(kind, base_lr, {**spec.defaults, **params})
 
