@@ -1,0 +1,72 @@
+"""Shared fixtures of the sweep tests: a tiny base experiment, sweep files, and a
+check that no TFF worker_binary started by a test outlives it.
+
+Every process a test starts (Ray's workers included) inherits `TUNING_TEST_TOKEN`,
+so a leftover worker_binary is recognised by its environment, not by its name.
+"""
+
+import os
+import time
+import uuid
+
+import pytest
+import yaml
+
+TOKEN = f"tuning-test-{uuid.uuid4().hex[:12]}"
+os.environ["TUNING_TEST_TOKEN"] = TOKEN
+
+
+def tiny_base(**overrides):
+  """1,797 digits over 10 clients, logistic regression: a trial takes seconds."""
+  base = {
+      "seed": 0, "eval_every": 1, "checkpoint_every": 1, "targets": [0.3, 0.9],
+      "telemetry": False, "diverge_patience": 1, "clients_per_round": 4,
+      "data": {"name": "digits", "num_clients": 10,
+               "partition": {"kind": "dirichlet", "alpha": 0.5}},
+      "model": {"name": "logistic"},
+      "client": {"learning_rate": 0.1, "batch_size": 20},
+      "server": {"optimizer": "fedavg"},
+  }
+  base.update(overrides)
+  return base
+
+
+def write_sweep(directory, raw, name="sweep.yaml"):
+  path = os.path.join(str(directory), name)
+  with open(path, "w") as f:
+    yaml.safe_dump(raw, f, sort_keys=False)
+  return path
+
+
+def our_worker_binaries():
+  """PIDs of live worker_binary processes started under this test session, other
+  than the test process's own (tests/conftest.py ends those at session end)."""
+  found = []
+  for entry in os.listdir("/proc"):
+    if not entry.isdigit():
+      continue
+    try:
+      with open(f"/proc/{entry}/cmdline", "rb") as f:
+        cmdline = f.read()
+      if b"worker_binary" not in cmdline:
+        continue
+      with open(f"/proc/{entry}/environ", "rb") as f:
+        environ = f.read()
+      with open(f"/proc/{entry}/stat", "rb") as f:
+        state, ppid = f.read().rsplit(b")", 1)[1].split()[:2]
+    except OSError:
+      continue
+    if TOKEN.encode() in environ and state != b"Z" and int(ppid) != os.getpid():
+      found.append(int(entry))
+  return found
+
+
+@pytest.fixture
+def no_leftover_workers():
+  """Fails a test that leaves a TFF worker_binary of its own behind."""
+  yield
+  deadline = time.monotonic() + 15
+  while our_worker_binaries() and time.monotonic() < deadline:
+    time.sleep(0.5)
+  left = our_worker_binaries()
+  assert not left, f"worker_binary processes left behind: {left}"

@@ -1,0 +1,67 @@
+"""An interrupted sweep continues with resume=True (`tune --resume`): trials that
+finished are not run again, the unfinished one continues, the missing ones run."""
+
+import os
+import signal
+
+from ray import tune
+
+from tests.tuning.conftest import tiny_base, write_sweep
+from tuning import run_sweep
+
+
+class InterruptOnce(tune.Callback):
+  """Presses Ctrl-C (SIGINT to the driver) when the first trial completes.
+
+  Tune pickles callbacks into the experiment and restores them on resume, so
+  'once' is kept in a file, not in the object."""
+
+  def __init__(self, marker: str):
+    self.marker = marker
+
+  def on_trial_complete(self, iteration, trials, trial, **info):
+    if not os.path.exists(self.marker):
+      open(self.marker, "w").close()
+      os.kill(os.getpid(), signal.SIGINT)
+
+
+def _rows(trial_dir):
+  with open(os.path.join(trial_dir, "result.json")) as f:
+    return [line for line in f if line.strip()]
+
+
+def test_resume_does_not_rerun_finished_trials(tmp_path, no_leftover_workers):
+  path = write_sweep(tmp_path, {
+      "name": "resume",
+      "base": tiny_base(),
+      "optimizers": ["fedavg"],
+      "budget": {"trials_per_optimizer": 3, "rounds": 3},
+      "space": {"client.learning_rate": None},
+      "search": {"kind": "random", "seed": 3},
+      "resources": {"max_concurrent_trials": 2, "storage_path": str(tmp_path / "sweeps")},
+  })
+  first = run_sweep(path, callbacks=[InterruptOnce(str(tmp_path / "interrupted"))],
+                    progress_interval_s=60)
+  assert first.interrupted and first.export is None
+  grid = first.results["fedavg"]
+  finished = {r.metrics["trial_id"]: r.metrics["pid"] for r in grid
+              if r.metrics.get("done")}
+  assert finished, "no trial finished before the interruption"
+  experiment = os.path.join(first.sweep_dir, "fedavg")
+  rows_before = {t: _rows(os.path.join(experiment, f"trial_{t}")) for t in finished}
+
+  second = run_sweep(path, resume=True, progress_interval_s=60)
+  assert not second.interrupted
+  grid = second.results["fedavg"]
+  assert len(grid) == 3 and grid.num_terminated == 3 and not grid.errors
+  by_id = {r.metrics["trial_id"]: r for r in grid}
+  assert set(finished) <= set(by_id)
+  for trial_id, pid in finished.items():
+    # Same process as before and not a single new report: it did not run again.
+    assert by_id[trial_id].metrics["pid"] == pid
+    assert _rows(os.path.join(experiment, f"trial_{trial_id}")) == rows_before[trial_id]
+  for result in grid:
+    assert result.metrics["round"] == 3
+    rounds = [int(r) for r in result.metrics_dataframe["round"]]
+    assert rounds == sorted(set(rounds)), rounds  # no round reported twice
+  assert set(second.export.best) == {"fedavg"}

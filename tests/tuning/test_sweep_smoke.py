@@ -1,0 +1,171 @@
+"""A real sweep end to end on a local Ray: 2 optimizers x 2 trials x 3 rounds of
+logistic regression on digits, one trial per optimizer with a learning rate that
+diverges, and one trial whose process is killed after its first report (Tune
+restarts it from its checkpoint); then export, and re-running each exported
+config reproduces its trial exactly."""
+
+import csv
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from ray import tune
+
+from tests.tuning.conftest import our_worker_binaries, tiny_base, write_sweep
+from tff_fedadamom.config import load_config
+from tuning import run_sweep
+from tuning.sweep import SweepError
+from tuning.trainable import objective_from_history
+
+LAST_K = 2
+CLI = os.path.join(os.path.dirname(sys.executable), "tff-fedadamom")
+
+
+class CrashOnce(tune.Callback):
+  """Kills the process of the fedavg trial with learning rate 1 once Tune has its
+  round-1 checkpoint, once (a crash: FailureConfig restarts it from there)."""
+
+  def __init__(self, marker: str):
+    self.marker = marker
+
+  def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
+    result = trial.last_result or {}
+    if (result.get("round") == 1 and trial.config.get("server.learning_rate") == 1.0
+        and "fedavg" in trial.path.split(os.sep) and not os.path.exists(self.marker)):
+      with open(self.marker, "w") as f:
+        f.write(f"{trial.trial_id} {result['pid']}")
+      os.kill(int(result["pid"]), signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+  root = tmp_path_factory.mktemp("smoke")
+  path = write_sweep(root, {
+      "name": "smoke",
+      "base": tiny_base(),
+      "optimizers": ["fedavg", "fedadamom"],
+      "budget": {"trials_per_optimizer": 2, "rounds": 3},
+      "space": {"client.learning_rate": None, "server.epsilon": None,
+                "server.beta_2": None,
+                # 1e38 overflows float32 within two rounds: a diverged trial.
+                "server.learning_rate": {"dist": "grid", "values": [1.0, 1.0e+38]}},
+      "search": {"kind": "grid"},
+      "metric": {"name": "test/accuracy", "last_k": LAST_K},
+      "resources": {"cpus_per_trial": 1, "max_concurrent_trials": 2,
+                    "storage_path": str(root / "sweeps")},
+  })
+  result = run_sweep(path, progress_interval_s=60,
+                     callbacks=[CrashOnce(str(root / "crashed"))])
+  with open(root / "crashed") as f:
+    crashed_id, crashed_pid = f.read().split()
+  yield path, result, (crashed_id, int(crashed_pid))
+  import ray
+
+  assert not ray.is_initialized()  # run_sweep shut down the Ray it started
+
+
+def test_sweep_runs_every_trial(smoke):
+  _, result, _ = smoke
+  assert not result.interrupted
+  for optimizer in ("fedavg", "fedadamom"):
+    grid = result.results[optimizer]
+    assert len(grid) == 2 and grid.num_terminated == 2 and not grid.errors
+    rounds = sorted(r.metrics["round"] for r in grid)
+    assert rounds == [2, 3]  # the diverged trial stopped at round 2
+
+
+def test_crashed_trial_restarts_from_its_checkpoint(smoke):
+  _, result, (trial_id, pid) = smoke
+  crashed = [r for r in result.results["fedavg"] if r.metrics["trial_id"] == trial_id]
+  assert len(crashed) == 1 and crashed[0].error is None
+  frame = crashed[0].metrics_dataframe
+  assert list(frame["round"]) == [1, 2, 3]  # rounds 2-3 once, after the restart
+  assert list(frame["pid"])[0] == pid and list(frame["pid"])[-1] != pid
+
+
+def test_diverged_trial_is_never_best(smoke):
+  _, result, _ = smoke
+  for optimizer, best in result.export.best.items():
+    assert best.trial.params == {"server.learning_rate": 1.0}, optimizer
+    assert not best.trial.diverged and best.complete
+  with open(os.path.join(result.sweep_dir, "trials.csv")) as f:
+    trials = list(csv.DictReader(f))
+  assert len(trials) == 4
+  diverged = [t for t in trials if t["diverged"] == "1"]
+  assert {float(t["hparam/server.learning_rate"]) for t in diverged} == {1e38}
+  assert all(float(t["objective"]) <= -1e299 for t in diverged)
+  assert all(t["node_id"] and t["hostname"] and t["pid"] for t in trials)
+  with open(os.path.join(result.sweep_dir, "leaderboard.csv")) as f:
+    board = {r["optimizer"]: r for r in csv.DictReader(f)}
+  assert board["fedavg"]["trials_run"] == "2" and board["fedavg"]["trials_diverged"] == "1"
+
+
+def test_exported_configs_reproduce_the_trials(smoke, tmp_path, no_leftover_workers):
+  """`tff-fedadamom run best/<optimizer>.yaml` (in its own process, as a user
+  would run it) reproduces the trial's objective with the same seed."""
+  _, result, _ = smoke
+  exported = json.loads(open(os.path.join(result.sweep_dir, "export.json")).read())
+  assert set(exported["best"]) == {"fedavg", "fedadamom"}
+  runs = {}
+  for optimizer, best in exported["best"].items():
+    path = os.path.join(result.sweep_dir, best["config"])
+    config = load_config(path)  # a complete experiment config
+    assert config.server.optimizer == optimizer and config.rounds == 3
+    runs[optimizer] = subprocess.Popen(
+        [CLI, "run", path, "--quiet", "--set", f"output_dir={tmp_path / optimizer}"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+  for optimizer, process in runs.items():
+    output, _ = process.communicate(timeout=300)
+    assert process.returncode == 0, output.decode(errors="replace")[-3000:]
+    with open(tmp_path / optimizer / "summary.json") as f:
+      summary = json.load(f)
+    best = exported["best"][optimizer]
+    value = objective_from_history(summary["history"], "test/accuracy", LAST_K)
+    assert value == pytest.approx(best["objective"], rel=1e-6, abs=1e-6), optimizer
+    assert summary["rounds_to_target"] == best["rounds_to_target"]
+  for name in ("leaderboard.md", "plots/objective_vs_hparams.png",
+               "plots/best_learning_curves.png"):
+    assert os.path.getsize(os.path.join(result.sweep_dir, name)) > 100
+
+
+def test_no_worker_binary_left_by_trials(smoke):
+  assert not our_worker_binaries()
+
+
+def test_rerun_without_resume_is_refused(smoke):
+  path, _, _ = smoke
+  with pytest.raises(SweepError, match="--resume"):
+    run_sweep(path)
+
+
+def test_resume_of_a_finished_sweep_runs_nothing(smoke):
+  path, result, _ = smoke
+  before = {o: sorted(os.listdir(os.path.join(result.sweep_dir, o)))
+            for o in ("fedavg", "fedadamom")}
+  again = run_sweep(path, resume=True, progress_interval_s=60)
+  for optimizer, grid in again.results.items():
+    assert len(grid) == 2 and grid.num_terminated == 2
+    assert sorted(r.metrics["trial_id"] for r in grid) == sorted(
+        r.metrics["trial_id"] for r in result.results[optimizer])
+    assert sum(not math.isfinite(r.metrics["objective"]) for r in grid) == 0
+  trial_dirs = {o: [d for d in sorted(os.listdir(os.path.join(result.sweep_dir, o)))
+                    if d.startswith("trial_")] for o in before}
+  assert all(len(d) == 2 for d in trial_dirs.values())
+
+
+def test_resume_with_a_changed_sweep_or_nothing_to_resume_is_refused(smoke, tmp_path):
+  import yaml
+
+  path, _, _ = smoke
+  with open(path) as f:
+    raw = yaml.safe_load(f)
+  raw["budget"]["rounds"] = 4
+  with pytest.raises(SweepError, match="budget.rounds: differs from the sweep being resumed"):
+    run_sweep(write_sweep(tmp_path, raw), resume=True)
+  raw["name"] = "never-ran"
+  with pytest.raises(SweepError, match="nothing to resume"):
+    run_sweep(write_sweep(tmp_path, raw), resume=True)

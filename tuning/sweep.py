@@ -1,0 +1,457 @@
+"""`run_sweep`: one Ray Tune `Tuner` per optimizer, the same budget for each.
+
+Why one Tuner per optimizer rather than one for all:
+  * Fair budgets by construction: every optimizer's Tuner gets `num_samples =
+    trials_per_optimizer` (a grid: exactly that many points) and the same rounds
+    and time share. In a single Tuner, Optuna would spend trials on whichever
+    optimizer looks best early, and ASHA would stop one optimizer's trials
+    because another optimizer is ahead at the same round; both answer a
+    different question than "how good is each optimizer when tuned equally".
+  * Each optimizer has its own space (the registry decides which hparams it
+    has), which is what Tune's searchers expect; one Optuna study per space.
+  * Resume works per optimizer: a finished optimizer's experiment is restored
+    with nothing left to run; an interrupted one continues where it stopped.
+The cost: trials of different optimizers never run at the same time, so the
+last trials of each optimizer can leave a slot idle.
+
+Layout of a sweep directory (`<resources.storage_path>/<name>`):
+    sweep.yaml          the validated sweep, base experiment inlined
+    <optimizer>/        Tune's experiment (trial dirs, checkpoints, searcher state)
+    best/<opt>.yaml     exported best configs        (see tuning.export)
+    leaderboard.csv/md, trials.csv, export.json, plots/
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+import os
+import sys
+import time
+import warnings
+from typing import Any, Mapping, Optional, Sequence
+
+from ray import tune
+
+from tuning import schema
+from tuning import space as space_lib
+from tuning import trainable as trainable_lib
+from tuning.schema import Sweep
+
+logger = logging.getLogger("tuning")
+
+SWEEP_FILE = "sweep.yaml"
+_LOOPBACK = ("127.0.0.1", "localhost")
+
+
+class SweepError(RuntimeError):
+  """A sweep cannot start or continue (directory in use, nothing to resume, ...)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepResult:
+  """What `run_sweep` returns.
+
+  Attributes:
+    sweep: The sweep that ran (after `--smoke-test` shrinking, if any).
+    sweep_dir: Its directory.
+    results: Optimizer -> Tune `ResultGrid` of the optimizers that ran.
+    interrupted: True when the sweep stopped early (Ctrl-C); resume it with
+      `run_sweep(..., resume=True)`.
+    export: The `tuning.export.ExportResult`, None when interrupted.
+  """
+
+  sweep: Sweep
+  sweep_dir: str
+  results: Mapping[str, Any]
+  interrupted: bool
+  export: Any = None
+
+
+# ---------------------------------------------------------------------------- Ray session
+
+
+def _is_loopback(address: Optional[str]) -> bool:
+  if address is None:
+    return True
+  host = address.split("://")[-1].rsplit(":", 1)[0].strip("[]")
+  return host in _LOOPBACK
+
+
+@contextlib.contextmanager
+def ray_session(resources: schema.Resources):
+  """Connects to Ray as `resources.address` says; shuts down only what it started.
+
+  `address: null` starts a new local Ray bound to 127.0.0.1 with the dashboard
+  off; `auto` or host:port joins an existing cluster. An already initialised Ray
+  (a test, a notebook) is used as it is.
+  """
+  import ray
+
+  if ray.is_initialized():
+    yield ray
+    return
+  env = {"TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
+  kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False,
+                                configure_logging=True, logging_level=logging.WARNING,
+                                runtime_env={"env_vars": env})
+  if resources.address is None:
+    # "local": a new instance even if RAY_ADDRESS is set or a `ray start`
+    # cluster runs on this machine (ray.init() would silently join those).
+    kwargs.update(address="local", _node_ip_address="127.0.0.1")
+  else:
+    kwargs["address"] = resources.address
+    if resources.address != "auto" and _is_loopback(resources.address):
+      kwargs["_node_ip_address"] = "127.0.0.1"
+    kwargs.pop("include_dashboard")  # the cluster's own setting applies
+  with warnings.catch_warnings():
+    # Ray's notice that zero-GPU tasks will see the GPUs one day: trials without
+    # a GPU hide them themselves (tuning.trainable).
+    warnings.filterwarnings("ignore", message="Tip: In future versions of Ray",
+                            category=FutureWarning)
+    ray.init(**kwargs)
+  try:
+    yield ray
+  finally:
+    ray.shutdown()
+
+
+# ---------------------------------------------------------------------------- progress
+
+
+@dataclasses.dataclass
+class _OptimizerState:
+  total: int
+  done: int = 0
+  running: int = 0
+  errored: int = 0
+  diverged: int = 0
+  best: Optional[float] = None
+  best_params: Optional[dict] = None
+  trial_seconds: list = dataclasses.field(default_factory=list)
+  started: bool = False
+
+
+@dataclasses.dataclass
+class _SweepState:
+  sweep: Sweep
+  started: float
+  per_optimizer: dict
+  last_print: float = 0.0
+  max_running: int = 1
+  stream: Any = None
+
+
+# Live state per sweep directory. Callbacks hold only the key: Tune pickles the
+# RunConfig (and its callbacks) into the experiment and hands a copy back on
+# restore, and that copy must still update what the driver prints.
+_LIVE: dict[str, _SweepState] = {}
+
+
+def _fmt_time(seconds: Optional[float]) -> str:
+  if seconds is None or not math.isfinite(seconds):
+    return "?"
+  seconds = max(0, int(seconds))
+  return f"{seconds // 3600:d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def _fmt_params(params: Optional[Mapping[str, Any]]) -> str:
+  if not params:
+    return ""
+  return " ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+                  for k, v in params.items())
+
+
+class SweepProgress(tune.Callback):
+  """A Tune callback that prints the sweep's progress across optimizers.
+
+  Shows per optimizer the trials (done of the budget, running, errored,
+  diverged), the best objective so far with its hparams, the elapsed time and
+  the time left (an estimate from the trials finished so far, and the time
+  budget's remainder). Printed every `interval_s` seconds and when a trial ends.
+  """
+
+  def __init__(self, key: str, optimizer: str, interval_s: float):
+    self.key, self.optimizer, self.interval_s = key, optimizer, interval_s
+
+  def on_step_end(self, iteration, trials, **info):
+    state = _LIVE.get(self.key)
+    if state is not None:
+      _update(state, self.optimizer, trials)
+      if time.monotonic() - state.last_print >= self.interval_s:
+        _print(state)
+
+  def on_trial_complete(self, iteration, trials, trial, **info):
+    state = _LIVE.get(self.key)
+    if state is not None:
+      _update(state, self.optimizer, trials)
+      _print(state)
+
+  def on_trial_error(self, iteration, trials, trial, **info):
+    self.on_trial_complete(iteration, trials, trial)
+
+
+def _update(state: _SweepState, optimizer: str, trials) -> None:
+  mode = state.sweep.metric.mode
+  entry = state.per_optimizer[optimizer]
+  entry.started = True
+  entry.running = sum(t.status == "RUNNING" for t in trials)
+  entry.done = sum(t.status == "TERMINATED" for t in trials)
+  entry.errored = sum(t.status == "ERROR" for t in trials)
+  state.max_running = max(state.max_running, entry.running)
+  entry.diverged = 0
+  entry.trial_seconds = []
+  best, best_params = None, None
+  for trial in trials:
+    result = trial.last_result or {}
+    if trial.status in ("TERMINATED", "ERROR") and "time_total_s" in result:
+      entry.trial_seconds.append(result["time_total_s"])
+    if result.get(trainable_lib.DIVERGED):
+      entry.diverged += 1
+      continue
+    value = result.get(trainable_lib.OBJECTIVE)
+    if value is None or not math.isfinite(value):
+      continue
+    if best is None or (value > best if mode == "max" else value < best):
+      best, best_params = value, dict(trial.config)
+  entry.best, entry.best_params = best, best_params
+
+
+def _print(state: _SweepState) -> None:
+  sweep = state.sweep
+  now = time.monotonic()
+  state.last_print = now
+  elapsed = now - state.started
+  durations = [s for e in state.per_optimizer.values() for s in e.trial_seconds]
+  remaining = sum(max(0, e.total - e.done - e.errored) for e in state.per_optimizer.values())
+  estimate = (remaining * (sum(durations) / len(durations)) / max(1, state.max_running)
+              if durations else None)
+  budget = sweep.resources.time_budget_s
+  left = f"~{_fmt_time(estimate)} (estimate)"
+  if budget:
+    left += f", {_fmt_time(budget - elapsed)} of the time budget"
+  lines = [f"== sweep {sweep.name}: {_fmt_time(elapsed)} elapsed, time left {left}; "
+           f"objective = {sweep.metric.name} "
+           f"(mean of last {sweep.metric.last_k}, {sweep.metric.mode})"]
+  width = max(len(n) for n in state.per_optimizer)
+  for name, e in state.per_optimizer.items():
+    if not e.started:
+      lines.append(f"   {name:<{width}}  waiting ({e.total} trials)")
+      continue
+    best = "-" if e.best is None else f"{e.best:.4f}"
+    lines.append(f"   {name:<{width}}  trials {e.done}/{e.total} done, {e.running} running,"
+                 f" {e.errored} errored, {e.diverged} diverged | best {best} "
+                 f"{_fmt_params(e.best_params)}")
+  print("\n".join(lines), file=state.stream or sys.stdout, flush=True)
+
+
+# ---------------------------------------------------------------------------- the sweep
+
+
+def smoke_test_sweep(sweep: Sweep) -> Sweep:
+  """A tiny version of `sweep` that checks the whole path in a few minutes:
+  one trial per optimizer, at most 2 rounds evaluated every round, no early
+  stopping, random search (grids become choices), name suffixed `-smoke`."""
+  raw = schema.sweep_to_dict(sweep)
+  raw["name"] = sweep.name + "-smoke"
+  raw["budget"] = {"trials_per_optimizer": 1, "rounds": min(2, sweep.budget.rounds)}
+  raw["base"]["eval_every"] = 1
+  raw["base"]["checkpoint_every"] = 1
+  raw["metric"]["last_k"] = 1
+  raw["scheduler"] = {"kind": "none"}
+  raw["search"]["kind"] = "random"
+
+  def degrid(entries):
+    return {k: ({**v, "dist": "choice"} if isinstance(v, dict) and v.get("dist") == "grid"
+                else v) for k, v in entries.items()}
+
+  raw["space"] = {k: (degrid(v) if k in sweep.space_by_optimizer else degrid({k: v})[k])
+                  for k, v in raw["space"].items()}
+  raw["resources"]["time_budget_s"] = None
+  return schema.parse_sweep(raw, sweep.source + " (--smoke-test)", "")
+
+
+def _comparable(raw: Mapping[str, Any]) -> dict:
+  """A sweep's dict without what may change between a run and its resumption:
+  only `resources.address` (resume on another cluster, or locally). Everything
+  else is part of the experiment Tune saved, and is restored as saved."""
+  out = dict(raw)
+  out["resources"] = {k: v for k, v in raw["resources"].items() if k != "address"}
+  return out
+
+
+def _first_difference(a, b, prefix="") -> str:
+  if isinstance(a, Mapping) and isinstance(b, Mapping):
+    for key in list(a) + [k for k in b if k not in a]:
+      if a.get(key) != b.get(key):
+        return _first_difference(a.get(key), b.get(key), f"{prefix}{key}.")
+  return prefix.rstrip(".") or "<top level>"
+
+
+def _prepare_dir(sweep: Sweep, resume: bool) -> str:
+  sweep_dir = sweep.sweep_dir
+  saved_path = os.path.join(sweep_dir, SWEEP_FILE)
+  if resume:
+    if not os.path.exists(saved_path):
+      raise SweepError(f"{sweep_dir}: nothing to resume (no {SWEEP_FILE}); run without "
+                       "--resume to start this sweep")
+    saved = schema.sweep_to_dict(schema.load_sweep(saved_path))
+    current = schema.sweep_to_dict(sweep)
+    if _comparable(saved) != _comparable(current):
+      field = _first_difference(_comparable(saved), _comparable(current))
+      raise SweepError(
+          f"{sweep.source}: {field}: differs from the sweep being resumed in {sweep_dir}; "
+          "only 'resources.address' may change on --resume (start a new sweep under "
+          "another name to change the rest)")
+    return sweep_dir
+  if os.path.exists(saved_path) or any(
+      os.path.isdir(os.path.join(sweep_dir, o)) for o in sweep.optimizers):
+    raise SweepError(f"{sweep_dir} already holds sweep {sweep.name!r}; pass --resume to "
+                     "continue it, or change 'name' or 'resources.storage_path'")
+  os.makedirs(sweep_dir, exist_ok=True)
+  schema.dump_sweep(sweep, saved_path)
+  return sweep_dir
+
+
+def _searcher(sweep: Sweep):
+  kind = sweep.search.kind
+  if kind == "optuna":
+    from ray.tune.search.optuna import OptunaSearch
+
+    return OptunaSearch(seed=sweep.search.seed)
+  from ray.tune.search import BasicVariantGenerator
+
+  # A SearchAlgorithm, not a Searcher: it limits concurrency itself (Tune
+  # ignores TuneConfig.max_concurrent_trials for it).
+  return BasicVariantGenerator(
+      random_state=sweep.search.seed if kind == "random" else None,
+      max_concurrent=sweep.resources.max_concurrent_trials or 0)
+
+
+def _scheduler(sweep: Sweep):
+  if sweep.scheduler.kind == "none":
+    return None
+  from ray.tune.schedulers import ASHAScheduler
+
+  return ASHAScheduler(time_attr=trainable_lib.ROUND, max_t=sweep.budget.rounds,
+                       grace_period=sweep.scheduler.grace_period,
+                       reduction_factor=sweep.scheduler.reduction_factor)
+
+
+def _trainable(sweep: Sweep, optimizer: str):
+  resources = {"cpu": sweep.resources.cpus_per_trial}
+  if sweep.resources.gpus_per_trial:
+    resources["gpu"] = sweep.resources.gpus_per_trial
+  return tune.with_resources(
+      tune.with_parameters(trainable_lib.train_trial, sweep=sweep, optimizer=optimizer),
+      resources)
+
+
+def _trial_dirname(trial) -> str:
+  return f"trial_{trial.trial_id}"
+
+
+def _new_tuner(sweep: Sweep, optimizer: str, sweep_dir: str, callbacks: list):
+  space = space_lib.resolve(sweep, optimizer)
+  budget = sweep.resources.time_budget_s
+  tune_config = tune.TuneConfig(
+      metric=trainable_lib.OBJECTIVE, mode=sweep.metric.mode,
+      search_alg=_searcher(sweep), scheduler=_scheduler(sweep),
+      num_samples=1 if sweep.search.kind == "grid" else sweep.budget.trials_per_optimizer,
+      max_concurrent_trials=(sweep.resources.max_concurrent_trials
+                             if sweep.search.kind == "optuna" else None),
+      time_budget_s=budget / len(sweep.optimizers) if budget else None,
+      reuse_actors=False, trial_dirname_creator=_trial_dirname)
+  run_config = tune.RunConfig(
+      name=optimizer, storage_path=sweep_dir, verbose=0, callbacks=callbacks,
+      failure_config=tune.FailureConfig(max_failures=sweep.resources.max_failures),
+      checkpoint_config=tune.CheckpointConfig(num_to_keep=1))
+  return tune.Tuner(_trainable(sweep, optimizer), param_space=space_lib.tune_space(space),
+                    tune_config=tune_config, run_config=run_config)
+
+
+def _interrupted(experiment_dir: str) -> bool:
+  """Whether the experiment stopped with trials left to run (Ctrl-C).
+
+  Read from the experiment state Tune saved on disk: after an interruption Tune
+  stops the running trials, and its in-memory results then show them as
+  terminated, while the saved state (what `Tuner.restore` resumes) keeps them
+  running or pending."""
+  analysis = tune.ExperimentAnalysis(experiment_dir)
+  return any(t.status not in ("TERMINATED", "ERROR") for t in analysis.trials)
+
+
+def run_sweep(sweep, *, resume: bool = False, smoke_test: bool = False,
+              callbacks: Sequence[Any] = (), progress_interval_s: float = 30.0,
+              export: bool = True, stream=None) -> SweepResult:
+  """Runs (or resumes) a sweep and exports its best configs.
+
+  Args:
+    sweep: A sweep YAML path, mapping, or `Sweep`.
+    resume: Continue the sweep in its directory with `Tuner.restore`: finished
+      trials are kept as they are, unfinished ones continue from their last
+      checkpoint, and the searcher proposes only the trials still missing.
+    smoke_test: Run `smoke_test_sweep(sweep)` instead (a quick end-to-end check).
+    callbacks: Extra Tune callbacks for every optimizer's Tuner. Tune saves
+      them with the experiment: a resumed optimizer runs with the callbacks it
+      started with.
+    progress_interval_s: Seconds between progress tables (0: every step).
+    export: Export best configs, leaderboard and plots at the end.
+    stream: Where progress goes (default stdout).
+
+  Returns:
+    A `SweepResult`.
+
+  Raises:
+    SweepConfigError: the sweep file is invalid (nothing has run).
+    SweepError: the directory holds another sweep, or there is nothing to resume.
+  """
+  sweep = schema.load_sweep(sweep)
+  if smoke_test:
+    sweep = smoke_test_sweep(sweep)
+  sweep_dir = _prepare_dir(sweep, resume)
+  out = stream or sys.stdout
+  # Every report carries a checkpoint, so Tune snapshots its state often; that
+  # is intended here, not a bottleneck worth a warning per report.
+  os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+  logging.getLogger("tensorboardX.x2num").setLevel(logging.ERROR)  # diverged trials
+  state = _SweepState(
+      sweep=sweep, started=time.monotonic(), stream=stream,
+      per_optimizer={o: _OptimizerState(total=sweep.budget.trials_per_optimizer)
+                     for o in sweep.optimizers})
+  _LIVE[sweep_dir] = state
+  results, interrupted = {}, False
+  try:
+    with ray_session(sweep.resources):
+      for optimizer in sweep.optimizers:
+        progress = SweepProgress(sweep_dir, optimizer, progress_interval_s)
+        experiment_dir = os.path.join(sweep_dir, optimizer)
+        if resume and tune.Tuner.can_restore(experiment_dir):
+          tuner = tune.Tuner.restore(experiment_dir, trainable=_trainable(sweep, optimizer),
+                                     resume_unfinished=True, resume_errored=True)
+        else:
+          tuner = _new_tuner(sweep, optimizer, sweep_dir, [progress, *callbacks])
+        grid = tuner.fit()
+        results[optimizer] = grid
+        _print(state)
+        for error in grid.errors:
+          lines = str(error).strip().splitlines()
+          print(f"   {optimizer}: a trial failed: {lines[-1] if lines else error!r}",
+                file=out, flush=True)
+        if _interrupted(experiment_dir):
+          interrupted = True
+          print(f"sweep interrupted; continue it with --resume ({sweep_dir})", file=out,
+                flush=True)
+          break
+  finally:
+    _LIVE.pop(sweep_dir, None)
+  exported = None
+  if export and not interrupted:
+    from tuning.export import export_sweep
+
+    exported = export_sweep(sweep_dir)
+    print(exported.leaderboard_markdown, file=out, flush=True)
+  return SweepResult(sweep=sweep, sweep_dir=sweep_dir, results=results,
+                     interrupted=interrupted, export=exported)

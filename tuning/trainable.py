@@ -1,0 +1,156 @@
+"""The Tune trainable: one trial = one experiment through `run_experiment`.
+
+A plain function trainable. It builds the trial's experiment (the sweep's base,
+the optimizer, the sampled hparams, a private run directory), restores the run
+directory from `tune.get_checkpoint()` when Tune restarts the trial (after a
+crash, or when a sweep is resumed), and runs the project's one training loop
+with a callback that calls `tune.report` after every evaluation, with the run
+directory as the checkpoint whenever the pipeline has just saved one. The last
+checkpoint of a trial (its final evaluation) holds the run's metrics.csv,
+config.yaml, TensorBoard events and program state; the run directory itself is
+deleted when the trial ends.
+
+What each report holds: the evaluation's flat metrics (`test/accuracy`,
+`train/loss`, ...), `round`, `objective` (the sweep's metric averaged over the
+last k evaluations; the one value the TuneConfig optimises), `diverged` (0/1)
+and `node_id` (Tune adds `hostname`, `node_ip` and `pid` itself). A diverged
+trial reports `objective = worst_objective(mode)`, a finite value no real
+metric reaches, so it can never be chosen as best, and ASHA's cut-offs (which
+interpolate between recorded values) stay finite.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+from typing import Any, Iterable, Mapping, Optional
+
+OBJECTIVE = "objective"
+DIVERGED = "diverged"
+ROUND = "round"
+RUN_SUBDIR = "run"
+_WORST = 1e300
+
+
+def worst_objective(mode: str) -> float:
+  """The objective of a diverged trial: below (max) or above (min) any real one."""
+  return -_WORST if mode == "max" else _WORST
+
+
+def objective_from_history(history: Iterable[Mapping[str, Any]], metric: str, last_k: int,
+                           upto_round: Optional[int] = None) -> Optional[float]:
+  """Mean of `metric` over the last `last_k` evaluations (fewer if fewer exist).
+
+  `history` holds per-round rows with a `round` key (the pipeline's metrics.csv
+  or a summary's history); only evaluation rows (those with a `test/` metric)
+  count, so that a `train/` metric is averaged over the same rounds as a test
+  one. A round seen twice (a resumed run) counts once, its last row winning.
+  Rows after `upto_round` are ignored. None when no evaluation has the metric;
+  NaN when one of the values is not finite.
+  """
+  by_round = {}
+  for row in history:
+    evaluated = any(key.startswith("test/") for key in row)
+    if evaluated and metric in row and (upto_round is None or row[ROUND] <= upto_round):
+      by_round[int(row[ROUND])] = float(row[metric])
+  values = [by_round[r] for r in sorted(by_round)][-last_k:]
+  if not values:
+    return None
+  if not all(math.isfinite(v) for v in values):
+    return math.nan
+  return sum(values) / len(values)
+
+
+def trial_threads() -> int:
+  """The number of CPUs Tune gave this trial (at least 1)."""
+  from ray import tune
+
+  resources = tune.get_context().get_trial_resources()
+  cpus = resources.required_resources.get("CPU", 1) if resources else 1
+  return max(1, int(cpus))
+
+
+def _limit_threads(threads: int, gpu: bool) -> None:
+  """Sizes this trial's thread pools to its CPUs, before TensorFlow is imported.
+
+  The environment reaches what `runtime.configure_threads` cannot: TFF's
+  worker_binary, a child process with its own TensorFlow runtime, where the
+  federated computations run. A trial without a GPU is kept off the node's
+  GPUs whatever Ray's default for zero-GPU tasks is (it is changing).
+  """
+  os.environ["TF_NUM_INTRAOP_THREADS"] = str(threads)
+  os.environ["TF_NUM_INTEROP_THREADS"] = str(max(1, min(threads, 2)))
+  os.environ["OMP_NUM_THREADS"] = str(threads)
+  if not gpu:
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+
+def _numbers(metrics: Mapping[str, Any]) -> dict:
+  out = {}
+  for key, value in metrics.items():
+    if isinstance(value, bool):
+      out[key] = int(value)
+    elif isinstance(value, (int, float)):
+      out[key] = value
+    elif hasattr(value, "item"):
+      out[key] = value.item()
+  return out
+
+
+def train_trial(config: dict, *, sweep, optimizer: str) -> None:
+  """Runs one trial of `optimizer` with the sampled hparams `config`.
+
+  Bound to `sweep` and `optimizer` with `tune.with_parameters` by `run_sweep`.
+  """
+  import ray
+  from ray import tune
+
+  threads = trial_threads()
+  _limit_threads(threads, gpu=bool(ray.get_gpu_ids()))
+  from tff_fedadamom.pipeline import outputs, run_experiment, runtime
+  from tuning import space as space_lib
+
+  runtime.install_child_cleanup()
+  runtime.configure_threads(threads)  # before TensorFlow runs anything
+  context = tune.get_context()
+  # The run directory is private scratch on this node: Tune's trial directory is
+  # synced by the driver while the run writes (and would race with its temp
+  # files). What outlives the trial is what it reports, and its checkpoints.
+  # One name per trial: a restart (after a crash) replaces what a killed
+  # attempt left here.
+  scratch = os.path.join(tempfile.gettempdir(), f"tff-trial-{context.get_trial_id()}")
+  shutil.rmtree(scratch, ignore_errors=True)
+  output_dir = os.path.join(scratch, RUN_SUBDIR)
+  checkpoint = tune.get_checkpoint()
+  if checkpoint is not None:
+    checkpoint.to_directory(output_dir)  # run_experiment resumes from it exactly
+  params = {path: space_lib.plain(value) for path, value in config.items()}
+  experiment = space_lib.experiment_dict(
+      sweep, optimizer, params, output_dir=output_dir, threads=threads,
+      name=f"{sweep.name}/{optimizer}/{context.get_trial_name()}")
+  metric = sweep.metric
+  node_id = ray.get_runtime_context().get_node_id()
+
+  def on_eval(event) -> None:
+    history = outputs.read_metrics(event.output_dir)
+    value = objective_from_history(history, metric.name, metric.last_k,
+                                   upto_round=event.round_num)
+    diverged = bool(event.diverged) or value is None or not math.isfinite(value)
+    result = _numbers(event.metrics)
+    result.update({ROUND: int(event.round_num), DIVERGED: int(diverged),
+                   OBJECTIVE: worst_objective(metric.mode) if diverged else value,
+                   "node_id": node_id})
+    if event.checkpoint_saved:
+      tune.report(result, checkpoint=tune.Checkpoint.from_directory(event.output_dir))
+    else:
+      tune.report(result)
+
+  try:
+    run_experiment(experiment, on_eval=on_eval, progress=False)
+  finally:
+    # This trial owns its process (reuse_actors=False): end TFF's worker_binary
+    # now rather than trusting the actor's exit path.
+    runtime.kill_children()
+    shutil.rmtree(scratch, ignore_errors=True)
