@@ -129,8 +129,9 @@ def main(argv=None) -> int:
     print(f"error: {e}", file=sys.stderr)
     return 2
   except KeyboardInterrupt:
-    print("interrupted; re-run the same command to resume from the last checkpoint",
-          file=sys.stderr)
+    hint = ("add --resume to continue the sweep" if args.command == "tune"
+            else "re-run the same command to resume from the last checkpoint")
+    print(f"interrupted; {hint}", file=sys.stderr)
     return 130
 
 

@@ -133,3 +133,19 @@ def test_not_a_mapping_and_missing_file(tmp_path):
     load_sweep(str(path))
   with pytest.raises(SweepConfigError, match="sweep file not found"):
     load_sweep(str(tmp_path / "nope.yaml"))
+
+
+def test_schedule_parameters_are_sweepable_like_any_hparam():
+  import yaml as _yaml
+
+  from tuning import SweepConfigError, load_sweep
+
+  raw = _yaml.safe_load(open(os.path.join(os.path.dirname(__file__), "..", "..", "configs",
+                                          "sweeps", "quickstart.yaml")))
+  raw["base"]["server"]["schedule"] = {"kind": "exponential"}
+  raw["space"]["server.schedule.decay_rate"] = {"dist": "uniform", "low": 0.9, "high": 0.999}
+  sweep = load_sweep(raw)
+  assert "server.schedule.decay_rate" in sweep.space
+  raw["space"]["server.schedule.decay_rate"] = {"dist": "uniform", "low": 0.9, "high": 1.5}
+  with pytest.raises(SweepConfigError, match="decay_rate"):
+    load_sweep(raw)
