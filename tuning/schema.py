@@ -33,13 +33,16 @@ distribution fixes the value for every trial; `null` removes the entry.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import os
 import re
 from typing import Any, Iterable, Mapping, Optional, Union
 
 import yaml
+
+from tff_fedadamom.config.errors import ConfigError
+from tff_fedadamom.config.loader import read_yaml
+from tff_fedadamom.naming import closest
 
 DISTRIBUTIONS = ("loguniform", "uniform", "choice", "grid")
 SEARCH_KINDS = ("random", "grid", "optuna")
@@ -49,7 +52,7 @@ METRICS = ("test/accuracy", "test/loss", "train/accuracy", "train/loss")
 DEFAULT_STORAGE_PATH = "runs/sweeps"
 
 
-class SweepConfigError(ValueError):
+class SweepConfigError(ConfigError):
   """A sweep file is wrong. The message names the file, the field, the value and
   what is allowed.
 
@@ -59,17 +62,6 @@ class SweepConfigError(ValueError):
     value: The offending value (None when not applicable).
     allowed: What is allowed, in words.
   """
-
-  def __init__(self, source: str, field: str, problem: str, *, value: Any = None,
-               allowed: Optional[str] = None):
-    self.source, self.field, self.value, self.allowed = source, field, value, allowed
-    message = f"{source}: {field or '<top level>'}: {problem}"
-    if value is not None:
-      shown = repr(value)
-      message += f" (got {shown[:200] + '...' if len(shown) > 200 else shown})"
-    if allowed:
-      message += f"; allowed: {allowed}"
-    super().__init__(message)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,10 +173,10 @@ TOP_LEVEL = ("name", "base", "optimizers", "budget", "space", "search", "schedul
 def _suggest(word: Any, valid: Iterable[str]) -> str:
   """', did you mean X?' for the closest valid key (by spelling, or by prefix)."""
   word, valid = str(word), [str(v) for v in valid]
-  close = difflib.get_close_matches(word, valid, n=1, cutoff=0.6)
-  if not close and len(word) >= 3:
-    close = [v for v in valid if v.startswith(word) or word.startswith(v)][:1]
-  return f", did you mean '{close[0]}'?" if close else ""
+  close = closest(word, valid)
+  if close is None and len(word) >= 3:
+    close = next((v for v in valid if v.startswith(word) or word.startswith(v)), None)
+  return f", did you mean '{close}'?" if close else ""
 
 
 def _reject_unknown(raw: Mapping, valid: Iterable[str], source: str, prefix: str) -> None:
@@ -253,38 +245,9 @@ def _choice(raw: Mapping, key: str, default: str, valid: Iterable[str], source: 
   return value
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-  """SafeLoader that refuses duplicate keys instead of keeping the last one."""
-
-
-def _construct_mapping(loader, node, deep=False):
-  seen = set()
-  for key_node, _ in node.value:
-    key = loader.construct_object(key_node, deep=deep)
-    if key in seen:
-      raise yaml.constructor.ConstructorError(
-          None, None, f"duplicate key {key!r}", key_node.start_mark)
-    seen.add(key)
-  return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
-                                 _construct_mapping)
-
-
 def read_sweep_yaml(path: Union[str, os.PathLike]) -> Any:
   """Safe-loads a sweep file; every failure is a SweepConfigError naming it."""
-  source = str(path)
-  if not os.path.isfile(path):
-    raise SweepConfigError(source, "", "sweep file not found",
-                           allowed="a path to an existing YAML file")
-  try:
-    with open(path, encoding="utf-8") as f:
-      return yaml.load(f, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
-  except yaml.YAMLError as e:
-    raise SweepConfigError(source, "", f"not valid YAML: {e}") from None
-  except (OSError, UnicodeDecodeError) as e:
-    raise SweepConfigError(source, "", f"cannot be read: {e}") from None
+  return read_yaml(path, what="sweep file", error=SweepConfigError)
 
 
 # ---------------------------------------------------------------------------- sections

@@ -104,6 +104,7 @@ def test_error_names_the_file(tmp_path):
     "rounds: !!python/name:os.system",
     "rounds: [unclosed",
     "- just\n- a list\n",
+    "rounds: 1\nrounds: 2\n",
     "",
 ])
 def test_hostile_yaml_is_a_config_error(tmp_path, text):

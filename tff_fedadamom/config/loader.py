@@ -76,12 +76,13 @@ def suggest(word: str, valid: Iterable[str]) -> str:
   return f"did you mean '{match}'?" if match else ""
 
 
-def reject_unknown(raw: Mapping, valid: Iterable[str], source: str, prefix: str) -> None:
+def reject_unknown(raw: Mapping, valid: Iterable[str], source: str, prefix: str,
+                   error: type = ConfigError) -> None:
   valid = list(valid)
   for key in raw:
     if key not in valid:
       hint = suggest(key, valid)
-      raise ConfigError(
+      raise error(
           source, f"{prefix}{key}", "unknown key" + (f", {hint}" if hint else ""),
           allowed=", ".join(valid))
 
@@ -140,19 +141,39 @@ def parse_config(raw: Any, source: str = "<dict>") -> schema.ExperimentConfig:
   return validate.check_registries(config, source)
 
 
-def read_yaml(path: Union[str, os.PathLike]) -> Any:
-  """Safe-loads a YAML file; every failure is a ConfigError naming the file."""
+class _UniqueKeyLoader(yaml.SafeLoader):
+  """`yaml.SafeLoader` that refuses duplicate keys instead of keeping the last one."""
+
+
+def _construct_mapping(loader, node, deep=False):
+  seen = set()
+  for key_node, _ in node.value:
+    key = loader.construct_object(key_node, deep=deep)
+    if key in seen:
+      raise yaml.constructor.ConstructorError(
+          None, None, f"duplicate key {key!r}", key_node.start_mark)
+    seen.add(key)
+  return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+                                 _construct_mapping)
+
+
+def read_yaml(path: Union[str, os.PathLike], *, what: str = "config file",
+              error: type = ConfigError) -> Any:
+  """Safe-loads a YAML file (no Python tags, no duplicate keys); every failure is
+  an `error` (a ConfigError) naming the file."""
   source = str(path)
   if not os.path.isfile(path):
-    raise ConfigError(source, "", "config file not found",
-                      allowed="a path to an existing YAML file")
+    raise error(source, "", f"{what} not found", allowed="a path to an existing YAML file")
   try:
     with open(path, encoding="utf-8") as f:
-      return yaml.safe_load(f)
+      return yaml.load(f, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
   except yaml.YAMLError as e:
-    raise ConfigError(source, "", f"not valid YAML: {e}") from None
+    raise error(source, "", f"not valid YAML: {e}") from None
   except (OSError, UnicodeDecodeError) as e:
-    raise ConfigError(source, "", f"cannot be read: {e}") from None
+    raise error(source, "", f"cannot be read: {e}") from None
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
