@@ -35,6 +35,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from ray import tune
 
+from tff_fedadamom.config.loader import first_difference
 from tuning import schema
 from tuning import space as space_lib
 from tuning import trainable as trainable_lib
@@ -282,14 +283,6 @@ def _comparable(raw: Mapping[str, Any]) -> dict:
   return out
 
 
-def _first_difference(a, b, prefix="") -> str:
-  if isinstance(a, Mapping) and isinstance(b, Mapping):
-    for key in list(a) + [k for k in b if k not in a]:
-      if a.get(key) != b.get(key):
-        return _first_difference(a.get(key), b.get(key), f"{prefix}{key}.")
-  return prefix.rstrip(".") or "<top level>"
-
-
 def _prepare_dir(sweep: Sweep, resume: bool) -> str:
   sweep_dir = sweep.sweep_dir
   saved_path = os.path.join(sweep_dir, SWEEP_FILE)
@@ -300,7 +293,7 @@ def _prepare_dir(sweep: Sweep, resume: bool) -> str:
     saved = schema.sweep_to_dict(schema.load_sweep(saved_path))
     current = schema.sweep_to_dict(sweep)
     if _comparable(saved) != _comparable(current):
-      field = _first_difference(_comparable(saved), _comparable(current))
+      field = first_difference(_comparable(saved), _comparable(current))
       raise SweepError(
           f"{sweep.source}: {field}: differs from the sweep being resumed in {sweep_dir}; "
           "only 'resources.address' may change on --resume (start a new sweep under "

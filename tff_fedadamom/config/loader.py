@@ -208,6 +208,15 @@ def apply_overrides(raw: Mapping, overrides: Iterable[str]) -> dict:
   return result
 
 
+def first_difference(a: Any, b: Any, prefix: str = "") -> str:
+  """Dotted path of the first field where two config mappings differ."""
+  if isinstance(a, Mapping) and isinstance(b, Mapping):
+    for key in list(a) + [k for k in b if k not in a]:
+      if a.get(key) != b.get(key):
+        return first_difference(a.get(key), b.get(key), f"{prefix}{key}.")
+  return prefix.rstrip(".") or "<top level>"
+
+
 def _deep_copy(value):
   if isinstance(value, Mapping):
     return {k: _deep_copy(v) for k, v in value.items()}

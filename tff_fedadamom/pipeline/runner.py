@@ -24,6 +24,7 @@ import numpy as np
 
 from tff_fedadamom.config import ConfigError, ExperimentConfig, config_to_dict, dump_config
 from tff_fedadamom.config import load_config
+from tff_fedadamom.config.loader import first_difference
 from tff_fedadamom.pipeline import outputs, runtime
 
 logger = logging.getLogger("tff_fedadamom")
@@ -106,21 +107,13 @@ def _check_resumable(config: ExperimentConfig, output_dir: str) -> bool:
     saved.pop(section, None)
     current.pop(section, None)
   if saved != current:
-    diff = _first_difference(saved, current)
+    diff = first_difference(saved, current)
     raise ConfigError(
         str(saved_path), diff,
         "output_dir already holds a run of a different config; use another "
         "output_dir or delete this one",
         allowed="the same config as the saved run (only rounds, runtime and name may change)")
   return True
-
-
-def _first_difference(a, b, prefix="") -> str:
-  if isinstance(a, dict) and isinstance(b, dict):
-    for key in list(a) + [k for k in b if k not in a]:
-      if a.get(key) != b.get(key):
-        return _first_difference(a.get(key), b.get(key), f"{prefix}{key}.")
-  return prefix.rstrip(".")
 
 
 class _Evaluator:
