@@ -2,9 +2,9 @@
 
 Each optimizer's space is the merge, later winning, of
 
-  1. `DEFAULT_SPACE` (ranges from the literature),
-  2. `DEFAULT_SPACE_BY_OPTIMIZER` (where one optimizer's hparam lives on another
-     scale than its namesakes: FedAdamom's beta_2),
+  1. the optimizer registry's search range for each of the optimizer's tunable
+     hparams (`tff_fedadamom.optimizers.search_ranges`),
+  2. `DEFAULT_SPACE` (the client learning rate's range from the literature),
   3. the sweep's top-level `space` entries,
   4. the sweep's `space.<optimizer>` entries,
 
@@ -13,7 +13,7 @@ lists `<hparam>` as tunable (`tff_fedadamom.optimizers.tunable_hparams`). The
 registry is the only source of which hparams exist; this module never decides
 that by optimizer name.
 
-Defaults:
+Defaults (the server ranges live in the optimizer registry, `search_ranges`):
   server.learning_rate  loguniform 1e-3..1e1  Reddi et al., "Adaptive Federated
   client.learning_rate  loguniform 1e-3..1e1  Optimization" (ICLR 2021), grids
                                               10^-3..10^1 for eta and eta_l
@@ -35,16 +35,16 @@ from typing import Any, Mapping, Optional
 from tuning.schema import Distribution, Sweep, SweepConfigError
 
 DEFAULT_SPACE: Mapping[str, Distribution] = {
-    "server.learning_rate": Distribution("loguniform", low=1e-3, high=1e1),
     "client.learning_rate": Distribution("loguniform", low=1e-3, high=1e1),
-    "server.epsilon": Distribution("loguniform", low=1e-5, high=1e-1),
-    "server.beta_2": Distribution("uniform", low=0.9, high=0.999),
-    "server.momentum": Distribution("uniform", low=0.5, high=0.99),
 }
 
-DEFAULT_SPACE_BY_OPTIMIZER: Mapping[str, Mapping[str, Distribution]] = {
-    "fedadamom": {"server.beta_2": Distribution("uniform", low=0.01, high=0.3)},
-}
+
+def registry_space(optimizer: str) -> dict[str, Distribution]:
+  """`server.<hparam>` -> the registry's literature range, per tunable hparam."""
+  from tff_fedadamom.optimizers import search_ranges
+
+  return {f"server.{h}": Distribution(dist, low=low, high=high)
+          for h, (dist, low, high) in search_ranges(optimizer).items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,9 +115,8 @@ def resolve(sweep: Sweep, optimizer: str) -> OptimizerSpace:
   tunable = set(tunable_hparams(optimizer))
   known = set(default_hparams(optimizer))
   layers = (
+      (registry_space(optimizer), lambda p: f"space.{p}", False, True),
       (DEFAULT_SPACE, lambda p: f"space.{p}", False, True),
-      (DEFAULT_SPACE_BY_OPTIMIZER.get(optimizer, {}), lambda p: f"space.{optimizer}.{p}",
-       False, True),
       (sweep.space, lambda p: f"space.{p}", False, False),
       (sweep.space_by_optimizer.get(optimizer, {}), lambda p: f"space.{optimizer}.{p}",
        True, False),

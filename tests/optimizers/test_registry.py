@@ -173,3 +173,18 @@ def test_default_and_tunable_hparams():
       'learning_rate': 1.0, 'beta_2': 0.05, 'epsilon': 1e-3}
   assert registry.tunable_hparams('fedavg') == ('learning_rate',)
   assert 'beta_2' not in registry.tunable_hparams('fedavgm')
+
+
+@pytest.mark.parametrize('name', NAMES)
+def test_search_ranges_cover_tunable_hparams_and_build(name):
+  ranges = registry.search_ranges(name)
+  assert set(ranges) == set(registry.tunable_hparams(name))
+  for hparam, (dist, low, high) in ranges.items():
+    assert dist in ('loguniform', 'uniform') and 0 <= low < high
+    for value in (low, high):
+      registry.build_server_optimizer(name, **{hparam: value})
+
+
+def test_fedadamom_beta_2_range_is_the_papers():
+  assert registry.search_ranges('fedadamom')['beta_2'] == ('uniform', 0.01, 0.3)
+  assert registry.search_ranges('fedadam')['beta_2'] == ('uniform', 0.9, 0.999)

@@ -9,6 +9,7 @@ from tff_fedadamom.optimizers.registry import (
     get_spec,
     list_optimizers,
     resolve_hparams,
+    search_ranges,
     tunable_hparams,
 )
 
@@ -21,5 +22,6 @@ __all__ = [
     "get_spec",
     "list_optimizers",
     "resolve_hparams",
+    "search_ranges",
     "tunable_hparams",
 ]

@@ -34,6 +34,8 @@ class OptimizerSpec:
     defaults: Every hparam the optimizer accepts, with its default.
     tunable: The hparams a sweep may vary (a subset of `defaults`).
     description: One line for listings and docs.
+    search_ranges: For each tunable hparam, the literature's search range as
+      (distribution, low, high), distribution 'loguniform' or 'uniform'.
   """
 
   name: str
@@ -41,6 +43,7 @@ class OptimizerSpec:
   defaults: Mapping[str, Any]
   tunable: tuple[str, ...]
   description: str
+  search_ranges: Mapping[str, tuple[str, float, float]]
 
 
 def _fedavg(learning_rate):
@@ -77,8 +80,22 @@ def _fedadagrad(learning_rate, epsilon, initial_preconditioner):
   )
 
 
-def _spec(name, builder, defaults, tunable, description) -> OptimizerSpec:
-  return OptimizerSpec(name, builder, dict(defaults), tuple(tunable), description)
+# Search ranges from the literature. eta: Reddi et al. (2021) grid 10^-3..10^1;
+# epsilon: their tau grid 10^-5..10^-1 (FedAdamom's clip margin, reference 1e-3,
+# lies inside); Adam-family beta_2 around their fixed 0.99; FedAvgM momentum,
+# Hsu et al. (2019) best 0.9-0.97; FedAdamom beta_2: the paper's ablation 0.01-0.3.
+_RANGES = {
+    'learning_rate': ('loguniform', 1e-3, 1e1),
+    'epsilon': ('loguniform', 1e-5, 1e-1),
+    'beta_2': ('uniform', 0.9, 0.999),
+    'momentum': ('uniform', 0.5, 0.99),
+}
+
+
+def _spec(name, builder, defaults, tunable, description, **ranges) -> OptimizerSpec:
+  search_ranges = {h: ranges.get(h, _RANGES[h]) for h in tunable}
+  return OptimizerSpec(name, builder, dict(defaults), tuple(tunable), description,
+                       search_ranges)
 
 
 OPTIMIZERS: Mapping[str, OptimizerSpec] = {
@@ -130,6 +147,7 @@ OPTIMIZERS: Mapping[str, OptimizerSpec] = {
              'epsilon': fedadamom.DEFAULT_EPSILON},
             ['learning_rate', 'beta_2', 'epsilon'],
             'FedAdamom: second moment sets a per-coordinate momentum.',
+            beta_2=('uniform', 0.01, 0.3),
         ),
     )
 }
@@ -160,6 +178,11 @@ def default_hparams(name: str) -> dict[str, Any]:
 def tunable_hparams(name: str) -> tuple[str, ...]:
   """The hparams of optimizer `name` that a sweep may vary."""
   return get_spec(name).tunable
+
+
+def search_ranges(name: str) -> dict[str, tuple[str, float, float]]:
+  """(distribution, low, high) from the literature for each tunable hparam."""
+  return dict(get_spec(name).search_ranges)
 
 
 def resolve_hparams(name: str, **hparams) -> dict[str, Any]:
