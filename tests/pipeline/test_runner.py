@@ -166,3 +166,16 @@ def test_cli_run_and_validate_leave_no_child_process(tmp_path):
   leftovers = subprocess.run(["pgrep", "-P", str(run.pid)], capture_output=True, text=True)
   assert leftovers.stdout.strip() == ""
   # communicate() returned, so no child held the pipes open after exit.
+
+
+def test_same_config_same_weights_with_dropout(tmp_path):
+  """The CNN has dropout: a run is still a function of its config alone."""
+  results = []
+  for name in ("a", "b"):
+    raw = tiny(tmp_path / name, rounds=2, model={"name": "cnn"},
+               data={"name": "mnist5k", "num_clients": 20})
+    raw["client"]["max_examples"] = 40
+    run_experiment(raw, progress=False)
+    results.append(_weights(tmp_path / name))
+  for a, b in zip(*results):
+    np.testing.assert_array_equal(a, b)

@@ -6,10 +6,12 @@ Dropout(0.25) -> Flatten -> Dense(128, ReLU) -> Dropout(0.5) -> Dense(classes),
 Glorot-normal kernels. The final softmax is left out: the loss takes logits.
 On 28x28x1 inputs with 62 classes it has 1,206,590 parameters.
 
-``seed`` fixes the initial weights only. The dropout layers are deliberately
-unseeded (unlike the research code): a seeded dropout op restarts the same
-mask sequence every time its graph is rebuilt, and TFF rebuilds the client
-computation afresh, so clients and rounds could all see the same masks.
+``seed`` fixes the initial weights and seeds the dropout layers, as the
+research code does. Unseeded dropout would make two runs with the same config
+differ, and then neither resume nor an exported best config would reproduce a
+result. The price: a seeded dropout op restarts its mask sequence whenever TFF
+builds the client computation afresh, so masks can repeat across clients and
+rounds (the batches they meet still differ).
 """
 
 from __future__ import annotations
@@ -38,9 +40,9 @@ def build_cnn(input_shape: Sequence[int], num_classes: int,
   x = tf.keras.layers.Conv2D(32, 3, activation="relu", kernel_initializer=init())(x)
   x = tf.keras.layers.Conv2D(64, 3, activation="relu", kernel_initializer=init())(x)
   x = tf.keras.layers.MaxPool2D(2)(x)
-  x = tf.keras.layers.Dropout(conv_dropout)(x)
+  x = tf.keras.layers.Dropout(conv_dropout, seed=seeds())(x)
   x = tf.keras.layers.Flatten()(x)
   x = tf.keras.layers.Dense(128, activation="relu", kernel_initializer=init())(x)
-  x = tf.keras.layers.Dropout(dense_dropout)(x)
+  x = tf.keras.layers.Dropout(dense_dropout, seed=seeds())(x)
   logits = tf.keras.layers.Dense(num_classes, kernel_initializer=init())(x)
   return tf.keras.Model(inputs, logits, name="cnn")
