@@ -70,19 +70,6 @@ def _wait_rows(proc, output_dir, n, timeout=300):
   return False
 
 
-def _still_running(pids):
-  """The pids that still run (zombies count as ended)."""
-  alive = set()
-  for pid in pids:
-    try:
-      with open(f"/proc/{pid}/stat") as f:
-        if f.read().rsplit(")", 1)[1].split()[0] != "Z":
-          alive.add(pid)
-    except OSError:
-      pass
-  return alive
-
-
 def kills(n, rng, tmp):
   reference = run_experiment(_config(os.path.join(tmp, "ref")), progress=False)
   ref_weights = _weights(reference.output_dir)
@@ -165,11 +152,11 @@ def leftovers(tmp):
       yaml.safe_dump({**_config(out), "rounds": 500}, f)
     proc = _launch(path)
     _wait_rows(proc, out, 1)
-    children = runtime._child_pids(proc.pid)  # noqa: SLF001 - the run's own children
+    children = runtime.child_pids(proc.pid)
     os.kill(proc.pid, sig)
     proc.wait(timeout=120)
     time.sleep(1.0)
-    left += len(_still_running(children))
+    left += len(runtime.still_running(children))
   return left
 
 

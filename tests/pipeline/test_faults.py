@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 import yaml
 
-from tff_fedadamom.pipeline import outputs, run_experiment
+from tff_fedadamom.pipeline import outputs, run_experiment, runtime
 from tests.pipeline.test_runner import tiny
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
@@ -48,23 +48,14 @@ def _wait_for_rows(proc, output_dir, n, timeout=240):
 
 
 def _descendants(pid):
-  from tff_fedadamom.pipeline import runtime
-
-  return runtime._child_pids(pid)  # noqa: SLF001
+  return runtime.child_pids(pid)
 
 
 def _alive(pids, timeout=10.0):
   """The pids that still run (zombies count as ended) after up to `timeout` s."""
   deadline = time.time() + timeout
   while True:
-    alive = []
-    for p in pids:
-      try:
-        with open(f"/proc/{p}/stat") as f:
-          if f.read().rsplit(")", 1)[1].split()[0] != "Z":
-            alive.append(p)
-      except OSError:
-        pass
+    alive = runtime.still_running(pids)
     if not alive or time.time() > deadline:
       return alive
     time.sleep(0.1)

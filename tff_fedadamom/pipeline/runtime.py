@@ -48,6 +48,25 @@ def _child_pids(pid: int) -> list[int]:
   return found
 
 
+def still_running(pids) -> list[int]:
+  """The pids among `pids` that still run (a zombie counts as ended)."""
+  alive = []
+  for pid in pids:
+    try:
+      with open(f"/proc/{pid}/stat", "rb") as f:
+        state = f.read().decode(errors="replace").rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+      continue
+    if state != "Z":
+      alive.append(pid)
+  return alive
+
+
+def child_pids(pid: int) -> list[int]:
+  """Every descendant of process `pid`."""
+  return _child_pids(pid)
+
+
 def kill_children(sig: int = signal.SIGKILL) -> int:
   """Sends ``sig`` to every descendant of this process; returns how many were signalled."""
   count = 0
