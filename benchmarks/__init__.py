@@ -1,0 +1,1 @@
+"""Benchmarks and the paper reproduction (`benchmarks.paper`)."""

@@ -1,0 +1,1 @@
+"""Reproduction of the FedAdamom paper's claims: `python -m benchmarks.paper.reproduce`."""

@@ -1,0 +1,437 @@
+"""Study 4: escape from minima of controlled sharpness (the paper's diffusion claim).
+
+The paper says that the log of the mean escape time from a minimum scales like 1/k
+for FedAvgM and FedAdamom but like 1/sqrt(k) for FedAdam, k being the minimum's
+sharpness. We test that with the project's own server optimizers, driven by noisy
+pseudo-gradients on a Styblinski-Tang landscape.
+
+Landscape. One coordinate of the Styblinski-Tang function, st(u) = (u^4 - 16 u^2 +
+5 u) / 2, has a local minimum at u_a ~ 2.7468 (st'' = h0 ~ 29.27), a barrier top
+at u_b ~ 0.1567 and the global minimum at u ~ -2.9035; the barrier is
+dL = st(u_b) - st(u_a) ~ 25.23. The test function of sharpness k is
+
+    f_k(x) = sum_i st(sqrt(k) * x_i),    i = 1..dim,
+
+so the Hessian at the local minimum is k * h0 * I while the barrier stays dL:
+only the sharpness changes with k, which is the setting of the diffusion theory
+(Xie et al., ICLR 2021), where log(tau) ~ dL / (eta * C / 2) and the gradient-noise
+covariance C is proportional to the Hessian.
+
+Pseudo-gradients "as in FL". Each round the server receives the mean over M
+sampled clients of a local gradient with minibatch noise; near a minimum the
+minibatch-noise covariance is proportional to the Hessian, so the pseudo-gradient
+is
+
+    g = grad f_k(x) + sqrt(s * k * h0) * z,    z ~ N(0, I),
+
+with s the per-round noise scale (1/M folded in). Every particle starts at the
+local minimum in every coordinate (with zero optimizer state) and has escaped once
+some coordinate passes u = -1 (past the barrier, into the global basin, from where
+it does not come back). Escape times are censored at `max_rounds`; the escape rate
+is estimated by the exponential maximum-likelihood estimate (escapes / total
+rounds observed), and tau = 1 / rate.
+
+Optimizers are the registry's own (`build_server_optimizer`), stepped through their
+`next`. Many independent particles run as one batched tensor: FedAdamom's vbar is a
+mean over *all* of a model's parameters, so the batch is mapped with
+`tf.vectorized_map`, each particle being one model of `dim` parameters with its own
+vbar (a test checks this against a per-particle loop).
+
+Step sizes are matched at the minimum: FedAvgM's learning rate is fixed (its
+effective rate eta/(1 - momentum) times the sharpest Hessian stays below 1/2), and
+the learning rates of FedAdam and FedAdamom are set so that their mean |step| per
+coordinate, in the harmonic well of the minimum at the reference sharpness k_ref
+(the geometric middle of the k range), equals FedAvgM's. Matching once, at one k,
+keeps the hyperparameters fixed across k, so what differs is the shape of
+log(tau) against k. (Matching at every k would turn FedAdam into SGD.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Mapping, Optional, Sequence
+
+import numpy as np
+
+OPTIMIZERS = ("fedavgm", "fedadam", "fedadamom")
+
+
+def _root(coeffs, near: float) -> float:
+  roots = np.roots(coeffs)
+  real = roots[np.abs(roots.imag) < 1e-9].real
+  return float(real[np.argmin(np.abs(real - near))])
+
+
+# st'(u) = (4u^3 - 32u + 5) / 2
+U_LOCAL = _root([4.0, 0.0, -32.0, 5.0], 2.75)
+U_BARRIER = _root([4.0, 0.0, -32.0, 5.0], 0.16)
+U_GLOBAL = _root([4.0, 0.0, -32.0, 5.0], -2.9)
+U_ESCAPED = -1.0
+
+
+def st(u):
+  return 0.5 * (u ** 4 - 16.0 * u ** 2 + 5.0 * u)
+
+
+def st_grad(u):
+  return 0.5 * (4.0 * u ** 3 - 32.0 * u + 5.0)
+
+
+H0 = 6.0 * U_LOCAL ** 2 - 16.0
+BARRIER = float(st(U_BARRIER) - st(U_LOCAL))
+
+
+@dataclasses.dataclass(frozen=True)
+class EscapeSetup:
+  """Everything that decides the outcome of the escape study.
+
+  Attributes:
+    ks: Sharpness values (should span at least a decade).
+    dim: Coordinates per particle (FedAdamom's vbar is their mean).
+    particles: Independent particles per (optimizer, k).
+    max_rounds: Rounds after which a particle that has not escaped is censored.
+    flat_log_tau: Target of the SGD-theory exponent dL / T at the flattest k,
+      which sets the noise scale s (larger: longer escape times).
+    sgd_stiffness: eta_eff * k_max * h0 for FedAvgM (its stability margin).
+    momentum: FedAvgM's momentum.
+    adam: FedAdam's (beta_1, beta_2, epsilon).
+    adamom: FedAdamom's (beta_2, epsilon).
+    seed: Seed of all noise (stateless, per round).
+    chunk: Rounds per compiled chunk (early stop when every particle escaped).
+  """
+
+  ks: tuple = (1.0, 1.5, 2.25, 3.4, 5.1, 7.6, 11.4, 17.1)
+  dim: int = 10
+  particles: int = 256
+  max_rounds: int = 40000
+  flat_log_tau: float = 11.0
+  sgd_stiffness: float = 0.4
+  momentum: float = 0.9
+  adam: tuple = (0.9, 0.99, 1e-3)
+  adamom: tuple = (0.1, 1e-3)
+  seed: int = 0
+  chunk: int = 2000
+
+  @property
+  def k_ref(self) -> float:
+    return float(math.sqrt(min(self.ks) * max(self.ks)))
+
+  @property
+  def sgd_lr(self) -> float:
+    """FedAvgM's eta: eta / (1 - momentum) * k_max * h0 = sgd_stiffness."""
+    return self.sgd_stiffness * (1.0 - self.momentum) / (max(self.ks) * H0)
+
+  @property
+  def noise_scale(self) -> float:
+    """s such that 2 dL / (eta_eff * s * k_min * h0) = flat_log_tau (SGD theory)."""
+    eta_eff = self.sgd_lr / (1.0 - self.momentum)
+    return 2.0 * BARRIER / (self.flat_log_tau * eta_eff * min(self.ks) * H0)
+
+
+def build_optimizer(name: str, lr: float, setup: EscapeSetup):
+  from tff_fedadamom.optimizers import build_server_optimizer
+
+  if name == "fedavgm":
+    return build_server_optimizer(name, learning_rate=lr, momentum=setup.momentum)
+  if name == "fedadam":
+    b1, b2, eps = setup.adam
+    return build_server_optimizer(name, learning_rate=lr, beta_1=b1, beta_2=b2, epsilon=eps)
+  if name == "fedadamom":
+    b2, eps = setup.adamom
+    return build_server_optimizer(name, learning_rate=lr, beta_2=b2, epsilon=eps)
+  raise ValueError(f"escape study: unsupported optimizer {name!r}")
+
+
+class BatchedOptimizer:
+  """`optimizer.next` applied to a batch of independent models of `dim` parameters.
+
+  The state of every model is the optimizer's own state (hparams included),
+  stacked along a leading batch axis; `tf.vectorized_map` maps `next` over it, so
+  reductions inside `next` (FedAdamom's vbar) stay per model.
+  """
+
+  def __init__(self, optimizer, dim: int):
+    import tensorflow as tf
+
+    self.optimizer = optimizer
+    self.dim = dim
+    self._spec = tf.TensorSpec([dim], tf.float32)
+
+  def initialize(self, batch: int):
+    import tensorflow as tf
+
+    single = self.optimizer.initialize(self._spec)
+
+    def tile(value):
+      t = tf.convert_to_tensor(value)
+      return tf.tile(t[None], [batch] + [1] * t.shape.rank)
+
+    return tf.nest.map_structure(tile, single)
+
+  def next(self, state, weights, gradients):
+    import tensorflow as tf
+
+    def one(args):
+      s, w, g = args
+      return self.optimizer.next(s, w, g)
+
+    new_state, new_weights = tf.vectorized_map(one, (state, weights, gradients),
+                                               fallback_to_while_loop=False)
+    # Keep dtypes and structure of the initial state (vectorized_map returns tensors).
+    new_state = tf.nest.map_structure(lambda old, new: tf.cast(new, old.dtype),
+                                      state, new_state)
+    return new_state, new_weights
+
+
+def _simulate_fn(batched: BatchedOptimizer, setup: EscapeSetup, sqrt_k, noise_std,
+                 quadratic: bool):
+  """A compiled chunk of rounds. Returns (state, x, escaped_at, sum |dx|, count)."""
+  import tensorflow as tf
+
+  shape = tf.shape(sqrt_k)
+  u_local = tf.constant(U_LOCAL, tf.float32)
+  h0 = tf.constant(H0, tf.float32)
+
+  @tf.function
+  def run(state, x, escaped_at, start, rounds, seed, measure_from):
+    step_sum = tf.zeros([], tf.float32)
+    step_count = tf.zeros([], tf.float32)
+    for i in tf.range(rounds):
+      t = start + i
+      u = sqrt_k * x
+      if quadratic:
+        grad = sqrt_k * h0 * (u - u_local)  # d/dx of k*h0/2 * (x - x*)^2
+      else:
+        grad = sqrt_k * 0.5 * (4.0 * u ** 3 - 32.0 * u + 5.0)
+      z = tf.random.stateless_normal(shape, seed=tf.stack([seed, t]))
+      g = grad + noise_std * z
+      state, new_x = batched.next(state, x, g)
+      if t >= measure_from:
+        step_sum += tf.reduce_sum(tf.abs(new_x - x))
+        step_count += tf.cast(tf.size(x), tf.float32)
+      x = new_x
+      out = tf.reduce_any(sqrt_k * x < U_ESCAPED, axis=-1)
+      escaped_at = tf.where(out & (escaped_at < 0), t + 1, escaped_at)
+    return state, x, escaped_at, step_sum, step_count
+
+  return run
+
+
+def _batch_arrays(setup: EscapeSetup, ks: Sequence[float], particles: int):
+  import tensorflow as tf
+
+  k_of = np.repeat(np.asarray(ks, np.float32), particles)
+  sqrt_k = np.sqrt(k_of)[:, None] * np.ones((1, setup.dim), np.float32)
+  noise_std = np.sqrt(setup.noise_scale * k_of * H0)[:, None] * np.ones(
+      (1, setup.dim), np.float32)
+  x0 = (U_LOCAL / sqrt_k).astype(np.float32)
+  return (tf.constant(sqrt_k, tf.float32), tf.constant(noise_std, tf.float32),
+          tf.constant(x0, tf.float32))
+
+
+def mean_step_at_minimum(name: str, lr: float, setup: EscapeSetup, *, particles: int = 256,
+                         burn_in: int = 400, rounds: int = 400, seed: int = 1) -> float:
+  """Mean |step| per coordinate in the harmonic well of the minimum at k_ref."""
+  import tensorflow as tf
+
+  batched = BatchedOptimizer(build_optimizer(name, lr, setup), setup.dim)
+  sqrt_k, noise_std, x0 = _batch_arrays(setup, [setup.k_ref], particles)
+  run = _simulate_fn(batched, setup, sqrt_k, noise_std, quadratic=True)
+  state = batched.initialize(particles)
+  escaped = tf.fill([particles], tf.constant(-1, tf.int32))
+  _, _, _, total, count = run(state, x0, escaped, tf.constant(0, tf.int32),
+                              tf.constant(burn_in + rounds, tf.int32),
+                              tf.constant(seed, tf.int32), tf.constant(burn_in, tf.int32))
+  return float(total) / float(count)
+
+
+def match_learning_rates(setup: EscapeSetup, *, iterations: int = 3,
+                         particles: int = 256) -> dict:
+  """Learning rates whose mean |step| at the k_ref minimum equals FedAvgM's.
+
+  The step is close to proportional to the learning rate; a few multiplicative
+  corrections converge. Returns {optimizer: {lr, mean_step}} and the target.
+  """
+  target = mean_step_at_minimum("fedavgm", setup.sgd_lr, setup, particles=particles)
+  out = {"fedavgm": {"lr": setup.sgd_lr, "mean_step": target}}
+  guesses = {
+      # Adam's step at the minimum is ~ lr (|m/sqrt(v)| ~ 1): start at the target.
+      "fedadam": target,
+      # FedAdamom's step is ~ lr * |m| with m ~ the noisy gradient.
+      "fedadamom": target / float(np.sqrt(setup.noise_scale * setup.k_ref * H0)),
+  }
+  for name, lr in guesses.items():
+    step = mean_step_at_minimum(name, lr, setup, particles=particles)
+    for _ in range(iterations):
+      lr *= target / step
+      step = mean_step_at_minimum(name, lr, setup, particles=particles)
+    out[name] = {"lr": lr, "mean_step": step}
+  return {"target_mean_step": target, "optimizers": out}
+
+
+def escape_times(name: str, lr: float, setup: EscapeSetup, *,
+                 progress=None) -> dict:
+  """Escape rounds of every particle, per k (-1: not escaped by max_rounds)."""
+  import tensorflow as tf
+
+  ks = list(setup.ks)
+  n = len(ks) * setup.particles
+  batched = BatchedOptimizer(build_optimizer(name, lr, setup), setup.dim)
+  sqrt_k, noise_std, x = _batch_arrays(setup, ks, setup.particles)
+  run = _simulate_fn(batched, setup, sqrt_k, noise_std, quadratic=False)
+  state = batched.initialize(n)
+  escaped = tf.fill([n], tf.constant(-1, tf.int32))
+  done = 0
+  never = tf.constant(setup.max_rounds + 1, tf.int32)
+  while done < setup.max_rounds:
+    rounds = min(setup.chunk, setup.max_rounds - done)
+    state, x, escaped, _, _ = run(state, x, escaped, tf.constant(done, tf.int32),
+                                  tf.constant(rounds, tf.int32),
+                                  tf.constant(setup.seed, tf.int32), never)
+    done += rounds
+    left = int(tf.reduce_sum(tf.cast(escaped < 0, tf.int32)))
+    if progress is not None:
+      progress(name, done, left)
+    if left == 0:
+      break
+  times = escaped.numpy().reshape(len(ks), setup.particles)
+  return {"ks": ks, "times": times.tolist(), "rounds_simulated": done}
+
+
+def rate_estimate(times: Sequence[int], max_rounds: int) -> dict:
+  """Exponential MLE of the escape rate from censored first-passage times."""
+  t = np.asarray(times, dtype=np.float64)
+  escaped = t >= 0
+  exposure = float(np.where(escaped, t, max_rounds).sum())
+  n = int(escaped.sum())
+  rate = n / exposure if exposure > 0 and n > 0 else None
+  return {"escaped": n, "particles": int(t.size), "rate": rate,
+          "tau": (1.0 / rate) if rate else None,
+          "median_escape": float(np.median(t[escaped])) if n else None}
+
+
+def run_study(setup: EscapeSetup, *, log=print) -> dict:
+  """Matches step sizes, simulates every optimizer and returns raw results."""
+  started = time.perf_counter()
+  matched = match_learning_rates(setup)
+  log(f"  escape: step sizes matched at k_ref={setup.k_ref:.3g}: " + ", ".join(
+      f"{o} lr={v['lr']:.4g} (mean |step| {v['mean_step']:.3g})"
+      for o, v in matched["optimizers"].items()))
+  results = {}
+  for name in OPTIMIZERS:
+    t0 = time.perf_counter()
+    lr = matched["optimizers"][name]["lr"]
+    raw = escape_times(name, lr, setup)
+    per_k = [rate_estimate(times, setup.max_rounds) for times in raw["times"]]
+    results[name] = {"lr": lr, "per_k": per_k, "times": raw["times"],
+                     "rounds_simulated": raw["rounds_simulated"],
+                     "seconds": time.perf_counter() - t0}
+    taus = ", ".join("-" if r["tau"] is None else f"{r['tau']:.3g}" for r in per_k)
+    log(f"  escape: {name}: tau per k = [{taus}] ({results[name]['seconds']:.0f}s)")
+  return {"setup": dataclasses.asdict(setup), "k_ref": setup.k_ref,
+          "sgd_lr": setup.sgd_lr, "noise_scale": setup.noise_scale,
+          "barrier": BARRIER, "h0": H0, "u_local": U_LOCAL, "u_barrier": U_BARRIER,
+          "u_escaped": U_ESCAPED, "matched": matched, "optimizers": results,
+          "seconds": time.perf_counter() - started}
+
+
+# ---------------------------------------------------------------------------- fits
+
+
+def pearson(x, y) -> Optional[float]:
+  x, y = np.asarray(x, float), np.asarray(y, float)
+  if x.size < 3 or np.std(x) == 0 or np.std(y) == 0:
+    return None
+  return float(np.corrcoef(x, y)[0, 1])
+
+
+def run_study_dict(setup: Mapping) -> dict:
+  """`run_study` from a plain mapping (what the worker pool passes)."""
+  fields = {f.name for f in dataclasses.fields(EscapeSetup)}
+  values = {k: tuple(v) if isinstance(v, list) else v for k, v in setup.items()
+            if k in fields}
+  return run_study(EscapeSetup(**values), log=lambda line: None)
+
+
+def fit_exponent(ks, log_tau, p_grid=None) -> Optional[dict]:
+  """Least-squares fit of log(tau) = a + c * k^-p over a grid of p (a, c linear)."""
+  ks, y = np.asarray(ks, float), np.asarray(log_tau, float)
+  if ks.size < 4:
+    return None
+  p_grid = np.linspace(0.05, 3.0, 591) if p_grid is None else p_grid
+  best = None
+  for p in p_grid:
+    design = np.stack([np.ones_like(ks), ks ** -p], axis=1)
+    coef, *_ = np.linalg.lstsq(design, y, rcond=None)
+    sse = float(np.sum((design @ coef - y) ** 2))
+    if best is None or sse < best[0]:
+      best = (sse, float(p), float(coef[0]), float(coef[1]))
+  sse, p, a, c = best
+  total = float(np.sum((y - y.mean()) ** 2))
+  return {"p": p, "a": a, "c": c, "r2": 1.0 - sse / total if total > 0 else None}
+
+
+def fit_exponent_with_prefactor(ks, log_tau, p_grid=None) -> Optional[dict]:
+  """log(tau) = a + b * log(k) + c * k^-p: the Kramers prefactor of the escape rate
+  scales with the curvature (a power of k), which the two-term form folds into p."""
+  ks, y = np.asarray(ks, float), np.asarray(log_tau, float)
+  if ks.size < 5:
+    return None
+  p_grid = np.linspace(0.05, 3.0, 591) if p_grid is None else p_grid
+  best = None
+  for p in p_grid:
+    design = np.stack([np.ones_like(ks), np.log(ks), ks ** -p], axis=1)
+    coef, *_ = np.linalg.lstsq(design, y, rcond=None)
+    sse = float(np.sum((design @ coef - y) ** 2))
+    if best is None or sse < best[0]:
+      best = (sse, float(p), [float(c) for c in coef])
+  sse, p, (a, b, c) = best
+  return {"p": p, "a": a, "b": b, "c": c}
+
+
+def analyse(raw: Mapping, *, min_escapes: int = 10, bootstrap: int = 200,
+            seed: int = 0) -> dict:
+  """Pearson r of -log(rate) against 1/k and 1/sqrt(k), and the exponent p with a
+  bootstrap interval (particles resampled within each k)."""
+  setup = raw["setup"]
+  ks = np.asarray(setup["ks"], float)
+  max_rounds = setup["max_rounds"]
+  rng = np.random.default_rng(seed)
+  out = {}
+  for name, res in raw["optimizers"].items():
+    per_k = res["per_k"]
+    keep = [i for i, r in enumerate(per_k) if r["escaped"] >= min_escapes]
+    k_used = ks[keep]
+    log_tau = np.array([math.log(per_k[i]["tau"]) for i in keep])
+    entry = {"k_used": k_used.tolist(), "log_tau": log_tau.tolist(),
+             "r_inv_k": pearson(1.0 / k_used, log_tau),
+             "r_inv_sqrt_k": pearson(1.0 / np.sqrt(k_used), log_tau),
+             "fit": fit_exponent(k_used, log_tau), "p_interval": None,
+             "fit_prefactor": fit_exponent_with_prefactor(k_used, log_tau),
+             "p_prefactor_interval": None,
+             "k_span": float(k_used.max() / k_used.min()) if keep else None}
+    if entry["fit"] is not None and bootstrap:
+      times = [np.asarray(res["times"][i]) for i in keep]
+      ps, ps3 = [], []
+      coarse = np.linspace(0.05, 3.0, 119)
+      for _ in range(bootstrap):
+        sample = []
+        for t in times:
+          rate = rate_estimate(rng.choice(t, size=t.size, replace=True), max_rounds)["rate"]
+          sample.append(math.log(1.0 / rate) if rate else math.nan)
+        if all(math.isfinite(v) for v in sample):
+          fit = fit_exponent(k_used, sample, p_grid=coarse)
+          if fit is not None:
+            ps.append(fit["p"])
+          fit3 = fit_exponent_with_prefactor(k_used, sample, p_grid=coarse)
+          if fit3 is not None:
+            ps3.append(fit3["p"])
+      if ps:
+        entry["p_interval"] = [float(np.percentile(ps, 5)), float(np.percentile(ps, 95))]
+      if ps3:
+        entry["p_prefactor_interval"] = [float(np.percentile(ps3, 5)),
+                                         float(np.percentile(ps3, 95))]
+    out[name] = entry
+  return out

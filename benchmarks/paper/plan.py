@@ -1,0 +1,223 @@
+"""What the reproduction runs: budgets (full and quick), base experiments, search spaces.
+
+Every number in REPORT.md comes from runs set up here. The full budget is sized to
+finish in about 90 minutes on 2 CPU cores (see `reproduce.estimate`); the quick
+budget exercises every study end to end in a few minutes, for CI.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any, Optional
+
+from benchmarks.paper.escape import EscapeSetup
+
+OPTIMIZERS = ("fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad", "fedadamom")
+
+# The paper's numbers we compare with (FEDADAMOM.md, restated from the paper).
+PAPER = {
+    "headline": [
+        # data, metric, FedAdamom, best baseline (name), FedAdam
+        ("CIFAR-10", "acc @1000 rounds", 88.93, (88.14, "FADAS"), None),
+        ("CIFAR-10", "rounds to 81%", 307, (325, "FedCAda"), None),
+        ("CIFAR-100", "acc @1000 rounds", 57.58, (54.67, "FADAS"), 53.67),
+        ("CIFAR-100", "rounds to 50%", 392, (435, "FedAvgM"), None),
+        ("Tiny-ImageNet", "acc @1000 rounds", 47.38, (43.83, "FADAS"), 41.75),
+        ("Tiny-ImageNet", "rounds to 40%", 353, (517, "FADAS"), None),
+    ],
+    "shakespeare": {"fedadamom": 48.02, "best_baseline": (47.10, "FedYogi"), "rounds": 1000},
+    # Dir(0.3) CIFAR-10, ResNet-18, 1000 rounds: accuracy (%) per beta_2.
+    "beta2_dir03_cifar10": {0.01: 88.75, 0.05: 88.93, 0.1: 88.73, 0.2: 88.42, 0.3: 88.13},
+}
+
+BETA2_GRID = (0.01, 0.05, 0.1, 0.2, 0.3)
+PARTITIONS = {"dir0.3": {"kind": "dirichlet", "alpha": 0.3}, "iid": {"kind": "iid"}}
+HETEROGENEITY = (("0.1", {"kind": "dirichlet", "alpha": 0.1}),
+                 ("0.3", {"kind": "dirichlet", "alpha": 0.3}),
+                 ("1.0", {"kind": "dirichlet", "alpha": 1.0}),
+                 ("iid", {"kind": "iid"}))
+
+
+@dataclasses.dataclass(frozen=True)
+class DataBudget:
+  """The budget of one data set's comparison."""
+
+  rounds: int
+  eval_every: int
+  tune_trials: int
+  tune_rounds: int
+  seeds: tuple
+  target: float
+  targets: tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+  """Everything the run depends on besides the code.
+
+  Attributes:
+    mode: 'full' or 'quick'.
+    workers: Experiments run in parallel (one CPU thread each).
+    fmnist: Study 1 (and the rounds of studies 3 and 5).
+    fmnist_model: The small model of the Fashion-MNIST studies.
+    shakespeare: Study 2.
+    shakespeare_options: Data options (roles kept, window length).
+    shakespeare_model: char_lstm options.
+    shakespeare_client: client section overrides for Shakespeare.
+    beta2_seeds, hetero_seeds: Seeds of studies 3 and 5.
+    tune_seed: Seed of every search (the same for all optimizers: common random
+      numbers for the dimensions they share) and of the tuning runs.
+    escape: Study 4.
+  """
+
+  mode: str
+  workers: int
+  fmnist: DataBudget
+  fmnist_model: dict
+  shakespeare: DataBudget
+  shakespeare_options: dict
+  shakespeare_model: dict
+  shakespeare_client: dict
+  beta2_seeds: tuple
+  hetero_seeds: tuple
+  tune_seed: int
+  escape: EscapeSetup
+
+
+FULL = Budget(
+    mode="full",
+    workers=2,
+    fmnist=DataBudget(rounds=100, eval_every=5, tune_trials=6, tune_rounds=50,
+                      seeds=(1, 2, 3), target=0.75, targets=(0.7, 0.75, 0.8)),
+    fmnist_model={"name": "mlp", "options": {"hidden": [64]}},
+    shakespeare=DataBudget(rounds=40, eval_every=5, tune_trials=3, tune_rounds=20,
+                           seeds=(1, 2, 3), target=0.25, targets=(0.2, 0.25, 0.3)),
+    shakespeare_options={"max_clients": 100, "seq_length": 20},
+    shakespeare_model={"name": "char_lstm", "options": {"embedding_dim": 8, "lstm_units": 64}},
+    shakespeare_client={"batch_size": 20, "max_examples": 200, "clip_norm": 10.0},
+    beta2_seeds=(1, 2),
+    hetero_seeds=(1, 2, 3),
+    tune_seed=0,
+    escape=EscapeSetup(ks=(1.0, 1.41, 2.0, 2.83, 4.0, 5.66, 8.0, 11.3, 16.0),
+                       dim=10, particles=512, max_rounds=200000, flat_log_tau=3.5,
+                       chunk=5000),
+)
+
+QUICK = Budget(
+    mode="quick",
+    workers=2,
+    fmnist=DataBudget(rounds=2, eval_every=1, tune_trials=1, tune_rounds=1,
+                      seeds=(1,), target=0.5, targets=(0.4, 0.5, 0.6)),
+    fmnist_model={"name": "mlp", "options": {"hidden": [32]}},
+    shakespeare=DataBudget(rounds=2, eval_every=1, tune_trials=1, tune_rounds=1,
+                           seeds=(1,), target=0.15, targets=(0.1, 0.15, 0.2)),
+    shakespeare_options={"max_clients": 10, "seq_length": 10},
+    shakespeare_model={"name": "char_lstm", "options": {"embedding_dim": 4, "lstm_units": 8}},
+    shakespeare_client={"batch_size": 10, "max_examples": 20, "clip_norm": 10.0},
+    beta2_seeds=(1,),
+    hetero_seeds=(1,),
+    tune_seed=0,
+    escape=EscapeSetup(ks=(1.0, 2.0, 4.0, 8.0, 16.0), dim=10, particles=48,
+                       max_rounds=6000, flat_log_tau=3.5, chunk=3000),
+)
+
+
+def budget(mode: str, workers: Optional[int] = None) -> Budget:
+  chosen = {"full": FULL, "quick": QUICK}[mode]
+  if workers is not None:
+    chosen = dataclasses.replace(chosen, workers=max(1, int(workers)))
+  return chosen
+
+
+# ---------------------------------------------------------------------------- experiments
+
+
+def fmnist_base(b: Budget, partition: dict) -> dict:
+  """Fashion-MNIST, 100 clients, 5 per round, the small model, uniform averaging.
+
+  Clients run one epoch of SGD over all their examples (batch 20). The server
+  optimizer's hparams are filled in by the tuning stage.
+  """
+  return {
+      "name": "fmnist",
+      "seed": 0,
+      "rounds": b.fmnist.rounds,
+      "clients_per_round": 5,
+      "eval_every": b.fmnist.eval_every,
+      "checkpoint_every": b.fmnist.eval_every * 2,
+      "output_dir": "unused",
+      "targets": list(b.fmnist.targets),
+      "telemetry": False,
+      "data": {"name": "fashion_mnist", "num_clients": 100, "seed": 0,
+               "partition": dict(partition), "eval_batch_size": 5000},
+      "model": copy.deepcopy(b.fmnist_model),
+      "client": {"learning_rate": 0.1, "batch_size": 20, "local_epochs": 1},
+      "server": {"optimizer": "fedavg", "learning_rate": 1.0, "client_weighting": "uniform"},
+      "runtime": {"threads": 1},
+  }
+
+
+def shakespeare_base(b: Budget) -> dict:
+  """Shakespeare roles as clients (a seeded subset), 5 per round, a small char-LSTM."""
+  return {
+      "name": "shakespeare",
+      "seed": 0,
+      "rounds": b.shakespeare.rounds,
+      "clients_per_round": 5,
+      "eval_every": b.shakespeare.eval_every,
+      "checkpoint_every": b.shakespeare.eval_every * 2,
+      "output_dir": "unused",
+      "targets": list(b.shakespeare.targets),
+      "telemetry": False,
+      "data": {"name": "shakespeare", "seed": 0, "options": dict(b.shakespeare_options),
+               "eval_batch_size": 1000},
+      "model": copy.deepcopy(b.shakespeare_model),
+      "client": {"learning_rate": 1.0, "local_epochs": 1, **b.shakespeare_client},
+      "server": {"optimizer": "fedavg", "learning_rate": 1.0, "client_weighting": "uniform"},
+      "runtime": {"threads": 1},
+  }
+
+
+def _server_lr_space(low_high: dict) -> dict:
+  return {opt: {"server.learning_rate": {"dist": "loguniform", "low": lo, "high": hi}}
+          for opt, (lo, hi) in low_high.items()}
+
+
+# Server learning-rate ranges per optimizer: each around the values the literature
+# reports as best (FedAvg/FedAdamom ~1, FedAdam/FedYogi ~1e-2, FedAdagrad ~1e-1;
+# Reddi et al. 2021, the FedAdamom paper), one decade or more wide.
+SERVER_LR = {
+    "fedavg": (0.3, 3.0),
+    "fedavgm": (0.1, 1.5),
+    "fedadam": (1e-3, 0.3),
+    "fedyogi": (1e-3, 0.3),
+    "fedadagrad": (1e-2, 1.0),
+    "fedadamom": (0.3, 3.0),
+}
+
+
+def search_space(client_lr: tuple) -> dict:
+  """The sweep's `space` section (tuning/ syntax), the same for every data set but
+  for the client learning-rate range.
+
+  Shared by all optimizers: the client learning rate, and (for those with it)
+  epsilon on 1e-4..1e-1. Per optimizer: the server learning rate (above);
+  FedAvgM's momentum 0.5..0.95; beta_2 keeps tuning/'s defaults (0.9..0.999 for
+  FedAdam/FedYogi, 0.01..0.3 for FedAdamom). FedAdamom's epsilon is its clip margin,
+  not an adaptivity constant: it stays at the reference 1e-3.
+  """
+  space: dict[str, Any] = {
+      "client.learning_rate": {"dist": "loguniform", "low": client_lr[0],
+                               "high": client_lr[1]},
+      "server.epsilon": {"dist": "loguniform", "low": 1e-4, "high": 1e-1},
+  }
+  per_opt = _server_lr_space(SERVER_LR)
+  per_opt["fedavgm"]["server.momentum"] = {"dist": "uniform", "low": 0.5, "high": 0.95}
+  per_opt["fedadamom"]["server.epsilon"] = 1e-3
+  space.update(per_opt)
+  return space
+
+
+FMNIST_CLIENT_LR = (0.01, 0.5)
+SHAKESPEARE_CLIENT_LR = (0.3, 5.0)

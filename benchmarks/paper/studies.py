@@ -1,0 +1,253 @@
+"""The five studies: which units each runs, and the numbers each hands to the report.
+
+Every function returns plain JSON-able data (also written to results.json).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from typing import Callable, Mapping, Optional, Sequence
+
+import numpy as np
+
+from benchmarks.paper import escape as escape_lib
+from benchmarks.paper import plan
+from benchmarks.paper import runs as runs_lib
+from benchmarks.paper import tune as tune_lib
+
+
+class Context:
+  """What every study needs: budget, cache, pool, tuning backend, log, and the
+  units already planned (identical experiments share one key and one run)."""
+
+  def __init__(self, budget: plan.Budget, cache: runs_lib.Cache, pool: runs_lib.Pool,
+               backend: str, log: Callable[[str], None] = print, execute: bool = True):
+    self.budget, self.cache, self.pool, self.backend, self.log = (
+        budget, cache, pool, backend, log)
+    self.execute = execute
+    self._keys: dict[str, str] = {}
+
+  def unit(self, key: str, config: dict) -> runs_lib.Unit:
+    unit = runs_lib.Unit(key, config=config)
+    known = self._keys.setdefault(unit.digest, key)
+    if known != key:
+      unit.key = known
+    return unit
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def mean_std(values: Sequence[Optional[float]]) -> dict:
+  vals = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+  if not vals:
+    return {"mean": None, "std": None, "n": 0}
+  return {"mean": float(np.mean(vals)),
+          "std": float(np.std(vals, ddof=1)) if len(vals) > 1 else None, "n": len(vals)}
+
+
+def seed_summary(records: Sequence[Mapping], target: float) -> dict:
+  """Mean +- std over seeds of final/best accuracy; rounds to `target`."""
+  finals = [r.get("final_test_accuracy") for r in records]
+  bests = [r.get("best_test_accuracy") for r in records]
+  key = f"{target:g}"
+  reached = [r["rounds_to_target"].get(key) for r in records
+             if r.get("rounds_to_target") and r["rounds_to_target"].get(key) is not None]
+  return {
+      "final": mean_std(finals), "best": mean_std(bests),
+      "rounds_to_target": mean_std(reached), "reached": len(reached), "seeds": len(records),
+      "diverged": sum(r.get("status") != "completed" for r in records),
+      "final_by_seed": {str(r.get("seed")): r.get("final_test_accuracy") for r in records},
+  }
+
+
+def mean_curve(records: Sequence[Mapping]) -> dict:
+  """Test accuracy per evaluated round: mean and std over seeds."""
+  by_round: dict[int, list] = {}
+  for r in records:
+    for row in r.get("history") or []:
+      acc = row.get("test/accuracy")
+      if acc is not None and math.isfinite(acc):
+        by_round.setdefault(int(row["round"]), []).append(float(acc))
+  rounds = sorted(by_round)
+  return {"round": rounds, "mean": [float(np.mean(by_round[k])) for k in rounds],
+          "std": [float(np.std(by_round[k])) for k in rounds]}
+
+
+def _final_config(tuned_config: Mapping, *, seed: int, rounds: int, base: Mapping) -> dict:
+  config = copy.deepcopy(dict(tuned_config))
+  config.update(seed=seed, rounds=rounds, eval_every=base["eval_every"],
+                checkpoint_every=base["checkpoint_every"], targets=list(base["targets"]),
+                telemetry=False)
+  config["runtime"] = {"threads": 1}
+  return config
+
+
+def _hparams(entry: Mapping) -> dict:
+  config = entry["config"]
+  out = {"client.learning_rate": config["client"]["learning_rate"]}
+  for k, v in config["server"].items():
+    if k not in ("optimizer", "client_weighting", "schedule"):
+      out[f"server.{k}"] = v
+  return out
+
+
+# ---------------------------------------------------------------------------- studies 1, 2
+
+
+def compare(ctx: Context, name: str, base: dict, data_budget: plan.DataBudget,
+            client_lr: tuple) -> dict:
+  """Equal-budget tuning of every optimizer on `base`, then each best config with
+  every seed. Returns tuning outcome, per-optimizer seed summaries and curves."""
+  b = ctx.budget
+  tuned = tune_lib.tune(name, base, plan.OPTIMIZERS, trials=data_budget.tune_trials,
+                        rounds=data_budget.tune_rounds, space=plan.search_space(client_lr),
+                        seed=b.tune_seed, backend=ctx.backend, cache=ctx.cache,
+                        pool=ctx.pool, log=ctx.log, execute=ctx.execute)
+  if tuned is None:
+    return None
+  return {"tuning": tuned, "base": base}
+
+
+def finals_units(ctx: Context, name: str, comparison: Mapping,
+                 data_budget: plan.DataBudget) -> list:
+  units = []
+  for opt in plan.OPTIMIZERS:
+    entry = comparison["tuning"]["best"][opt]
+    for seed in data_budget.seeds:
+      config = _final_config(entry["config"], seed=seed, rounds=data_budget.rounds,
+                             base=comparison["base"])
+      units.append(ctx.unit(f"{name}/{opt}/seed{seed}", config))
+  return units
+
+
+def summarize_comparison(name: str, comparison: Mapping, data_budget: plan.DataBudget,
+                         results: Mapping, units: Sequence) -> dict:
+  by_opt: dict[str, list] = {o: [] for o in plan.OPTIMIZERS}
+  for unit in units:
+    opt = unit.config["server"]["optimizer"]
+    if unit.key in results:
+      by_opt[opt].append(results[unit.key])
+  table = {}
+  for opt, records in by_opt.items():
+    entry = comparison["tuning"]["best"][opt]
+    table[opt] = {
+        **seed_summary(records, data_budget.target),
+        "curve": mean_curve(records),
+        "hparams": _hparams(entry),
+        "tune_objective": entry.get("objective"),
+        "trials_run": entry.get("trials_run"),
+        "trials_diverged": entry.get("trials_diverged"),
+        "fallback_defaults": entry.get("fallback_defaults", False),
+    }
+  base = comparison["base"]
+  return {
+      "name": name, "table": table, "target": data_budget.target,
+      "setup": {
+          "data": base["data"], "model": base["model"],
+          "clients_per_round": base["clients_per_round"],
+          "client": {k: v for k, v in base["client"].items() if k != "learning_rate"},
+          "rounds": data_budget.rounds, "eval_every": base["eval_every"],
+          "seeds": list(data_budget.seeds), "tune_trials": data_budget.tune_trials,
+          "tune_rounds": data_budget.tune_rounds,
+          "tune_backend": comparison["tuning"]["backend"],
+          "tune_seed": comparison["tuning"]["seed"],
+          "tune_metric": comparison["tuning"]["metric"],
+          "space": comparison["tuning"]["space"],
+      },
+  }
+
+
+# ---------------------------------------------------------------------------- study 3
+
+
+def beta2_units(ctx: Context, fmnist: Mapping) -> list:
+  b = ctx.budget
+  units = []
+  for part, comparison in fmnist.items():
+    entry = comparison["tuning"]["best"]["fedadamom"]
+    for beta2 in plan.BETA2_GRID:
+      for seed in b.beta2_seeds:
+        config = _final_config(entry["config"], seed=seed, rounds=b.fmnist.rounds,
+                               base=comparison["base"])
+        config["server"]["beta_2"] = beta2
+        units.append(ctx.unit(f"beta2/{part}/b{beta2:g}/seed{seed}", config))
+  return units
+
+
+def summarize_beta2(ctx: Context, fmnist: Mapping, results: Mapping, units) -> dict:
+  b = ctx.budget
+  table: dict[str, dict] = {}
+  for part in fmnist:
+    table[part] = {}
+    for beta2 in plan.BETA2_GRID:
+      records = [results[u.key] for u in units
+                 if u.config["data"]["partition"] == plan.PARTITIONS[part]
+                 and u.config["server"]["beta_2"] == beta2 and u.key in results]
+      table[part][f"{beta2:g}"] = seed_summary(records, b.fmnist.target)
+  fixed = {part: {k: v for k, v in _hparams(c["tuning"]["best"]["fedadamom"]).items()
+                  if k != "server.beta_2"} for part, c in fmnist.items()}
+  return {"table": table, "seeds": list(b.beta2_seeds), "rounds": b.fmnist.rounds,
+          "fixed_hparams": fixed}
+
+
+# ---------------------------------------------------------------------------- study 5
+
+
+def hetero_units(ctx: Context, fmnist: Mapping) -> list:
+  b = ctx.budget
+  comparison = fmnist["dir0.3"]
+  units = []
+  for label, partition in plan.HETEROGENEITY:
+    for opt in ("fedadam", "fedadamom"):
+      entry = comparison["tuning"]["best"][opt]
+      for seed in b.hetero_seeds:
+        config = _final_config(entry["config"], seed=seed, rounds=b.fmnist.rounds,
+                               base=comparison["base"])
+        config["data"]["partition"] = dict(partition)
+        units.append(ctx.unit(f"hetero/a{label}/{opt}/seed{seed}", config))
+  return units
+
+
+def summarize_hetero(ctx: Context, results: Mapping, units) -> dict:
+  b = ctx.budget
+  rows = []
+  for label, partition in plan.HETEROGENEITY:
+    per_opt = {}
+    for opt in ("fedadam", "fedadamom"):
+      per_opt[opt] = {str(u.config["seed"]): results[u.key] for u in units
+                      if u.key in results and u.config["server"]["optimizer"] == opt
+                      and u.config["data"]["partition"] == partition}
+    seeds = sorted(set(per_opt["fedadam"]) & set(per_opt["fedadamom"]))
+    diffs = [per_opt["fedadamom"][s]["final_test_accuracy"]
+             - per_opt["fedadam"][s]["final_test_accuracy"] for s in seeds
+             if per_opt["fedadamom"][s].get("final_test_accuracy") is not None
+             and per_opt["fedadam"][s].get("final_test_accuracy") is not None]
+    rows.append({
+        "alpha": label,
+        "fedadam": seed_summary(list(per_opt["fedadam"].values()), b.fmnist.target),
+        "fedadamom": seed_summary(list(per_opt["fedadamom"].values()), b.fmnist.target),
+        "difference": mean_std(diffs), "paired_seeds": seeds,
+    })
+  return {"rows": rows, "seeds": list(b.hetero_seeds), "rounds": b.fmnist.rounds}
+
+
+# ---------------------------------------------------------------------------- study 4
+
+
+def escape_unit(ctx: Context) -> runs_lib.Unit:
+  setup = dataclasses.asdict(ctx.budget.escape)
+  return runs_lib.Unit("escape/study", fn="benchmarks.paper.escape:run_study_dict",
+                       kwargs={"setup": setup}, hash_of={"escape": setup, "v": 1})
+
+
+def summarize_escape(raw: Mapping, bootstrap: int) -> dict:
+  return {"raw": {k: v for k, v in raw.items() if k != "optimizers"},
+          "per_optimizer": {
+              name: {"lr": res["lr"], "per_k": res["per_k"],
+                     "rounds_simulated": res["rounds_simulated"],
+                     "seconds": res["seconds"]}
+              for name, res in raw["optimizers"].items()},
+          "analysis": escape_lib.analyse(raw, bootstrap=bootstrap)}

@@ -1,0 +1,202 @@
+"""Equal-budget tuning of the six server optimizers.
+
+Two backends run the same sweep (same space, same trials and rounds for every
+optimizer, same seed):
+
+* `ray` - the project's sweep layer (`tuning.run_sweep` / `export_sweep`): one Ray
+  Tune `Tuner` per optimizer, random search, no early stopping, each trial a fresh
+  process running `run_experiment`.
+* `inprocess` - the same sweep without Ray: the space resolved by `tuning.space`,
+  values drawn with numpy from the sweep's seed (one stream per trial and
+  dimension, so optimizers that share a dimension get the same draws, as Tune's
+  seeded random search gives them), trials run in this package's worker pool.
+  It skips Ray's per-trial process start (TensorFlow import, data load), which
+  dominates a short trial on 2 cores.
+
+Either way the best trial is the best non-diverged one by the sweep's metric
+(test accuracy averaged over the last `last_k` evaluations), and its experiment is
+built by `tuning.export.best_config_dict`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import zlib
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import numpy as np
+
+from benchmarks.paper import runs as runs_lib
+
+LAST_K = 3
+
+
+def sweep_dict(name: str, base: Mapping[str, Any], optimizers: Sequence[str], trials: int,
+               rounds: int, space: Mapping[str, Any], seed: int, workers: int,
+               storage_path: str) -> dict:
+  """A sweep file's content (tuning/ schema) for `base`."""
+  from tuning.schema import num_evaluations
+
+  evals = num_evaluations(rounds, base["eval_every"])
+  return {
+      "name": name,
+      "base": dict(base),
+      "optimizers": list(optimizers),
+      "budget": {"trials_per_optimizer": trials, "rounds": rounds},
+      "space": dict(space),
+      "search": {"kind": "random", "seed": seed},
+      "scheduler": {"kind": "none"},
+      "metric": {"name": "test/accuracy", "last_k": min(LAST_K, evals), "mode": "max"},
+      "resources": {"cpus_per_trial": 1, "gpus_per_trial": 0,
+                    "max_concurrent_trials": workers, "time_budget_s": None,
+                    "address": None, "storage_path": storage_path, "max_failures": 1},
+  }
+
+
+def _draw(dist, rng: np.random.Generator) -> Any:
+  if dist.dist == "loguniform":
+    return float(math.exp(rng.uniform(math.log(dist.low), math.log(dist.high))))
+  if dist.dist == "uniform":
+    return float(rng.uniform(dist.low, dist.high))
+  return dist.values[int(rng.integers(len(dist.values)))]
+
+
+def draw_params(space, seed: int, trial: int) -> dict:
+  """Trial `trial`'s values: one numpy stream per (seed, trial, dimension)."""
+  params = {}
+  for path in sorted(space.tuned):
+    rng = np.random.default_rng([seed, trial, zlib.crc32(path.encode())])
+    value = _draw(space.tuned[path], rng)
+    if path in space.integer:
+      value = int(round(value))
+    params[path] = value
+  return params
+
+
+def _tune_inprocess(sweep, raw: Mapping, cache, pool, log) -> dict:
+  from tuning import space as space_lib
+  from tuning import trainable as trainable_lib
+
+  units, meta = [], {}
+  for optimizer in sweep.optimizers:
+    space = space_lib.resolve(sweep, optimizer)
+    for trial in range(sweep.budget.trials_per_optimizer):
+      params = draw_params(space, sweep.search.seed, trial)
+      config = space_lib.experiment_dict(sweep, optimizer, params, output_dir="unused",
+                                         threads=1, space=space)
+      key = f"tune/{sweep.name}/{optimizer}/trial{trial}"
+      units.append(runs_lib.Unit(key, config=config))
+      meta[key] = (optimizer, params)
+  results = runs_lib.run_units(units, cache, pool, log=log, label=f"tuning {sweep.name}")
+  best: dict[str, Any] = {}
+  for optimizer in sweep.optimizers:
+    trials = []
+    for key, (opt, params) in meta.items():
+      if opt != optimizer or key not in results:
+        continue
+      r = results[key]
+      objective = trainable_lib.objective_from_history(
+          r["history"] or [], sweep.metric.name, sweep.metric.last_k)
+      diverged = (r["status"] != "completed" or objective is None
+                  or not math.isfinite(objective))
+      trials.append({"params": params, "objective": objective, "diverged": diverged,
+                     "rounds": r.get("rounds_completed")})
+    ok = [t for t in trials if not t["diverged"]]
+    chosen = max(ok, key=lambda t: t["objective"]) if ok else None
+    best[optimizer] = {
+        "params": chosen["params"] if chosen else None,
+        "objective": chosen["objective"] if chosen else None,
+        "trials_run": len(trials), "trials_diverged": sum(t["diverged"] for t in trials),
+        "trials": trials,
+    }
+  return best
+
+
+def _tune_ray(sweep, raw: Mapping, log) -> dict:
+  from tuning import run_sweep
+  from tuning.sweep import SWEEP_FILE
+
+  resume = os.path.exists(os.path.join(sweep.sweep_dir, SWEEP_FILE))
+  log(f"  tuning {sweep.name}: Ray Tune sweep in {sweep.sweep_dir}"
+      + (" (resuming)" if resume else ""))
+  result = run_sweep(sweep, resume=resume, progress_interval_s=120.0)
+  if result.interrupted:
+    raise KeyboardInterrupt(f"sweep {sweep.name} was interrupted")
+  export = result.export
+  rows = {row["optimizer"]: row for row in export.rows}
+  best = {}
+  for optimizer in sweep.optimizers:
+    chosen = export.best.get(optimizer)
+    row = rows.get(optimizer, {})
+    trials = []
+    for record in _trial_records(sweep.sweep_dir, optimizer):
+      trials.append({"params": dict(record.params), "objective": record.objective,
+                     "diverged": record.diverged, "rounds": record.rounds})
+    best[optimizer] = {
+        "params": dict(chosen.trial.params) if chosen else None,
+        "objective": chosen.trial.objective if chosen else None,
+        "trials_run": row.get("trials_run"), "trials_diverged": row.get("trials_diverged"),
+        "trials": trials,
+    }
+  return best
+
+
+def _trial_records(sweep_dir: str, optimizer: str):
+  from tuning.export import read_trials
+
+  try:
+    return read_trials(sweep_dir, optimizer)
+  except Exception:  # noqa: BLE001 - the trial list is informative only
+    return []
+
+
+def tune(name: str, base: Mapping[str, Any], optimizers: Sequence[str], *, trials: int,
+         rounds: int, space: Mapping[str, Any], seed: int, backend: str, cache, pool,
+         log: Callable[[str], None] = print, execute: bool = True) -> Optional[dict]:
+  """Tunes every optimizer with the same budget; returns, per optimizer, the best
+  params, its objective, the trial list and the best trial's experiment config.
+
+  Cached as unit `tune/<name>`: a rerun with the same sweep and backend reuses it.
+  With `execute=False`, returns the cached outcome or None.
+  """
+  from tuning import load_sweep
+  from tuning.export import best_config_dict
+
+  storage = os.path.join(cache.root, "sweeps")
+  raw = sweep_dict(name, base, optimizers, trials, rounds, space, seed, pool.workers,
+                   storage)
+  digest = runs_lib.config_hash({"sweep": {k: v for k, v in raw.items()
+                                           if k not in ("resources", "name")},
+                                 "backend": backend})
+  raw["name"] = f"{name}-{digest}"
+  key = f"tune/{name}"
+  cached = cache.get(key, digest)
+  if cached is not None:
+    log(f"  tuning {name}: cached ({backend})")
+    return cached
+  if not execute:
+    log(f"  tuning {name}: not run yet")
+    return None
+  sweep = load_sweep(raw)
+  if backend == "ray":
+    pool.shutdown()  # give Ray the CPUs
+    best = _tune_ray(sweep, raw, log)
+  elif backend == "inprocess":
+    best = _tune_inprocess(sweep, raw, cache, pool, log)
+  else:
+    raise ValueError(f"unknown tuning backend {backend!r}; use 'ray' or 'inprocess'")
+  for optimizer, entry in best.items():
+    params = entry["params"] or {}
+    entry["config"] = best_config_dict(sweep, optimizer, params)
+    entry["fallback_defaults"] = entry["params"] is None
+  out = {"backend": backend, "sweep_name": sweep.name,
+         "budget": {"trials_per_optimizer": trials, "rounds": rounds},
+         "metric": raw["metric"], "seed": seed, "space": raw["space"], "best": best}
+  expected = trials * len(optimizers)
+  ran = sum(int(e.get("trials_run") or 0) for e in best.values())
+  if ran >= expected:
+    cache.put(key, digest, out)
+  else:
+    log(f"  tuning {name}: only {ran} of {expected} trials finished; not cached")
+  return out

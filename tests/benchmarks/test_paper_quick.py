@@ -1,0 +1,103 @@
+"""End to end: `python -m benchmarks.paper.reproduce --quick` writes a report whose
+tables hold numbers, its plots, and results.json; a rerun reuses the cache."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PLOTS = ("fmnist_curves.png", "shakespeare_curves.png", "beta2.png", "escape.png",
+         "heterogeneity.png")
+SECTIONS = ("## 1. Equal-budget comparison on Fashion-MNIST",
+            "## 2. Equal-budget comparison on Shakespeare",
+            "## 3. FedAdamom beta_2 sensitivity",
+            "## 4. Escape from sharp minima",
+            "## 5. Heterogeneity: FedAdamom - FedAdam")
+NUMBER = re.compile(r"[-+]?\d+(\.\d+)?(e[-+]?\d+)?")
+
+
+def _run(out_dir, timeout):
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+  return subprocess.run(
+      [sys.executable, "-m", "benchmarks.paper.reproduce", "--quick", "--out", str(out_dir)],
+      cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _tables(markdown):
+  """Every markdown table as a list of rows (header first), separator rows dropped."""
+  tables, current = [], []
+  for line in markdown.splitlines():
+    if line.startswith("|"):
+      cells = [c.strip() for c in line.strip().strip("|").split("|")]
+      if not all(set(c) <= set("-: ") for c in cells):
+        current.append(cells)
+    elif current:
+      tables.append(current)
+      current = []
+  if current:
+    tables.append(current)
+  return tables
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+  out = tmp_path_factory.mktemp("paper-quick")
+  started = time.monotonic()
+  proc = _run(out, timeout=600)
+  elapsed = time.monotonic() - started
+  assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+  return out, proc, elapsed
+
+
+def test_report_plots_and_results(quick_run):
+  out, proc, elapsed = quick_run
+  report = (out / "REPORT.md").read_text()
+  for section in SECTIONS:
+    assert section in report
+  assert "Not run yet" not in report
+  assert "ESTIMATE" in proc.stdout
+  for name in PLOTS:
+    path = out / "plots" / name
+    assert path.exists() and path.stat().st_size > 5000, name
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"plots/{name}" in report
+  results = json.loads((out / "results.json").read_text())
+  assert set(results["results"]) == {"fmnist", "shakespeare", "beta2", "escape", "hetero"}
+
+
+def test_every_table_holds_numbers(quick_run):
+  out, _, _ = quick_run
+  tables = _tables((out / "REPORT.md").read_text())
+  # Studies 1 (two partitions), 2, 3, 4 (escape times and fits) and 5.
+  assert len(tables) >= 7
+  for table in tables:
+    header, rows = table[0], table[1:]
+    assert rows, header
+    for row in rows:
+      assert len(row) == len(header), (header, row)
+      numeric = [c for c in row[1:] if NUMBER.search(c)]
+      assert numeric, f"row without numbers: {row}"
+  # The accuracy columns of the comparison tables are numbers (not '-').
+  comparisons = [t for t in tables if t[0][0] == "optimizer" and "final acc (%)" in t[0]]
+  assert len(comparisons) == 3
+  for table in comparisons:
+    col = table[0].index("final acc (%)")
+    for row in table[1:]:
+      assert re.match(r"^\d+\.\d+( ± \d+\.\d+)?$", row[col]), row
+
+
+def test_rerun_uses_the_cache(quick_run):
+  out, _, elapsed = quick_run
+  before = (out / "results.json").read_text()
+  started = time.monotonic()
+  proc = _run(out, timeout=300)
+  assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+  assert "units to run" not in proc.stdout  # everything came from the cache
+  assert time.monotonic() - started < max(60.0, 0.5 * elapsed)
+  after = json.loads((out / "results.json").read_text())
+  assert after["results"] == json.loads(before)["results"]
