@@ -8,8 +8,6 @@ client weighting.
 
 from __future__ import annotations
 
-import collections
-import dataclasses
 from typing import Callable, Optional
 
 import tensorflow as tf
