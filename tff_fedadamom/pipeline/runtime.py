@@ -96,9 +96,25 @@ def _release_tff_context() -> None:
     pass
 
 
-def shutdown() -> None:
-  """Stops TFF's worker cleanly, then ends any child process still running."""
-  _release_tff_context()
+# How long a clean stop of TFF's worker may take before it is killed.
+RELEASE_TIMEOUT_S = 10.0
+
+
+def shutdown(timeout_s: float = RELEASE_TIMEOUT_S) -> None:
+  """Stops TFF's worker cleanly, then ends any child process still running.
+
+  TFF stops its worker with SIGINT and an unbounded `wait()`; a worker that misses
+  the signal (seen when a process pool shut down right after its last run) would
+  hang this process forever. After `timeout_s` a watchdog kills the children, which
+  ends that wait.
+  """
+  watchdog = threading.Timer(timeout_s, kill_children)
+  watchdog.daemon = True
+  watchdog.start()
+  try:
+    _release_tff_context()
+  finally:
+    watchdog.cancel()
   kill_children()
 
 
