@@ -91,11 +91,17 @@ FULL = Budget(
     fmnist=DataBudget(rounds=100, eval_every=5, tune_trials=6, tune_rounds=50,
                       seeds=(1, 2, 3), target=0.75, targets=(0.7, 0.75, 0.8)),
     fmnist_model={"name": "mlp", "options": {"hidden": [64]}},
-    shakespeare=DataBudget(rounds=40, eval_every=5, tune_trials=3, tune_rounds=20,
-                           seeds=(1, 2, 3), target=0.25, targets=(0.2, 0.25, 0.3)),
+    shakespeare=DataBudget(rounds=50, eval_every=5, tune_trials=3, tune_rounds=30,
+                           seeds=(1, 2, 3), target=0.3, targets=(0.25, 0.3, 0.35)),
     shakespeare_options={"max_clients": 100, "seq_length": 20},
     shakespeare_model={"name": "char_lstm", "options": {"embedding_dim": 8, "lstm_units": 64}},
-    shakespeare_client={"batch_size": 20, "max_examples": 200, "clip_norm": 10.0},
+    # The char-LSTM sits on the unigram plateau (16.4%: always the most frequent
+    # character) for its first ~600 SGD steps at lr 3 (~1300 at lr 1, measured on the
+    # pooled data). Small batches and two local epochs give ~40 client steps a round,
+    # so the plateau is left within the tuning rounds; with batch 20 and one epoch it
+    # was not left within 40 rounds.
+    shakespeare_client={"batch_size": 10, "max_examples": 200, "local_epochs": 2,
+                        "clip_norm": 10.0},
     beta2_seeds=(1, 2),
     hetero_seeds=(1, 2, 3),
     tune_seed=0,
@@ -220,4 +226,4 @@ def search_space(client_lr: tuple) -> dict:
 
 
 FMNIST_CLIENT_LR = (0.01, 0.5)
-SHAKESPEARE_CLIENT_LR = (0.3, 5.0)
+SHAKESPEARE_CLIENT_LR = (1.0, 5.0)
