@@ -1,6 +1,6 @@
 """Reproduce the FedAdamom paper's claims at laptop scale and write REPORT.md.
 
-    .venv/bin/python -m benchmarks.paper.reproduce                 # full: ~90 min on 2 cores
+    .venv/bin/python -m benchmarks.paper.reproduce                 # full: ~100 min on 2 cores
     .venv/bin/python -m benchmarks.paper.reproduce --quick --out runs/paper-quick   # minutes
     .venv/bin/python -m benchmarks.paper.reproduce --report-only   # rebuild from the cache
 
