@@ -103,10 +103,11 @@ RELEASE_TIMEOUT_S = 10.0
 def shutdown(timeout_s: float = RELEASE_TIMEOUT_S) -> None:
   """Stops TFF's worker cleanly, then ends any child process still running.
 
-  TFF stops its worker with SIGINT and an unbounded `wait()`; a worker that misses
-  the signal (seen when a process pool shut down right after its last run) would
-  hang this process forever. After `timeout_s` a watchdog kills the children, which
-  ends that wait.
+  TFF stops its worker with SIGINT and an unbounded `wait()`. A worker that ignores
+  SIGINT, as every process started from a background job of a non-interactive shell
+  does (it inherits the ignored disposition), would hang this process forever, the
+  likely cause of a process pool's worker that hung at exit. After `timeout_s` a
+  watchdog kills the children, which ends that wait.
   """
   watchdog = threading.Timer(timeout_s, kill_children)
   watchdog.daemon = True
