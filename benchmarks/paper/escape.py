@@ -355,20 +355,26 @@ def run_study_dict(setup: Mapping) -> dict:
   return run_study(EscapeSetup(**values), log=lambda line: None)
 
 
+def _grid_fit(ks, y, columns, p_grid) -> tuple:
+  """Least squares of y on `columns(p)` (linear in the coefficients) for each p of
+  the grid; returns (sse, p, coefficients) of the best p."""
+  p_grid = np.linspace(0.05, 3.0, 591) if p_grid is None else p_grid
+  best = None
+  for p in p_grid:
+    design = np.stack(columns(p), axis=1)
+    coef, *_ = np.linalg.lstsq(design, y, rcond=None)
+    sse = float(np.sum((design @ coef - y) ** 2))
+    if best is None or sse < best[0]:
+      best = (sse, float(p), [float(c) for c in coef])
+  return best
+
+
 def fit_exponent(ks, log_tau, p_grid=None) -> Optional[dict]:
   """Least-squares fit of log(tau) = a + c * k^-p over a grid of p (a, c linear)."""
   ks, y = np.asarray(ks, float), np.asarray(log_tau, float)
   if ks.size < 4:
     return None
-  p_grid = np.linspace(0.05, 3.0, 591) if p_grid is None else p_grid
-  best = None
-  for p in p_grid:
-    design = np.stack([np.ones_like(ks), ks ** -p], axis=1)
-    coef, *_ = np.linalg.lstsq(design, y, rcond=None)
-    sse = float(np.sum((design @ coef - y) ** 2))
-    if best is None or sse < best[0]:
-      best = (sse, float(p), float(coef[0]), float(coef[1]))
-  sse, p, a, c = best
+  sse, p, (a, c) = _grid_fit(ks, y, lambda p: [np.ones_like(ks), ks ** -p], p_grid)
   total = float(np.sum((y - y.mean()) ** 2))
   return {"p": p, "a": a, "c": c, "r2": 1.0 - sse / total if total > 0 else None}
 
@@ -379,15 +385,8 @@ def fit_exponent_with_prefactor(ks, log_tau, p_grid=None) -> Optional[dict]:
   ks, y = np.asarray(ks, float), np.asarray(log_tau, float)
   if ks.size < 5:
     return None
-  p_grid = np.linspace(0.05, 3.0, 591) if p_grid is None else p_grid
-  best = None
-  for p in p_grid:
-    design = np.stack([np.ones_like(ks), np.log(ks), ks ** -p], axis=1)
-    coef, *_ = np.linalg.lstsq(design, y, rcond=None)
-    sse = float(np.sum((design @ coef - y) ** 2))
-    if best is None or sse < best[0]:
-      best = (sse, float(p), [float(c) for c in coef])
-  sse, p, (a, b, c) = best
+  _, p, (a, b, c) = _grid_fit(ks, y, lambda p: [np.ones_like(ks), np.log(ks), ks ** -p],
+                              p_grid)
   return {"p": p, "a": a, "b": b, "c": c}
 
 

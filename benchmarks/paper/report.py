@@ -137,10 +137,13 @@ def _plt():
 
 
 def _save(fig, path: str) -> str:
+  """Lays out, writes and closes `fig`; returns `path`."""
   from tff_fedadamom.pipeline.outputs import save_figure
 
+  fig.tight_layout()
   os.makedirs(os.path.dirname(path), exist_ok=True)
   save_figure(fig, path)
+  _plt().close(fig)
   return path
 
 
@@ -161,10 +164,7 @@ def plot_curves(panels: Mapping[str, Mapping], path: str, title: str) -> str:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
   fig.suptitle(title)
-  fig.tight_layout()
-  out = _save(fig, path)
-  plt.close(fig)
-  return out
+  return _save(fig, path)
 
 
 def plot_beta2(beta2: Mapping, path: str) -> str:
@@ -184,10 +184,7 @@ def plot_beta2(beta2: Mapping, path: str) -> str:
   ax.set_xticklabels([f"{x:g}" for x in xs])
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
-  fig.tight_layout()
-  out = _save(fig, path)
-  plt.close(fig)
-  return out
+  return _save(fig, path)
 
 
 def plot_escape(escape: Mapping, path: str) -> str:
@@ -213,10 +210,7 @@ def plot_escape(escape: Mapping, path: str) -> str:
   for ax in axes:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-  fig.tight_layout()
-  out = _save(fig, path)
-  plt.close(fig)
-  return out
+  return _save(fig, path)
 
 
 def plot_hetero(hetero: Mapping, path: str) -> str:
@@ -236,10 +230,7 @@ def plot_hetero(hetero: Mapping, path: str) -> str:
          ylabel="FedAdamom - FedAdam (accuracy points)",
          title="Gain over FedAdam vs heterogeneity")
   ax.grid(alpha=0.3)
-  fig.tight_layout()
-  out = _save(fig, path)
-  plt.close(fig)
-  return out
+  return _save(fig, path)
 
 
 # ---------------------------------------------------------------------------- sections
