@@ -22,17 +22,19 @@ def _weights(output_dir):
   return [w.numpy() for w in model.weights]
 
 
-def _default_sigint():
-  # A job started in the background by a non-interactive shell inherits SIGINT
-  # ignored, and so would the run; give it the default disposition, as a terminal does.
-  signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def _start(config_path):
   env = {**os.environ, "PYTHONPATH": ROOT}
-  return subprocess.Popen([sys.executable, "-m", "tff_fedadamom", "run", str(config_path),
-                           "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                          env=env, start_new_session=True, preexec_fn=_default_sigint)
+  # A job started in the background by a non-interactive shell inherits SIGINT
+  # ignored, and so would the run. The child gets the default disposition, as from a
+  # terminal, by spawning it while this process has a handler (dispositions other
+  # than "ignore" reset at exec). No preexec_fn: it is unsafe in a threaded process.
+  previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+  try:
+    return subprocess.Popen([sys.executable, "-m", "tff_fedadamom", "run", str(config_path),
+                             "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env=env, start_new_session=True)
+  finally:
+    signal.signal(signal.SIGINT, previous)
 
 
 def _rows(output_dir):
