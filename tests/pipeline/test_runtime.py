@@ -26,15 +26,16 @@ _HANGING_RELEASE = textwrap.dedent("""
 """)
 
 
-def _run(timeout_s: float) -> str:
-  done = subprocess.run([sys.executable, "-c", _HANGING_RELEASE, str(timeout_s)],
-                        capture_output=True, text=True, timeout=120)
+def _python(script: str, *args: str) -> str:
+  """Runs `script` in a fresh interpreter; returns its stdout."""
+  done = subprocess.run([sys.executable, "-c", script, *args], capture_output=True,
+                        text=True, timeout=120)
   assert done.returncode == 0, done.stderr[-2000:]
   return done.stdout
 
 
 def test_shutdown_kills_a_worker_that_ignores_sigint():
-  out = _run(1.0)
+  out = _python(_HANGING_RELEASE, "1.0")
   # Killed by the watchdog (SIGKILL), not left waiting for the 600 s sleep.
   assert "returncode -9" in out, out
   waited = float(out.split("waited")[1])
@@ -50,7 +51,5 @@ def test_clean_release_is_not_cut_short():
       runtime.shutdown(timeout_s=30.0)
       print("returncode", child.returncode)
   """)
-  done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                        timeout=120)
-  assert done.returncode == 0, done.stderr[-2000:]
-  assert "returncode 0" in done.stdout, done.stdout
+  out = _python(script)
+  assert "returncode 0" in out, out
