@@ -15,8 +15,24 @@ NAMES = registry.list_optimizers()
 # Learning rates that make each optimizer converge on the quadratic below.
 _QUADRATIC_LR = {
     'fedavg': 0.015, 'fedavgm': 0.005, 'fedadam': 0.05, 'fedyogi': 0.05,
-    'fedadagrad': 0.3, 'fedadamom': 0.015,
+    'fedadagrad': 0.3, 'fedadamom': 0.015, 'fedamsgrad': 0.05, 'fadas': 0.05,
 }
+
+
+# Every registered optimizer with its defaults, and each bool switch flipped:
+# the other bias-correction convention is a different update rule (and for
+# FedAdam/FedYogi a different implementation), so it passes the contract too.
+VARIANTS = [(name, {}) for name in NAMES] + [
+    (name, {hparam: not default})
+    for name in NAMES
+    for hparam, default in registry.default_hparams(name).items()
+    if isinstance(default, bool)
+]
+
+
+def _variant_id(variant):
+  name, switches = variant
+  return name + ''.join(f'-{k}={v}' for k, v in switches.items())
 
 
 def _weights():
@@ -36,24 +52,25 @@ def _grads(weights, scale=1.0):
 
 def test_registry_names():
   assert set(NAMES) == {
-      'fedavg', 'fedavgm', 'fedadam', 'fedyogi', 'fedadagrad', 'fedadamom'}
+      'fedavg', 'fedavgm', 'fedadam', 'fedyogi', 'fedadagrad', 'fedadamom',
+      'fedamsgrad', 'fadas'}
   assert set(_QUADRATIC_LR) == set(NAMES)
 
 
-@pytest.mark.parametrize('name', NAMES)
+@pytest.mark.parametrize('name,switches', VARIANTS, ids=map(_variant_id, VARIANTS))
 class TestContract:
 
-  def test_is_tff_optimizer(self, name):
-    assert isinstance(registry.build_server_optimizer(name),
+  def test_is_tff_optimizer(self, name, switches):
+    assert isinstance(registry.build_server_optimizer(name, **switches),
                       tff.learning.optimizers.Optimizer)
 
-  def test_tunable_hparams_are_hparams(self, name):
+  def test_tunable_hparams_are_hparams(self, name, switches):
     spec = registry.get_spec(name)
     assert 'learning_rate' in spec.tunable
     assert set(spec.tunable) <= set(spec.defaults)
 
-  def test_state_structure_and_dtypes_preserved(self, name):
-    opt = registry.build_server_optimizer(name)
+  def test_state_structure_and_dtypes_preserved(self, name, switches):
+    opt = registry.build_server_optimizer(name, **switches)
     weights = _weights()
 
     @tf.function
@@ -69,8 +86,8 @@ class TestContract:
       assert a.dtype == b.dtype and a.shape == b.shape
     assert LR_KEY in state
 
-  def test_finite_for_zero_and_large_updates(self, name):
-    opt = registry.build_server_optimizer(name)
+  def test_finite_for_zero_and_large_updates(self, name, switches):
+    opt = registry.build_server_optimizer(name, **switches)
     weights = _weights()
     state = opt.initialize(_specs(weights))
     for scale in (0.0, 0.0, 1e6, 1e-6):
@@ -78,16 +95,16 @@ class TestContract:
       for leaf in tf.nest.flatten(weights):
         assert np.all(np.isfinite(leaf)), (name, scale)
 
-  def test_none_gradient_leaves_weight_unchanged(self, name):
-    opt = registry.build_server_optimizer(name)
+  def test_none_gradient_leaves_weight_unchanged(self, name, switches):
+    opt = registry.build_server_optimizer(name, **switches)
     weights = [tf.constant([1.0, 2.0]), tf.constant([3.0])]
     state = opt.initialize(_specs(weights))
     _, new = opt.next(state, weights, [tf.constant([0.5, 0.5]), None])
     np.testing.assert_array_equal(new[1], [3.0])
     assert not np.array_equal(new[0], weights[0])
 
-  def test_hparams_round_trip(self, name):
-    opt = registry.build_server_optimizer(name)
+  def test_hparams_round_trip(self, name, switches):
+    opt = registry.build_server_optimizer(name, **switches)
     state = opt.initialize(_specs(_weights()))
     hparams = opt.get_hparams(state)
     assert LR_KEY in hparams
@@ -99,9 +116,9 @@ class TestContract:
     back = opt.get_hparams(opt.set_hparams(new_state, hparams))
     assert back == hparams
 
-  def test_schedule_learning_rate(self, name):
+  def test_schedule_learning_rate(self, name, switches):
     opt = tff.learning.optimizers.schedule_learning_rate(
-        registry.build_server_optimizer(name), lambda r: 0.1 / (1.0 + tf.cast(r, tf.float32)))
+        registry.build_server_optimizer(name, **switches), lambda r: 0.1 / (1.0 + tf.cast(r, tf.float32)))
     weights = _weights()
     state = opt.initialize(_specs(weights))
     for r in range(3):
@@ -109,8 +126,8 @@ class TestContract:
       # The scheduled wrapper keeps the wrapped state under 'optimizer'.
       assert float(state['optimizer'][LR_KEY]) == pytest.approx(0.1 / (r + 2))
 
-  def test_runs_as_tff_computation(self, name):
-    opt = registry.build_server_optimizer(name)
+  def test_runs_as_tff_computation(self, name, switches):
+    opt = registry.build_server_optimizer(name, **switches)
     weights = _weights()
     specs = _specs(weights)
 
@@ -134,19 +151,20 @@ class TestContract:
     for a, b in zip(tf.nest.flatten(eager_w), tf.nest.flatten(w)):
       np.testing.assert_allclose(a, b, rtol=1e-5)
 
-  def test_converges_on_ill_conditioned_quadratic(self, name):
+  def test_converges_on_ill_conditioned_quadratic(self, name, switches):
     h = tf.constant([100.0, 10.0, 1.0])
     w = tf.constant([1.0, 1.0, 1.0])
-    opt = registry.build_server_optimizer(name, learning_rate=_QUADRATIC_LR[name])
+    opt = registry.build_server_optimizer(
+        name, learning_rate=_QUADRATIC_LR[name], **switches)
     state = opt.initialize(tf.TensorSpec([3], tf.float32))
     loss0 = float(0.5 * tf.reduce_sum(h * w * w))
     for _ in range(500):
       state, w = opt.next(state, w, h * w)
     assert float(0.5 * tf.reduce_sum(h * w * w)) < 1e-2 * loss0
 
-  def test_invalid_learning_rate(self, name):
+  def test_invalid_learning_rate(self, name, switches):
     with pytest.raises(ValueError, match='learning_rate'):
-      registry.build_server_optimizer(name, learning_rate=-1.0)
+      registry.build_server_optimizer(name, learning_rate=-1.0, **switches)
 
 
 def test_unknown_optimizer_lists_valid_names():

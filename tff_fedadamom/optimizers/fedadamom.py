@@ -16,11 +16,13 @@ from typing import Any
 import tensorflow as tf
 import tensorflow_federated as tff
 
-LEARNING_RATE_KEY = tff.learning.optimizers.LEARNING_RATE_KEY
-BETA_2_KEY = 'beta_2'
-EPSILON_KEY = 'epsilon'
-ACCUMULATOR_KEY = 'accumulator'  # m, the momentum.
-PRECONDITIONER_KEY = 'preconditioner'  # v, the second moment.
+from tff_fedadamom.optimizers import state as state_keys
+
+LEARNING_RATE_KEY = state_keys.LEARNING_RATE_KEY
+BETA_2_KEY = state_keys.BETA_2_KEY
+EPSILON_KEY = state_keys.EPSILON_KEY
+ACCUMULATOR_KEY = state_keys.ACCUMULATOR_KEY  # m, the momentum.
+PRECONDITIONER_KEY = state_keys.PRECONDITIONER_KEY  # v, the second moment.
 HPARAMS_KEYS = (LEARNING_RATE_KEY, BETA_2_KEY, EPSILON_KEY)
 
 DEFAULT_LEARNING_RATE = 1.0
@@ -30,29 +32,13 @@ DEFAULT_BETA_2 = 0.05
 DEFAULT_EPSILON = 1e-3
 
 
-def _is_concrete(value) -> bool:
-  return not tf.is_symbolic_tensor(value)
-
-
 def _check_hparams(learning_rate, beta_2, epsilon) -> None:
   """Raises ValueError naming the first out-of-range argument (concrete values only)."""
-  if _is_concrete(learning_rate) and not bool(learning_rate >= 0.0):
-    raise ValueError(
-        'FedAdamom `learning_rate` must be nonnegative, found'
-        f' {_show(learning_rate)}.'
-    )
-  if _is_concrete(beta_2) and not bool(0.0 <= beta_2 <= 1.0):
-    raise ValueError(
-        f'FedAdamom `beta_2` must be in [0.0, 1.0], found {_show(beta_2)}.'
-    )
-  if _is_concrete(epsilon) and not bool(0.0 < epsilon <= 1.0):
-    raise ValueError(
-        f'FedAdamom `epsilon` must be in (0.0, 1.0], found {_show(epsilon)}.'
-    )
-
-
-def _show(value) -> str:
-  return str(value.numpy()) if tf.is_tensor(value) else repr(value)
+  check = state_keys.check_range
+  check('FedAdamom', 'learning_rate', learning_rate, lambda x: x >= 0.0,
+        'nonnegative')
+  check('FedAdamom', 'beta_2', beta_2, lambda x: 0.0 <= x <= 1.0, 'in [0.0, 1.0]')
+  check('FedAdamom', 'epsilon', epsilon, lambda x: 0.0 < x <= 1.0, 'in (0.0, 1.0]')
 
 
 def _reduction_dtype(leaves) -> tf.DType:
@@ -189,18 +175,10 @@ class _FedAdamom(tff.learning.optimizers.Optimizer):
     return updated_state, tf.nest.pack_sequence_as(weights, new_w)
 
   def get_hparams(self, state) -> collections.OrderedDict:
-    return collections.OrderedDict((k, state[k]) for k in HPARAMS_KEYS)
+    return state_keys.get_hparams(state, HPARAMS_KEYS)
 
   def set_hparams(self, state, hparams) -> collections.OrderedDict:
-    unknown = sorted(set(hparams) - set(HPARAMS_KEYS))
-    if unknown:
-      raise ValueError(
-          f'FedAdamom has no hparams {unknown}; valid: {list(HPARAMS_KEYS)}.'
-      )
-    return collections.OrderedDict(
-        (k, hparams.get(k, v) if k in HPARAMS_KEYS else v)
-        for k, v in state.items()
-    )
+    return state_keys.set_hparams('FedAdamom', state, hparams, HPARAMS_KEYS)
 
 
 def build_fedadamom(

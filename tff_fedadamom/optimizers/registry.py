@@ -5,11 +5,12 @@ through `build_server_optimizer`; the config and sweep layers ask this module
 which names exist, which hyperparameters each one has, and which are tunable.
 
 Hyperparameter names are shared across optimizers (`learning_rate`, `beta_1`,
-`beta_2`, `epsilon`, `momentum`). Defaults of the adaptive baselines follow
-Reddi et al., "Adaptive Federated Optimization" (ICLR 2021): beta_1 = 0.9,
-beta_2 = 0.99, epsilon (their tau, the adaptivity) = 1e-3. Their server
-learning rates must be tuned; the defaults here are starting points in the
-range where that paper found the best values.
+`beta_2`, `epsilon`, `momentum`, `bias_correction`). Defaults of the adaptive
+baselines follow Reddi et al., "Adaptive Federated Optimization" (ICLR 2021):
+beta_1 = 0.9, beta_2 = 0.99, epsilon (their tau, the adaptivity) = 1e-3; FADAS'
+follow its authors' code. Their server learning rates must be tuned; the
+defaults here are starting points in the range where the papers found the best
+values.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import tensorflow_federated as tff
 
 from tff_fedadamom.naming import did_you_mean
 
+from tff_fedadamom.optimizers import adaptive
+from tff_fedadamom.optimizers import fadas
 from tff_fedadamom.optimizers import fedadamom
 
 
@@ -31,8 +34,13 @@ class OptimizerSpec:
   Attributes:
     name: Registry name.
     builder: Callable taking the hparams as keywords, returning a TFF optimizer.
-    defaults: Every hparam the optimizer accepts, with its default.
-    tunable: The hparams a sweep may vary (a subset of `defaults`).
+    defaults: Every hparam the optimizer accepts, with its default. A bool
+      default marks a build-time switch (`bias_correction`): it picks the
+      update rule and the state's structure, so it is not in the state.
+    tunable: The hparams a sweep varies by default (a subset of `defaults`,
+      each with a search range). Bool switches are not tunable: a sweep
+      varies one only when it asks, with `{dist: choice, values: [...]}`
+      (see `sweepable_hparams`).
     description: One line for listings and docs.
     search_ranges: For each tunable hparam, the literature's search range as
       (distribution, low, high), distribution 'loguniform' or 'uniform'.
@@ -56,20 +64,16 @@ def _fedavgm(learning_rate, momentum):
   )
 
 
-def _fedadam(learning_rate, beta_1, beta_2, epsilon):
-  return tff.learning.optimizers.build_adam(
-      learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon
-  )
+def _fedadam(learning_rate, beta_1, beta_2, epsilon, bias_correction):
+  return adaptive.build_fedadam(learning_rate, beta_1, beta_2, epsilon,
+                                bias_correction=bias_correction)
 
 
-def _fedyogi(learning_rate, beta_1, beta_2, epsilon, initial_preconditioner):
-  return tff.learning.optimizers.build_yogi(
-      learning_rate=learning_rate,
-      beta_1=beta_1,
-      beta_2=beta_2,
-      epsilon=epsilon,
-      initial_preconditioner_value=initial_preconditioner,
-  )
+def _fedyogi(learning_rate, beta_1, beta_2, epsilon, initial_preconditioner,
+             bias_correction):
+  return adaptive.build_fedyogi(learning_rate, beta_1, beta_2, epsilon,
+                                initial_preconditioner,
+                                bias_correction=bias_correction)
 
 
 def _fedadagrad(learning_rate, epsilon, initial_preconditioner):
@@ -84,6 +88,8 @@ def _fedadagrad(learning_rate, epsilon, initial_preconditioner):
 # epsilon: their tau grid 10^-5..10^-1 (FedAdamom's clip margin, reference 1e-3,
 # lies inside); Adam-family beta_2 around their fixed 0.99; FedAvgM momentum,
 # Hsu et al. (2019) best 0.9-0.97; FedAdamom beta_2: the paper's ablation 0.01-0.3.
+# FADAS: eta log-uniform 1e-4..1e0 and epsilon 1e-8..1e-1 hold the authors'
+# settings (eta 1e-4 and 1e-3, eps 1e-8) and most of Reddi et al.'s grids.
 _RANGES = {
     'learning_rate': ('loguniform', 1e-3, 1e1),
     'epsilon': ('loguniform', 1e-5, 1e-1),
@@ -119,7 +125,7 @@ OPTIMIZERS: Mapping[str, OptimizerSpec] = {
             'fedadam',
             _fedadam,
             {'learning_rate': 0.01, 'beta_1': 0.9, 'beta_2': 0.99,
-             'epsilon': 1e-3},
+             'epsilon': 1e-3, 'bias_correction': True},
             ['learning_rate', 'beta_2', 'epsilon'],
             'FedAdam (Reddi et al. 2021): Adam on the server.',
         ),
@@ -127,7 +133,8 @@ OPTIMIZERS: Mapping[str, OptimizerSpec] = {
             'fedyogi',
             _fedyogi,
             {'learning_rate': 0.01, 'beta_1': 0.9, 'beta_2': 0.99,
-             'epsilon': 1e-3, 'initial_preconditioner': 1e-6},
+             'epsilon': 1e-3, 'initial_preconditioner': 1e-6,
+             'bias_correction': True},
             ['learning_rate', 'beta_2', 'epsilon'],
             'FedYogi (Reddi et al. 2021): Yogi on the server.',
         ),
@@ -148,6 +155,29 @@ OPTIMIZERS: Mapping[str, OptimizerSpec] = {
             ['learning_rate', 'beta_2', 'epsilon'],
             'FedAdamom: second moment sets a per-coordinate momentum.',
             beta_2=('uniform', 0.01, 0.3),
+        ),
+        _spec(
+            'fedamsgrad',
+            adaptive.build_fedamsgrad,
+            {'learning_rate': 0.01, 'beta_1': 0.9, 'beta_2': 0.99,
+             'epsilon': 1e-3, 'bias_correction': False},
+            ['learning_rate', 'beta_2', 'epsilon'],
+            'FedAMSGrad: AMSGrad on the server (Reddi et al. 2021 conventions).',
+        ),
+        _spec(
+            'fadas',
+            fadas.build_fadas,
+            {'learning_rate': fadas.DEFAULT_LEARNING_RATE,
+             'beta_1': fadas.DEFAULT_BETA_1,
+             'beta_2': fadas.DEFAULT_BETA_2,
+             'epsilon': fadas.DEFAULT_EPSILON,
+             'delay_threshold': fadas.DEFAULT_DELAY_THRESHOLD,
+             'bias_correction': False},
+            ['learning_rate', 'beta_2', 'epsilon'],
+            'FADAS (Wang et al. 2024): AMSGrad, delay-adaptive rate; '
+            'synchronous rounds only.',
+            learning_rate=('loguniform', 1e-4, 1e0),
+            epsilon=('loguniform', 1e-8, 1e-1),
         ),
     )
 }
@@ -178,6 +208,18 @@ def default_hparams(name: str) -> dict[str, Any]:
 def tunable_hparams(name: str) -> tuple[str, ...]:
   """The hparams of optimizer `name` that a sweep may vary."""
   return get_spec(name).tunable
+
+
+def sweepable_hparams(name: str) -> tuple[str, ...]:
+  """The hparams a sweep may vary: the tunable ones, then the bool switches.
+
+  A switch (such as `bias_correction`) has no default range; a sweep varies
+  it only with an explicit choice of values.
+  """
+  spec = get_spec(name)
+  switches = tuple(h for h, v in spec.defaults.items()
+                   if isinstance(v, bool) and h not in spec.tunable)
+  return spec.tunable + switches
 
 
 def search_ranges(name: str) -> dict[str, tuple[str, float, float]]:
