@@ -9,7 +9,7 @@ what is allowed.
     name: fmnist_all_optimizers         # sweep directory name (default: file stem)
     base: ../experiments/fmnist.yaml    # experiment config: path (relative to this
                                         # file) or an inline mapping
-    optimizers: [fedadamom, fedavg, fedavgm, fedadam, fedyogi, fedadagrad]
+    optimizers: [fedadamom, fedavg, fedavgm, fedadam, fedyogi, fedadagrad, fadas]
     budget: {trials_per_optimizer: 16, rounds: 100}   # the same for every optimizer
     space:                              # dotted experiment path -> distribution
       client.learning_rate: {dist: loguniform, low: 1.0e-3, high: 1.0}

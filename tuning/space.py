@@ -8,10 +8,12 @@ Each optimizer's space is the merge, later winning, of
   3. the sweep's top-level `space` entries,
   4. the sweep's `space.<optimizer>` entries,
 
-keeping a `server.<hparam>` entry only for the optimizers whose registry entry
-lists `<hparam>` as tunable (`tff_fedadamom.optimizers.tunable_hparams`). The
-registry is the only source of which hparams exist; this module never decides
-that by optimizer name.
+keeping a `server.<hparam>` distribution only for the optimizers whose registry
+entry lets a sweep vary `<hparam>` (`tff_fedadamom.optimizers.sweepable_hparams`:
+the tunable hparams, which have default ranges, and bool switches such as
+`bias_correction`, which a sweep varies only with an explicit
+`{dist: choice, values: [true, false]}`). The registry is the only source of
+which hparams exist; this module never decides that by optimizer name.
 
 Defaults (the server ranges live in the optimizer registry, `search_ranges`):
   server.learning_rate  loguniform 1e-3..1e1  Reddi et al., "Adaptive Federated
@@ -110,9 +112,9 @@ def set_path(tree: dict, path: str, value: Any) -> None:
 def resolve(sweep: Sweep, optimizer: str) -> OptimizerSpace:
   """The space of `optimizer` in `sweep` (see the module docstring)."""
   from tff_fedadamom.config import config_to_dict
-  from tff_fedadamom.optimizers import default_hparams, tunable_hparams
+  from tff_fedadamom.optimizers import default_hparams, sweepable_hparams
 
-  tunable = set(tunable_hparams(optimizer))
+  sweepable = set(sweepable_hparams(optimizer))
   known = set(default_hparams(optimizer))
   layers = (
       (registry_space(optimizer), lambda p: f"space.{p}", False, True),
@@ -127,10 +129,10 @@ def resolve(sweep: Sweep, optimizer: str) -> OptimizerSpace:
       hparam = _hparam_of(path)
       if hparam is not None:
         is_dist = isinstance(entry, Distribution)
-        applies = hparam in tunable if is_dist else hparam in known or entry is None
+        applies = hparam in sweepable if is_dist else hparam in known or entry is None
         if not applies:
           if strict:
-            allowed = sorted(tunable) if is_dist else sorted(known)
+            allowed = sorted(sweepable) if is_dist else sorted(known)
             raise SweepConfigError(
                 sweep.source, field_of(path),
                 f"optimizer {optimizer!r} has no {'tunable ' if is_dist else ''}hparam "
@@ -240,7 +242,7 @@ def check_sweep(sweep: Sweep) -> None:
   optimizer, grids are fair, and every extreme value of every dimension gives a
   valid experiment for every optimizer. Raises SweepConfigError."""
   from tff_fedadamom.config import ConfigError, config_to_dict, load_config
-  from tff_fedadamom.optimizers import default_hparams, tunable_hparams
+  from tff_fedadamom.optimizers import default_hparams, sweepable_hparams
 
   base = config_to_dict(sweep.base)
   for path, entry in sweep.space.items():
@@ -250,10 +252,10 @@ def check_sweep(sweep: Sweep) -> None:
       continue
     is_dist = isinstance(entry, Distribution)
     owners = [o for o in sweep.optimizers
-              if hparam in (tunable_hparams(o) if is_dist else default_hparams(o))]
+              if hparam in (sweepable_hparams(o) if is_dist else default_hparams(o))]
     if not owners:
       offered = sorted({h for o in sweep.optimizers
-                        for h in (tunable_hparams(o) if is_dist else default_hparams(o))})
+                        for h in (sweepable_hparams(o) if is_dist else default_hparams(o))})
       raise SweepConfigError(
           sweep.source, f"space.{path}",
           f"no optimizer in {list(sweep.optimizers)} has the "

@@ -106,3 +106,37 @@ def test_train_metric_objective_counts_evaluation_rounds_only():
   rows = [{"round": 1, "train/loss": 3.0}, {"round": 2, "train/loss": 2.0, "test/loss": 9},
           {"round": 3, "train/loss": 1.0}, {"round": 4, "train/loss": 0.5, "test/loss": 8}]
   assert objective_from_history(rows, "train/loss", 2) == pytest.approx(1.25)
+
+
+def test_bias_correction_is_a_switch_a_sweep_may_fix_or_choose():
+  adam_family = {"fedadam", "fedyogi", "fedamsgrad", "fadas"}
+  sweep = _sweep(space={"server.bias_correction": False})
+  for optimizer in sweep.optimizers:
+    space = space_lib.resolve(sweep, optimizer)
+    assert ("server.bias_correction" in space.fixed) == (optimizer in adam_family)
+    assert "server.bias_correction" not in space.tuned  # never a default dimension
+  tree = space_lib.experiment_dict(sweep, "fedadam", {}, output_dir="o")
+  assert load_config(tree).server.hparams["bias_correction"] is False
+
+  choice = {"dist": "choice", "values": [True, False]}
+  sweep = _sweep(optimizers=["fedadam", "fadas", "fedavg"],
+                 space={"server.bias_correction": choice})
+  for optimizer in ("fedadam", "fadas"):
+    dist = space_lib.resolve(sweep, optimizer).tuned["server.bias_correction"]
+    assert list(dist.values) == [True, False]
+  assert "server.bias_correction" not in space_lib.resolve(sweep, "fedavg").tuned
+  for value in (True, False):
+    tree = space_lib.experiment_dict(sweep, "fadas", {"server.bias_correction": value},
+                                     output_dir="o")
+    assert load_config(tree).server.hparams["bias_correction"] is value
+
+
+def test_bias_correction_must_be_chosen_from_bools():
+  from tuning.schema import SweepConfigError
+
+  with pytest.raises(SweepConfigError, match="server.bias_correction"):
+    _sweep(optimizers=["fedadam"],
+           space={"server.bias_correction": {"dist": "uniform", "low": 0, "high": 1}})
+  with pytest.raises(SweepConfigError, match="no optimizer .* has the tunable hparam"):
+    _sweep(optimizers=["fedavg"],
+           space={"server.bias_correction": {"dist": "choice", "values": [True, False]}})

@@ -95,6 +95,13 @@ def _check_server(server: schema.ServerConfig, source: str) -> schema.ServerConf
           allowed=", ".join(valid_keys))
   hparams = {}
   for key, value in server.hparams.items():
+    if isinstance(defaults[key], bool):
+      # A switch such as bias_correction: YAML true/false only (not 0/1, not "no").
+      if not isinstance(value, bool):
+        raise ConfigError(source, f"server.{key}", "wrong type", value=value,
+                          allowed="true or false")
+      hparams[key] = value
+      continue
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(
         value):
       raise ConfigError(source, f"server.{key}", "wrong type", value=value,

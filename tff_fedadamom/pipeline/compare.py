@@ -50,12 +50,18 @@ def compare(config_path, optimizers: Sequence[str], *, overrides=(), progress=Tr
                  "final_test_accuracy": s["final_test_accuracy"],
                  "best_test_accuracy": s["best_test_accuracy"],
                  **{f"rounds_to_{k}": v for k, v in s["rounds_to_target"].items()},
-                 "hparams": " ".join(f"{k}={v:g}" for k, v in config.server.hparams.items())})
+                 "hparams": " ".join(f"{k}={_hparam(v)}"
+                                     for k, v in config.server.hparams.items())})
   table = _markdown(rows)
   atomic_write_text(os.path.join(base.output_dir, "compare.md"), table)
   atomic_write_text(os.path.join(base.output_dir, "compare.csv"), _csv(rows))
   plot_runs([c.output_dir for c in variants], out=base.output_dir, prefix="compare")
   return table
+
+
+def _hparam(value) -> str:
+  """`1e-3` for numbers, `true`/`false` for switches (as YAML writes them)."""
+  return str(value).lower() if isinstance(value, bool) else f"{value:g}"
 
 
 def _csv(rows) -> str:
