@@ -9,8 +9,11 @@ the TFF computation changes. The kind of state is recognised by its keys:
 | preconditioner + accumulator + epsilon,      | FedAdamom            |
 |   no beta_1 / step                           |                      |
 | preconditioner (+ accumulator, beta_1, step) | Adam, Yogi, Adagrad  |
+| ... + max_preconditioner                     | FedAMSGrad, FADAS    |
 | accumulator only                             | SGD with momentum    |
 | learning_rate only                           | SGD                  |
+
+The key names are the optimizers' own (`tff_fedadamom.optimizers.state`).
 
 A `{round_num, optimizer}` state (from `schedule_learning_rate`) is unwrapped,
 and a whole learning process state is accepted too (its `finalizer` is read).
@@ -26,11 +29,14 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import tensorflow as tf
 
-LEARNING_RATE_KEY = 'learning_rate'
-ACCUMULATOR_KEY = 'accumulator'
-PRECONDITIONER_KEY = 'preconditioner'
-EPSILON_KEY = 'epsilon'
-_NOT_FEDADAMOM_KEYS = ('beta_1', 'step')
+from tff_fedadamom.optimizers.state import (
+    ACCUMULATOR_KEY,
+    EPSILON_KEY,
+    LEARNING_RATE_KEY,
+    MAX_PRECONDITIONER_KEY,
+    NOT_FEDADAMOM_KEYS,
+    PRECONDITIONER_KEY,
+)
 
 PREFIX = 'opt/'
 # Percentiles of v reported as opt/v_p01, opt/v_median, opt/v_p99.
@@ -66,7 +72,7 @@ def is_fedadamom_state(state: Mapping[str, Any]) -> bool:
       PRECONDITIONER_KEY in state
       and ACCUMULATOR_KEY in state
       and EPSILON_KEY in state
-      and not any(k in state for k in _NOT_FEDADAMOM_KEYS)
+      and not any(k in state for k in NOT_FEDADAMOM_KEYS)
   )
 
 
@@ -201,6 +207,19 @@ def _layer_stats(
   return stats
 
 
+def _moment_stats(x: np.ndarray, name: str) -> dict[str, float]:
+  """`opt/<name>_mean`, `_median`, `_p01`, `_p99` of a flat second moment."""
+  if not x.size:
+    return {}
+  mean = float(np.mean(x, dtype=np.float64))
+  if np.isnan(mean):
+    p01 = p50 = p99 = float('nan')
+  else:
+    p01, p50, p99 = _percentiles(x, _PERCENTILES)
+  return {f'{PREFIX}{name}_mean': mean, f'{PREFIX}{name}_median': float(p50),
+          f'{PREFIX}{name}_p01': float(p01), f'{PREFIX}{name}_p99': float(p99)}
+
+
 def optimizer_state_stats(
     state: Any,
     *,
@@ -219,6 +238,9 @@ def optimizer_state_stats(
   - With a second moment / preconditioner `v`: `opt/v_mean`, `opt/v_median`,
     `opt/v_p01`, `opt/v_p99` (percentiles with linear interpolation, the
     values of `np.percentile`).
+  - With AMSGrad's running maximum `v_hat` (FedAMSGrad, FADAS): the same four
+    statistics of it, `opt/vhat_mean`, `opt/vhat_median`, `opt/vhat_p01`,
+    `opt/vhat_p99`.
   - With a momentum / accumulator `m`: `opt/momentum_norm`, the global L2 norm
     sqrt(sum over leaves of ||m||^2).
   - With both `weights` and `previous_weights`: `opt/update_norm`, the global
@@ -255,16 +277,7 @@ def optimizer_state_stats(
     v_leaves = _leaves(state[PRECONDITIONER_KEY])
     sizes = [x.size for x in v_leaves]
     v = _concat(v_leaves)
-    if v.size:
-      v_mean = float(np.mean(v, dtype=np.float64))
-      stats[PREFIX + 'v_mean'] = v_mean
-      if np.isnan(v_mean):
-        p01 = p50 = p99 = float('nan')
-      else:
-        p01, p50, p99 = _percentiles(v, _PERCENTILES)
-      stats[PREFIX + 'v_median'] = float(p50)
-      stats[PREFIX + 'v_p01'] = float(p01)
-      stats[PREFIX + 'v_p99'] = float(p99)
+    stats.update(_moment_stats(v, 'v'))
     beta1 = upper = None
     if is_fedadamom_state(state) and v.size:
       eps = state[EPSILON_KEY] if epsilon is None else epsilon
@@ -276,6 +289,11 @@ def optimizer_state_stats(
       stats[PREFIX + 'frac_beta1_at_max'] = np.count_nonzero(beta1 >= upper) / n
     if layer_names is not None:
       stats.update(_layer_stats(beta1, v, sizes, layer_names, upper))
+
+  if MAX_PRECONDITIONER_KEY in state:
+    # AMSGrad's v_hat, the running maximum of v that divides the step.
+    stats.update(_moment_stats(_concat(_leaves(state[MAX_PRECONDITIONER_KEY])),
+                               'vhat'))
 
   if ACCUMULATOR_KEY in state:
     stats[PREFIX + 'momentum_norm'] = float(
@@ -297,11 +315,14 @@ def state_histograms(state: Any, *, epsilon: float | None = None) -> dict[str, n
   """Flat arrays for TensorBoard histograms, keyed under `opt/`.
 
   `opt/v`: the second moment / preconditioner of every leaf, concatenated;
+  `opt/vhat`: AMSGrad's running maximum of it, where the state has one;
   `opt/beta1`: FedAdamom's beta1_t (see `fedadamom_beta1`). Empty for a state
   without a preconditioner.
   """
   state = unwrap_optimizer_state(state)
   out: dict[str, np.ndarray] = {}
+  if MAX_PRECONDITIONER_KEY in state:
+    out[PREFIX + 'vhat'] = _concat(_leaves(state[MAX_PRECONDITIONER_KEY]))
   if PRECONDITIONER_KEY in state:
     v = _concat(_leaves(state[PRECONDITIONER_KEY]))
     out[PREFIX + 'v'] = v
