@@ -98,6 +98,12 @@ _RANGES = {
 }
 
 
+# Reddi et al. (2021): beta_1 = 0.9, beta_2 = 0.99, tau = 1e-3; eta a starting
+# point inside their best range.
+_REDDI_ADAM_DEFAULTS = {'learning_rate': 0.01, 'beta_1': 0.9, 'beta_2': 0.99,
+                        'epsilon': 1e-3}
+
+
 def _spec(name, builder, defaults, tunable, description, **ranges) -> OptimizerSpec:
   search_ranges = {h: ranges.get(h, _RANGES[h]) for h in tunable}
   return OptimizerSpec(name, builder, dict(defaults), tuple(tunable), description,
@@ -124,16 +130,14 @@ OPTIMIZERS: Mapping[str, OptimizerSpec] = {
         _spec(
             'fedadam',
             _fedadam,
-            {'learning_rate': 0.01, 'beta_1': 0.9, 'beta_2': 0.99,
-             'epsilon': 1e-3, 'bias_correction': True},
+            {**_REDDI_ADAM_DEFAULTS, 'bias_correction': True},
             ['learning_rate', 'beta_2', 'epsilon'],
             'FedAdam (Reddi et al. 2021): Adam on the server.',
         ),
         _spec(
             'fedyogi',
             _fedyogi,
-            {'learning_rate': 0.01, 'beta_1': 0.9, 'beta_2': 0.99,
-             'epsilon': 1e-3, 'initial_preconditioner': 1e-6,
+            {**_REDDI_ADAM_DEFAULTS, 'initial_preconditioner': 1e-6,
              'bias_correction': True},
             ['learning_rate', 'beta_2', 'epsilon'],
             'FedYogi (Reddi et al. 2021): Yogi on the server.',
@@ -159,8 +163,7 @@ OPTIMIZERS: Mapping[str, OptimizerSpec] = {
         _spec(
             'fedamsgrad',
             adaptive.build_fedamsgrad,
-            {'learning_rate': 0.01, 'beta_1': 0.9, 'beta_2': 0.99,
-             'epsilon': 1e-3, 'bias_correction': False},
+            {**_REDDI_ADAM_DEFAULTS, 'bias_correction': False},
             ['learning_rate', 'beta_2', 'epsilon'],
             'FedAMSGrad: AMSGrad on the server (Reddi et al. 2021 conventions).',
         ),
