@@ -206,3 +206,26 @@ def test_search_ranges_cover_tunable_hparams_and_build(name):
 def test_fedadamom_beta_2_range_is_the_papers():
   assert registry.search_ranges('fedadamom')['beta_2'] == ('uniform', 0.01, 0.3)
   assert registry.search_ranges('fedadam')['beta_2'] == ('uniform', 0.9, 0.999)
+
+
+def test_switches_are_sweepable_but_not_tunable():
+  for name in ('fedadam', 'fedyogi', 'fedamsgrad', 'fadas'):
+    assert registry.default_hparams(name)['bias_correction'] in (True, False)
+    assert 'bias_correction' not in registry.tunable_hparams(name)
+    assert registry.sweepable_hparams(name) == (
+        registry.tunable_hparams(name) + ('bias_correction',))
+  assert registry.sweepable_hparams('fedavg') == registry.tunable_hparams('fedavg')
+  # Today's FedAdam/FedYogi (TFF's, bias-corrected) stay the default; the
+  # AMSGrad family follows its papers (no correction).
+  assert registry.default_hparams('fedadam')['bias_correction'] is True
+  assert registry.default_hparams('fadas')['bias_correction'] is False
+
+
+def test_fadas_defaults_and_ranges_hold_its_authors_settings():
+  defaults = registry.default_hparams('fadas')
+  ranges = registry.search_ranges('fadas')
+  assert (defaults['learning_rate'], defaults['epsilon']) == (1e-3, 1e-8)
+  for hparam, value in (('learning_rate', 1e-4), ('learning_rate', 1e-3),
+                        ('epsilon', 1e-8)):
+    _, low, high = ranges[hparam]
+    assert low <= value <= high

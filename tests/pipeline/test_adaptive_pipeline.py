@@ -1,4 +1,4 @@
-"""FADAS, FedAMSGrad and the bias_correction switch through configs, processes and runs."""
+"""FADAS, FedAMSGrad and bias_correction through configs, processes and runs."""
 
 import numpy as np
 import pytest
@@ -79,7 +79,8 @@ def test_fadas_out_of_range_hparam_names_the_field(tmp_path):
   assert info.value.field == "server.delay_threshold"
 
 
-@pytest.mark.parametrize("server", NEW_RULES, ids=lambda s: "-".join(map(str, s.values())))
+@pytest.mark.parametrize("server", NEW_RULES,
+                         ids=lambda s: "-".join(map(str, s.values())))
 def test_process_runs_a_round_and_compiles_to_mapreduce(tmp_path, server):
   config = load_config(_config(tmp_path, server))
   data = load_data(config)
@@ -97,7 +98,8 @@ def test_process_runs_a_round_and_compiles_to_mapreduce(tmp_path, server):
   # The server optimizer's hparams are in the process state, for sweeps; a
   # switch such as bias_correction is not (it is built in).
   finalizer = process.get_hparams(state)["finalizer"]
-  assert finalizer["learning_rate"] == pytest.approx(config.server.hparams["learning_rate"])
+  assert finalizer["learning_rate"] == pytest.approx(
+      config.server.hparams["learning_rate"])
   assert "bias_correction" not in finalizer
   if server["optimizer"] == "fadas":
     assert finalizer["max_delay"] == 0.0  # synchronous rounds

@@ -1,7 +1,7 @@
 """The Adam family on the server: FedAdam, FedYogi, FedAMSGrad and FADAS.
 
-One `tff.learning.optimizers.Optimizer` (`AdaptiveOptimizer`) holds the update every
-member shares; the members differ in three build-time choices:
+One `tff.learning.optimizers.Optimizer` (`AdaptiveOptimizer`) holds the update
+every member shares; the members differ in three build-time choices:
 
 - the second-moment rule: Adam's `v = beta_2 * v + (1 - beta_2) * g**2`, or
   Yogi's additive `v = v - (1 - beta_2) * sign(v - g**2) * g**2`;
