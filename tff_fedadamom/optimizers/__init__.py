@@ -1,12 +1,17 @@
-"""Server optimizers: FedAdamom and the registry of its baselines."""
+"""Server optimizers: FedAdamom and the registry of its baselines (server optimizers and
+the client-adaptive learning processes of `tff_fedadamom.algorithms`)."""
 
 from tff_fedadamom.optimizers.fedadamom import build_fedadamom
 from tff_fedadamom.optimizers.registry import (
+    LEARNING_PROCESS,
     OPTIMIZERS,
+    SERVER_OPTIMIZER,
     OptimizerSpec,
     build_server_optimizer,
+    check_hparams,
     default_hparams,
     get_spec,
+    is_learning_process,
     list_optimizers,
     resolve_hparams,
     search_ranges,
@@ -14,12 +19,16 @@ from tff_fedadamom.optimizers.registry import (
 )
 
 __all__ = [
+    "LEARNING_PROCESS",
     "OPTIMIZERS",
+    "SERVER_OPTIMIZER",
     "OptimizerSpec",
     "build_fedadamom",
     "build_server_optimizer",
+    "check_hparams",
     "default_hparams",
     "get_spec",
+    "is_learning_process",
     "list_optimizers",
     "resolve_hparams",
     "search_ranges",
