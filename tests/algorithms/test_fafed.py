@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-import tensorflow_federated as tff
 
 from tests.algorithms import linear
 from tff_fedadamom.algorithms import build_fafed
@@ -78,15 +77,6 @@ def test_initialisation_round_does_not_move_the_model():
                                 state.global_model_weights['model'].trainable)
   # One batch per client, counted once despite the two gradient evaluations.
   assert output.metrics['client_work']['train']['num_examples'] == 3
-
-
-def test_compiles_to_map_reduce_form():
-  process = build_fafed(linear.model_fn, 0.1, use_experimental_simulation_loop=True)
-  form = tff.backends.mapreduce.get_map_reduce_form_for_computation(process.next)
-  assert isinstance(form, tff.backends.mapreduce.MapReduceForm)
-  init = tff.backends.mapreduce.get_state_initialization_computation(process.initialize)
-  process.initialize.type_signature.result.member.check_assignable_from(
-      init.type_signature.result)
 
 
 @pytest.mark.parametrize('kwargs, name', [

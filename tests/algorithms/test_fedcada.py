@@ -71,15 +71,6 @@ def test_hparams_hold_both_learning_rates():
   assert state.finalizer['learning_rate'] == pytest.approx(0.25)
 
 
-def test_compiles_to_map_reduce_form():
-  process = build_fedcada(linear.model_fn, 0.1, use_experimental_simulation_loop=True)
-  form = tff.backends.mapreduce.get_map_reduce_form_for_computation(process.next)
-  assert isinstance(form, tff.backends.mapreduce.MapReduceForm)
-  init = tff.backends.mapreduce.get_state_initialization_computation(process.initialize)
-  process.initialize.type_signature.result.member.check_assignable_from(
-      init.type_signature.result)
-
-
 @pytest.mark.parametrize('kwargs, name', [
     (dict(beta_1=1.0), 'beta_1'), (dict(beta_2=-0.1), 'beta_2'),
     (dict(epsilon=0.0), 'epsilon'), (dict(learning_rate=0.0), 'learning_rate'),

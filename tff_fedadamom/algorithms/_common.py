@@ -39,6 +39,8 @@ import tensorflow_federated as tff
 # The dataset-reduction loop TFF's own client works use (`use_experimental_simulation_loop`).
 from tensorflow_federated.python.learning import loop_builder
 
+from tff_fedadamom.optimizers.client import clip_and_decay
+
 MODEL_KEY = 'model'
 ACCUMULATOR_KEY = 'accumulator'
 PRECONDITIONER_KEY = 'preconditioner'
@@ -255,6 +257,78 @@ def build_finalizer(global_type, update_type,
 
   return tff.learning.templates.FinalizerProcess(
       init_fn, next_fn, get_hparams_fn=get_hparams_fn, set_hparams_fn=set_hparams_fn)
+
+
+def client_update_builder(model_fn, local_rule, weighting, weight_decay, clip_norm,
+                          use_experimental_simulation_loop):
+  """`make_client_update` for `build_client_work` from an algorithm's local rule.
+
+  `local_rule(model, trainable, state, global_state, dataset, reduce_fn, transform)`
+  trains the model's `trainable` variables (already holding the global model) and
+  returns `(statistics, num_examples)`; `transform(trainable, gradients)` is the
+  clients' clip-and-decay. This wrapper loads the global model and packs the result.
+  """
+  def transform(trainable, gradients):
+    return clip_and_decay(trainable, gradients, weight_decay, clip_norm)
+
+  def make():
+    model = model_fn()
+    reduce_fn = training_loop(use_experimental_simulation_loop)
+
+    @tf.function
+    def client_update(state, global_state, dataset):
+      weights = tff.learning.models.ModelWeights.from_model(model)
+      tf.nest.map_structure(lambda v, t: v.assign(t), weights, global_state[MODEL_KEY])
+      initial = [tf.identity(v) for v in weights.trainable]
+      statistics, num_examples = local_rule(model, weights.trainable, state, global_state,
+                                            dataset, reduce_fn, transform)
+      return client_result(model, weighting, initial, weights.trainable, statistics,
+                           num_examples)
+
+    return client_update
+
+  return make
+
+
+def build(algorithm: str, model_fn, client_learning_rate: float, *, learning_rate: float,
+          client_hparams: Mapping[str, float], initial_statistics, local_rule,
+          client_weighting=tff.learning.ClientWeighting.UNIFORM,
+          client_lr_decay: float = 1.0, weight_decay: float = 0.0,
+          clip_norm: Optional[float] = None, model_aggregator=None,
+          use_experimental_simulation_loop: bool = False
+          ) -> tff.learning.templates.LearningProcess:
+  """The process of a client-adaptive algorithm; the client options are the same for all.
+
+  Args:
+    algorithm: Its name, for error messages.
+    model_fn: No-arg callable returning a new `tff.learning.models.VariableModel`.
+    client_learning_rate: The clients' step size.
+    learning_rate: eta, the server's step on the mean model update (1 = averaging).
+    client_hparams: The algorithm's own client hparams (in the client work's state).
+    initial_statistics: See `compose`.
+    local_rule: See `client_update_builder`.
+    client_weighting: `tff.learning.ClientWeighting.UNIFORM` or `NUM_EXAMPLES`, for
+      the model update and the statistics alike.
+    client_lr_decay: The client step size is multiplied by this per round.
+    weight_decay: Coupled L2 decay added to the gradients.
+    clip_norm: Global gradient-norm bound applied to the gradients, or None.
+    model_aggregator: A weighted `tff.aggregators` factory for the client update;
+      `tff.aggregators.MeanFactory()` if None.
+    use_experimental_simulation_loop: Use TFF's iterator loop instead of
+      `dataset.reduce` (lets training ops leave the CPU in simulations).
+  """
+  check_positive('client_learning_rate', client_learning_rate, algorithm=algorithm)
+  check_client_options(algorithm, weight_decay, clip_norm, client_lr_decay)
+  hparams = collections.OrderedDict(
+      [(LEARNING_RATE_KEY, client_learning_rate), ('lr_decay', client_lr_decay)]
+      + list(client_hparams.items()))
+  return compose(
+      model_fn, initial_statistics=initial_statistics,
+      make_client_update=client_update_builder(
+          model_fn, local_rule, client_weighting, weight_decay, clip_norm,
+          use_experimental_simulation_loop),
+      client_hparams=hparams, server_learning_rate=learning_rate,
+      model_aggregator=model_aggregator)
 
 
 def compose(model_fn, *, initial_statistics, make_client_update, client_hparams,

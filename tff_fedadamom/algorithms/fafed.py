@@ -66,13 +66,12 @@ the same).
 from __future__ import annotations
 
 import collections
-from typing import Any, Callable, Optional
+from typing import Callable
 
 import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_fedadamom.algorithms import _common
-from tff_fedadamom.optimizers.client import clip_and_decay
 
 DEFAULT_LEARNING_RATE = 1.0
 DEFAULT_ALPHA = 0.1
@@ -98,67 +97,48 @@ def _initial_statistics(trainable):
   ])
 
 
-def _client_update_builder(model_fn, weighting, weight_decay, clip_norm, loop):
+def _local_rule(model, trainable, state, global_state, dataset, reduce_fn, transform):
+  """STORM steps scaled by the round's fixed A (module docstring); round 0 initialises."""
+  round_num = state[_common.ROUND_KEY]
+  init_round = tf.equal(round_num, 0)
+  gamma = tf.where(init_round, 0.0, state['learning_rate']
+                   * state['lr_decay'] ** tf.cast(round_num, tf.float32))
+  alpha = tf.where(init_round, 1.0, state['alpha'])
+  beta_2 = tf.where(init_round, 0.0, state['beta_2'])
+  adaptive = [tf.sqrt(v) + state['epsilon']
+              for v in global_state[_common.PRECONDITIONER_KEY]]
+  # The initialisation round looks at one batch; the others at every batch.
+  dataset = dataset.take(tf.where(init_round, tf.constant(1, tf.int64),
+                                  tf.constant(-1, tf.int64)))
 
-  def make():
-    model = model_fn()
-    reduce_fn = _common.training_loop(loop)
+  def gradient(batch):
+    with tf.GradientTape() as tape:
+      output = model.forward_pass(batch, training=True)
+    return transform(trainable, tape.gradient(output.loss, trainable)), output
 
-    @tf.function
-    def client_update(state, global_state, dataset):
-      weights = tff.learning.models.ModelWeights.from_model(model)
-      tf.nest.map_structure(lambda v, t: v.assign(t), weights,
-                            global_state[_common.MODEL_KEY])
-      trainable = weights.trainable
-      initial = [tf.identity(v) for v in trainable]
-      round_num = state[_common.ROUND_KEY]
-      init_round = tf.equal(round_num, 0)
-      gamma = tf.where(init_round, 0.0, state['learning_rate']
-                       * state['lr_decay'] ** tf.cast(round_num, tf.float32))
-      alpha = tf.where(init_round, 1.0, state['alpha'])
-      beta_2 = tf.where(init_round, 0.0, state['beta_2'])
-      rho = state['epsilon']
-      adaptive = [tf.sqrt(v) + rho for v in global_state[_common.PRECONDITIONER_KEY]]
-      # The initialisation round looks at one batch; the others at every batch.
-      dataset = dataset.take(tf.where(init_round, tf.constant(1, tf.int64),
-                                      tf.constant(-1, tf.int64)))
+  def step(carry, batch):
+    num_examples, u, v = carry
+    g_old, output = gradient(batch)
+    for w, ui, ai in zip(trainable, u, adaptive):
+      w.assign_sub(gamma * ui / ai)
+    # The second evaluation must not count in the train metrics: undo its updates.
+    saved = [tf.identity(x) for x in model.local_variables]
+    with tf.control_dependencies(saved):
+      g_new, _ = gradient(batch)
+    with tf.control_dependencies(tf.nest.flatten(g_new)):
+      for x, value in zip(model.local_variables, saved):
+        x.assign(value)
+    u = tuple(gn + (1.0 - alpha) * (ui - go) for gn, ui, go in zip(g_new, u, g_old))
+    v = tuple(beta_2 * vi + (1.0 - beta_2) * tf.square(gn) for vi, gn in zip(v, g_new))
+    return num_examples + _common.num_examples_of(output), u, v
 
-      def gradient(batch):
-        with tf.GradientTape() as tape:
-          output = model.forward_pass(batch, training=True)
-        g = clip_and_decay(trainable, tape.gradient(output.loss, trainable),
-                           weight_decay, clip_norm)
-        return g, output
+  def initial_carry():
+    return (tf.constant(0, tf.int64), tuple(global_state[_common.ACCUMULATOR_KEY]),
+            tuple(global_state[_common.PRECONDITIONER_KEY]))
 
-      def step(carry, batch):
-        num_examples, u, v = carry
-        g_old, output = gradient(batch)
-        for w, ui, ai in zip(trainable, u, adaptive):
-          w.assign_sub(gamma * ui / ai)
-        saved = [tf.identity(x) for x in model.local_variables]
-        with tf.control_dependencies(saved):
-          g_new, _ = gradient(batch)
-        with tf.control_dependencies(tf.nest.flatten(g_new)):
-          for x, value in zip(model.local_variables, saved):
-            x.assign(value)
-        u = tuple(gn + (1.0 - alpha) * (ui - go) for gn, ui, go in zip(g_new, u, g_old))
-        v = tuple(beta_2 * vi + (1.0 - beta_2) * tf.square(gn) for vi, gn in zip(v, g_new))
-        return num_examples + _common.num_examples_of(output), u, v
-
-      def initial_carry():
-        return (tf.constant(0, tf.int64),
-                tuple(global_state[_common.ACCUMULATOR_KEY]),
-                tuple(global_state[_common.PRECONDITIONER_KEY]))
-
-      num_examples, u, v = reduce_fn(step, dataset, initial_carry)
-      statistics = collections.OrderedDict([
-          (_common.ACCUMULATOR_KEY, list(u)), (_common.PRECONDITIONER_KEY, list(v))])
-      return _common.client_result(model, weighting, initial, trainable, statistics,
-                                   num_examples)
-
-    return client_update
-
-  return make
+  num_examples, u, v = reduce_fn(step, dataset, initial_carry)
+  return collections.OrderedDict([
+      (_common.ACCUMULATOR_KEY, list(u)), (_common.PRECONDITIONER_KEY, list(v))]), num_examples
 
 
 def build_fafed(
@@ -169,12 +149,7 @@ def build_fafed(
     alpha: float = DEFAULT_ALPHA,
     beta_2: float = DEFAULT_BETA_2,
     epsilon: float = DEFAULT_EPSILON,
-    client_weighting: tff.learning.ClientWeighting = tff.learning.ClientWeighting.UNIFORM,
-    client_lr_decay: float = 1.0,
-    weight_decay: float = 0.0,
-    clip_norm: Optional[float] = None,
-    model_aggregator: Optional[Any] = None,
-    use_experimental_simulation_loop: bool = False,
+    **client_options,
 ) -> tff.learning.templates.LearningProcess:
   """Builds the FAFED learning process (see the module docstring for the rule).
 
@@ -185,14 +160,10 @@ def build_fafed(
     alpha: The STORM weight: u = g_new + (1 - alpha) (u - g_old).
     beta_2: Decay of the squared-gradient average v.
     epsilon: rho, added to sqrt(v) in the adaptive matrix.
-    client_weighting: `tff.learning.ClientWeighting.UNIFORM` or `NUM_EXAMPLES`.
-    client_lr_decay: gamma is multiplied by this per round.
-    weight_decay: Coupled L2 decay added to both gradients.
-    clip_norm: Global gradient-norm bound applied to both gradients, or None.
-    model_aggregator: A weighted `tff.aggregators` factory for the client update;
-      `tff.aggregators.MeanFactory()` if None.
-    use_experimental_simulation_loop: Use TFF's iterator loop instead of
-      `dataset.reduce`.
+    **client_options: `client_weighting` (UNIFORM, the default, or
+      NUM_EXAMPLES), `client_lr_decay`, `weight_decay` and `clip_norm` (applied
+      to both gradients), `model_aggregator`, `use_experimental_simulation_loop`:
+      see `tff_fedadamom.algorithms._common.build`.
 
   Returns:
     A `tff.learning.templates.LearningProcess`; its state's
@@ -201,17 +172,7 @@ def build_fafed(
     lr_decay, alpha, beta_2, epsilon>` and `finalizer=<learning_rate (eta)>`.
   """
   check_hparams(learning_rate, alpha, beta_2, epsilon)
-  _common.check_positive('client_learning_rate', client_learning_rate, algorithm=_NAME)
-  _common.check_client_options(_NAME, weight_decay, clip_norm, client_lr_decay)
-  client_hparams = collections.OrderedDict(
-      learning_rate=client_learning_rate, lr_decay=client_lr_decay, alpha=alpha,
-      beta_2=beta_2, epsilon=epsilon)
-  return _common.compose(
-      model_fn,
-      initial_statistics=_initial_statistics,
-      make_client_update=_client_update_builder(
-          model_fn, client_weighting, weight_decay, clip_norm,
-          use_experimental_simulation_loop),
-      client_hparams=client_hparams,
-      server_learning_rate=learning_rate,
-      model_aggregator=model_aggregator)
+  return _common.build(
+      _NAME, model_fn, client_learning_rate, learning_rate=learning_rate,
+      client_hparams=collections.OrderedDict(alpha=alpha, beta_2=beta_2, epsilon=epsilon),
+      initial_statistics=_initial_statistics, local_rule=_local_rule, **client_options)

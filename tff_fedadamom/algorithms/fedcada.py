@@ -55,13 +55,12 @@ direction, 3x FedAvg.
 from __future__ import annotations
 
 import collections
-from typing import Any, Callable, Optional
+from typing import Callable
 
 import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_fedadamom.algorithms import _common
-from tff_fedadamom.optimizers.client import clip_and_decay
 
 DEFAULT_LEARNING_RATE = 1.0
 DEFAULT_BETA_1 = 0.9
@@ -93,56 +92,35 @@ def _initial_statistics(trainable):
   ])
 
 
-def _client_update_builder(model_fn, weighting, weight_decay, clip_norm, loop):
+def _local_rule(model, trainable, state, global_state, dataset, reduce_fn, transform):
+  """Adam from the broadcast (m, v, t) with the adjusted correction (module docstring)."""
+  beta_1, beta_2, epsilon = state['beta_1'], state['beta_2'], state['epsilon']
+  round_num = state[_common.ROUND_KEY]
+  lr = state['learning_rate'] * state['lr_decay'] ** tf.cast(round_num, tf.float32)
+  a_r = adjustment(round_num)
 
-  def make():
-    model = model_fn()
-    reduce_fn = _common.training_loop(loop)
+  def step(carry, batch):
+    num_examples, m, v, t = carry
+    with tf.GradientTape() as tape:
+      output = model.forward_pass(batch, training=True)
+    g = transform(trainable, tape.gradient(output.loss, trainable))
+    t = t + 1.0
+    m = tuple(beta_1 * mi + (1.0 - beta_1) * gi for mi, gi in zip(m, g))
+    v = tuple(beta_2 * vi + (1.0 - beta_2) * tf.square(gi) for vi, gi in zip(v, g))
+    c_1 = 1.0 - tf.pow(beta_1, t) + a_r
+    c_2 = 1.0 - tf.pow(beta_2, t) + a_r
+    for w, mi, vi in zip(trainable, m, v):
+      w.assign_sub(lr * (mi / c_1) / (tf.sqrt(vi / c_2) + epsilon))
+    return num_examples + _common.num_examples_of(output), m, v, t
 
-    @tf.function
-    def client_update(state, global_state, dataset):
-      weights = tff.learning.models.ModelWeights.from_model(model)
-      tf.nest.map_structure(lambda v, t: v.assign(t), weights,
-                            global_state[_common.MODEL_KEY])
-      trainable = weights.trainable
-      initial = [tf.identity(v) for v in trainable]
-      beta_1, beta_2 = state['beta_1'], state['beta_2']
-      epsilon = state['epsilon']
-      round_num = state[_common.ROUND_KEY]
-      lr = state['learning_rate'] * state['lr_decay'] ** tf.cast(round_num, tf.float32)
-      a_r = adjustment(round_num)
+  def initial_carry():
+    return (tf.constant(0, tf.int64), tuple(global_state[_common.ACCUMULATOR_KEY]),
+            tuple(global_state[_common.PRECONDITIONER_KEY]), global_state[STEP_KEY])
 
-      def step(carry, batch):
-        num_examples, m, v, t = carry
-        with tf.GradientTape() as tape:
-          output = model.forward_pass(batch, training=True)
-        g = clip_and_decay(trainable, tape.gradient(output.loss, trainable),
-                           weight_decay, clip_norm)
-        t = t + 1.0
-        m = tuple(beta_1 * mi + (1.0 - beta_1) * gi for mi, gi in zip(m, g))
-        v = tuple(beta_2 * vi + (1.0 - beta_2) * tf.square(gi) for vi, gi in zip(v, g))
-        c_1 = 1.0 - tf.pow(beta_1, t) + a_r
-        c_2 = 1.0 - tf.pow(beta_2, t) + a_r
-        for w, mi, vi in zip(trainable, m, v):
-          w.assign_sub(lr * (mi / c_1) / (tf.sqrt(vi / c_2) + epsilon))
-        return num_examples + _common.num_examples_of(output), m, v, t
-
-      def initial_carry():
-        return (tf.constant(0, tf.int64),
-                tuple(global_state[_common.ACCUMULATOR_KEY]),
-                tuple(global_state[_common.PRECONDITIONER_KEY]),
-                global_state[STEP_KEY])
-
-      num_examples, m, v, t = reduce_fn(step, dataset, initial_carry)
-      statistics = collections.OrderedDict([
-          (_common.ACCUMULATOR_KEY, list(m)), (_common.PRECONDITIONER_KEY, list(v)),
-          (STEP_KEY, t)])
-      return _common.client_result(model, weighting, initial, trainable, statistics,
-                                   num_examples)
-
-    return client_update
-
-  return make
+  num_examples, m, v, t = reduce_fn(step, dataset, initial_carry)
+  return collections.OrderedDict([
+      (_common.ACCUMULATOR_KEY, list(m)), (_common.PRECONDITIONER_KEY, list(v)),
+      (STEP_KEY, t)]), num_examples
 
 
 def build_fedcada(
@@ -153,12 +131,7 @@ def build_fedcada(
     beta_1: float = DEFAULT_BETA_1,
     beta_2: float = DEFAULT_BETA_2,
     epsilon: float = DEFAULT_EPSILON,
-    client_weighting: tff.learning.ClientWeighting = tff.learning.ClientWeighting.UNIFORM,
-    client_lr_decay: float = 1.0,
-    weight_decay: float = 0.0,
-    clip_norm: Optional[float] = None,
-    model_aggregator: Optional[Any] = None,
-    use_experimental_simulation_loop: bool = False,
+    **client_options,
 ) -> tff.learning.templates.LearningProcess:
   """Builds the FedCAda learning process (see the module docstring for the rule).
 
@@ -169,15 +142,10 @@ def build_fedcada(
     beta_1: Adam's first-moment decay on the clients.
     beta_2: Adam's second-moment decay on the clients.
     epsilon: Adam's denominator constant.
-    client_weighting: `tff.learning.ClientWeighting.UNIFORM` or `NUM_EXAMPLES`,
-      for the model and the Adam state alike.
-    client_lr_decay: eta_l is multiplied by this per round (round 0: eta_l).
-    weight_decay: Coupled L2 decay added to the gradient before Adam.
-    clip_norm: Global gradient-norm bound applied before Adam, or None.
-    model_aggregator: A weighted `tff.aggregators` factory for the client update
-      (model delta and Adam state); `tff.aggregators.MeanFactory()` if None.
-    use_experimental_simulation_loop: Use TFF's iterator loop instead of
-      `dataset.reduce` (lets training ops leave the CPU in simulations).
+    **client_options: `client_weighting` (UNIFORM, the default, or NUM_EXAMPLES;
+      for the model and the Adam state alike), `client_lr_decay`, `weight_decay`
+      and `clip_norm` (applied to the gradient before Adam), `model_aggregator`,
+      `use_experimental_simulation_loop`: see `tff_fedadamom.algorithms._common.build`.
 
   Returns:
     A `tff.learning.templates.LearningProcess`. Its state's
@@ -187,17 +155,7 @@ def build_fedcada(
     beta_2, epsilon>` and `finalizer=<learning_rate (eta)>`.
   """
   check_hparams(learning_rate, beta_1, beta_2, epsilon)
-  _common.check_positive('client_learning_rate', client_learning_rate, algorithm=_NAME)
-  _common.check_client_options(_NAME, weight_decay, clip_norm, client_lr_decay)
-  client_hparams = collections.OrderedDict(
-      learning_rate=client_learning_rate, lr_decay=client_lr_decay, beta_1=beta_1,
-      beta_2=beta_2, epsilon=epsilon)
-  return _common.compose(
-      model_fn,
-      initial_statistics=_initial_statistics,
-      make_client_update=_client_update_builder(
-          model_fn, client_weighting, weight_decay, clip_norm,
-          use_experimental_simulation_loop),
-      client_hparams=client_hparams,
-      server_learning_rate=learning_rate,
-      model_aggregator=model_aggregator)
+  return _common.build(
+      _NAME, model_fn, client_learning_rate, learning_rate=learning_rate,
+      client_hparams=collections.OrderedDict(beta_1=beta_1, beta_2=beta_2, epsilon=epsilon),
+      initial_statistics=_initial_statistics, local_rule=_local_rule, **client_options)
