@@ -1,7 +1,12 @@
 """FAFED: momentum-based variance-reduced client steps with a shared adaptive matrix.
 
 Wu, Huang, Hu and Huang, "Faster Adaptive Federated Learning", AAAI 2023
-(arXiv:2212.00974), Algorithm 1 (FAFED). Each worker i keeps a STORM-type
+(arXiv:2212.00974), Algorithm 1 (FAFED). The algorithm box itself could not be
+consulted for this implementation; the rule below follows the paper's text
+(momentum-based variance reduction, cross-silo, adaptive learning rate shared
+by the workers) and a public PyTorch implementation of FAFED, which averages
+the parameters, u and v at every communication and sets H = sqrt(v) + rho from
+the averaged v. Where that implementation differs, it is said below. Each worker i keeps a STORM-type
 momentum estimator u (Cutkosky & Orabona, 2019) and an exponential average v of
 squared gradients; every q local steps (one round here) the server averages
 x, u and v over the workers, forms the adaptive matrix A = diag(sqrt(v) + rho)
@@ -31,6 +36,11 @@ same local step with gamma = 0, alpha = 1, beta_2 = 0). Training steps start
 at round 1.
 
 Choices and deviations (ours):
+- The PyTorch implementation updates u before the step (from the gradient at
+  the client's previous local iterate, which after a communication is its own
+  pre-averaging iterate) and takes one plain gradient step during
+  initialisation; here u is updated after each step from the gradients at x
+  and x_new on the same batch, and initialisation does not move the model.
 - Step size and alpha are constants (the reference implementation's practice);
   the analysis's schedules eta_t = k / (m + t)^(1/3), alpha_{t+1} = c eta_t^2
   are not used. gamma_r = gamma * client_lr_decay**r supports the pipeline's
