@@ -39,8 +39,6 @@ import tensorflow_federated as tff
 # The dataset-reduction loop TFF's own client works use (`use_experimental_simulation_loop`).
 from tensorflow_federated.python.learning import loop_builder
 
-from tff_fedadamom.optimizers.client import clip_and_decay
-
 MODEL_KEY = 'model'
 ACCUMULATOR_KEY = 'accumulator'
 PRECONDITIONER_KEY = 'preconditioner'
@@ -268,6 +266,10 @@ def client_update_builder(model_fn, local_rule, weighting, weight_decay, clip_no
   returns `(statistics, num_examples)`; `transform(trainable, gradients)` is the
   clients' clip-and-decay. This wrapper loads the global model and packs the result.
   """
+  # Imported here: the optimizer registry imports this package, and importing
+  # any module of `tff_fedadamom.optimizers` runs the registry first.
+  from tff_fedadamom.optimizers.client import clip_and_decay
+
   def transform(trainable, gradients):
     return clip_and_decay(trainable, gradients, weight_decay, clip_norm)
 
