@@ -10,7 +10,8 @@ import tensorflow_federated as tff
 from tff_fedadamom.optimizers import registry
 
 LR_KEY = tff.learning.optimizers.LEARNING_RATE_KEY
-NAMES = registry.list_optimizers()
+# The server optimizers; FedCAda and FAFED are learning processes (tests/algorithms).
+NAMES = [n for n in registry.list_optimizers() if not registry.is_learning_process(n)]
 
 # Learning rates that make each optimizer converge on the quadratic below.
 _QUADRATIC_LR = {
@@ -54,6 +55,7 @@ def test_registry_names():
   assert set(NAMES) == {
       'fedavg', 'fedavgm', 'fedadam', 'fedyogi', 'fedadagrad', 'fedadamom',
       'fedamsgrad', 'fadas'}
+  assert set(registry.list_optimizers()) - set(NAMES) == {'fedcada', 'fafed'}
   assert set(_QUADRATIC_LR) == set(NAMES)
 
 
@@ -229,3 +231,29 @@ def test_fadas_defaults_and_ranges_hold_its_authors_settings():
                         ('epsilon', 1e-8)):
     _, low, high = ranges[hparam]
     assert low <= value <= high
+
+
+PROCESSES = [n for n in registry.list_optimizers() if registry.is_learning_process(n)]
+
+
+@pytest.mark.parametrize('name', PROCESSES)
+def test_learning_process_entries(name):
+  spec = registry.get_spec(name)
+  assert spec.kind == registry.LEARNING_PROCESS
+  assert spec.communication == 3.0 and spec.communication_note
+  with pytest.raises(ValueError, match='is a learning process.*build_process'):
+    registry.build_server_optimizer(name)
+  # Ranges are valid hparam values; out-of-range ones are refused by name.
+  assert set(registry.search_ranges(name)) == set(spec.tunable) <= set(spec.defaults)
+  for hparam, (dist, low, high) in registry.search_ranges(name).items():
+    assert dist in ('loguniform', 'uniform') and 0 < low < high
+    for value in (low, high):
+      assert registry.check_hparams(name, **{hparam: value})[hparam] == value
+  with pytest.raises(ValueError, match='`epsilon`'):
+    registry.check_hparams(name, epsilon=-1.0)
+  with pytest.raises(ValueError, match='no hparam'):
+    registry.check_hparams(name, momentum=0.9)
+
+
+def test_server_optimizers_cost_what_fedavg_costs():
+  assert {registry.get_spec(n).communication for n in NAMES} == {1.0}

@@ -108,7 +108,7 @@ def _check_server(server: schema.ServerConfig, source: str) -> schema.ServerConf
                         allowed="a finite number")
     hparams[key] = float(value)
   try:
-    optimizers.build_server_optimizer(server.optimizer, **hparams)
+    optimizers.check_hparams(server.optimizer, **hparams)
   except ValueError as e:
     name = _named_argument(str(e))
     field = f"server.{name}" if name else "server"
@@ -133,12 +133,30 @@ def _check_schedule(schedule: Mapping[str, Any], source: str) -> None:
                       str(e), value=params.get(name)) from None
 
 
+def _check_learning_process(config: schema.ExperimentConfig, source: str) -> None:
+  """Options a whole learning process (FedCAda, FAFED) has no use for are errors."""
+  from tff_fedadamom import optimizers
+
+  name = config.server.optimizer
+  if not optimizers.is_learning_process(name):
+    return
+  if config.client.momentum:
+    raise ConfigError(source, "client.momentum",
+                      f"{name!r} runs its own client rule (no client SGD momentum)",
+                      value=config.client.momentum, allowed="0")
+  if dict(config.server.schedule).get("kind", "constant") != "constant":
+    raise ConfigError(source, "server.schedule",
+                      f"{name!r} has no server optimizer to schedule",
+                      value=dict(config.server.schedule), allowed="{kind: constant}")
+
+
 def check_registries(config: schema.ExperimentConfig, source: str) -> schema.ExperimentConfig:
   """Validates every registry name and option; returns the config with the
   server hparams resolved against the optimizer's defaults."""
   _check_data(config.data, source)
   _check_model(config.model, source)
   server = _check_server(config.server, source)
+  _check_learning_process(config, source)
   if config.data.num_clients is not None and config.clients_per_round > config.data.num_clients:
     raise ConfigError(source, "clients_per_round", "more than data.num_clients",
                       value=config.clients_per_round,

@@ -1,4 +1,5 @@
-"""Server optimizers: FedAdamom and the registry of its baselines."""
+"""Server optimizers: FedAdamom and the registry of its baselines (server optimizers and
+the client-adaptive learning processes of `tff_fedadamom.algorithms`)."""
 
 from tff_fedadamom.optimizers.adaptive import build_fedadam
 from tff_fedadamom.optimizers.adaptive import build_fedamsgrad
@@ -6,11 +7,15 @@ from tff_fedadamom.optimizers.adaptive import build_fedyogi
 from tff_fedadamom.optimizers.fadas import build_fadas
 from tff_fedadamom.optimizers.fedadamom import build_fedadamom
 from tff_fedadamom.optimizers.registry import (
+    LEARNING_PROCESS,
     OPTIMIZERS,
+    SERVER_OPTIMIZER,
     OptimizerSpec,
     build_server_optimizer,
+    check_hparams,
     default_hparams,
     get_spec,
+    is_learning_process,
     list_optimizers,
     resolve_hparams,
     search_ranges,
@@ -19,7 +24,9 @@ from tff_fedadamom.optimizers.registry import (
 )
 
 __all__ = [
+    "LEARNING_PROCESS",
     "OPTIMIZERS",
+    "SERVER_OPTIMIZER",
     "OptimizerSpec",
     "build_fadas",
     "build_fedadam",
@@ -27,8 +34,10 @@ __all__ = [
     "build_fedamsgrad",
     "build_fedyogi",
     "build_server_optimizer",
+    "check_hparams",
     "default_hparams",
     "get_spec",
+    "is_learning_process",
     "list_optimizers",
     "resolve_hparams",
     "search_ranges",

@@ -22,6 +22,28 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 
+def clip_and_decay(weights, gradients, weight_decay: float = 0.0,
+                   clip_norm: Optional[float] = None):
+  """The reference setup's gradient transform: global-norm clipping, then coupled decay.
+
+  `g * min(1, clip_norm / ||g||)` (the norm over every tensor with a gradient),
+  then `g + weight_decay * w`. Leaves `None` gradients alone. Used by the client
+  SGD below and by the client rules of `tff_fedadamom.algorithms`.
+  """
+  gradients = tff.learning.optimizers.handle_indexed_slices_gradients(gradients)
+  flat_g = tf.nest.flatten(gradients)
+  flat_w = tf.nest.flatten(weights)
+  active = [i for i, g in enumerate(flat_g) if g is not None]
+  if clip_norm is not None and active:
+    clipped, _ = tf.clip_by_global_norm([flat_g[i] for i in active], clip_norm)
+    for i, g in zip(active, clipped):
+      flat_g[i] = g
+  if weight_decay:
+    for i in active:
+      flat_g[i] = flat_g[i] + tf.cast(weight_decay, flat_w[i].dtype) * flat_w[i]
+  return tf.nest.pack_sequence_as(gradients, flat_g)
+
+
 class _ClientSGD(tff.learning.optimizers.Optimizer):
   """See `build_client_sgd`."""
 
@@ -38,22 +60,9 @@ class _ClientSGD(tff.learning.optimizers.Optimizer):
   def initialize(self, specs):
     return self._sgd.initialize(specs)
 
-  def _transform(self, weights, gradients):
-    gradients = tff.learning.optimizers.handle_indexed_slices_gradients(gradients)
-    flat_g = tf.nest.flatten(gradients)
-    flat_w = tf.nest.flatten(weights)
-    active = [i for i, g in enumerate(flat_g) if g is not None]
-    if self._clip_norm is not None and active:
-      clipped, _ = tf.clip_by_global_norm([flat_g[i] for i in active], self._clip_norm)
-      for i, g in zip(active, clipped):
-        flat_g[i] = g
-    if self._weight_decay:
-      for i in active:
-        flat_g[i] = flat_g[i] + tf.cast(self._weight_decay, flat_w[i].dtype) * flat_w[i]
-    return tf.nest.pack_sequence_as(gradients, flat_g)
-
   def next(self, state, weights, gradients):
-    return self._sgd.next(state, weights, self._transform(weights, gradients))
+    return self._sgd.next(state, weights, clip_and_decay(weights, gradients, self._weight_decay,
+                                                         self._clip_norm))
 
   def get_hparams(self, state):
     return self._sgd.get_hparams(state)

@@ -1,5 +1,10 @@
 """The one registry of server optimizers: name -> TFF optimizer builder.
 
+An entry can also be a whole learning process (`kind=LEARNING_PROCESS`: FedCAda
+and FAFED change what the clients do, so they are not a server optimizer inside
+FedAvg); `build_process` dispatches on `kind`, and such an entry records its
+communication cost relative to FedAvg.
+
 Every place in the project that turns an optimizer name into an optimizer goes
 through `build_server_optimizer`; the config and sweep layers ask this module
 which names exist, which hyperparameters each one has, and which are tunable.
@@ -16,7 +21,7 @@ values.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Optional
 
 import tensorflow_federated as tff
 
@@ -24,7 +29,13 @@ from tff_fedadamom.naming import did_you_mean
 
 from tff_fedadamom.optimizers import adaptive
 from tff_fedadamom.optimizers import fadas
+from tff_fedadamom import algorithms
+from tff_fedadamom.algorithms import fafed, fedcada
 from tff_fedadamom.optimizers import fedadamom
+
+# What an entry builds (`OptimizerSpec.kind`).
+SERVER_OPTIMIZER = 'server_optimizer'  # a tff.learning.optimizers.Optimizer for FedAvg's server
+LEARNING_PROCESS = 'learning_process'  # a whole LearningProcess (the clients change too)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +55,15 @@ class OptimizerSpec:
     description: One line for listings and docs.
     search_ranges: For each tunable hparam, the literature's search range as
       (distribution, low, high), distribution 'loguniform' or 'uniform'.
+    kind: `SERVER_OPTIMIZER` (builder(**hparams) -> Optimizer, run inside
+      FedAvg) or `LEARNING_PROCESS` (builder(model_fn, client_learning_rate,
+      **hparams, client options...) -> LearningProcess, see
+      `tff_fedadamom.algorithms`).
+    communication: Parameter-sized tensors each sampled client sends (and
+      receives) per round, relative to FedAvg's one model (update).
+    communication_note: What is counted in `communication`.
+    check: For a learning process, `check(**hparams)` raises ValueError naming
+      an out-of-range hparam (what building the optimizer does for the others).
   """
 
   name: str
@@ -52,6 +72,10 @@ class OptimizerSpec:
   tunable: tuple[str, ...]
   description: str
   search_ranges: Mapping[str, tuple[str, float, float]]
+  kind: str = SERVER_OPTIMIZER
+  communication: float = 1.0
+  communication_note: str = 'the model update up, the model down'
+  check: Optional[Callable[..., None]] = None
 
 
 def _fedavg(learning_rate):
@@ -104,10 +128,22 @@ _REDDI_ADAM_DEFAULTS = {'learning_rate': 0.01, 'beta_1': 0.9, 'beta_2': 0.99,
                         'epsilon': 1e-3}
 
 
-def _spec(name, builder, defaults, tunable, description, **ranges) -> OptimizerSpec:
-  search_ranges = {h: ranges.get(h, _RANGES[h]) for h in tunable}
+def _spec(name, builder, defaults, tunable, description, *, process=None,
+          **ranges) -> OptimizerSpec:
+  """An entry; `process=dict(check=..., communication=..., communication_note=...)`
+  makes it a `LEARNING_PROCESS` entry."""
+  search_ranges = {h: ranges.get(h, _RANGES.get(h)) for h in tunable}
+  extra = dict(kind=LEARNING_PROCESS, **process) if process else {}
   return OptimizerSpec(name, builder, dict(defaults), tuple(tunable), description,
-                       search_ranges)
+                       search_ranges, **extra)
+
+
+# FedCAda and FAFED: neither paper's hparam grid could be consulted (see
+# tff_fedadamom/algorithms); the ranges are the usual ones for client Adam
+# (beta_2 0.99..0.999, epsilon 1e-8..1e-3) and for a STORM weight and an
+# adaptive constant rho around the defaults.
+_CLIENT_ADAPTIVE_COMM = ('the model update, the first and the second moment up; the model'
+                         ' and both moments down (plus a scalar step count for FedCAda)')
 
 
 OPTIMIZERS: Mapping[str, OptimizerSpec] = {
@@ -182,6 +218,29 @@ OPTIMIZERS: Mapping[str, OptimizerSpec] = {
             learning_rate=('loguniform', 1e-4, 1e0),
             epsilon=('loguniform', 1e-8, 1e-1),
         ),
+        _spec(
+            'fedcada',
+            algorithms.build_fedcada,
+            {'learning_rate': fedcada.DEFAULT_LEARNING_RATE,
+             'beta_1': fedcada.DEFAULT_BETA_1, 'beta_2': fedcada.DEFAULT_BETA_2,
+             'epsilon': fedcada.DEFAULT_EPSILON},
+            ['beta_2', 'epsilon'],
+            'FedCAda (Zhou et al. 2024): Adam on the clients, Adam state averaged.',
+            process=dict(check=fedcada.check_hparams, communication=3.0,
+                         communication_note=_CLIENT_ADAPTIVE_COMM),
+            beta_2=('uniform', 0.99, 0.999), epsilon=('loguniform', 1e-8, 1e-3),
+        ),
+        _spec(
+            'fafed',
+            algorithms.build_fafed,
+            {'learning_rate': fafed.DEFAULT_LEARNING_RATE, 'alpha': fafed.DEFAULT_ALPHA,
+             'beta_2': fafed.DEFAULT_BETA_2, 'epsilon': fafed.DEFAULT_EPSILON},
+            ['alpha', 'epsilon'],
+            'FAFED (Wu et al. 2023): STORM client steps, shared adaptive matrix.',
+            process=dict(check=fafed.check_hparams, communication=3.0,
+                         communication_note=_CLIENT_ADAPTIVE_COMM),
+            alpha=('loguniform', 1e-2, 1.0), epsilon=('loguniform', 1e-4, 1e-1),
+        ),
     )
 }
 
@@ -242,6 +301,23 @@ def resolve_hparams(name: str, **hparams) -> dict[str, Any]:
   return {**spec.defaults, **hparams}
 
 
+def is_learning_process(name: str) -> bool:
+  """True if `name` builds a whole learning process rather than a server optimizer."""
+  return get_spec(name).kind == LEARNING_PROCESS
+
+
+def check_hparams(name: str, **hparams) -> dict[str, Any]:
+  """The resolved hparams of `name`; ValueError (naming the argument) when one is
+  unknown or out of range. Builds nothing TFF-side for a learning process."""
+  resolved = resolve_hparams(name, **hparams)
+  spec = get_spec(name)
+  if spec.kind == LEARNING_PROCESS:
+    spec.check(**resolved)
+  else:
+    spec.builder(**resolved)
+  return resolved
+
+
 def build_server_optimizer(
     name: str, **hparams
 ) -> tff.learning.optimizers.Optimizer:
@@ -256,6 +332,13 @@ def build_server_optimizer(
 
   Raises:
     ValueError: For an unknown name or hparam (listing the valid ones), or an
-      out-of-range value (raised by the optimizer, naming the argument).
+      out-of-range value (raised by the optimizer, naming the argument), and
+      for a name that is a whole learning process (FedCAda, FAFED).
   """
-  return get_spec(name).builder(**resolve_hparams(name, **hparams))
+  spec = get_spec(name)
+  if spec.kind == LEARNING_PROCESS:
+    raise ValueError(
+        f'{name!r} is a learning process (its clients change too), not a server optimizer;'
+        f' build it with tff_fedadamom.pipeline.build_process(config) or'
+        f' {spec.builder.__module__}.{spec.builder.__name__}(model_fn, ...).')
+  return spec.builder(**resolve_hparams(name, **hparams))

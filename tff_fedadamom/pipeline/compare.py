@@ -50,6 +50,8 @@ def compare(config_path, optimizers: Sequence[str], *, overrides=(), progress=Tr
                  "final_test_accuracy": s["final_test_accuracy"],
                  "best_test_accuracy": s["best_test_accuracy"],
                  **{f"rounds_to_{k}": v for k, v in s["rounds_to_target"].items()},
+                 # Parameter-sized tensors per client and round, each way, vs FedAvg.
+                 "communication_x_fedavg": get_spec(config.server.optimizer).communication,
                  "hparams": " ".join(f"{k}={_hparam(v)}"
                                      for k, v in config.server.hparams.items())})
   table = _markdown(rows)

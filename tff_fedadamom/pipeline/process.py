@@ -3,7 +3,8 @@
 `build_process` is the one place where a config becomes TFF objects: the Keras
 model through the model registry, the server optimizer through the optimizer
 registry (wrapped in its learning-rate schedule), the client optimizer, and the
-client weighting.
+client weighting; or, for registry entries that are whole learning processes
+(FedCAda, FAFED), that process with the client options it supports.
 """
 
 from __future__ import annotations
@@ -132,13 +133,24 @@ def build_process(config: ExperimentConfig,
 
   Returns:
     `build_weighted_fed_avg`, or its optimizer-schedule variant when the client
-    learning rate decays per round.
+    learning rate decays per round; for a registry entry of kind
+    `LEARNING_PROCESS` (FedCAda, FAFED), the process its builder makes.
   """
   data = data if data is not None else load_data(config)
   model_fn = make_model_fn(config, data)
   client = config.client
-  server_optimizer = build_server_optimizer(config)
   uniform = config.server.client_weighting == "uniform"
+  weighting = (tff.learning.ClientWeighting.UNIFORM if uniform
+               else tff.learning.ClientWeighting.NUM_EXAMPLES)
+  spec = optimizers.get_spec(config.server.optimizer)
+  if spec.kind == optimizers.LEARNING_PROCESS:
+    # The clients' rule changes too (FedCAda, FAFED): the registry entry builds
+    # the whole process. Validation rejected client momentum and server schedules.
+    return spec.builder(
+        model_fn, client.learning_rate, client_weighting=weighting,
+        client_lr_decay=client.lr_decay, weight_decay=client.weight_decay,
+        clip_norm=client.clip_norm, **config.server.hparams)
+  server_optimizer = build_server_optimizer(config)
 
   def client_optimizer_fn(lr):
     return build_client_sgd(lr, momentum=client.momentum, weight_decay=client.weight_decay,
@@ -149,8 +161,7 @@ def build_process(config: ExperimentConfig,
         model_fn,
         client_optimizer_fn=client_optimizer_fn(client.learning_rate),
         server_optimizer_fn=server_optimizer,
-        client_weighting=(tff.learning.ClientWeighting.UNIFORM if uniform
-                          else tff.learning.ClientWeighting.NUM_EXAMPLES))
+        client_weighting=weighting)
   lr0, decay = client.learning_rate, client.lr_decay
   return tff.learning.algorithms.build_weighted_fed_avg_with_optimizer_schedule(
       model_fn,

@@ -278,11 +278,11 @@ def run_experiment(config, *, overrides=(), on_eval: Optional[Callable[[EvalEven
       if config.telemetry:
         t0 = time.perf_counter()
         metrics.update(telemetry_lib.optimizer_state_stats(
-            state.finalizer, previous_weights=previous_weights, weights=weights,
+            state, previous_weights=previous_weights, weights=weights,
             layer_names=layer_names, epsilon=config.server.hparams.get("epsilon")))
         if round_num % config.histogram_every == 0:
           with histogram_writer.as_default(step=round_num):
-            for name, values in telemetry_lib.state_histograms(state.finalizer).items():
+            for name, values in telemetry_lib.state_histograms(state).items():
               tf.summary.histogram(name, values)
         metrics["time/telemetry_s"] = time.perf_counter() - t0
       rejected_streak = rejected_streak + 1 if metrics["nonfinite_updates"] else 0

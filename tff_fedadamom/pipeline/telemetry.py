@@ -12,6 +12,8 @@ the TFF computation changes. The kind of state is recognised by its keys:
 | ... + max_preconditioner                     | FedAMSGrad, FADAS    |
 | accumulator only                             | SGD with momentum    |
 | learning_rate only                           | SGD                  |
+| global state {model, accumulator,            | FedCAda, FAFED       |
+|   preconditioner} + finalizer learning_rate  |   (client moments)   |
 
 The key names are the optimizers' own (`tff_fedadamom.optimizers.state`).
 
@@ -38,6 +40,9 @@ from tff_fedadamom.optimizers.state import (
     PRECONDITIONER_KEY,
 )
 
+# The global state of `tff_fedadamom.algorithms` processes: {model, accumulator, ...}.
+_GLOBAL_MODEL_KEY = 'model'
+
 PREFIX = 'opt/'
 # Percentiles of v reported as opt/v_p01, opt/v_median, opt/v_p99.
 _PERCENTILES = (1.0, 50.0, 99.0)
@@ -48,10 +53,18 @@ def unwrap_optimizer_state(state: Any) -> Mapping[str, Any]:
 
   Accepts a server optimizer state, one wrapped by
   `tff.learning.optimizers.schedule_learning_rate` (`{round_num, optimizer}`,
-  possibly more than once), or a learning process state (its `finalizer`).
+  possibly more than once), or a learning process state (its `finalizer`; for
+  the processes of `tff_fedadamom.algorithms`, also the first and second
+  moments their global state carries beside the model).
   """
   if hasattr(state, 'finalizer'):
+    global_state = getattr(state, 'global_model_weights', None)
     state = state.finalizer
+    if isinstance(global_state, Mapping) and _GLOBAL_MODEL_KEY in global_state:
+      # A client-adaptive process (FedCAda, FAFED): the moments the server
+      # averages travel with the model; the finalizer holds the learning rate.
+      state = {**state, **{k: v for k, v in global_state.items()
+                           if k in (ACCUMULATOR_KEY, PRECONDITIONER_KEY)}}
   while (
       isinstance(state, Mapping)
       and 'optimizer' in state

@@ -1,0 +1,378 @@
+"""The TFF composition shared by the client-adaptive processes (FedCAda, FAFED).
+
+Both algorithms send more than the model in each direction: a client starts a
+round from the global model AND global optimizer statistics (Adam's moments for
+FedCAda, the momentum estimator and second moment for FAFED), and sends back
+its trained model and its statistics, which the server averages. In TFF's
+composition (`tff.learning.templates.compose_learning_process`) the one value
+that flows from the server to the clients is what the distributor broadcasts,
+the "global model weights". Here that value is a *global state*:
+
+    OrderedDict(model=ModelWeights, accumulator=[...], preconditioner=[...], ...)
+
+(`accumulator`/`preconditioner` are the names TFF's Adam state uses for the first
+and second moment, and the names the pipeline's telemetry reads.) The parts:
+
+- distributor: `tff.learning.templates.build_broadcast_process(global state type)`;
+- client work: a `ClientWorkProcess` whose server state holds the client hparams
+  and the round number (broadcast beside the global state); its update is
+  `OrderedDict(model=initial - trained, <statistics>)` (TFF's sign convention: a
+  pseudo-gradient), its weight 1 (UNIFORM) or the examples seen (NUM_EXAMPLES);
+- aggregator: a weighted `tff.aggregators.MeanFactory` over the whole update;
+- finalizer: `model <- model - eta * mean pseudo-gradient` (eta = 1 is plain
+  averaging of the clients' models), statistics <- their means; a non-finite
+  aggregate is rejected and counted in `update_non_finite`, as TFF's
+  `apply_optimizer_finalizer` does.
+
+`compose_learning_process` would make `get_model_weights` return the whole global
+state, so `compose` re-wraps its result in a `LearningProcess` whose
+`get_model_weights` returns `global_model_weights['model']`.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, Callable, Mapping, Optional
+
+import tensorflow as tf
+import tensorflow_federated as tff
+# The dataset-reduction loop TFF's own client works use (`use_experimental_simulation_loop`).
+from tensorflow_federated.python.learning import loop_builder
+
+MODEL_KEY = 'model'
+ACCUMULATOR_KEY = 'accumulator'
+PRECONDITIONER_KEY = 'preconditioner'
+ROUND_KEY = 'round_num'
+LEARNING_RATE_KEY = 'learning_rate'
+
+
+def check_positive(name: str, value, *, algorithm: str) -> None:
+  if not value > 0:
+    raise ValueError(f'{algorithm} `{name}` must be > 0, found {value}.')
+
+
+def check_unit(name: str, value, *, algorithm: str, closed_low: bool = True) -> None:
+  """`value` in [0, 1) (or (0, 1) when not `closed_low`)."""
+  low_ok = value >= 0 if closed_low else value > 0
+  if not (low_ok and value < 1):
+    interval = '[0, 1)' if closed_low else '(0, 1)'
+    raise ValueError(f'{algorithm} `{name}` must be in {interval}, found {value}.')
+
+
+def check_client_options(algorithm: str, weight_decay, clip_norm, client_lr_decay) -> None:
+  if weight_decay < 0:
+    raise ValueError(f'{algorithm} `weight_decay` must be >= 0, found {weight_decay}.')
+  if clip_norm is not None and not clip_norm > 0:
+    raise ValueError(f'{algorithm} `clip_norm` must be > 0 or None, found {clip_norm}.')
+  if not 0 < client_lr_decay <= 1:
+    raise ValueError(
+        f'{algorithm} `client_lr_decay` must be in (0, 1], found {client_lr_decay}.')
+
+
+def loop_implementation(use_experimental_simulation_loop: bool):
+  """TFF's choice between `dataset.reduce` and the iterator loop (fed_avg.py does the same)."""
+  return (tff.learning.LoopImplementation.DATASET_ITERATOR
+          if use_experimental_simulation_loop
+          else tff.learning.LoopImplementation.DATASET_REDUCE)
+
+
+def training_loop(use_experimental_simulation_loop: bool):
+  return loop_builder.build_training_loop(loop_implementation(use_experimental_simulation_loop))
+
+
+def num_examples_of(output) -> tf.Tensor:
+  if output.num_examples is None:
+    return tf.shape(output.predictions, out_type=tf.int64)[0]
+  return tf.cast(output.num_examples, tf.int64)
+
+
+def client_result(model, weighting, initial_trainable, trained_trainable,
+                  statistics: Mapping[str, Any], num_examples):
+  """The client's update `OrderedDict(model=initial - trained, **statistics)`.
+
+  As TFF's `model_delta_client_work`: a non-finite update is zeroed and sent with
+  weight 0 (and the client's metrics are reset), so one diverged client does not
+  poison the average.
+  """
+  update = collections.OrderedDict(
+      [(MODEL_KEY, tf.nest.map_structure(tf.subtract, initial_trainable, trained_trainable))]
+      + list(statistics.items()))
+  finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in tf.nest.flatten(update)])
+  update = tf.nest.map_structure(
+      lambda t: tf.where(finite, t, tf.zeros_like(t)), update)
+  if weighting == tff.learning.ClientWeighting.NUM_EXAMPLES:
+    weight = tf.cast(num_examples, tf.float32)
+  elif weighting == tff.learning.ClientWeighting.UNIFORM:
+    weight = tf.constant(1.0, tf.float32)
+  else:
+    raise ValueError(f'`client_weighting` must be UNIFORM or NUM_EXAMPLES, found {weighting}.')
+  weight = tf.where(finite, weight, 0.0)
+
+  def reset():
+    model.reset_metrics()
+    return tf.constant(0)
+
+  with tf.control_dependencies([tf.cond(finite, lambda: tf.constant(0), reset)]):
+    metrics = model.report_local_unfinalized_metrics()
+  return (tff.learning.templates.ClientResult(update=update, update_weight=weight), metrics)
+
+
+def initial_global_state_fn(model_fn, initial_statistics: Callable[[list], Mapping]):
+  """A no-arg `tff.tensorflow.computation`: the model's initial weights and zero statistics."""
+
+  @tff.tensorflow.computation()
+  def init():
+    model = model_fn()
+    weights = tff.learning.models.ModelWeights.from_model(model)
+    trainable = [tf.convert_to_tensor(v) for v in weights.trainable]
+    return collections.OrderedDict(
+        [(MODEL_KEY, tff.learning.models.ModelWeights(
+            trainable, [tf.convert_to_tensor(v) for v in weights.non_trainable]))]
+        + list(initial_statistics(trainable).items()))
+
+  return init
+
+
+def build_client_work(model_fn, make_client_update, hparams: Mapping[str, float],
+                      global_type) -> tff.learning.templates.ClientWorkProcess:
+  """A `ClientWorkProcess` running `make_client_update()` on every client.
+
+  Its server state is `OrderedDict(**hparams, round_num)`: the hparams are what
+  `get_hparams`/`set_hparams` expose (the client learning rate among them), and
+  `round_num` counts the rounds run (schedules on the clients read it).
+
+  Args:
+    model_fn: No-arg callable returning a `tff.learning.models.VariableModel`.
+    make_client_update: Called inside the client computation; returns a function
+      `(state, global_state, dataset) -> (ClientResult, unfinalized metrics)`.
+    hparams: The client-side hparams and their initial values (float32).
+    global_type: The type of the broadcast global state.
+  """
+  with tf.Graph().as_default():
+    model = model_fn()
+    metrics_aggregation_fn = tff.learning.metrics.sum_then_finalize(model.metric_finalizers())
+  data_type = tff.SequenceType(tff.types.tensorflow_to_type(model.input_spec))
+
+  @tff.tensorflow.computation()
+  def initial_state_fn():
+    return collections.OrderedDict(
+        [(k, tf.constant(v, tf.float32)) for k, v in hparams.items()]
+        + [(ROUND_KEY, tf.constant(0, tf.int32))])
+
+  @tff.federated_computation()
+  def init_fn():
+    return tff.federated_eval(initial_state_fn, tff.SERVER)
+
+  state_type = init_fn.type_signature.result.member
+  hparams_type = tff.types.tensorflow_to_type(collections.OrderedDict(
+      (k, tf.TensorSpec([], tf.float32)) for k in hparams))
+
+  @tff.tensorflow.computation(state_type)
+  def get_hparams_fn(state):
+    return collections.OrderedDict((k, state[k]) for k in hparams)
+
+  @tff.tensorflow.computation(state_type, hparams_type)
+  def set_hparams_fn(state, new_hparams):
+    return collections.OrderedDict(
+        [(k, new_hparams[k]) for k in hparams] + [(ROUND_KEY, state[ROUND_KEY])])
+
+  @tff.tensorflow.computation(state_type, global_type, data_type)
+  def client_update(state, global_state, dataset):
+    return make_client_update()(state, global_state, dataset)
+
+  @tff.tensorflow.computation(state_type)
+  def advance(state):
+    return collections.OrderedDict(
+        [(k, state[k]) for k in hparams] + [(ROUND_KEY, state[ROUND_KEY] + 1)])
+
+  @tff.federated_computation(
+      init_fn.type_signature.result,
+      tff.FederatedType(global_type, tff.CLIENTS),
+      tff.FederatedType(data_type, tff.CLIENTS))
+  def next_fn(state, global_state, client_data):
+    state_at_clients = tff.federated_broadcast(state)
+    result, model_outputs = tff.federated_map(
+        client_update, (state_at_clients, global_state, client_data))
+    measurements = tff.federated_zip(
+        collections.OrderedDict(train=metrics_aggregation_fn(model_outputs)))
+    return tff.templates.MeasuredProcessOutput(
+        tff.federated_map(advance, state), result, measurements)
+
+  return tff.learning.templates.ClientWorkProcess(
+      init_fn, next_fn, get_hparams_fn=get_hparams_fn, set_hparams_fn=set_hparams_fn)
+
+
+def build_finalizer(global_type, update_type,
+                    server_learning_rate: float) -> tff.learning.templates.FinalizerProcess:
+  """Applies the mean pseudo-gradient with the server learning rate; takes the mean statistics.
+
+  State `OrderedDict(learning_rate=eta)`, which is also its hparams.
+  """
+
+  @tff.tensorflow.computation()
+  def initial_state_fn():
+    return collections.OrderedDict(
+        [(LEARNING_RATE_KEY, tf.constant(server_learning_rate, tf.float32))])
+
+  @tff.federated_computation()
+  def init_fn():
+    return tff.federated_eval(initial_state_fn, tff.SERVER)
+
+  state_type = init_fn.type_signature.result.member
+
+  @tff.tensorflow.computation(state_type, global_type, update_type)
+  def apply(state, global_state, update):
+    model = global_state[MODEL_KEY]
+    lr = state[LEARNING_RATE_KEY]
+    trainable = tf.nest.map_structure(lambda w, g: w - tf.cast(lr, g.dtype) * g,
+                                      model.trainable, update[MODEL_KEY])
+    candidate = collections.OrderedDict(
+        [(MODEL_KEY, tff.learning.models.ModelWeights(trainable, model.non_trainable))]
+        + [(k, update[k]) for k in global_state if k != MODEL_KEY])
+    finite = tf.reduce_all(
+        [tf.reduce_all(tf.math.is_finite(t)) for t in tf.nest.flatten(candidate)])
+    new_state = tf.nest.map_structure(lambda new, old: tf.where(finite, new, old),
+                                      candidate, global_state)
+    return new_state, tf.cast(tf.logical_not(finite), tf.int32)
+
+  @tff.tensorflow.computation(state_type)
+  def get_hparams_fn(state):
+    return state
+
+  @tff.tensorflow.computation(state_type, state_type)
+  def set_hparams_fn(state, hparams):
+    del state
+    return hparams
+
+  @tff.federated_computation(
+      init_fn.type_signature.result,
+      tff.FederatedType(global_type, tff.SERVER),
+      tff.FederatedType(update_type, tff.SERVER))
+  def next_fn(state, global_state, update):
+    new_global, non_finite = tff.federated_map(apply, (state, global_state, update))
+    measurements = tff.federated_zip(collections.OrderedDict(update_non_finite=non_finite))
+    return tff.templates.MeasuredProcessOutput(state, new_global, measurements)
+
+  return tff.learning.templates.FinalizerProcess(
+      init_fn, next_fn, get_hparams_fn=get_hparams_fn, set_hparams_fn=set_hparams_fn)
+
+
+def client_update_builder(model_fn, local_rule, weighting, weight_decay, clip_norm,
+                          use_experimental_simulation_loop):
+  """`make_client_update` for `build_client_work` from an algorithm's local rule.
+
+  `local_rule(model, trainable, state, global_state, dataset, reduce_fn, transform)`
+  trains the model's `trainable` variables (already holding the global model) and
+  returns `(statistics, num_examples)`; `transform(trainable, gradients)` is the
+  clients' clip-and-decay. This wrapper loads the global model and packs the result.
+  """
+  # Imported here: the optimizer registry imports this package, and importing
+  # any module of `tff_fedadamom.optimizers` runs the registry first.
+  from tff_fedadamom.optimizers.client import clip_and_decay
+
+  def transform(trainable, gradients):
+    return clip_and_decay(trainable, gradients, weight_decay, clip_norm)
+
+  def make():
+    model = model_fn()
+    reduce_fn = training_loop(use_experimental_simulation_loop)
+
+    @tf.function
+    def client_update(state, global_state, dataset):
+      weights = tff.learning.models.ModelWeights.from_model(model)
+      tf.nest.map_structure(lambda v, t: v.assign(t), weights, global_state[MODEL_KEY])
+      initial = [tf.identity(v) for v in weights.trainable]
+      statistics, num_examples = local_rule(model, weights.trainable, state, global_state,
+                                            dataset, reduce_fn, transform)
+      return client_result(model, weighting, initial, weights.trainable, statistics,
+                           num_examples)
+
+    return client_update
+
+  return make
+
+
+def build(algorithm: str, model_fn, client_learning_rate: float, *, learning_rate: float,
+          client_hparams: Mapping[str, float], initial_statistics, local_rule,
+          client_weighting=tff.learning.ClientWeighting.UNIFORM,
+          client_lr_decay: float = 1.0, weight_decay: float = 0.0,
+          clip_norm: Optional[float] = None, model_aggregator=None,
+          use_experimental_simulation_loop: bool = False
+          ) -> tff.learning.templates.LearningProcess:
+  """The process of a client-adaptive algorithm; the client options are the same for all.
+
+  Args:
+    algorithm: Its name, for error messages.
+    model_fn: No-arg callable returning a new `tff.learning.models.VariableModel`.
+    client_learning_rate: The clients' step size.
+    learning_rate: eta, the server's step on the mean model update (1 = averaging).
+    client_hparams: The algorithm's own client hparams (in the client work's state).
+    initial_statistics: See `compose`.
+    local_rule: See `client_update_builder`.
+    client_weighting: `tff.learning.ClientWeighting.UNIFORM` or `NUM_EXAMPLES`, for
+      the model update and the statistics alike.
+    client_lr_decay: The client step size is multiplied by this per round.
+    weight_decay: Coupled L2 decay added to the gradients.
+    clip_norm: Global gradient-norm bound applied to the gradients, or None.
+    model_aggregator: A weighted `tff.aggregators` factory for the client update;
+      `tff.aggregators.MeanFactory()` if None.
+    use_experimental_simulation_loop: Use TFF's iterator loop instead of
+      `dataset.reduce` (lets training ops leave the CPU in simulations).
+  """
+  check_positive('client_learning_rate', client_learning_rate, algorithm=algorithm)
+  check_client_options(algorithm, weight_decay, clip_norm, client_lr_decay)
+  hparams = collections.OrderedDict(
+      [(LEARNING_RATE_KEY, client_learning_rate), ('lr_decay', client_lr_decay)]
+      + list(client_hparams.items()))
+  return compose(
+      model_fn, initial_statistics=initial_statistics,
+      make_client_update=client_update_builder(
+          model_fn, local_rule, client_weighting, weight_decay, clip_norm,
+          use_experimental_simulation_loop),
+      client_hparams=hparams, server_learning_rate=learning_rate,
+      model_aggregator=model_aggregator)
+
+
+def compose(model_fn, *, initial_statistics, make_client_update, client_hparams,
+            server_learning_rate: float, model_aggregator: Optional[Any] = None
+            ) -> tff.learning.templates.LearningProcess:
+  """Distributor, client work, aggregator and finalizer, composed by TFF.
+
+  Args:
+    model_fn: No-arg callable returning a `tff.learning.models.VariableModel`.
+    initial_statistics: `trainable tensors -> OrderedDict` of the statistics'
+      initial values (they define the statistics' names and types).
+    make_client_update: See `build_client_work`.
+    client_hparams: The client work's hparams (see `build_client_work`).
+    server_learning_rate: eta of the finalizer.
+    model_aggregator: A weighted `tff.aggregators` factory for the update;
+      `tff.aggregators.MeanFactory()` if None.
+  """
+  initial_global = initial_global_state_fn(model_fn, initial_statistics)
+  global_type = initial_global.type_signature.result
+  distributor = tff.learning.templates.build_broadcast_process(global_type)
+  client_work = build_client_work(model_fn, make_client_update, client_hparams, global_type)
+  result_type = client_work.next.type_signature.result.result.member
+  factory = model_aggregator if model_aggregator is not None else tff.aggregators.MeanFactory()
+  aggregator = factory.create(result_type.update, result_type.update_weight)
+  finalizer = build_finalizer(global_type, aggregator.next.type_signature.result.result.member,
+                              server_learning_rate)
+  composed = tff.learning.templates.compose_learning_process(
+      initial_global, distributor, client_work, aggregator, finalizer)
+
+  state_type = composed.next.type_signature.parameter[0].member
+  weights_type = state_type.global_model_weights[MODEL_KEY]
+
+  @tff.tensorflow.computation(state_type)
+  def get_model_weights(state):
+    return state.global_model_weights[MODEL_KEY]
+
+  @tff.tensorflow.computation(state_type, weights_type)
+  def set_model_weights(state, weights):
+    global_state = collections.OrderedDict(state.global_model_weights)
+    global_state[MODEL_KEY] = weights
+    return state._replace(global_model_weights=global_state)
+
+  return tff.learning.templates.LearningProcess(
+      composed.initialize, composed.next, get_model_weights, set_model_weights,
+      get_hparams_fn=composed.get_hparams, set_hparams_fn=composed.set_hparams)
