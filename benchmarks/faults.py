@@ -166,7 +166,7 @@ def main(argv=None):
   parser.add_argument("--configs", type=int, default=2000)
   parser.add_argument("--seed", type=int, default=0)
   args = parser.parse_args(argv)
-  runtime.install_child_cleanup()
+  runtime.install_worker_cleanup()
   rng = random.Random(args.seed)
   with tempfile.TemporaryDirectory() as tmp:
     survived, identical = kills(args.kills, rng, tmp)

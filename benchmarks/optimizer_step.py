@@ -86,7 +86,7 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--repeats', type=int, default=40)
   args = parser.parse_args(argv)
-  runtime.install_child_cleanup()
+  runtime.install_worker_cleanup()
 
   rng = np.random.default_rng(0)
   weights = [tf.constant(rng.normal(size=s).astype(np.float32))

@@ -74,11 +74,11 @@ def main(argv=None):
   parser.add_argument("--concurrency", type=int, default=None,
                       help="TFF max concurrent client computations (default: TFF's)")
   args = parser.parse_args(argv)
-  runtime.install_child_cleanup()
+  runtime.install_worker_cleanup()
   with tempfile.TemporaryDirectory() as tmp:
     config = _config(args, tmp)
     if args.concurrency:
-      runtime.set_execution_context(args.concurrency)
+      runtime.use_tff_cpp(args.concurrency)
     data = load_data(config)
     ids = list(data.train.client_ids)
     rounds = [sample_clients(ids, args.clients, 0, r) for r in range(args.rounds + 1)]

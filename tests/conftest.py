@@ -7,7 +7,7 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
 from tff_fedadamom.pipeline import runtime  # noqa: E402
 
-runtime.install_child_cleanup()
+runtime.install_worker_cleanup()
 
 
 def pytest_sessionfinish(session, exitstatus):

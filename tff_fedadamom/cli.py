@@ -116,10 +116,22 @@ def build_parser() -> argparse.ArgumentParser:
   return parser
 
 
+def _exit_on_sigterm(signum, frame) -> None:
+  """SIGTERM ends the command like Ctrl-C does: finally blocks and exit handlers
+  run (a tff_cpp backend's worker is stopped by them)."""
+  del frame
+  raise SystemExit(128 + signum)
+
+
 def main(argv=None) -> int:
+  import signal
+  import threading
+
   from tff_fedadamom.config import ConfigError
 
   args = build_parser().parse_args(argv)
+  if threading.current_thread() is threading.main_thread():
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)  # the command's own process
   try:
     return args.fn(args)
   except ConfigError as e:

@@ -112,7 +112,7 @@ def train_trial(config: dict, *, sweep, optimizer: str) -> None:
   from tff_fedadamom.pipeline import outputs, run_experiment, runtime
   from tuning import space as space_lib
 
-  runtime.install_child_cleanup()
+  runtime.install_worker_cleanup()
   runtime.configure_threads(threads)  # before TensorFlow runs anything
   context = tune.get_context()
   # The run directory is private scratch on this node: Tune's trial directory is
@@ -152,5 +152,5 @@ def train_trial(config: dict, *, sweep, optimizer: str) -> None:
   finally:
     # This trial owns its process (reuse_actors=False): end TFF's worker_binary
     # now rather than trusting the actor's exit path.
-    runtime.kill_children()
+    runtime.kill_workers()
     shutil.rmtree(scratch, ignore_errors=True)

@@ -9,12 +9,12 @@ from tff_fedadamom.algorithms import build_fafed, build_fedcada
 
 
 @pytest.mark.parametrize('builder', [build_fedcada, build_fafed])
-@pytest.mark.parametrize('simulation_loop', [False, True])
-def test_compiles_to_map_reduce_form(builder, simulation_loop):
+@pytest.mark.parametrize('loop', list(tff.learning.LoopImplementation))
+def test_compiles_to_map_reduce_form(builder, loop):
   process = builder(linear.model_fn, 0.1, clip_norm=1.0, weight_decay=1e-3,
                     client_lr_decay=0.99,
                     client_weighting=tff.learning.ClientWeighting.NUM_EXAMPLES,
-                    use_experimental_simulation_loop=simulation_loop)
+                    loop_implementation=loop)
   form = tff.backends.mapreduce.get_map_reduce_form_for_computation(process.next)
   assert isinstance(form, tff.backends.mapreduce.MapReduceForm)
   init = tff.backends.mapreduce.get_state_initialization_computation(process.initialize)

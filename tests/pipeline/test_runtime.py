@@ -4,7 +4,7 @@ import subprocess
 import sys
 import textwrap
 
-# Runs in a fresh interpreter: `shutdown` kills every child of its process, which
+# Runs in a fresh interpreter: `shutdown` kills every worker of its process, which
 # inside pytest would include the TFF worker other tests share.
 _HANGING_RELEASE = textwrap.dedent("""
     import os, signal, subprocess, sys, time
@@ -14,6 +14,7 @@ _HANGING_RELEASE = textwrap.dedent("""
         "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
         "print('ready', flush=True); time.sleep(600)"], stdout=subprocess.PIPE)
     child.stdout.readline()
+    runtime._WORKERS.add(child.pid)  # as if TFF had started it
 
     def release():  # what TFF does to stop its worker: SIGINT, then an unbounded wait
       os.kill(child.pid, signal.SIGINT)
@@ -47,6 +48,7 @@ def test_clean_release_is_not_cut_short():
       import subprocess, sys
       from tff_fedadamom.pipeline import runtime
       child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
+      runtime._WORKERS.add(child.pid)
       runtime._release_tff_context = child.wait
       runtime.shutdown(timeout_s=30.0)
       print("returncode", child.returncode)

@@ -36,7 +36,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import tensorflow as tf
 import tensorflow_federated as tff
-# The dataset-reduction loop TFF's own client works use (`use_experimental_simulation_loop`).
+# The training loop over a client's dataset that TFF's own client works use.
 from tensorflow_federated.python.learning import loop_builder
 
 MODEL_KEY = 'model'
@@ -69,15 +69,9 @@ def check_client_options(algorithm: str, weight_decay, clip_norm, client_lr_deca
         f'{algorithm} `client_lr_decay` must be in (0, 1], found {client_lr_decay}.')
 
 
-def loop_implementation(use_experimental_simulation_loop: bool):
-  """TFF's choice between `dataset.reduce` and the iterator loop (fed_avg.py does the same)."""
-  return (tff.learning.LoopImplementation.DATASET_ITERATOR
-          if use_experimental_simulation_loop
-          else tff.learning.LoopImplementation.DATASET_REDUCE)
-
-
-def training_loop(use_experimental_simulation_loop: bool):
-  return loop_builder.build_training_loop(loop_implementation(use_experimental_simulation_loop))
+def training_loop(loop_implementation: tff.learning.LoopImplementation):
+  """TFF's loop: `dataset.reduce` or the iterator loop (fed_avg.py takes the same choice)."""
+  return loop_builder.build_training_loop(loop_implementation)
 
 
 def num_examples_of(output) -> tf.Tensor:
@@ -258,7 +252,7 @@ def build_finalizer(global_type, update_type,
 
 
 def client_update_builder(model_fn, local_rule, weighting, weight_decay, clip_norm,
-                          use_experimental_simulation_loop):
+                          loop_implementation):
   """`make_client_update` for `build_client_work` from an algorithm's local rule.
 
   `local_rule(model, trainable, state, global_state, dataset, reduce_fn, transform)`
@@ -275,7 +269,7 @@ def client_update_builder(model_fn, local_rule, weighting, weight_decay, clip_no
 
   def make():
     model = model_fn()
-    reduce_fn = training_loop(use_experimental_simulation_loop)
+    reduce_fn = training_loop(loop_implementation)
 
     @tf.function
     def client_update(state, global_state, dataset):
@@ -297,7 +291,8 @@ def build(algorithm: str, model_fn, client_learning_rate: float, *, learning_rat
           client_weighting=tff.learning.ClientWeighting.UNIFORM,
           client_lr_decay: float = 1.0, weight_decay: float = 0.0,
           clip_norm: Optional[float] = None, model_aggregator=None,
-          use_experimental_simulation_loop: bool = False
+          loop_implementation: tff.learning.LoopImplementation = (
+              tff.learning.LoopImplementation.DATASET_REDUCE)
           ) -> tff.learning.templates.LearningProcess:
   """The process of a client-adaptive algorithm; the client options are the same for all.
 
@@ -316,8 +311,8 @@ def build(algorithm: str, model_fn, client_learning_rate: float, *, learning_rat
     clip_norm: Global gradient-norm bound applied to the gradients, or None.
     model_aggregator: A weighted `tff.aggregators` factory for the client update;
       `tff.aggregators.MeanFactory()` if None.
-    use_experimental_simulation_loop: Use TFF's iterator loop instead of
-      `dataset.reduce` (lets training ops leave the CPU in simulations).
+    loop_implementation: TFF's `DATASET_ITERATOR` loop instead of `dataset.reduce`
+      lets training ops leave the CPU in simulations (as in TFF's own builders).
   """
   check_positive('client_learning_rate', client_learning_rate, algorithm=algorithm)
   check_client_options(algorithm, weight_decay, clip_norm, client_lr_decay)
@@ -328,7 +323,7 @@ def build(algorithm: str, model_fn, client_learning_rate: float, *, learning_rat
       model_fn, initial_statistics=initial_statistics,
       make_client_update=client_update_builder(
           model_fn, local_rule, client_weighting, weight_decay, clip_norm,
-          use_experimental_simulation_loop),
+          loop_implementation),
       client_hparams=hparams, server_learning_rate=learning_rate,
       model_aggregator=model_aggregator)
 

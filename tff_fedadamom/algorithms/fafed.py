@@ -172,7 +172,7 @@ def build_fafed(
     epsilon: rho, added to sqrt(v) in the adaptive matrix.
     **client_options: `client_weighting` (UNIFORM, the default, or
       NUM_EXAMPLES), `client_lr_decay`, `weight_decay` and `clip_norm` (applied
-      to both gradients), `model_aggregator`, `use_experimental_simulation_loop`:
+      to both gradients), `model_aggregator`, `loop_implementation`:
       see `tff_fedadamom.algorithms._common.build`.
 
   Returns:

@@ -145,7 +145,7 @@ def build_fedcada(
     **client_options: `client_weighting` (UNIFORM, the default, or NUM_EXAMPLES;
       for the model and the Adam state alike), `client_lr_decay`, `weight_decay`
       and `clip_norm` (applied to the gradient before Adam), `model_aggregator`,
-      `use_experimental_simulation_loop`: see `tff_fedadamom.algorithms._common.build`.
+      `loop_implementation`: see `tff_fedadamom.algorithms._common.build`.
 
   Returns:
     A `tff.learning.templates.LearningProcess`. Its state's

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from typing import Any, Optional
 
 
@@ -95,13 +96,36 @@ class ServerConfig:
   schedule: dict = _field(factory=lambda: {"kind": "constant"})
 
 
+BACKENDS = ("auto", "inprocess", "tff_cpp")
+_DEVICE = re.compile(r"^/?(device:)?(CPU|GPU):\d+$", re.IGNORECASE)
+
+
+def device_names(names) -> bool:
+  return len(names) > 0 and all(isinstance(n, str) and _DEVICE.match(n) for n in names)
+
+
 @dataclasses.dataclass(frozen=True)
 class RuntimeConfig:
-  """How the process uses this machine."""
+  """How the process uses this machine.
+
+  `backend` says where rounds run: `inprocess` (what `auto` means) runs TFF's
+  compiled process in this Python process on TensorFlow's devices; `tff_cpp` is
+  TFF's own C++ runtime, a `worker_binary` child process (CPU only, listening on
+  all interfaces), kept as the reference. `devices` spreads a round's clients
+  over TensorFlow devices round-robin (in-process only; default: every GPU, else
+  the CPU).
+  """
 
   threads: Optional[int] = _field(None, check=positive, allowed="an integer >= 1 or null (all)")
   max_concurrent_clients: Optional[int] = _field(
-      None, check=positive, allowed="an integer >= 1 or null (TFF's default)")
+      None, check=positive,
+      allowed="an integer >= 1 or null (one per device; two on a lone CPU)")
+  backend: str = _field("auto", check=lambda s: s in BACKENDS,
+                        allowed="'auto' (= 'inprocess'), 'inprocess' or 'tff_cpp'")
+  devices: Optional[tuple] = _field(
+      None, check=device_names,
+      allowed="null (every GPU, else the CPU) or a non-empty list of TensorFlow devices "
+      "such as ['GPU:0', 'GPU:1'] or ['CPU:0']")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -150,6 +150,14 @@ def _check_learning_process(config: schema.ExperimentConfig, source: str) -> Non
                       value=dict(config.server.schedule), allowed="{kind: constant}")
 
 
+def _check_runtime(runtime: schema.RuntimeConfig, source: str) -> None:
+  if runtime.backend == "tff_cpp" and runtime.devices is not None:
+    raise ConfigError(source, "runtime.devices",
+                      "the tff_cpp backend runs every round in TFF's worker_binary, on its CPU",
+                      value=list(runtime.devices),
+                      allowed="null with backend 'tff_cpp', or backend 'inprocess'")
+
+
 def check_registries(config: schema.ExperimentConfig, source: str) -> schema.ExperimentConfig:
   """Validates every registry name and option; returns the config with the
   server hparams resolved against the optimizer's defaults."""
@@ -157,6 +165,7 @@ def check_registries(config: schema.ExperimentConfig, source: str) -> schema.Exp
   _check_model(config.model, source)
   server = _check_server(config.server, source)
   _check_learning_process(config, source)
+  _check_runtime(config.runtime, source)
   if config.data.num_clients is not None and config.clients_per_round > config.data.num_clients:
     raise ConfigError(source, "clients_per_round", "more than data.num_clients",
                       value=config.clients_per_round,

@@ -122,21 +122,27 @@ def client_learning_rate(config: ExperimentConfig, round_num) -> float:
   return config.client.learning_rate * config.client.lr_decay ** round_num
 
 
-def build_process(config: ExperimentConfig,
-                  data: Optional[FederatedData] = None) -> tff.learning.templates.LearningProcess:
+def build_process(config: ExperimentConfig, data: Optional[FederatedData] = None,
+                  loop_implementation=None) -> tff.learning.templates.LearningProcess:
   """Builds the TFF learning process an experiment config describes.
 
   Args:
     config: A validated `ExperimentConfig` (see `load_config`).
     data: The loaded data, if the caller has it already (its element spec and
       class count shape the model); loaded from the config otherwise.
+    loop_implementation: TFF's loop over a client's data; by default the one
+      for the devices the config's rounds run on (`runtime.training_loop`).
 
   Returns:
     `build_weighted_fed_avg`, or its optimizer-schedule variant when the client
     learning rate decays per round; for a registry entry of kind
     `LEARNING_PROCESS` (FedCAda, FAFED), the process its builder makes.
   """
+  from tff_fedadamom.pipeline import runtime
+
   data = data if data is not None else load_data(config)
+  if loop_implementation is None:
+    loop_implementation = runtime.training_loop(runtime.round_devices(config.runtime))
   model_fn = make_model_fn(config, data)
   client = config.client
   uniform = config.server.client_weighting == "uniform"
@@ -149,7 +155,8 @@ def build_process(config: ExperimentConfig,
     return spec.builder(
         model_fn, client.learning_rate, client_weighting=weighting,
         client_lr_decay=client.lr_decay, weight_decay=client.weight_decay,
-        clip_norm=client.clip_norm, **config.server.hparams)
+        clip_norm=client.clip_norm, loop_implementation=loop_implementation,
+        **config.server.hparams)
   server_optimizer = build_server_optimizer(config)
 
   def client_optimizer_fn(lr):
@@ -161,11 +168,13 @@ def build_process(config: ExperimentConfig,
         model_fn,
         client_optimizer_fn=client_optimizer_fn(client.learning_rate),
         server_optimizer_fn=server_optimizer,
-        client_weighting=weighting)
+        client_weighting=weighting,
+        loop_implementation=loop_implementation)
   lr0, decay = client.learning_rate, client.lr_decay
   return tff.learning.algorithms.build_weighted_fed_avg_with_optimizer_schedule(
       model_fn,
       client_learning_rate_fn=lambda r: lr0 * tf.pow(decay, tf.cast(r, tf.float32)),
       client_optimizer_fn=client_optimizer_fn,
       server_optimizer_fn=server_optimizer,
-      model_aggregator=_UniformMean() if uniform else None)
+      model_aggregator=_UniformMean() if uniform else None,
+      loop_implementation=loop_implementation)

@@ -90,6 +90,11 @@ def layer_labels(keras_model) -> list[str]:
   return labels
 
 
+def _device_label(devices) -> str:
+  """'GPU:0,GPU:1' for the progress line."""
+  return ",".join(d.split("device:")[-1] for d in devices)
+
+
 def _all_finite(structure) -> bool:
   import tensorflow as tf
 
@@ -198,11 +203,8 @@ def run_experiment(config, *, overrides=(), on_eval: Optional[Callable[[EvalEven
   outputs.check_writable(output_dir)
   resuming = _check_resumable(config, output_dir)
   summary_path = os.path.join(output_dir, outputs.SUMMARY_FILE)
-  runtime.install_child_cleanup()
   runtime.configure_threads(config.runtime.threads)
-  devices = runtime.configure_devices()
-  if config.runtime.max_concurrent_clients:
-    runtime.set_execution_context(config.runtime.max_concurrent_clients)
+  devices = runtime.round_devices(config.runtime)
 
   import tensorflow as tf
   import tensorflow_federated as tff
@@ -218,7 +220,9 @@ def run_experiment(config, *, overrides=(), on_eval: Optional[Callable[[EvalEven
         allowed=f"an integer in [1, {len(data.train.client_ids)}]")
   if not resuming:
     dump_config(config, os.path.join(output_dir, outputs.CONFIG_FILE))
-  process = process_lib.build_process(config, data)
+  process = runtime.executable(
+      process_lib.build_process(config, data, runtime.training_loop(devices)),
+      config.runtime, devices)
   keras_model = process_lib.make_keras_model(config, data)
   layer_names = layer_labels(keras_model)
   evaluator = _Evaluator(config, data, keras_model)
@@ -259,7 +263,8 @@ def run_experiment(config, *, overrides=(), on_eval: Optional[Callable[[EvalEven
     from tqdm import tqdm
 
     bar = tqdm(total=config.rounds, initial=start_round, unit="round", dynamic_ncols=True,
-               desc=config.name or config.server.optimizer, leave=True)
+               desc=f"{config.name or config.server.optimizer} [{_device_label(devices)}]",
+               leave=True)
   client_ids = list(data.train.client_ids)
   status, diverged_round, rejected_streak = "completed", None, 0
   started = time.perf_counter()
@@ -317,6 +322,8 @@ def run_experiment(config, *, overrides=(), on_eval: Optional[Callable[[EvalEven
     if bar is not None:
       bar.close()
     histogram_writer.flush()
+    if hasattr(process, "close"):
+      process.close()
   wall = time.perf_counter() - started
 
   process.get_model_weights(state).assign_weights_to(keras_model)
@@ -332,6 +339,7 @@ def run_experiment(config, *, overrides=(), on_eval: Optional[Callable[[EvalEven
       history, targets=config.targets, status=status, diverged_round=diverged_round,
       wall_time_s=wall, rounds_run=rounds_run, devices=devices,
       extra={"optimizer": config.server.optimizer, "seed": config.seed,
+             "backend": runtime.backend(config.runtime),
              "resumed_from_round": start_round or None})
   outputs.write_summary(output_dir, summary)
   return RunResult(output_dir, summary)

@@ -1,10 +1,24 @@
-"""Process-level runtime: TensorFlow logging, TFF execution context, child-process cleanup.
+"""Where rounds run: the execution backend, TensorFlow's threads and devices.
 
-TFF's C++ execution context starts a ``worker_binary`` child process. Its owner (the
-context's service manager) is torn down in ``__del__`` too late at interpreter exit, so the
-worker can outlive Python and keep the parent's stdout/stderr pipes open, hanging whatever
-waits on them. ``install_child_cleanup`` ends this process's own children explicitly at
-exit and on SIGTERM/SIGINT.
+Two backends (`runtime.backend`):
+
+* `inprocess` (what `auto` means): TFF compiles the learning process to its
+  MapReduceForm and its TensorFlow parts run in this Python process
+  (`inprocess.InProcessLearningProcess`), on the GPUs TensorFlow sees, with no
+  child process and no open port.
+* `tff_cpp`: TFF's own C++ runtime, kept as the reference. It runs every
+  TensorFlow computation in a `worker_binary` child process that is built
+  without CUDA and listens on all network interfaces. What it needs to be
+  safe to use is installed only when it is chosen (`use_tff_cpp`):
+  - the worker is started under `setpriv --pdeathsig KILL`, so that the kernel
+    ends it with this process, even after SIGKILL;
+  - at exit the execution context is released while Python is still whole (its
+    own `__del__` runs too late at interpreter shutdown and leaves the worker
+    running, holding this process's stdout/stderr open), and the workers it
+    started are killed if they have not ended within `RELEASE_TIMEOUT_S`.
+  Only the workers that TFF started here are ever signalled.
+
+Nothing here installs a signal handler: the CLI does that for itself.
 """
 
 from __future__ import annotations
@@ -15,11 +29,22 @@ import os
 import signal
 import sys
 import threading
+from typing import Optional, Sequence
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+INPROCESS = "inprocess"
+TFF_CPP = "tff_cpp"
+# What summary.json names as the device of tff_cpp rounds.
+TFF_CPP_DEVICE = "CPU (TFF worker_binary)"
 
 _INSTALLED = False
 _LOCK = threading.Lock()
+# Pids of the worker_binary processes TFF started in this process.
+_WORKERS: set[int] = set()
+
+
+def backend(runtime_config) -> str:
+  """'inprocess' or 'tff_cpp' for a `RuntimeConfig` (`auto` is in-process)."""
+  return TFF_CPP if runtime_config.backend == TFF_CPP else INPROCESS
 
 
 def _child_pids(pid: int) -> list[int]:
@@ -67,12 +92,12 @@ def child_pids(pid: int) -> list[int]:
   return _child_pids(pid)
 
 
-def kill_children(sig: int = signal.SIGKILL) -> int:
-  """Sends ``sig`` to every descendant of this process; returns how many were signalled."""
+def kill_workers(sig: int = signal.SIGKILL) -> int:
+  """Sends `sig` to the TFF workers started in this process that still run."""
   count = 0
-  for child in _child_pids(os.getpid()):
+  for pid in still_running(sorted(_WORKERS)):
     try:
-      os.kill(child, sig)
+      os.kill(pid, sig)
       count += 1
     except OSError:
       pass
@@ -92,7 +117,7 @@ def _release_tff_context() -> None:
     context_stack_impl.context_stack.set_default_context(
         runtime_error_context.create_runtime_error_context())
     gc.collect()
-  except Exception:  # noqa: BLE001 - best effort; kill_children follows regardless
+  except Exception:  # noqa: BLE001 - best effort; kill_workers follows regardless
     pass
 
 
@@ -101,61 +126,48 @@ RELEASE_TIMEOUT_S = 10.0
 
 
 def shutdown(timeout_s: float = RELEASE_TIMEOUT_S) -> None:
-  """Stops TFF's worker cleanly, then ends any child process still running.
+  """Stops TFF's worker cleanly, then ends any worker still running.
 
   TFF stops its worker with SIGINT and an unbounded `wait()`. A worker that ignores
   SIGINT, as every process started from a background job of a non-interactive shell
-  does (it inherits the ignored disposition), would hang this process forever, the
-  likely cause of a process pool's worker that hung at exit. After `timeout_s` a
-  watchdog kills the children, which ends that wait.
+  does (it inherits the ignored disposition), would hang this process forever.
+  After `timeout_s` a watchdog kills the workers, which ends that wait.
   """
-  watchdog = threading.Timer(timeout_s, kill_children)
+  watchdog = threading.Timer(timeout_s, kill_workers)
   watchdog.daemon = True
   watchdog.start()
   try:
     _release_tff_context()
   finally:
     watchdog.cancel()
-  kill_children()
+  kill_workers()
 
 
-def _on_signal(signum, frame):  # pragma: no cover - exercised through subprocess tests
-  kill_children()
-  previous = _PREVIOUS_HANDLERS.get(signum)
-  if callable(previous):
-    previous(signum, frame)
-  elif signum == signal.SIGINT:
-    raise KeyboardInterrupt
-  else:
-    os._exit(128 + signum)
+def _track_workers() -> None:
+  """Records the pid of every worker_binary TFF starts, under `setpriv --pdeathsig KILL`
+  when util-linux has it.
 
-
-_PREVIOUS_HANDLERS: dict[int, object] = {}
-
-
-def _tie_worker_to_parent() -> None:
-  """Starts TFF's worker_binary under `setpriv --pdeathsig KILL`.
-
-  The kernel then kills the worker when this process dies, even by SIGKILL, when
-  no exit handler can run. TFF starts the worker with `subprocess.Popen` from its
-  `executor_factory` module; that module alone gets a `Popen` that prefixes the
-  command. Without `setpriv` (util-linux) the exit handlers below still apply.
+  TFF starts the worker with `subprocess.Popen` from its `executor_factory`
+  module; that module alone gets a `Popen` that records (and prefixes) it.
   """
   import shutil
   import subprocess
   import types
 
-  setpriv = shutil.which("setpriv")
-  if setpriv is None:
-    return
   from tensorflow_federated.python.core.impl.executor_stacks import executor_factory
+
+  setpriv = shutil.which("setpriv")
 
   class _Popen(subprocess.Popen):
 
     def __init__(self, args, *rest, **kwargs):
-      if isinstance(args, (list, tuple)) and args and str(args[0]).endswith("worker_binary"):
+      worker = (isinstance(args, (list, tuple)) and args
+                and str(args[0]).endswith("worker_binary"))
+      if worker and setpriv is not None:
         args = [setpriv, "--pdeathsig", "KILL", "--", *args]
       super().__init__(args, *rest, **kwargs)
+      if worker:
+        _WORKERS.add(self.pid)
 
   shim = types.ModuleType("subprocess")
   shim.__dict__.update(subprocess.__dict__)
@@ -163,22 +175,31 @@ def _tie_worker_to_parent() -> None:
   executor_factory.subprocess = shim
 
 
-def install_child_cleanup() -> None:
-  """Makes sure no child process (TFF's worker_binary) outlives this process."""
+def install_worker_cleanup() -> None:
+  """Makes sure no worker_binary that TFF starts here outlives this process."""
   global _INSTALLED
   with _LOCK:
     if _INSTALLED:
       return
     _INSTALLED = True
   try:
-    _tie_worker_to_parent()
-  except Exception:  # noqa: BLE001 - TFF internals moved: fall back to exit handlers
+    _track_workers()
+  except Exception:  # noqa: BLE001 - TFF internals moved: the exit handler still applies
     pass
   atexit.register(shutdown)
-  if threading.current_thread() is threading.main_thread():
-    for signum in (signal.SIGTERM,):
-      _PREVIOUS_HANDLERS[signum] = signal.getsignal(signum)
-      signal.signal(signum, _on_signal)
+
+
+def use_tff_cpp(max_concurrent_clients: Optional[int] = None) -> None:
+  """Installs TFF's local C++ execution context (the `tff_cpp` backend).
+
+  `max_concurrent_clients` bounds how many client computations run at once
+  (TFF's `max_concurrent_computation_calls`); None keeps TFF's default.
+  """
+  import tensorflow_federated as tff
+
+  install_worker_cleanup()
+  tff.backends.native.set_sync_local_cpp_execution_context(
+      max_concurrent_computation_calls=max_concurrent_clients or -1)
 
 
 def configure_threads(threads: int | None) -> None:
@@ -194,27 +215,62 @@ def configure_threads(threads: int | None) -> None:
     pass
 
 
-def configure_devices() -> list[str]:
-  """Turns on GPU memory growth; returns the devices TensorFlow will use."""
+def configure_gpus() -> None:
+  """Turns on memory growth for every GPU, so that concurrent trials can share one."""
   import tensorflow as tf
 
   for gpu in tf.config.list_physical_devices("GPU"):
     try:
       tf.config.experimental.set_memory_growth(gpu, True)
-    except RuntimeError:
+    except RuntimeError:  # TensorFlow already initialized
       pass
-  gpus = tf.config.list_physical_devices("GPU")
-  return [d.name for d in gpus] or [d.name for d in tf.config.list_physical_devices("CPU")]
 
 
-def set_execution_context(max_concurrent_clients: int | None) -> None:
-  """Installs TFF's local C++ execution context.
+def round_devices(runtime_config, source: str = "<config>") -> list[str]:
+  """The TensorFlow devices the rounds of a run will use (tff_cpp: the worker's CPU).
 
-  `max_concurrent_clients` bounds how many client computations run at once
-  (TFF's `max_concurrent_computation_calls`); None keeps TFF's default.
+  Raises:
+    ConfigError: naming `runtime.devices` when TensorFlow does not see one of them.
+  """
+  if backend(runtime_config) == TFF_CPP:
+    return [TFF_CPP_DEVICE]
+  from tff_fedadamom.config import ConfigError
+  from tff_fedadamom.pipeline import inprocess
+
+  configure_gpus()
+  try:
+    return inprocess.resolve_devices(runtime_config.devices)
+  except ValueError as e:
+    raise ConfigError(source, "runtime.devices", str(e),
+                      value=list(runtime_config.devices or ()),
+                      allowed=f"devices TensorFlow sees: {inprocess.visible_names()}") from None
+
+
+def training_loop(devices: Sequence[str]):
+  """TFF's loop over a client's data for rounds on `devices`.
+
+  The iterator loop (TFF's "simulation loop") lets the training ops follow the
+  model onto a GPU; inside `dataset.reduce` TensorFlow keeps them on the
+  dataset's device, the CPU. On CPUs `dataset.reduce` is kept: same arithmetic,
+  and seeded dropout restarts with every client, as it always has.
   """
   import tensorflow_federated as tff
 
-  install_child_cleanup()
-  tff.backends.native.set_sync_local_cpp_execution_context(
-      max_concurrent_computation_calls=max_concurrent_clients or -1)
+  if any("GPU" in d.upper() for d in devices):
+    return tff.learning.LoopImplementation.DATASET_ITERATOR
+  return tff.learning.LoopImplementation.DATASET_REDUCE
+
+
+def executable(process, runtime_config, devices: Sequence[str]):
+  """The object whose `initialize`/`next`/`get_model_weights`/... the runner calls.
+
+  `inprocess`: the process compiled to run here, on `devices`; `tff_cpp`: the
+  process itself, with TFF's C++ context installed.
+  """
+  if backend(runtime_config) == TFF_CPP:
+    use_tff_cpp(runtime_config.max_concurrent_clients)
+    return process
+  from tff_fedadamom.pipeline import inprocess
+
+  return inprocess.InProcessLearningProcess(
+      process, devices=devices, max_concurrent_clients=runtime_config.max_concurrent_clients)
