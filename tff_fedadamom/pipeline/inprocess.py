@@ -257,6 +257,9 @@ class TFComputation:
     parameter = self.type_signature.parameter
     self._param_leaves = _type_leaves(parameter) if parameter is not None else []
     self._devices = list(devices)
+    # Calls per device, for the record (`summary.json` names where rounds ran).
+    self.calls: dict[Optional[str], int] = {}
+    self._lock = threading.Lock()
     self._pools = []
     for device in self._devices:
       pool = queue.SimpleQueue()
@@ -271,8 +274,10 @@ class TFComputation:
   def call_flat_leaves(self, leaves: Sequence[Any], device_index: int = 0) -> list:
     """Runs on device `device_index` with the parameter's flat leaves (see
     `flatten_value`); returns the flat result tensors."""
+    device = self._devices[device_index % len(self._devices)]
+    with self._lock:
+      self.calls[device] = self.calls.get(device, 0) + 1
     if self.fresh_kernels:
-      device = self._devices[device_index % len(self._devices)]
       return _Slot(self._proto, self._param_leaves, device)(leaves)
     pool = self._pools[device_index % len(self._pools)]
     slot = pool.get()

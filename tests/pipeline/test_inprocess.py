@@ -1,0 +1,309 @@
+"""The in-process backend: rounds equal TFF's C++ runtime's, with no child and no port.
+
+Parity: from the same state and client datasets, three rounds on `inprocess`
+equal three rounds on TFF's own runtime (`tff_cpp`) to float32 tolerance: a
+relative error (Frobenius norm of the difference over the norm) of at most 1e-5
+per state tensor. The two run the same TensorFlow graphs but not bit-identically
+(different kernels' summation orders), and training amplifies such differences
+with every local step, so the cases keep few local steps: on Fashion-MNIST's CNN
+with 10 steps a client, one intra-op thread instead of two already moves the
+weights by about 6e-5.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tests.pipeline.test_runner import ROOT, tiny
+from tff_fedadamom import optimizers
+from tff_fedadamom.config import ConfigError, load_config
+from tff_fedadamom.pipeline import inprocess, run_experiment, runtime
+from tff_fedadamom.pipeline.process import build_process, client_datasets, load_data
+
+_REDUCE = tff.learning.LoopImplementation.DATASET_REDUCE
+_ITERATOR = tff.learning.LoopImplementation.DATASET_ITERATOR
+_TOLERANCE = 1e-5  # per model weight tensor
+# The optimizer state holds quotients of small numbers (FedAdamom's v is ~1e-6 on
+# the char-LSTM), whose relative errors run larger than the weights'.
+_STATE_TOLERANCE = 1e-4
+
+
+def _relative_errors(a, b) -> list[float]:
+  out = []
+  for x, y in zip(tf.nest.flatten(a), tf.nest.flatten(b)):
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    scale = np.linalg.norm(x)
+    out.append(float(np.linalg.norm(x - y) / scale) if scale else float(np.abs(y).max(initial=0)))
+  return out
+
+
+def _three_rounds(raw, loop=_REDUCE):
+  """States after 3 rounds on TFF's runtime and in-process, from one initial state."""
+  config = load_config(raw)
+  data = load_data(config)
+  process = build_process(config, data, loop)
+  local = inprocess.InProcessLearningProcess(process)
+  ids = list(data.train.client_ids)
+  reference = process.initialize()
+  ours = local.initialize()
+  assert max(_relative_errors(reference, ours)) == 0.0
+  for round_num in range(1, 4):
+    clients = ids[round_num:round_num + 3]
+    reference_out = process.next(reference, client_datasets(config, data, clients, round_num))
+    ours_out = local.next(ours, client_datasets(config, data, clients, round_num))
+    reference, ours = reference_out.state, ours_out.state
+  assert max(_relative_errors(reference, ours)) <= _STATE_TOLERANCE
+  for key in ("loss", "num_examples"):
+    np.testing.assert_allclose(ours_out.metrics["client_work"]["train"][key],
+                               reference_out.metrics["client_work"]["train"][key], rtol=1e-5)
+  local.close()
+  return reference.global_model_weights, ours.global_model_weights
+
+
+def _few_steps(raw, examples=32):
+  raw["client"] = {**raw["client"], "max_examples": examples, "batch_size": 16}
+  return raw
+
+
+SERVER_OPTIMIZERS = [n for n in optimizers.list_optimizers()
+                     if not optimizers.is_learning_process(n)]
+PROCESSES = [n for n in optimizers.list_optimizers() if optimizers.is_learning_process(n)]
+
+
+@pytest.mark.parametrize("name", SERVER_OPTIMIZERS + PROCESSES)
+def test_every_optimizer_matches_tff_runtime(tmp_path, name):
+  hparams = {k: v for k, v in optimizers.default_hparams(name).items()
+             if k in ("learning_rate",)}
+  raw = _few_steps(tiny(tmp_path, model={"name": "mlp", "options": {"hidden": [16]}},
+                        server={"optimizer": name, **hparams}))
+  reference, ours = _three_rounds(raw)
+  assert max(_relative_errors(reference, ours)) <= _TOLERANCE
+
+
+@pytest.mark.parametrize("weighting,lr_decay", [("num_examples", 1.0), ("uniform", 0.9),
+                                                ("num_examples", 0.9)])
+def test_weighting_and_client_lr_decay_match(tmp_path, weighting, lr_decay):
+  raw = _few_steps(tiny(tmp_path, server__client_weighting=weighting,
+                        client__lr_decay=lr_decay))
+  reference, ours = _three_rounds(raw)
+  assert max(_relative_errors(reference, ours)) <= _TOLERANCE
+
+
+def test_cnn_with_dropout_matches(tmp_path):
+  raw = _few_steps(tiny(tmp_path, model={"name": "cnn"},
+                        data={"name": "mnist5k", "num_clients": 20}))
+  reference, ours = _three_rounds(raw)
+  assert max(_relative_errors(reference, ours)) <= _TOLERANCE
+
+
+def test_char_lstm_matches(tmp_path):
+  raw = _few_steps(tiny(tmp_path, model={"name": "char_lstm",
+                                         "options": {"embedding_dim": 8, "lstm_units": 16}},
+                        data={"name": "shakespeare", "options": {"seq_length": 20}},
+                        client__clip_norm=10.0), examples=16)
+  reference, ours = _three_rounds(raw)
+  assert max(_relative_errors(reference, ours)) <= _TOLERANCE
+
+
+def test_iterator_loop_restarts_dropout_per_client(tmp_path):
+  """TFF's iterator loop keeps a seeded dropout's kernel, and so its mask sequence,
+  from one call to the next; the in-process backend gives such a computation
+  fresh kernels per client. Its rounds then equal `dataset.reduce`'s on TFF's
+  runtime, and do not depend on how many clients run at once."""
+  raw = _few_steps(tiny(tmp_path, model={"name": "cnn"},
+                        data={"name": "mnist5k", "num_clients": 20}))
+  config = load_config(raw)
+  data = load_data(config)
+  reduce_process = build_process(config, data, _REDUCE)
+  iterator_process = build_process(config, data, _ITERATOR)
+  states = {}
+  for concurrency in (1, 3):
+    local = inprocess.InProcessLearningProcess(iterator_process,
+                                               max_concurrent_clients=concurrency)
+    assert local._work.fresh_kernels  # noqa: SLF001
+    state = local.initialize()
+    for round_num in (1, 2):
+      clients = list(data.train.client_ids)[:3]
+      state = local.next(state, client_datasets(config, data, clients, round_num)).state
+    states[concurrency] = state
+    local.close()
+  for a, b in zip(tf.nest.flatten(states[1]), tf.nest.flatten(states[3])):
+    np.testing.assert_array_equal(a, b)
+  reference = reduce_process.initialize()
+  for round_num in (1, 2):
+    clients = list(data.train.client_ids)[:3]
+    reference = reduce_process.next(
+        reference, client_datasets(config, data, clients, round_num)).state
+  assert max(_relative_errors(reference.global_model_weights,
+                              states[1].global_model_weights)) <= _TOLERANCE
+
+
+def test_dropout_free_graphs_keep_their_kernels(tmp_path):
+  config = load_config(tiny(tmp_path))
+  local = inprocess.InProcessLearningProcess(build_process(config, load_data(config), _ITERATOR))
+  assert not local._work.fresh_kernels  # noqa: SLF001
+  local.close()
+
+
+def test_hparams_round_trip(tmp_path):
+  config = load_config(tiny(tmp_path))
+  process = build_process(config, load_data(config))
+  local = inprocess.InProcessLearningProcess(process)
+  state = local.initialize()
+  hparams = local.get_hparams(state)
+  assert hparams == process.get_hparams(process.initialize())
+  hparams["finalizer"]["learning_rate"] = 0.25
+  changed = local.set_hparams(state, hparams)
+  assert local.get_hparams(changed)["finalizer"]["learning_rate"] == pytest.approx(0.25)
+  assert type(changed) is type(state)
+  local.close()
+
+
+# Runs a whole experiment in a fresh interpreter that records every process it
+# starts; then reports its children and its listening sockets. The recording
+# starts after the imports: importing TensorFlow runs two short probes of other
+# libraries (`uname -p` from Python's `platform`, `lscpu` from numpy.testing).
+_ISOLATION = textwrap.dedent("""
+    import json, os, subprocess, sys
+    import tensorflow_federated
+    from tff_fedadamom.pipeline import run_experiment, runtime
+    started = []
+    _Popen = subprocess.Popen
+    class Recording(_Popen):
+      def __init__(self, args, *rest, **kwargs):
+        started.append(str(args))
+        super().__init__(args, *rest, **kwargs)
+    subprocess.Popen = Recording
+    result = run_experiment(json.loads(sys.argv[1]), progress=False)
+
+    def socket_inodes():
+      inodes = set()
+      for fd in os.listdir("/proc/self/fd"):
+        try:
+          target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+          continue
+        if target.startswith("socket:["):
+          inodes.add(target[8:-1])
+      return inodes
+
+    listening = []
+    mine = socket_inodes()
+    for table in ("tcp", "tcp6", "udp", "udp6"):
+      with open(f"/proc/net/{table}") as f:
+        for line in f.readlines()[1:]:
+          fields = line.split()
+          if fields[9] in mine and (table.startswith("udp") or fields[3] == "0A"):
+            listening.append((table, fields[1]))
+    print(json.dumps({"started": started, "children": runtime.child_pids(os.getpid()),
+                      "listening": listening, "backend": result.summary["backend"],
+                      "devices": result.summary["devices"]}))
+""")
+
+
+def test_inprocess_run_starts_no_process_and_opens_no_port(tmp_path):
+  raw = tiny(tmp_path / "run", rounds=2)
+  done = subprocess.run([sys.executable, "-c", _ISOLATION, json.dumps(raw)],
+                        capture_output=True, text=True, timeout=600,
+                        env={**os.environ, "PYTHONPATH": ROOT})
+  assert done.returncode == 0, done.stderr[-3000:]
+  report = json.loads(done.stdout.strip().splitlines()[-1])
+  assert report["backend"] == "inprocess"
+  assert report["devices"] and all("device:" in d for d in report["devices"])
+  assert report["started"] == []
+  assert report["children"] == []
+  assert report["listening"] == []
+
+
+def test_tff_cpp_backend_names_its_worker(tmp_path):
+  result = run_experiment(tiny(tmp_path / "run", rounds=1, runtime={"backend": "tff_cpp"}),
+                          progress=False)
+  assert result.summary["backend"] == "tff_cpp"
+  assert result.summary["devices"] == [runtime.TFF_CPP_DEVICE]
+
+
+@pytest.mark.parametrize("runtime_section,field,wording", [
+    ({"backend": "gpu"}, "runtime.backend", "'inprocess' or 'tff_cpp'"),
+    ({"devices": ["TPU:0"]}, "runtime.devices", "['GPU:0', 'GPU:1']"),
+    ({"devices": []}, "runtime.devices", "non-empty list"),
+    ({"backend": "tff_cpp", "devices": ["CPU:0"]}, "runtime.devices", "backend 'inprocess'"),
+])
+def test_bad_runtime_fields_are_config_errors(tmp_path, runtime_section, field, wording):
+  with pytest.raises(ConfigError) as error:
+    load_config(tiny(tmp_path, runtime=runtime_section))
+  assert field in str(error.value) and wording in str(error.value)
+
+
+def test_invisible_device_fails_before_any_round(tmp_path):
+  with pytest.raises(ConfigError, match=r"runtime\.devices.*GPU:7.*CPU:0"):
+    run_experiment(tiny(tmp_path / "run", runtime={"devices": ["GPU:7"]}), progress=False)
+  assert not os.path.exists(tmp_path / "run" / "metrics.csv")
+
+
+_TWO_CPUS = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    from tff_fedadamom.config import load_config
+    from tff_fedadamom.pipeline import inprocess
+    from tff_fedadamom.pipeline.process import build_process, client_datasets, load_data
+    config = load_config(json.loads(sys.argv[1]))
+    data = load_data(config)
+    process = build_process(config, data)
+    states, used = {}, {}
+    for devices in (["CPU:0"], ["CPU:0", "CPU:1"]):
+      local = inprocess.InProcessLearningProcess(process, devices=devices)
+      state = local.initialize()
+      for round_num in (1, 2):
+        clients = list(data.train.client_ids)[:4]
+        state = local.next(state, client_datasets(config, data, clients, round_num)).state
+      states[len(devices)] = [np.asarray(x) for x in tf.nest.flatten(state)]
+      used[len(devices)] = local._work.calls
+      local.close()
+    equal = all(np.array_equal(a, b) for a, b in zip(states[1], states[2]))
+    print(json.dumps({"equal": equal, "used": used}))
+""")
+
+
+def test_clients_spread_over_two_logical_devices(tmp_path):
+  raw = tiny(tmp_path / "run")
+  done = subprocess.run([sys.executable, "-c", _TWO_CPUS, json.dumps(raw)],
+                        capture_output=True, text=True, timeout=600,
+                        env={**os.environ, "PYTHONPATH": ROOT})
+  assert done.returncode == 0, done.stderr[-3000:]
+  report = json.loads(done.stdout.strip().splitlines()[-1])
+  # 4 clients a round, 2 rounds: round-robin puts 4 on each of two devices.
+  assert {d.split("device:")[-1]: n for d, n in report["used"]["2"].items()} == {
+      "CPU:0": 4, "CPU:1": 4}
+  assert {d.split("device:")[-1]: n for d, n in report["used"]["1"].items()} == {"CPU:0": 8}
+  assert report["equal"]
+
+
+@pytest.mark.skipif(not tf.config.list_physical_devices("GPU"),
+                    reason="TensorFlow sees no GPU here")
+def test_client_training_runs_on_the_gpu(tmp_path):
+  config = load_config(tiny(tmp_path, model={"name": "mlp"},
+                            data={"name": "mnist5k", "num_clients": 20}))
+  data = load_data(config)
+  devices = runtime.round_devices(config.runtime)
+  assert all("GPU" in d for d in devices)
+  local = runtime.executable(build_process(config, data, runtime.training_loop(devices)),
+                             config.runtime, devices)
+  tf.config.experimental.reset_memory_stats("GPU:0")
+  state = local.next(local.initialize(), client_datasets(
+      config, data, list(data.train.client_ids)[:2], 1)).state
+  # The training loop's weights and activations were allocated on the GPU.
+  assert tf.config.experimental.get_memory_info("GPU:0")["peak"] > 0
+  assert local._work.calls and all("GPU" in d for d in local._work.calls)  # noqa: SLF001
+  assert all(np.all(np.isfinite(x)) for x in tf.nest.flatten(state))
+  local.close()
