@@ -145,10 +145,16 @@ def test_iterator_loop_restarts_dropout_per_client(tmp_path):
                               states[1].global_model_weights)) <= _TOLERANCE
 
 
-def test_dropout_free_graphs_keep_their_kernels(tmp_path):
-  config = load_config(tiny(tmp_path))
-  local = inprocess.InProcessLearningProcess(build_process(config, load_data(config), _ITERATOR))
-  assert not local._work.fresh_kernels  # noqa: SLF001
+@pytest.mark.parametrize("model,loop,fresh", [
+    ("logistic", _ITERATOR, False),  # no random op
+    ("cnn", _REDUCE, False),         # dropout inside dataset.reduce: restarts by itself
+    ("cnn", _ITERATOR, True),
+])
+def test_fresh_kernels_only_where_dropout_would_go_on(tmp_path, model, loop, fresh):
+  raw = tiny(tmp_path, model={"name": model}, data={"name": "mnist5k", "num_clients": 20})
+  config = load_config(raw)
+  local = inprocess.InProcessLearningProcess(build_process(config, load_data(config), loop))
+  assert local._work.fresh_kernels is fresh  # noqa: SLF001
   local.close()
 
 

@@ -1,0 +1,294 @@
+"""A TFF TensorFlow computation, called in this Python process.
+
+TFF serializes a TensorFlow computation as a GraphDef with bindings that name
+its parameter and result tensors, and an `initialize_op` that creates its
+variables. `TFComputation` imports the graph into a `tf.compat.v1.wrap_function`
+(the import TFF's own `tensorflow_utils.deserialize_and_call_tf_computation`
+does), once per slot, and calls it like any concrete function, so TensorFlow
+places the ops on the device the slot was imported on.
+
+Every call first runs the graph's initializer and then its body, on variables
+private to the slot (their shared names carry the slot's suffix), so a call is
+a function of its arguments alone and slots can run concurrently. Graphs
+imported side by side would collide on function-library names, which are
+suffixed per import too.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+from typing import Any, Optional, Sequence
+
+import tensorflow as tf
+from tensorflow_federated.python.common_libs import structure
+from tensorflow_federated.python.core.impl.types import computation_types
+from tensorflow_federated.python.core.impl.types import type_conversions
+from tensorflow_federated.python.core.impl.utils import tensorflow_utils
+from tensorflow_federated.python.tensorflow_libs import serialization_utils
+
+_IMPORTS = itertools.count()
+_IMPORT_LOCK = threading.Lock()
+
+
+def _unique_suffix() -> str:
+  with _IMPORT_LOCK:
+    return f"ip{next(_IMPORTS)}"
+
+
+def _binding_leaves(binding) -> list[tuple[str, str]]:
+  """(kind, tensor name) of every leaf of a TFF TensorFlow binding, in type order."""
+  kind = binding.WhichOneof("binding")
+  if kind == "tensor":
+    return [("tensor", binding.tensor.tensor_name)]
+  if kind == "sequence":
+    return [("sequence", binding.sequence.variant_tensor_name)]
+  if kind == "struct":
+    return [leaf for element in binding.struct.element for leaf in _binding_leaves(element)]
+  raise ValueError(f"unsupported TensorFlow binding {kind!r}")
+
+
+def type_leaves(type_spec) -> list:
+  """The TensorType/SequenceType leaves of `type_spec`, in the order of its bindings."""
+  if isinstance(type_spec, computation_types.FederatedType):
+    return type_leaves(type_spec.member)
+  if isinstance(type_spec, computation_types.StructType):
+    return [leaf for _, element in structure.iter_elements(type_spec)
+            for leaf in type_leaves(element)]
+  return [type_spec]
+
+
+def _flatten(value, type_spec) -> list:
+  """The leaves of `value` (Python containers, Structs, arrays, datasets) in type order."""
+  if isinstance(type_spec, computation_types.FederatedType):
+    return _flatten(value, type_spec.member)
+  if isinstance(type_spec, computation_types.StructType):
+    elements = structure.iter_elements(structure.from_container(value))
+    return [leaf for (_, v), (_, t) in zip(elements, structure.iter_elements(type_spec))
+            for leaf in _flatten(v, t)]
+  return [value]
+
+
+def flatten_value(value, type_spec) -> list:
+  """The leaves of `value` as a TensorFlow computation takes them: tensors, and
+  a dataset's variant tensor (how TFF itself feeds a sequence)."""
+  out = []
+  for leaf, leaf_type in zip(_flatten(value, type_spec), type_leaves(type_spec)):
+    if isinstance(leaf_type, computation_types.SequenceType):
+      out.append(leaf._variant_tensor)  # noqa: SLF001
+    else:
+      out.append(tf.convert_to_tensor(leaf, leaf_type.dtype))
+  return out
+
+
+def _pack(leaves, type_spec):
+  """Inverse of `_flatten`: `structure.Struct`s following `type_spec`."""
+  if isinstance(type_spec, computation_types.FederatedType):
+    return _pack(leaves, type_spec.member)
+  if isinstance(type_spec, computation_types.StructType):
+    return structure.Struct([(name, _pack(leaves, element))
+                             for name, element in structure.iter_elements(type_spec)])
+  return next(leaves)
+
+
+def to_python(leaves, type_spec):
+  """Flat numpy leaves -> the Python containers TFF's own contexts return."""
+  return type_conversions.type_to_py_container(_pack(iter(leaves), type_spec), type_spec)
+
+
+def _rename_functions(graph_def, suffix: str):
+  """Suffixes every function-library name, and every reference to one.
+
+  Function names are global in TensorFlow's eager context: two imported graphs
+  whose libraries hold different functions of the same name would collide.
+  """
+  names = {f.signature.name: f"{f.signature.name}_{suffix}" for f in graph_def.library.function}
+  if not names:
+    return graph_def
+
+  def fix_attr(attr):
+    if attr.HasField("func") and attr.func.name in names:
+      attr.func.name = names[attr.func.name]
+    if attr.HasField("list"):
+      for func in attr.list.func:
+        if func.name in names:
+          func.name = names[func.name]
+
+  def fix_nodes(nodes):
+    for node in nodes:
+      if node.op in names:
+        node.op = names[node.op]
+      for attr in node.attr.values():
+        fix_attr(attr)
+
+  fix_nodes(graph_def.node)
+  for function in graph_def.library.function:
+    function.signature.name = names[function.signature.name]
+    fix_nodes(function.node_def)
+    for attr in function.attr.values():
+      fix_attr(attr)
+  for gradient in graph_def.library.gradient:
+    gradient.function_name = names.get(gradient.function_name, gradient.function_name)
+    gradient.gradient_func = names.get(gradient.gradient_func, gradient.gradient_func)
+  return graph_def
+
+
+# Random ops that keep their state in the kernel: a seeded one restarts its
+# sequence only when its kernel is created anew.
+_STATEFUL_RANDOM_OPS = frozenset({
+    "RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal",
+    "ParameterizedTruncatedNormal", "RandomGamma", "RandomPoisson", "RandomPoissonV2",
+    "RandomShuffle", "Multinomial"})
+
+
+def _referenced_functions(nodes, names) -> set[str]:
+  """Library functions that `nodes` call, except through a tf.data op.
+
+  A tf.data op (`ReduceDataset`, `MapDataset`, ...) instantiates its functions
+  anew each time it runs, so their random kernels restart by themselves.
+  """
+  found = set()
+  for node in nodes:
+    if node.op.endswith("Dataset") or node.op.endswith("DatasetV2"):
+      continue
+    if node.op in names:
+      found.add(node.op)
+    for attr in node.attr.values():
+      if attr.HasField("func"):
+        found.add(attr.func.name)
+      if attr.HasField("list"):
+        found.update(f.name for f in attr.list.func)
+  return found & names
+
+
+def needs_fresh_kernels(graph_def) -> bool:
+  """Whether a stateful random op (seeded dropout) would keep its kernel, and so
+  continue its sequence, from one call of the graph to the next."""
+  if any(node.op in _STATEFUL_RANDOM_OPS for node in graph_def.node):
+    return True  # Grappler turned the iterator loop into the graph's own while loop.
+  functions = {f.signature.name: f for f in graph_def.library.function}
+  names = set(functions)
+  pending = _referenced_functions(graph_def.node, names)
+  seen = set()
+  while pending:
+    name = pending.pop()
+    if name in seen:
+      continue
+    seen.add(name)
+    body = functions[name].node_def
+    if any(node.op in _STATEFUL_RANDOM_OPS for node in body):
+      return True
+    pending |= _referenced_functions(body, names)
+  return False
+
+
+class _Slot:
+  """One import of a TensorFlow computation: an initializer and a body sharing
+  variables (by the import's own shared names), on one device."""
+
+  def __init__(self, proto, param_leaves, device: Optional[str]):
+    tf_proto = proto.tensorflow
+    suffix = _unique_suffix()
+    graph_def = serialization_utils.unpack_graph_def(tf_proto.graph_def)
+    graph_def = _rename_functions(graph_def, suffix)
+    graph_def = tensorflow_utils._uniquify_shared_names_with_suffix(  # noqa: SLF001
+        graph_def, suffix)
+    in_names = ([name for _, name in _binding_leaves(tf_proto.parameter)]
+                if tf_proto.HasField("parameter") else [])
+    out_names = _binding_leaves(tf_proto.result)
+    init_name = tf_proto.initialize_op
+    token_name = tf_proto.session_token_tensor_name
+    signature = [tf.TensorSpec([], tf.variant) if isinstance(t, computation_types.SequenceType)
+                 else tf.TensorSpec(t.shape, t.dtype) for t in param_leaves]
+    traced = {}
+
+    def body(*args):
+      input_map = dict(zip(in_names, args))
+      if token_name:
+        input_map[token_name] = tf.constant("inprocess")
+      wanted = [name for _, name in out_names] + ([init_name] if init_name else [])
+      with tf.device(device):
+        imported = tf.graph_util.import_graph_def(
+            graph_def, input_map=input_map, return_elements=wanted, name=suffix)
+      traced["outputs"] = list(imported[:len(out_names)])
+      traced["init"] = imported[len(out_names)] if init_name else None
+      return traced["outputs"]
+
+    wrapped = tf.compat.v1.wrap_function(body, signature)
+    graph_inputs = [t for t in wrapped.inputs if t.dtype != tf.resource]
+    self._init = (wrapped.prune(feeds=[], fetches=traced["init"])
+                  if traced["init"] is not None else None)
+    self._call = wrapped.prune(feeds=graph_inputs, fetches=traced["outputs"])
+    self.device = device
+
+  def __call__(self, flat_args):
+    if self._init is not None:
+      self._init()
+    return self._call(*flat_args)
+
+
+class TFComputation:
+  """A TFF TensorFlow computation callable in-process, with `slots` concurrent callers
+  per device.
+
+  Arguments and results are Python containers as TFF's contexts use them
+  (attrs classes, OrderedDicts, numpy arrays); results come back as numpy.
+  """
+
+  def __init__(self, computation, devices: Sequence[Optional[str]] = (None,),
+               slots_per_device: int = 1, result_type=None):
+    proto = computation._computation_proto  # noqa: SLF001
+    if proto.WhichOneof("computation") != "tensorflow":
+      raise TypeError(f"not a TensorFlow computation: {computation.type_signature}")
+    self.type_signature = computation.type_signature
+    # Seeded dropout is a stateful random op inside the training loop's body.
+    # TFF's `dataset.reduce` loop creates its body's kernels afresh for every
+    # client, so the masks restart with each client; the iterator loop's body
+    # is a function that keeps its kernels from one call to the next, so the
+    # sequence would go on, and a client's masks would depend on what ran
+    # before it on the same slot. Such computations get fresh kernels for
+    # every call (a new import: slower, but a function of the inputs alone).
+    self.fresh_kernels = needs_fresh_kernels(
+        serialization_utils.unpack_graph_def(proto.tensorflow.graph_def))
+    self._proto = proto
+    # The containers of the results (TFF's compiler drops the Python container
+    # types of the computations it derives; the caller may know them).
+    self.result_type = result_type if result_type is not None else self.type_signature.result
+    parameter = self.type_signature.parameter
+    self._param_leaves = type_leaves(parameter) if parameter is not None else []
+    self._devices = list(devices)
+    # Calls per device, for the record (`summary.json` names where rounds ran).
+    self.calls: dict[Optional[str], int] = {}
+    self._lock = threading.Lock()
+    self._pools = []
+    for device in self._devices:
+      pool = queue.SimpleQueue()
+      for _ in range(0 if self.fresh_kernels else slots_per_device):
+        pool.put(_Slot(proto, self._param_leaves, device))
+      self._pools.append(pool)
+
+  @property
+  def num_devices(self) -> int:
+    return len(self._pools)
+
+  def call_flat_leaves(self, leaves: Sequence[Any], device_index: int = 0) -> list:
+    """Runs on device `device_index` with the parameter's flat leaves (see
+    `flatten_value`); returns the flat result tensors."""
+    device = self._devices[device_index % len(self._devices)]
+    with self._lock:
+      self.calls[device] = self.calls.get(device, 0) + 1
+    if self.fresh_kernels:
+      return _Slot(self._proto, self._param_leaves, device)(leaves)
+    pool = self._pools[device_index % len(self._pools)]
+    slot = pool.get()
+    try:
+      return slot(leaves)
+    finally:
+      pool.put(slot)
+
+  def __call__(self, arg=None, device_index: int = 0):
+    parameter = self.type_signature.parameter
+    leaves = flatten_value(arg, parameter) if parameter is not None else []
+    flat = [t.numpy() for t in self.call_flat_leaves(leaves, device_index)]
+    return to_python(flat, self.result_type)
