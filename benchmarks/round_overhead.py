@@ -37,7 +37,7 @@ def _config(args, output_dir):
       "model": {"name": args.model},
       "client": {"learning_rate": 0.05, "batch_size": 20, "local_epochs": 1},
       "server": {"optimizer": "fedavg", "learning_rate": 1.0},
-      "runtime": {"max_concurrent_clients": args.concurrency},
+      "runtime": {"max_concurrent_clients": args.concurrency, "backend": args.backend},
   })
 
 
@@ -72,13 +72,11 @@ def main(argv=None):
   parser.add_argument("--clients", type=int, default=10)
   parser.add_argument("--model", default="cnn")
   parser.add_argument("--concurrency", type=int, default=None,
-                      help="TFF max concurrent client computations (default: TFF's)")
+                      help="clients run at once (runtime.max_concurrent_clients)")
+  parser.add_argument("--backend", default="auto", choices=["auto", "inprocess", "tff_cpp"])
   args = parser.parse_args(argv)
-  runtime.install_worker_cleanup()
   with tempfile.TemporaryDirectory() as tmp:
     config = _config(args, tmp)
-    if args.concurrency:
-      runtime.use_tff_cpp(args.concurrency)
     data = load_data(config)
     ids = list(data.train.client_ids)
     rounds = [sample_clients(ids, args.clients, 0, r) for r in range(args.rounds + 1)]
@@ -86,7 +84,10 @@ def main(argv=None):
     print(f"model {args.model}, {args.clients} clients/round x {per_client} examples, "
           f"batch 20, 1 local epoch; {args.rounds} timed rounds after 1 warm-up")
 
-    process = build_process(config, data)
+    # The process as the pipeline runs it (the config's backend: in-process by default).
+    devices = runtime.round_devices(config.runtime)
+    process = runtime.executable(build_process(config, data, runtime.training_loop(devices)),
+                                 config.runtime, devices)
     state = process.initialize()
     tff_times = []
     for r, clients in enumerate(rounds):

@@ -69,26 +69,55 @@ def _alive(pids, timeout=10.0):
     time.sleep(0.1)
 
 
+BACKENDS = ["inprocess", "tff_cpp"]
+
+
+def _run(out, backend, **overrides):
+  return tiny(out, runtime={"backend": backend}, **overrides)
+
+
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-  """An uninterrupted 5-round run."""
-  out = tmp_path_factory.mktemp("ref") / "run"
-  return run_experiment(tiny(out, rounds=5), progress=False)
+def references(tmp_path_factory):
+  """An uninterrupted 5-round run per backend, made when first asked for."""
+  made = {}
+
+  def get(backend):
+    if backend not in made:
+      out = tmp_path_factory.mktemp(f"ref_{backend}") / "run"
+      made[backend] = run_experiment(_run(out, backend, rounds=5), progress=False)
+    return made[backend]
+
+  return get
 
 
-def test_kill_9_then_rerun_finishes_identically(tmp_path, reference):
+@pytest.fixture(scope="module")
+def reference(references):
+  return references("inprocess")
+
+
+def _check_children(children, backend):
+  """inprocess starts no process; tff_cpp starts TFF's worker."""
+  if backend == "inprocess":
+    assert children == [], "an in-process run starts no child process"
+  else:
+    assert children, "the run should have started TFF's worker"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_kill_9_then_rerun_finishes_identically(tmp_path, references, backend):
   out = tmp_path / "run"
   config = tmp_path / "c.yaml"
-  config.write_text(yaml.safe_dump(tiny(out, rounds=5)))
+  config.write_text(yaml.safe_dump(_run(out, backend, rounds=5)))
   proc = _start(config)
   _wait_for_rows(proc, out, 2)
   children = _descendants(proc.pid)
-  assert children, "the run should have started TFF's worker"
+  _check_children(children, backend)
   os.kill(proc.pid, signal.SIGKILL)
   proc.wait(timeout=30)
-  # The worker was tied to its parent: it died with it.
+  # A worker was tied to its parent: it died with it.
   assert _alive(children) == []
-  result = run_experiment(tiny(out, rounds=5), progress=False)
+  reference = references(backend)
+  result = run_experiment(_run(out, backend, rounds=5), progress=False)
   assert result.summary["status"] == "completed"
   assert result.summary["final_test_accuracy"] == reference.summary["final_test_accuracy"]
   for a, b in zip(_weights(out), _weights(reference.output_dir)):
@@ -96,15 +125,16 @@ def test_kill_9_then_rerun_finishes_identically(tmp_path, reference):
   assert [r["round"] for r in outputs.read_metrics(out)] == [1, 2, 3, 4, 5]
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_signals_mid_run_leave_no_child(tmp_path, sig):
+def test_signals_mid_run_leave_no_child(tmp_path, sig, backend):
   out = tmp_path / "run"
   config = tmp_path / "c.yaml"
-  config.write_text(yaml.safe_dump(tiny(out, rounds=200, eval_every=50)))
+  config.write_text(yaml.safe_dump(_run(out, backend, rounds=200, eval_every=50)))
   proc = _start(config)
   _wait_for_rows(proc, out, 1)
   children = _descendants(proc.pid)
-  assert children
+  _check_children(children, backend)
   os.kill(proc.pid, sig)
   proc.wait(timeout=60)
   assert proc.returncode != 0
