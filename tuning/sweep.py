@@ -423,7 +423,7 @@ def run_sweep(sweep, *, resume: bool = False, smoke_test: bool = False,
   _LIVE[sweep_dir] = state
   results, interrupted = {}, False
   try:
-    with ray_session(sweep.resources), workers.worker_pool(reuse_workers) as pool:
+    with ray_session(sweep.resources), workers.worker_pool(sweep, reuse_workers) as pool:
       for optimizer in sweep.optimizers:
         progress = SweepProgress(sweep_dir, optimizer, progress_interval_s)
         experiment_dir = os.path.join(sweep_dir, optimizer)

@@ -48,6 +48,7 @@ that the trial's process still runs (on the same node), and gives the trial up.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import queue
 import shutil
@@ -59,8 +60,9 @@ from typing import Any, Callable, Optional, Sequence
 import ray
 
 NAMESPACE = "tff_fedadamom"
-# Built experiments each worker keeps: a sweep runs its optimizers one after
-# another, so two cover the current one and the one before.
+# Built experiments each worker keeps at least: a sweep runs its optimizers one
+# after another, so two cover the current one and the one before; a pool keeps
+# one per optimizer, which it warms up ahead of their trials.
 PARTS_PER_WORKER = 2
 # How often a waiting worker checks that its trial's process still runs.
 _POLL_S = 0.2
@@ -121,10 +123,21 @@ class _Trial:
 
 
 class TrialWorker:
-  """Runs trials one at a time, keeping their parts (see the module doc)."""
+  """Runs trials one at a time, keeping their parts (see the module doc).
 
-  def __init__(self, parts_per_worker: int = PARTS_PER_WORKER):
+  Args:
+    parts_per_worker: The size of its `PartsCache`.
+    warm: Callables returning experiment dicts (one per optimizer of the
+      sweep, in the order the sweep runs them): while no trial waits, the
+      worker builds their parts and runs `parts.warm_up`, so that a trial
+      whose structure is among them starts with its process built and
+      compiled. Best effort: a warm-up that fails is skipped.
+  """
+
+  def __init__(self, parts_per_worker: int = PARTS_PER_WORKER,
+               warm: Sequence[Callable[[], dict]] = ()):
     self._parts_per_worker = parts_per_worker
+    self._warm = list(warm)
     self._jobs: queue.Queue = queue.Queue()
     self._lock = threading.Lock()
     self._current: Optional[_Trial] = None
@@ -134,10 +147,6 @@ class TrialWorker:
 
   def pid(self) -> int:
     return os.getpid()
-
-  def cache_stats(self) -> dict:
-    cache = self._cache
-    return {"hits": cache.hits, "misses": cache.misses} if cache else {"hits": 0, "misses": 0}
 
   def claim(self, token: str, owner: tuple[int, int], wait_s: float = _CLAIM_WAIT_S) -> bool:
     """Takes the worker for trial `token` if it is free, or once the trial it
@@ -186,7 +195,12 @@ class TrialWorker:
 
   def _loop(self) -> None:
     while True:
-      trial, make_experiment, make_result, scratch = self._jobs.get()
+      try:
+        job = self._jobs.get(block=not self._warm)
+      except queue.Empty:
+        self._warm_up(self._warm.pop(0))
+        continue
+      trial, make_experiment, make_result, scratch = job
       try:
         self._run(trial, make_experiment, make_result)
       except BaseException:  # noqa: BLE001 - the error goes to the trainable
@@ -197,17 +211,31 @@ class TrialWorker:
       finally:
         trial.finished.set()
 
-  def _run(self, trial: _Trial, make_experiment, make_result) -> None:
+  def _parts(self, make_experiment):
+    """(config, parts) of an experiment, through this worker's cache."""
     from tff_fedadamom.config import load_config
-    from tff_fedadamom.pipeline import run_experiment, runtime
+    from tff_fedadamom.pipeline import runtime
     from tff_fedadamom.pipeline.parts import PartsCache
 
     runtime.install_worker_cleanup()
     if self._cache is None:
       self._cache = PartsCache(self._parts_per_worker)
-    trial.check()
     config = load_config(make_experiment())
-    parts = self._cache.get(config)
+    return config, self._cache.get(config)
+
+  def _warm_up(self, make_experiment) -> None:
+    from tff_fedadamom.pipeline.parts import warm_up
+
+    try:
+      warm_up(*self._parts(make_experiment))
+    except Exception:  # noqa: BLE001 - the trial builds what warming could not
+      traceback.print_exc()
+
+  def _run(self, trial: _Trial, make_experiment, make_result) -> None:
+    from tff_fedadamom.pipeline import run_experiment
+
+    trial.check()
+    config, parts = self._parts(make_experiment)
     run_experiment(config, parts=parts, progress=False, on_round=trial.check,
                    on_eval=lambda event: trial.hand_over(make_result(event)))
     trial.events.put(("done", None))
@@ -216,15 +244,33 @@ class TrialWorker:
 class WorkerPool:
   """Hands out `TrialWorker`s by (node, threads, GPU ids); see the module doc."""
 
-  def __init__(self, parts_per_worker: int = PARTS_PER_WORKER):
+  def __init__(self, parts_per_worker: int = PARTS_PER_WORKER,
+               warm: Sequence[Callable[[], dict]] = ()):
     self._parts_per_worker = parts_per_worker
+    self._warm = list(warm)
     self._workers: dict[tuple, list] = {}
+
+  def _start(self, key: tuple):
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    node_id, threads, gpu_ids = key
+    env = {**worker_env(threads, gpu_ids), "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+           "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
+    worker = ray.remote(TrialWorker).options(
+        num_cpus=0, max_concurrency=4, runtime_env={"env_vars": env},
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+    ).remote(self._parts_per_worker, self._warm)
+    self._workers.setdefault(key, []).append(worker)
+    return worker
+
+  def prestart(self, node_id: str, threads: int, count: int) -> None:
+    """Starts `count` CPU workers on `node_id` ahead of the first trials."""
+    for _ in range(count):
+      self._start((node_id, threads, ()))
 
   def acquire(self, node_id: str, threads: int, gpu_ids: Sequence[str], token: str,
               owner: tuple[int, int]):
     """A worker claimed for trial `token`, on node `node_id`."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
     key = (node_id, threads, tuple(gpu_ids))
     workers = self._workers.setdefault(key, [])
     for worker in list(workers):
@@ -233,13 +279,7 @@ class WorkerPool:
           return worker
       except ray.exceptions.RayActorError:
         workers.remove(worker)
-    env = {**worker_env(threads, gpu_ids), "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
-           "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
-    worker = ray.remote(TrialWorker).options(
-        num_cpus=0, max_concurrency=4, runtime_env={"env_vars": env},
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-    ).remote(self._parts_per_worker)
-    workers.append(worker)
+    worker = self._start(key)
     if not ray.get(worker.claim.remote(token, owner)):
       raise RuntimeError("a new trial worker refused its first trial")
     return worker
@@ -253,18 +293,42 @@ class WorkerPool:
     self._workers.clear()
 
 
-@contextlib.contextmanager
-def worker_pool(enabled: bool = True, parts_per_worker: int = PARTS_PER_WORKER):
-  """Starts a `WorkerPool` for one sweep; yields its name (None when disabled).
+def _prestart_count(resources) -> int:
+  """How many trials of `resources` fit on this node at once, when this node is
+  the whole cluster and trials need no GPU (else 0: where and with which GPUs
+  trials will run is known only when they start)."""
+  nodes = [n for n in ray.nodes() if n.get("Alive")]
+  if len(nodes) != 1 or resources.gpus_per_trial:
+    return 0
+  fits = int(nodes[0]["Resources"].get("CPU", 0) // resources.cpus_per_trial)
+  return max(1, min(fits, resources.max_concurrent_trials or fits))
 
-  Must run inside a Ray session. On exit the pool's workers and the pool end.
+
+@contextlib.contextmanager
+def worker_pool(sweep, enabled: bool = True):
+  """Starts a `WorkerPool` for `sweep`; yields its name (None when disabled).
+
+  Must run inside a Ray session. On a one-node cluster it starts the workers
+  the first trials will use right away, so that their imports and warm-up
+  overlap Tune's own start. On exit the pool's workers and the pool end.
   """
   if not enabled:
     yield None
     return
+
+  from tuning import space as space_lib
+
+  threads = max(1, int(sweep.resources.cpus_per_trial))
+  warm = [functools.partial(space_lib.experiment_dict, sweep, optimizer, {},
+                            output_dir=os.path.join("warm-up", optimizer), threads=threads)
+          for optimizer in sweep.optimizers]
   name = f"trial-pool-{uuid.uuid4().hex[:12]}"
   pool = ray.remote(WorkerPool).options(
-      name=name, namespace=NAMESPACE, num_cpus=0).remote(parts_per_worker)
+      name=name, namespace=NAMESPACE, num_cpus=0).remote(
+          max(PARTS_PER_WORKER, len(warm)), warm)
+  count = _prestart_count(sweep.resources)
+  if count:
+    pool.prestart.remote(ray.get_runtime_context().get_node_id(), threads, count)
   try:
     yield name
   finally:

@@ -181,6 +181,22 @@ def initial_state(config: ExperimentConfig, process):
   return process.set_hparams(state, hparams)
 
 
+def warm_up(config: ExperimentConfig, parts: ExperimentParts) -> None:
+  """Runs once, on a throwaway state, what a run's first round and evaluation
+  would otherwise compile: `initial_state`, one `next` on round 1's clients,
+  and one evaluation. Nothing of it is kept but the compiled computations."""
+  from tff_fedadamom.pipeline import process as process_lib
+  from tff_fedadamom.pipeline.runner import sample_clients
+
+  check_parts(config, parts)
+  state = initial_state(config, parts.process)
+  sampled = sample_clients(list(parts.data.train.client_ids), config.clients_per_round,
+                           config.seed, 1)
+  state = parts.process.next(
+      state, process_lib.client_datasets(config, parts.data, sampled, 1)).state
+  parts.evaluator(parts.process, state)
+
+
 class PartsCache:
   """The parts of the last `max_size` structure keys, least recently used out.
 
