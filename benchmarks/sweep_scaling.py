@@ -152,10 +152,12 @@ def asha(root: str, trials: int, rounds: int, optimizers: list[str]) -> None:
   raw["optimizers"] = optimizers
   raw["budget"] = {"trials_per_optimizer": trials, "rounds": rounds}
   raw["scheduler"]["grace_period"] = eval_every
+  raw["metric"]["last_k"] = min(raw["metric"]["last_k"], rounds // eval_every)
   raw["resources"]["storage_path"] = root
   print(f"3. ASHA on fmnist_all_optimizers at a reduced budget: {optimizers}, {trials} "
         f"trials x {rounds} rounds each (the file: {_sweep_file('fmnist_all_optimizers')['budget']}), "
         f"grace period {eval_every}, reduction factor {raw['scheduler']['reduction_factor']}, "
+        f"objective: mean of the last {raw['metric']['last_k']} evaluations, "
         f"{raw['resources']['cpus_per_trial']} CPUs per trial", flush=True)
   full = _Run({**copy.deepcopy(raw), "name": "fmnist_full", "scheduler": {"kind": "none"}})
   early = _Run({**copy.deepcopy(raw), "name": "fmnist_asha"})

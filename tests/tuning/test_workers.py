@@ -9,7 +9,7 @@ from ray import tune
 
 from tests.tuning.conftest import tiny_base, write_sweep
 from tuning import run_sweep
-from tuning.workers import process_identity, worker_env
+from tuning.workers import NAMESPACE, WorkerPool, process_identity, worker_env
 
 METRICS = ["round", "train/loss", "train/accuracy", "test/loss", "test/accuracy", "objective"]
 
@@ -95,3 +95,28 @@ def test_worker_env_sizes_threads_and_shows_only_the_trials_gpus():
 def test_process_identity_tells_ended_processes():
   assert process_identity(os.getpid())[0] == os.getpid()
   assert process_identity(2 ** 22 + 12345) is None
+
+
+def test_a_worker_sees_the_gpus_of_its_trial_and_ray_leaves_them_alone():
+  """Ray blanks CUDA_VISIBLE_DEVICES of a zero-GPU actor unless told not to; a
+  worker (zero GPUs of its own) must keep the GPU ids of the trial it serves.
+  Ray is told of one GPU here; no GPU is needed (nothing runs on it)."""
+  import ray
+
+  ray.init(address="local", num_cpus=1, num_gpus=1, include_dashboard=False,
+           _node_ip_address="127.0.0.1", log_to_driver=False, configure_logging=False)
+  try:
+    pool = ray.remote(WorkerPool).options(namespace=NAMESPACE, num_cpus=0).remote()
+    node = ray.get_runtime_context().get_node_id()
+    owner = process_identity(os.getpid())
+    gpu = ray.get(pool.acquire.remote(node, 1, ["0"], "a", owner))
+    cpu = ray.get(pool.acquire.remote(node, 2, [], "b", owner))
+    assert ray.get(gpu.environ.remote("CUDA_VISIBLE_DEVICES")) == "0"
+    assert ray.get(cpu.environ.remote("CUDA_VISIBLE_DEVICES")) == ""
+    assert ray.get(cpu.environ.remote("TF_NUM_INTRAOP_THREADS")) == "2"
+    # A busy worker is not handed out again: another trial of its key gets a new one.
+    again = ray.get(pool.acquire.remote(node, 1, ["0"], "c", owner))
+    assert ray.get(again.pid.remote()) != ray.get(gpu.pid.remote())
+    ray.get(pool.shutdown.remote())
+  finally:
+    ray.shutdown()
