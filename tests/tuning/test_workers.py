@@ -97,11 +97,13 @@ def test_process_identity_tells_ended_processes():
   assert process_identity(2 ** 22 + 12345) is None
 
 
-def test_a_worker_sees_the_gpus_of_its_trial_and_ray_leaves_them_alone():
+def test_a_worker_sees_the_gpus_of_its_trial_and_ray_leaves_them_alone(monkeypatch):
   """Ray blanks CUDA_VISIBLE_DEVICES of a zero-GPU actor unless told not to; a
   worker (zero GPUs of its own) must keep the GPU ids of the trial it serves.
   Ray is told of one GPU here; no GPU is needed (nothing runs on it)."""
   import ray
+
+  monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)  # tests/conftest.py hides GPUs
 
   ray.init(address="local", num_cpus=1, num_gpus=1, include_dashboard=False,
            _node_ip_address="127.0.0.1", log_to_driver=False, configure_logging=False)
