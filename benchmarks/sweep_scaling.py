@@ -84,8 +84,13 @@ class _Run:
     trials = [r for grid in result.results.values() for r in grid]
     self.trials = len(trials)
     self.rounds = sum(int(r.metrics.get("round", 0)) for r in trials)
-    self.trial_seconds = sum(float(r.metrics.get("time_total_s", 0.0)) for r in trials)
-    self.round_seconds = sum(float(r.metrics.get("time/elapsed_s", 0.0)) for r in trials)
+    totals = [float(r.metrics.get("time_total_s", 0.0)) for r in trials]
+    rounds = [float(r.metrics.get("time/elapsed_s", 0.0)) for r in trials]
+    self.trial_seconds, self.round_seconds = sum(totals), sum(rounds)
+    # What a trial pays besides its rounds, median over the trials (so without
+    # the few that waited for a worker to start).
+    gaps = sorted(t - r for t, r in zip(totals, rounds))
+    self.median_gap = gaps[len(gaps) // 2] if gaps else float("nan")
     self.errors = sum(r.error is not None for r in trials)
     full = raw["budget"]["rounds"]
     self.best = {}
@@ -121,7 +126,8 @@ def quickstart(root: str) -> None:
     print(f"  {label:<8}: {run.trials} trials ({run.errors} errored) in {run.wall:6.1f} s "
           f"-> {run.per_hour():7.1f} trials/hour; rounds {run.round_seconds:6.1f} s of "
           f"{run.trial_seconds:6.1f} trial-seconds; overhead share {by_trial:.0%} "
-          f"(per trial), {by_slot:.0%} (of the sweep's slots)", flush=True)
+          f"(per trial), {by_slot:.0%} (of the sweep's slots); median trial: "
+          f"{run.median_gap:.2f} s besides its rounds", flush=True)
   speedup = runs["reuse"].per_hour() / runs["no reuse"].per_hour()
   by_trial, by_slot = runs["reuse"].overhead(concurrent)
   print(f"  trials/hour with reuse: {speedup:.2f}x (goal >= 3) "
@@ -182,7 +188,9 @@ def main(argv=None) -> int:
   parser.add_argument("--skip-quickstart", action="store_true")
   parser.add_argument("--skip-scaling", action="store_true")
   parser.add_argument("--skip-asha", action="store_true")
-  parser.add_argument("--trials", type=int, default=6, help="trials per scaling run")
+  # Enough trials that the sweep's one-off costs (Tune's start, the workers'
+  # imports) do not hide how the trials themselves scale.
+  parser.add_argument("--trials", type=int, default=24, help="trials per scaling run")
   parser.add_argument("--rounds", type=int, default=12, help="rounds per scaling trial")
   parser.add_argument("--fmnist-trials", type=int, default=4)
   parser.add_argument("--fmnist-rounds", type=int, default=20)

@@ -359,7 +359,10 @@ def _new_tuner(sweep: Sweep, optimizer: str, sweep_dir: str, callbacks: list,
       max_concurrent_trials=(sweep.resources.max_concurrent_trials
                              if sweep.search.kind == "optuna" else None),
       time_budget_s=budget / len(sweep.optimizers) if budget else None,
-      reuse_actors=False, trial_dirname_creator=_trial_dirname)
+      # With a worker pool a trial's own process only reports (it never imports
+      # TensorFlow), so Tune may hand it the next trial of this Tuner. Without,
+      # a trial's process holds TFF's runtime, bound to the trial's thread.
+      reuse_actors=pool is not None, trial_dirname_creator=_trial_dirname)
   run_config = tune.RunConfig(
       name=optimizer, storage_path=sweep_dir, verbose=0, callbacks=callbacks,
       failure_config=tune.FailureConfig(max_failures=sweep.resources.max_failures),
