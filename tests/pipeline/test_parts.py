@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from tff_fedadamom.config import load_config
-from tff_fedadamom.optimizers import OPTIMIZERS, default_hparams
+from tff_fedadamom.optimizers import OPTIMIZERS, default_hparams, is_learning_process
 from tff_fedadamom.pipeline import build_process, run_experiment
 from tff_fedadamom.pipeline import parts as parts_lib
 from tff_fedadamom.pipeline.process import load_data
@@ -36,20 +36,22 @@ def tiny(output_dir="unused", **sections):
 
 
 def _other_values(optimizer):
-  """Every hparam of `optimizer` but the initial preconditioner (an initializer,
-  not an hparam) moved to another valid value: rates and epsilons halved,
-  betas and momentum 1.5 times as far from 1, FedAdamom's small beta_2 doubled."""
+  """The hparams a sweep tunes (the registry's `tunable`), moved to other valid
+  values: rates and epsilons halved, beta_2 and momentum 1.5 times as far from
+  1, FedAdamom's small beta_2 doubled."""
   out = {}
-  for name, value in default_hparams(optimizer).items():
-    if name == "initial_preconditioner":
-      continue
-    if name in ("beta_1", "momentum") or (name == "beta_2" and value > 0.5):
+  for name in OPTIMIZERS[optimizer].tunable:
+    value = default_hparams(optimizer)[name]
+    if name == "momentum" or (name == "beta_2" and value > 0.5):
       out[name] = 1 - (1 - value) * 1.5
     elif name == "beta_2":
       out[name] = value * 2
     else:
       out[name] = value * 0.5
   return out
+
+
+SERVER_OPTIMIZERS = sorted(n for n in OPTIMIZERS if not is_learning_process(n))
 
 
 def _leaves(state):
@@ -61,7 +63,7 @@ def data():
   return load_data(tiny())
 
 
-@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("optimizer", SERVER_OPTIMIZERS)
 @pytest.mark.parametrize("lr_decay", [1.0, 0.99])
 def test_set_hparams_gives_the_initial_state_of_a_fresh_process(data, optimizer, lr_decay):
   """Parts built for config A, hparams of config B set in: B's own initial state,
@@ -87,8 +89,11 @@ def test_set_hparams_gives_the_initial_state_of_a_fresh_process(data, optimizer,
   assert any(not np.array_equal(x, w) for x, w in zip(_leaves(shared.initialize()), want))
   held = parts_lib.state_hparams(b)
   hparams = fresh.get_hparams(fresh.initialize())
-  assert {(c, n) for c, n in held.values()} == {
-      (c, n) for c in ("client_work", "finalizer") for n in hparams[c]}
+  # Every state hparam named like a config value is set from it (FADAS also
+  # holds `max_delay`, derived from `delay_threshold`: that one keys the structure).
+  named = set(parts_lib.resolved_server_hparams(b))
+  assert set(held.values()) == {("client_work", n) for n in hparams["client_work"]} | {
+      ("finalizer", n) for n in hparams["finalizer"] if n in named}
 
 
 @pytest.mark.parametrize("change, same", [
@@ -96,6 +101,8 @@ def test_set_hparams_gives_the_initial_state_of_a_fresh_process(data, optimizer,
     ({"client": {"learning_rate": 0.02}}, True),
     ({"rounds": 9, "output_dir": "elsewhere", "name": "x",
       "runtime": {"threads": 1}}, True),
+    ({"runtime": {"backend": "tff_cpp"}}, False),
+    ({"runtime": {"max_concurrent_clients": 1}}, False),
     ({"client": {"batch_size": 8}}, False),
     ({"client": {"local_epochs": 2}}, False),
     ({"client": {"lr_decay": 0.99}}, False),
@@ -119,6 +126,20 @@ def test_schedules_and_decay_key_the_rates_they_bake_in():
   yogi = {"optimizer": "fedyogi"}
   assert parts_lib.structure_key(tiny(server={**yogi, "initial_preconditioner": 0.1})) != \
       parts_lib.structure_key(tiny(server=yogi))
+
+
+@pytest.mark.parametrize("optimizer", sorted(set(OPTIMIZERS) - set(SERVER_OPTIMIZERS)))
+def test_whole_learning_processes_key_every_value(optimizer):
+  """Registry entries that build the whole process (FedCAda, FAFED) are not
+  looked into: another value of any hparam or the client rate rebuilds."""
+  base = tiny(server={"optimizer": optimizer})
+  assert parts_lib.state_hparams(base) == {}
+  for name, value in _other_values(optimizer).items():
+    moved = tiny(server={"optimizer": optimizer, name: value})
+    assert parts_lib.structure_key(moved) != parts_lib.structure_key(base), name
+  assert parts_lib.structure_key(tiny(server={"optimizer": optimizer},
+                                      client={"learning_rate": 0.37})) != \
+      parts_lib.structure_key(base)
 
 
 def _rows(output_dir):
