@@ -1,21 +1,35 @@
-"""Sweep throughput and ASHA savings on this machine.
+"""Sweep throughput, overhead, concurrency scaling and ASHA savings on this machine.
 
-    python benchmarks/sweep_scaling.py [--trials 6] [--rounds 12] [--asha-trials 6]
+    python benchmarks/sweep_scaling.py [--skip-quickstart] [--skip-scaling] [--skip-asha]
+        [--fmnist-trials 4] [--fmnist-rounds 20] [--fmnist-optimizers fedadamom]
 
-1. Trials per hour with 1 and with 2 concurrent trials (1 CPU each, the same
-   trials both times), and their ratio: on 2 cores the goal is >= 1.6.
-2. The same random trials run to the end and under ASHA: the rounds (compute)
-   ASHA saved, the wall time of each, and the best objective found each way.
+1. Worker reuse on `configs/sweeps/quickstart.yaml` (12 trials x 6 rounds,
+   2 at a time): the same sweep with long-lived workers (the default) and with
+   `reuse_workers=False` (every trial in a process of its own, the "before"),
+   one after the other in this run. For each: trials per hour, and the overhead
+   share, 1 - (sum of the trials' round time) / (their wall time), with a
+   trial's wall time counted two ways: Tune's `time_total_s` (what the trial's
+   process measured, from its start) and its share of the sweep's slots
+   (sweep wall time x concurrent trials / trials). Goals: overhead <= 20% and
+   >= 3x the trials per hour with reuse.
+2. Trials per hour with 1 and with 2 concurrent trials (1 CPU each, the same
+   FedAvg / digits / MLP trials both times, workers reused), and their ratio:
+   on 2 cores the goal is >= 1.6.
+3. ASHA on `configs/sweeps/fmnist_all_optimizers.yaml` at a reduced budget
+   (the flags above; grace period = one evaluation), against the same sweep
+   with every trial run to the end: trial-rounds and trial-seconds saved, and
+   whether the best objectives agree within 0.5 points. Goal: >= 50% of the
+   trial-seconds saved.
 
-Trials are real: FedAvg / FedAdamom on the digits data with a small MLP, through
-`tuning.run_sweep` on one local Ray started here (127.0.0.1, no dashboard).
-Wall times include each trial's process start, imports and TFF compilation,
-which is what a sweep pays per trial.
+Every trial is real, through `tuning.run_sweep` on one local Ray started here
+(127.0.0.1, no dashboard). Absolute times depend on the machine and its load;
+the ratios are measured within one run.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import shutil
 import sys
@@ -23,63 +37,165 @@ import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
 
-def _base(rounds: int) -> dict:
-  return {
-      "seed": 0, "rounds": rounds, "eval_every": 1, "checkpoint_every": 1,
-      "targets": [0.5, 0.8], "telemetry": False, "clients_per_round": 5,
-      "data": {"name": "digits", "num_clients": 20,
-               "partition": {"kind": "dirichlet", "alpha": 0.5}},
-      "model": {"name": "mlp"},
-      "client": {"learning_rate": 0.1, "batch_size": 20, "local_epochs": 2},
-      "server": {"optimizer": "fedavg"},
-  }
+def _sweep_file(name: str) -> dict:
+  from tuning import schema
+
+  return schema.sweep_to_dict(schema.load_sweep(
+      os.path.join(ROOT, "configs", "sweeps", f"{name}.yaml")))
 
 
-def _sweep(name, root, *, optimizer, trials, rounds, concurrent, asha=None, seed=0):
+def _digits_sweep(name, root, *, trials, rounds, concurrent, seed=0):
   return {
       "name": name,
-      "base": _base(rounds),
-      "optimizers": [optimizer],
+      "base": {
+          "seed": 0, "rounds": rounds, "eval_every": 1, "checkpoint_every": 1,
+          "targets": [0.5, 0.8], "telemetry": False, "clients_per_round": 5,
+          "data": {"name": "digits", "num_clients": 20,
+                   "partition": {"kind": "dirichlet", "alpha": 0.5}},
+          "model": {"name": "mlp"},
+          "client": {"learning_rate": 0.1, "batch_size": 20, "local_epochs": 2},
+          "server": {"optimizer": "fedavg"},
+      },
+      "optimizers": ["fedavg"],
       "budget": {"trials_per_optimizer": trials, "rounds": rounds},
       "space": {"client.learning_rate": {"dist": "loguniform", "low": 0.01, "high": 1.0}},
       "search": {"kind": "random", "seed": seed},
-      "scheduler": asha or {"kind": "none"},
+      "scheduler": {"kind": "none"},
       "metric": {"name": "test/accuracy", "last_k": 1, "mode": "max"},
       "resources": {"cpus_per_trial": 1, "max_concurrent_trials": concurrent,
                     "storage_path": root},
   }
 
 
-def _run(raw):
-  """(wall s, trials, rounds each trial ran, best objective of the trials that ran
-  the whole budget (the ones an export would choose from), trial-seconds)."""
-  from tuning import run_sweep
+class _Run:
+  """One sweep's measurements."""
 
-  with open(os.devnull, "w") as quiet:
-    start = time.perf_counter()
-    result = run_sweep(raw, progress_interval_s=3600, stream=quiet)
-    wall = time.perf_counter() - start
-  grid = next(iter(result.results.values()))
-  rounds = [int(r.metrics.get("round", 0)) for r in grid]
-  trial_seconds = sum(float(r.metrics.get("time_total_s", 0.0)) for r in grid)
-  full = raw["budget"]["rounds"]
-  best = max((r.metrics["objective"] for r in grid
-              if not r.metrics.get("diverged") and int(r.metrics["round"]) == full),
-             default=float("nan"))
-  return wall, len(grid), rounds, best, trial_seconds
+  def __init__(self, raw, reuse: bool = True):
+    from tuning import run_sweep
+
+    with open(os.devnull, "w") as quiet:
+      start = time.perf_counter()
+      result = run_sweep(raw, progress_interval_s=3600, stream=quiet, reuse_workers=reuse)
+      self.wall = time.perf_counter() - start
+    trials = [r for grid in result.results.values() for r in grid]
+    self.trials = len(trials)
+    self.rounds = sum(int(r.metrics.get("round", 0)) for r in trials)
+    totals = [float(r.metrics.get("time_total_s", 0.0)) for r in trials]
+    rounds = [float(r.metrics.get("time/elapsed_s", 0.0)) for r in trials]
+    self.trial_seconds, self.round_seconds = sum(totals), sum(rounds)
+    # What a trial pays besides its rounds, median over the trials (so without
+    # the few that waited for a worker to start).
+    gaps = sorted(t - r for t, r in zip(totals, rounds))
+    self.median_gap = gaps[len(gaps) // 2] if gaps else float("nan")
+    self.errors = sum(r.error is not None for r in trials)
+    full = raw["budget"]["rounds"]
+    self.best = {}
+    for optimizer, grid in result.results.items():
+      self.best[optimizer] = max(
+          (r.metrics["objective"] for r in grid
+           if not r.metrics.get("diverged") and int(r.metrics["round"]) == full),
+          default=float("nan"))
+
+  def per_hour(self) -> float:
+    return self.trials / self.wall * 3600
+
+  def overhead(self, concurrent: int) -> tuple[float, float]:
+    """(by Tune's time_total_s, by the sweep's slots)."""
+    slots = self.wall * concurrent
+    return 1 - self.round_seconds / self.trial_seconds, 1 - self.round_seconds / slots
+
+
+def quickstart(root: str) -> None:
+  raw = _sweep_file("quickstart")
+  raw["resources"]["storage_path"] = root
+  concurrent = raw["resources"]["max_concurrent_trials"]
+  print(f"1. quickstart sweep ({len(raw['optimizers'])} optimizers x "
+        f"{raw['budget']['trials_per_optimizer']} trials x {raw['budget']['rounds']} "
+        f"rounds, {concurrent} concurrent), reused workers vs a process per trial",
+        flush=True)
+  runs = {}
+  for label, reuse in (("reuse", True), ("no reuse", False)):
+    run = _Run({**copy.deepcopy(raw), "name": f"quickstart_{label.replace(' ', '_')}"},
+               reuse=reuse)
+    runs[label] = run
+    by_trial, by_slot = run.overhead(concurrent)
+    print(f"  {label:<8}: {run.trials} trials ({run.errors} errored) in {run.wall:6.1f} s "
+          f"-> {run.per_hour():7.1f} trials/hour; rounds {run.round_seconds:6.1f} s of "
+          f"{run.trial_seconds:6.1f} trial-seconds; overhead share {by_trial:.0%} "
+          f"(per trial), {by_slot:.0%} (of the sweep's slots); median trial: "
+          f"{run.median_gap:.2f} s besides its rounds", flush=True)
+  speedup = runs["reuse"].per_hour() / runs["no reuse"].per_hour()
+  by_trial, by_slot = runs["reuse"].overhead(concurrent)
+  print(f"  trials/hour with reuse: {speedup:.2f}x (goal >= 3) "
+        f"{'OK' if speedup >= 3 else 'BELOW GOAL'}; overhead share with reuse "
+        f"{by_trial:.0%} per trial {'OK' if by_trial <= 0.2 else 'ABOVE GOAL'}, "
+        f"{by_slot:.0%} of slots {'OK' if by_slot <= 0.2 else 'ABOVE GOAL'} "
+        f"(goal <= 20%)", flush=True)
+
+
+def scaling(root: str, trials: int, rounds: int) -> None:
+  print(f"2. concurrency: FedAvg, digits, MLP, {trials} trials x {rounds} rounds, "
+        "1 CPU per trial, reused workers", flush=True)
+  per_hour = {}
+  for concurrent in (1, 2):
+    run = _Run(_digits_sweep(f"scaling_{concurrent}", root, trials=trials, rounds=rounds,
+                             concurrent=concurrent))
+    per_hour[concurrent] = run.per_hour()
+    print(f"  {concurrent} concurrent: {run.trials} trials in {run.wall:6.1f} s -> "
+          f"{per_hour[concurrent]:7.1f} trials/hour", flush=True)
+  ratio = per_hour[2] / per_hour[1]
+  print(f"  speed-up 2 vs 1 concurrent: {ratio:.2f}x (goal >= 1.6) "
+        f"{'OK' if ratio >= 1.6 else 'BELOW GOAL'}", flush=True)
+
+
+def asha(root: str, trials: int, rounds: int, optimizers: list[str]) -> None:
+  raw = _sweep_file("fmnist_all_optimizers")
+  eval_every = raw["base"]["eval_every"]
+  raw["optimizers"] = optimizers
+  raw["budget"] = {"trials_per_optimizer": trials, "rounds": rounds}
+  raw["scheduler"]["grace_period"] = eval_every
+  raw["metric"]["last_k"] = min(raw["metric"]["last_k"], rounds // eval_every)
+  raw["resources"]["storage_path"] = root
+  print(f"3. ASHA on fmnist_all_optimizers at a reduced budget: {optimizers}, {trials} "
+        f"trials x {rounds} rounds each (the file: {_sweep_file('fmnist_all_optimizers')['budget']}), "
+        f"grace period {eval_every}, reduction factor {raw['scheduler']['reduction_factor']}, "
+        f"objective: mean of the last {raw['metric']['last_k']} evaluations, "
+        f"{raw['resources']['cpus_per_trial']} CPUs per trial", flush=True)
+  full = _Run({**copy.deepcopy(raw), "name": "fmnist_full", "scheduler": {"kind": "none"}})
+  early = _Run({**copy.deepcopy(raw), "name": "fmnist_asha"})
+  for label, run in (("to the end", full), ("ASHA", early)):
+    best = ", ".join(f"{o} {v:.4f}" for o, v in run.best.items())
+    print(f"  {label:<10}: {run.trials} trials ({run.errors} errored), {run.rounds:4d} "
+          f"trial-rounds, {run.trial_seconds:7.1f} trial-seconds, wall {run.wall:7.1f} s; "
+          f"best objective: {best}", flush=True)
+  seconds = 1 - early.trial_seconds / full.trial_seconds
+  gaps = {o: early.best[o] - full.best[o] for o in optimizers}
+  agree = all(abs(g) <= 0.005 for g in gaps.values())
+  print(f"  ASHA saved {1 - early.rounds / full.rounds:.0%} of the trial-rounds, "
+        f"{seconds:.0%} of the trial-seconds (goal >= 50%: "
+        f"{'OK' if seconds >= 0.5 else 'BELOW GOAL'}) and "
+        f"{1 - early.wall / full.wall:.0%} of the wall time; best objective ASHA - full: "
+        + ", ".join(f"{o} {g * 100:+.2f} points" for o, g in gaps.items())
+        + f" ({'agree' if agree else 'do not agree'} within 0.5 points)", flush=True)
 
 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--trials", type=int, default=6, help="trials per throughput run")
-  parser.add_argument("--rounds", type=int, default=12)
-  parser.add_argument("--asha-trials", type=int, default=6)
-  parser.add_argument("--asha-rounds", type=int, default=12)
+  parser.add_argument("--skip-quickstart", action="store_true")
+  parser.add_argument("--skip-scaling", action="store_true")
   parser.add_argument("--skip-asha", action="store_true")
-  parser.add_argument("--skip-throughput", action="store_true")
+  # Enough trials that the sweep's one-off costs (Tune's start, the workers'
+  # imports) do not hide how the trials themselves scale.
+  parser.add_argument("--trials", type=int, default=24, help="trials per scaling run")
+  parser.add_argument("--rounds", type=int, default=12, help="rounds per scaling trial")
+  parser.add_argument("--fmnist-trials", type=int, default=4)
+  parser.add_argument("--fmnist-rounds", type=int, default=20)
+  parser.add_argument("--fmnist-optimizers", default="fedadamom",
+                      help="comma-separated optimizers of the ASHA comparison")
   parser.add_argument("--keep", action="store_true", help="keep the sweep directories")
   args = parser.parse_args(argv)
 
@@ -93,39 +209,15 @@ def main(argv=None) -> int:
            log_to_driver=False, configure_logging=False,
            runtime_env={"env_vars": {"TF_CPP_MIN_LOG_LEVEL": "2"}})
   try:
-    print(f"machine: {os.cpu_count()} CPUs; trials: FedAvg, digits, MLP, "
-          f"{args.rounds} rounds, 1 CPU per trial", flush=True)
-    per_hour = {}
-    for concurrent in (() if args.skip_throughput else (1, 2)):
-      wall, n, _, _, _ = _run(_sweep(f"throughput_{concurrent}", root, optimizer="fedavg",
-                                  trials=args.trials, rounds=args.rounds,
-                                  concurrent=concurrent))
-      per_hour[concurrent] = n / wall * 3600
-      print(f"  {concurrent} concurrent: {n} trials in {wall:6.1f} s -> "
-            f"{per_hour[concurrent]:7.1f} trials/hour", flush=True)
-    if per_hour:
-      ratio = per_hour[2] / per_hour[1]
-      print(f"  speed-up 2 vs 1 concurrent: {ratio:.2f}x (goal >= 1.6) "
-            f"{'OK' if ratio >= 1.6 else 'BELOW GOAL'}", flush=True)
-
+    print(f"machine: {os.cpu_count()} CPUs, Ray given 2; load average at start "
+          f"{os.getloadavg()[0]:.2f}", flush=True)
+    if not args.skip_quickstart:
+      quickstart(root)
+    if not args.skip_scaling:
+      scaling(root, args.trials, args.rounds)
     if not args.skip_asha:
-      print(f"ASHA vs running every trial to the end: FedAdamom, {args.asha_trials} "
-            f"trials x {args.asha_rounds} rounds, 2 concurrent", flush=True)
-      full = _run(_sweep("full", root, optimizer="fedadamom", trials=args.asha_trials,
-                         rounds=args.asha_rounds, concurrent=2))
-      asha = _run(_sweep("asha", root, optimizer="fedadamom", trials=args.asha_trials,
-                         rounds=args.asha_rounds, concurrent=2,
-                         asha={"kind": "asha", "grace_period": 2,
-                               "reduction_factor": 2}))
-      for label, (wall, n, rounds, best, busy) in (("to the end", full), ("ASHA", asha)):
-        print(f"  {label:<10}: {n} trials, {sum(rounds):4d} rounds run, {busy:6.1f} "
-              f"trial-seconds, wall {wall:6.1f} s, best test/accuracy {best:.4f}",
-              flush=True)
-      print(f"  ASHA saved {1 - sum(asha[2]) / sum(full[2]):.0%} of the rounds, "
-            f"{1 - asha[4] / full[4]:.0%} of the trial-seconds (each trial also pays "
-            f"its start-up) and {1 - asha[0] / full[0]:.0%} of the wall time; best "
-            f"objective {asha[3]:.4f} vs {full[3]:.4f} ({asha[3] - full[3]:+.4f})",
-            flush=True)
+      asha(root, args.fmnist_trials, args.fmnist_rounds, args.fmnist_optimizers.split(","))
+    print(f"load average at the end {os.getloadavg()[0]:.2f}", flush=True)
   finally:
     ray.shutdown()
     if not args.keep:

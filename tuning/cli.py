@@ -1,6 +1,6 @@
 """The `tune` and `export` subcommands, added to the project's CLI parser.
 
-    tff-fedadamom tune SWEEP.yaml [--resume] [--smoke-test] [--progress-every S]
+    tff-fedadamom tune SWEEP.yaml [--resume] [--smoke-test] [--progress-every S] [--no-reuse]
     tff-fedadamom export SWEEP_DIR
 
 Both import Ray only when they run. Exit codes: 0 done, 2 invalid sweep or
@@ -19,7 +19,8 @@ def _cmd_tune(args) -> int:
 
   try:
     result = run_sweep(args.sweep, resume=args.resume, smoke_test=args.smoke_test,
-                       progress_interval_s=args.progress_every)
+                       progress_interval_s=args.progress_every,
+                       reuse_workers=not args.no_reuse)
   except SweepConfigError as e:
     print(f"sweep config error: {e}", file=sys.stderr)
     return 2
@@ -63,6 +64,9 @@ def add_tune_parser(subparsers) -> argparse.ArgumentParser:
                  help="one trial per optimizer, 2 rounds: check the whole path quickly")
   p.add_argument("--progress-every", type=float, default=30.0, metavar="SECONDS",
                  help="seconds between progress tables (default 30)")
+  p.add_argument("--no-reuse", action="store_true",
+                 help="run every trial in a new process instead of long-lived workers "
+                 "that keep data and built processes between trials (same results, slower)")
   p.set_defaults(fn=_cmd_tune)
   return p
 

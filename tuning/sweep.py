@@ -39,6 +39,7 @@ from tff_fedadamom.config.loader import first_difference
 from tuning import schema
 from tuning import space as space_lib
 from tuning import trainable as trainable_lib
+from tuning import workers
 from tuning.schema import Sweep
 
 logger = logging.getLogger("tuning")
@@ -333,12 +334,13 @@ def _scheduler(sweep: Sweep):
                        reduction_factor=sweep.scheduler.reduction_factor)
 
 
-def _trainable(sweep: Sweep, optimizer: str):
+def _trainable(sweep: Sweep, optimizer: str, pool: Optional[str]):
   resources = {"cpu": sweep.resources.cpus_per_trial}
   if sweep.resources.gpus_per_trial:
     resources["gpu"] = sweep.resources.gpus_per_trial
   return tune.with_resources(
-      tune.with_parameters(trainable_lib.train_trial, sweep=sweep, optimizer=optimizer),
+      tune.with_parameters(trainable_lib.train_trial, sweep=sweep, optimizer=optimizer,
+                           pool=pool),
       resources)
 
 
@@ -346,7 +348,8 @@ def _trial_dirname(trial) -> str:
   return f"trial_{trial.trial_id}"
 
 
-def _new_tuner(sweep: Sweep, optimizer: str, sweep_dir: str, callbacks: list):
+def _new_tuner(sweep: Sweep, optimizer: str, sweep_dir: str, callbacks: list,
+               pool: Optional[str]):
   space = space_lib.resolve(sweep, optimizer)
   budget = sweep.resources.time_budget_s
   tune_config = tune.TuneConfig(
@@ -356,12 +359,15 @@ def _new_tuner(sweep: Sweep, optimizer: str, sweep_dir: str, callbacks: list):
       max_concurrent_trials=(sweep.resources.max_concurrent_trials
                              if sweep.search.kind == "optuna" else None),
       time_budget_s=budget / len(sweep.optimizers) if budget else None,
-      reuse_actors=False, trial_dirname_creator=_trial_dirname)
+      # With a worker pool a trial's own process only reports (it never imports
+      # TensorFlow), so Tune may hand it the next trial of this Tuner. Without,
+      # a trial's process holds TFF's runtime, bound to the trial's thread.
+      reuse_actors=pool is not None, trial_dirname_creator=_trial_dirname)
   run_config = tune.RunConfig(
       name=optimizer, storage_path=sweep_dir, verbose=0, callbacks=callbacks,
       failure_config=tune.FailureConfig(max_failures=sweep.resources.max_failures),
       checkpoint_config=tune.CheckpointConfig(num_to_keep=1))
-  return tune.Tuner(_trainable(sweep, optimizer), param_space=space_lib.tune_space(space),
+  return tune.Tuner(_trainable(sweep, optimizer, pool), param_space=space_lib.tune_space(space),
                     tune_config=tune_config, run_config=run_config)
 
 
@@ -378,7 +384,7 @@ def _interrupted(experiment_dir: str) -> bool:
 
 def run_sweep(sweep, *, resume: bool = False, smoke_test: bool = False,
               callbacks: Sequence[Any] = (), progress_interval_s: float = 30.0,
-              export: bool = True, stream=None) -> SweepResult:
+              export: bool = True, stream=None, reuse_workers: bool = True) -> SweepResult:
   """Runs (or resumes) a sweep and exports its best configs.
 
   Args:
@@ -393,6 +399,9 @@ def run_sweep(sweep, *, resume: bool = False, smoke_test: bool = False,
     progress_interval_s: Seconds between progress tables (0: every step).
     export: Export best configs, leaderboard and plots at the end.
     stream: Where progress goes (default stdout).
+    reuse_workers: Run trials in long-lived workers that keep imports, data
+      and built processes between trials (`tuning.workers`); False runs each
+      trial in a process of its own. The results are the same either way.
 
   Returns:
     A `SweepResult`.
@@ -417,15 +426,15 @@ def run_sweep(sweep, *, resume: bool = False, smoke_test: bool = False,
   _LIVE[sweep_dir] = state
   results, interrupted = {}, False
   try:
-    with ray_session(sweep.resources):
+    with ray_session(sweep.resources), workers.worker_pool(sweep, reuse_workers) as pool:
       for optimizer in sweep.optimizers:
         progress = SweepProgress(sweep_dir, optimizer, progress_interval_s)
         experiment_dir = os.path.join(sweep_dir, optimizer)
         if resume and tune.Tuner.can_restore(experiment_dir):
-          tuner = tune.Tuner.restore(experiment_dir, trainable=_trainable(sweep, optimizer),
+          tuner = tune.Tuner.restore(experiment_dir, trainable=_trainable(sweep, optimizer, pool),
                                      resume_unfinished=True, resume_errored=True)
         else:
-          tuner = _new_tuner(sweep, optimizer, sweep_dir, [progress, *callbacks])
+          tuner = _new_tuner(sweep, optimizer, sweep_dir, [progress, *callbacks], pool)
         grid = tuner.fit()
         results[optimizer] = grid
         _print(state)

@@ -5,15 +5,18 @@ the optimizer, the sampled hparams, a private run directory), restores the run
 directory from `tune.get_checkpoint()` when Tune restarts the trial (after a
 crash, or when a sweep is resumed), and runs the project's one training loop
 with a callback that calls `tune.report` after every evaluation, with the run
-directory as the checkpoint whenever the pipeline has just saved one. The last
+directory as the checkpoint whenever the pipeline has just saved one. In a
+sweep the rounds run in a long-lived worker that keeps the built experiment
+between trials (`tuning.workers`); this process then only reports. The last
 checkpoint of a trial (its final evaluation) holds the run's metrics.csv,
 config.yaml, TensorBoard events and program state; the run directory itself is
 deleted when the trial ends.
 
 What each report holds: the evaluation's flat metrics (`test/accuracy`,
 `train/loss`, ...), `round`, `objective` (the sweep's metric averaged over the
-last k evaluations; the one value the TuneConfig optimises), `diverged` (0/1)
-and `node_id` (Tune adds `hostname`, `node_ip` and `pid` itself). A diverged
+last k evaluations; the one value the TuneConfig optimises), `diverged` (0/1),
+`node_id` and `worker_pid`, the process that ran the rounds (Tune adds
+`hostname`, `node_ip` and `pid`, the trainable's process, itself). A diverged
 trial reports `objective = worst_objective(mode)`, a finite value no real
 metric reaches, so it can never be chosen as best, and ASHA's cut-offs (which
 interpolate between recorded values) stay finite.
@@ -21,15 +24,18 @@ interpolate between recorded values) stay finite.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import shutil
 import tempfile
+import uuid
 from typing import Any, Iterable, Mapping, Optional
 
 OBJECTIVE = "objective"
 DIVERGED = "diverged"
 ROUND = "round"
+WORKER_PID = "worker_pid"
 RUN_SUBDIR = "run"
 _WORST = 1e300
 
@@ -80,11 +86,12 @@ def _limit_threads(threads: int, gpu: bool) -> None:
   federated computations run. A trial without a GPU is kept off the node's
   GPUs whatever Ray's default for zero-GPU tasks is (it is changing).
   """
-  os.environ["TF_NUM_INTRAOP_THREADS"] = str(threads)
-  os.environ["TF_NUM_INTEROP_THREADS"] = str(max(1, min(threads, 2)))
-  os.environ["OMP_NUM_THREADS"] = str(threads)
-  if not gpu:
-    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+  from tuning.workers import worker_env
+
+  env = worker_env(threads, [])
+  if gpu:
+    del env["CUDA_VISIBLE_DEVICES"]
+  os.environ.update(env)
 
 
 def _numbers(metrics: Mapping[str, Any]) -> dict:
@@ -99,58 +106,84 @@ def _numbers(metrics: Mapping[str, Any]) -> dict:
   return out
 
 
-def train_trial(config: dict, *, sweep, optimizer: str) -> None:
+def eval_result(event, *, metric, node_id: str) -> tuple[dict, Optional[str]]:
+  """What a trial reports after an evaluation: (result, the run directory to
+  checkpoint or None). Runs where the run runs (the trial's worker)."""
+  from tff_fedadamom.pipeline import outputs
+
+  history = outputs.read_metrics(event.output_dir)
+  value = objective_from_history(history, metric.name, metric.last_k,
+                                 upto_round=event.round_num)
+  diverged = bool(event.diverged) or value is None or not math.isfinite(value)
+  result = _numbers(event.metrics)
+  result.update({ROUND: int(event.round_num), DIVERGED: int(diverged),
+                 OBJECTIVE: worst_objective(metric.mode) if diverged else value,
+                 "node_id": node_id, WORKER_PID: os.getpid()})
+  return result, event.output_dir if event.checkpoint_saved else None
+
+
+def train_trial(config: dict, *, sweep, optimizer: str, pool: Optional[str] = None) -> None:
   """Runs one trial of `optimizer` with the sampled hparams `config`.
 
-  Bound to `sweep` and `optimizer` with `tune.with_parameters` by `run_sweep`.
+  Bound to `sweep`, `optimizer` and `pool` with `tune.with_parameters` by
+  `run_sweep`. With `pool` (a `tuning.workers` pool's name) the trial runs in a
+  long-lived worker of that pool and this process only reports; without, it
+  runs here, in a process of its own.
   """
   import ray
   from ray import tune
 
-  threads = trial_threads()
-  _limit_threads(threads, gpu=bool(ray.get_gpu_ids()))
-  from tff_fedadamom.pipeline import outputs, run_experiment, runtime
   from tuning import space as space_lib
 
-  runtime.install_worker_cleanup()
-  runtime.configure_threads(threads)  # before TensorFlow runs anything
+  threads = trial_threads()
+  gpu_ids = [str(g) for g in ray.get_gpu_ids()]
   context = tune.get_context()
   # The run directory is private scratch on this node: Tune's trial directory is
   # synced by the driver while the run writes (and would race with its temp
   # files). What outlives the trial is what it reports, and its checkpoints.
-  # One name per trial: a restart (after a crash) replaces what a killed
-  # attempt left here.
-  scratch = os.path.join(tempfile.gettempdir(), f"tff-trial-{context.get_trial_id()}")
+  # Without a pool, one name per trial: a restart (after a crash) replaces what
+  # a killed attempt left here. With one, a name per attempt: a worker may
+  # still be giving up a killed attempt, and removes its directory itself.
+  attempt = f"-{uuid.uuid4().hex[:8]}" if pool else ""
+  scratch = os.path.join(tempfile.gettempdir(),
+                         f"tff-trial-{context.get_trial_id()}{attempt}")
   shutil.rmtree(scratch, ignore_errors=True)
   output_dir = os.path.join(scratch, RUN_SUBDIR)
   checkpoint = tune.get_checkpoint()
   if checkpoint is not None:
     checkpoint.to_directory(output_dir)  # run_experiment resumes from it exactly
   params = {path: space_lib.plain(value) for path, value in config.items()}
-  experiment = space_lib.experiment_dict(
-      sweep, optimizer, params, output_dir=output_dir, threads=threads,
-      name=f"{sweep.name}/{optimizer}/{context.get_trial_name()}")
-  metric = sweep.metric
-  node_id = ray.get_runtime_context().get_node_id()
+  make_experiment = functools.partial(
+      space_lib.experiment_dict, sweep, optimizer, params, output_dir=output_dir,
+      threads=threads, name=f"{sweep.name}/{optimizer}/{context.get_trial_name()}")
+  make_result = functools.partial(eval_result, metric=sweep.metric,
+                                  node_id=ray.get_runtime_context().get_node_id())
 
-  def on_eval(event) -> None:
-    history = outputs.read_metrics(event.output_dir)
-    value = objective_from_history(history, metric.name, metric.last_k,
-                                   upto_round=event.round_num)
-    diverged = bool(event.diverged) or value is None or not math.isfinite(value)
-    result = _numbers(event.metrics)
-    result.update({ROUND: int(event.round_num), DIVERGED: int(diverged),
-                   OBJECTIVE: worst_objective(metric.mode) if diverged else value,
-                   "node_id": node_id})
-    if event.checkpoint_saved:
-      tune.report(result, checkpoint=tune.Checkpoint.from_directory(event.output_dir))
+  def report(payload) -> None:
+    result, checkpoint_dir = payload
+    if checkpoint_dir is not None:
+      tune.report(result, checkpoint=tune.Checkpoint.from_directory(checkpoint_dir))
     else:
       tune.report(result)
 
   try:
-    run_experiment(experiment, on_eval=on_eval, progress=False)
+    if pool is not None:
+      from tuning import workers
+
+      workers.run_trial(pool, make_experiment, make_result, report, threads=threads,
+                        gpu_ids=gpu_ids, scratch=scratch)
+      return
+    _limit_threads(threads, gpu=bool(gpu_ids))
+    from tff_fedadamom.pipeline import run_experiment, runtime
+
+    runtime.install_worker_cleanup()
+    runtime.configure_threads(threads)  # before TensorFlow runs anything
+    try:
+      run_experiment(make_experiment(), on_eval=lambda e: report(make_result(e)),
+                     progress=False)
+    finally:
+      # This trial owns its process: end TFF's worker_binary (tff_cpp backend)
+      # now rather than trusting the actor's exit path.
+      runtime.kill_workers()
   finally:
-    # This trial owns its process (reuse_actors=False): end TFF's worker_binary
-    # now rather than trusting the actor's exit path.
-    runtime.kill_workers()
     shutil.rmtree(scratch, ignore_errors=True)

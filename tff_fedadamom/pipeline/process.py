@@ -122,6 +122,18 @@ def client_learning_rate(config: ExperimentConfig, round_num) -> float:
   return config.client.learning_rate * config.client.lr_decay ** round_num
 
 
+def client_lr_in_state(config: ExperimentConfig) -> bool:
+  """Whether the process keeps the client learning rate in its state.
+
+  `build_weighted_fed_avg` does (`client_work=<learning_rate=...>`); the
+  optimizer-schedule variant, used when the rate decays per round, closes over
+  it in a Python function instead. Whole learning processes from the registry
+  (FedCAda, FAFED) are counted as not keeping it.
+  """
+  return config.client.lr_decay == 1.0 and not optimizers.is_learning_process(
+      config.server.optimizer)
+
+
 def build_process(config: ExperimentConfig, data: Optional[FederatedData] = None,
                   loop_implementation=None) -> tff.learning.templates.LearningProcess:
   """Builds the TFF learning process an experiment config describes.
@@ -163,7 +175,7 @@ def build_process(config: ExperimentConfig, data: Optional[FederatedData] = None
     return build_client_sgd(lr, momentum=client.momentum, weight_decay=client.weight_decay,
                             clip_norm=client.clip_norm)
 
-  if client.lr_decay == 1.0:
+  if client_lr_in_state(config):
     return tff.learning.algorithms.build_weighted_fed_avg(
         model_fn,
         client_optimizer_fn=client_optimizer_fn(client.learning_rate),

@@ -121,30 +121,6 @@ def _check_resumable(config: ExperimentConfig, output_dir: str) -> bool:
   return True
 
 
-class _Evaluator:
-  """Centralized evaluation of the global model on the held-out test set."""
-
-  def __init__(self, config, data, keras_model):
-    from tff_fedadamom import models
-    from tff_fedadamom.data import test_dataset
-
-    loss_factory, metric_factories = models.loss_and_metrics(
-        models.MODELS[config.model.name].task)
-    self._model = keras_model
-    self._model.compile(loss=loss_factory(), metrics=[m() for m in metric_factories])
-    # Keras' evaluate wants (x, y) pairs, not the OrderedDicts TFF trains on.
-    self._dataset = test_dataset(data.test, config.data.eval_batch_size).map(
-        lambda e: (e["x"], e["y"]))
-
-  def __call__(self, process, state) -> dict[str, float]:
-    from tff_fedadamom.models import ACCURACY_METRIC
-
-    process.get_model_weights(state).assign_weights_to(self._model)
-    result = self._model.evaluate(self._dataset, verbose=0, return_dict=True)
-    return {"test/loss": float(result["loss"]),
-            "test/accuracy": float(result[ACCURACY_METRIC])}
-
-
 def _load_checkpoint(manager, structure, root_dir: str, at_most: Optional[int] = None):
   """The newest checkpoint that loads; falls back past corrupt ones.
 
@@ -185,7 +161,7 @@ def _drop_checkpoints_after(manager, round_num: int) -> None:
 
 def run_experiment(config, *, overrides=(), on_eval: Optional[Callable[[EvalEvent], None]] = None,
                    on_round: Optional[Callable[[int, Mapping[str, float]], None]] = None,
-                   progress: bool = True) -> RunResult:
+                   progress: bool = True, parts=None) -> RunResult:
   """Runs (or resumes) the experiment a config describes.
 
   Args:
@@ -194,6 +170,9 @@ def run_experiment(config, *, overrides=(), on_eval: Optional[Callable[[EvalEven
     on_eval: Called after every evaluation with an `EvalEvent`.
     on_round: Called after every round with (round, flat metrics).
     progress: Show a progress bar on stderr.
+    parts: `parts.ExperimentParts` to run with (from `PartsCache.get(config)`)
+      instead of building them: built for any config of the same
+      `structure_key`, they give the same results as parts built for this one.
 
   Returns:
     A `RunResult` with the output directory and the summary written there.
@@ -209,10 +188,14 @@ def run_experiment(config, *, overrides=(), on_eval: Optional[Callable[[EvalEven
   import tensorflow as tf
   import tensorflow_federated as tff
 
+  from tff_fedadamom.pipeline import parts as parts_lib
   from tff_fedadamom.pipeline import process as process_lib
   from tff_fedadamom.pipeline import telemetry as telemetry_lib
 
-  data = process_lib.load_data(config)
+  parts_lib.check_parts(config, parts)
+  own_parts = parts is None  # parts given by the caller outlive this run
+  parts = parts if parts is not None else parts_lib.build_parts(config)
+  data = parts.data
   if config.clients_per_round > len(data.train.client_ids):
     raise ConfigError(
         "<config>", "clients_per_round", f"more than the {len(data.train.client_ids)} "
@@ -220,12 +203,8 @@ def run_experiment(config, *, overrides=(), on_eval: Optional[Callable[[EvalEven
         allowed=f"an integer in [1, {len(data.train.client_ids)}]")
   if not resuming:
     dump_config(config, os.path.join(output_dir, outputs.CONFIG_FILE))
-  process = runtime.executable(
-      process_lib.build_process(config, data, runtime.training_loop(devices)),
-      config.runtime, devices)
-  keras_model = process_lib.make_keras_model(config, data)
-  layer_names = layer_labels(keras_model)
-  evaluator = _Evaluator(config, data, keras_model)
+  process, keras_model, evaluator = parts.process, parts.keras_model, parts.evaluator
+  layer_names = list(parts.layer_names)
 
   checkpoint_dir = os.path.join(output_dir, outputs.CHECKPOINT_DIR)
   state_manager = tff.program.FileProgramStateManager(
@@ -234,7 +213,7 @@ def run_experiment(config, *, overrides=(), on_eval: Optional[Callable[[EvalEven
   tb_manager = tff.program.TensorBoardReleaseManager(tb_dir)
   histogram_writer = tf.summary.create_file_writer(os.path.join(tb_dir, "histograms"))
 
-  state = process.initialize()
+  state = parts_lib.initial_state(config, process)
   # The state is saved flat: TFF's saver cannot serialize the dicts inside
   # LearningAlgorithmState, and the initial state gives the structure back.
   restored, start_round = _load_checkpoint(state_manager, tf.nest.flatten(state), checkpoint_dir)
@@ -247,7 +226,7 @@ def run_experiment(config, *, overrides=(), on_eval: Optional[Callable[[EvalEven
     restored, start_round = _load_checkpoint(state_manager, tf.nest.flatten(state),
                                              checkpoint_dir, at_most=complete)
     state = (tf.nest.pack_sequence_as(state, list(restored)) if restored is not None
-             else process.initialize())
+             else parts_lib.initial_state(config, process))
     outputs.repair_metrics(output_dir, start_round)
     _drop_checkpoints_after(state_manager, start_round)
   csv_manager = tff.program.CSVFileReleaseManager(
@@ -322,7 +301,7 @@ def run_experiment(config, *, overrides=(), on_eval: Optional[Callable[[EvalEven
     if bar is not None:
       bar.close()
     histogram_writer.flush()
-    if hasattr(process, "close"):
+    if own_parts and hasattr(process, "close"):
       process.close()
   wall = time.perf_counter() - started
 

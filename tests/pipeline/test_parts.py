@@ -1,0 +1,186 @@
+"""Reusing an experiment's parts: which configs may share them, and that a run
+with shared parts is the run with its own."""
+
+import csv
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tff_fedadamom.config import load_config
+from tff_fedadamom.optimizers import OPTIMIZERS, default_hparams, is_learning_process
+from tff_fedadamom.pipeline import build_process, run_experiment
+from tff_fedadamom.pipeline import parts as parts_lib
+from tff_fedadamom.pipeline.process import load_data
+
+
+def tiny(output_dir="unused", **sections):
+  raw = {
+      "seed": 3, "rounds": 3, "clients_per_round": 3, "eval_every": 1,
+      "checkpoint_every": 1, "output_dir": str(output_dir), "targets": [0.3, 0.99],
+      "data": {"name": "digits", "num_clients": 8,
+               "partition": {"kind": "dirichlet", "alpha": 0.5}},
+      "model": {"name": "logistic"},
+      "client": {"learning_rate": 0.1, "batch_size": 16},
+      "server": {"optimizer": "fedadamom", "learning_rate": 1.0, "beta_2": 0.1},
+  }
+  for section, values in sections.items():
+    if section == "server" and "optimizer" in values:
+      raw[section] = values  # another optimizer: none of the base's hparams
+    elif isinstance(values, dict):
+      raw[section] = {**raw.get(section, {}), **values}
+    else:
+      raw[section] = values
+  return load_config(raw)
+
+
+def _other_values(optimizer):
+  """The hparams a sweep tunes (the registry's `tunable`), moved to other valid
+  values: rates and epsilons halved, beta_2 and momentum 1.5 times as far from
+  1, FedAdamom's small beta_2 doubled."""
+  out = {}
+  for name in OPTIMIZERS[optimizer].tunable:
+    value = default_hparams(optimizer)[name]
+    if name == "momentum" or (name == "beta_2" and value > 0.5):
+      out[name] = 1 - (1 - value) * 1.5
+    elif name == "beta_2":
+      out[name] = value * 2
+    else:
+      out[name] = value * 0.5
+  return out
+
+
+SERVER_OPTIMIZERS = sorted(n for n in OPTIMIZERS if not is_learning_process(n))
+
+
+def _leaves(state):
+  return [np.asarray(x) for x in tf.nest.flatten(state)]
+
+
+@pytest.fixture(scope="module")
+def data():
+  return load_data(tiny())
+
+
+@pytest.mark.parametrize("optimizer", SERVER_OPTIMIZERS)
+@pytest.mark.parametrize("lr_decay", [1.0, 0.99])
+def test_set_hparams_gives_the_initial_state_of_a_fresh_process(data, optimizer, lr_decay):
+  """Parts built for config A, hparams of config B set in: B's own initial state,
+  bitwise, for every leaf (the optimizer's hparams and moments, the model's
+  weights, the client learning rate where the state holds it)."""
+  a = tiny(server={"optimizer": optimizer, **default_hparams(optimizer)},
+           client={"lr_decay": lr_decay})
+  b_server = {"optimizer": optimizer, **_other_values(optimizer)}
+  b = tiny(server=b_server, client={"lr_decay": lr_decay, "learning_rate": 0.37})
+  if lr_decay != 1.0:  # the schedule variant closes over the client rate
+    assert parts_lib.structure_key(a) != parts_lib.structure_key(b)
+    b = tiny(server=b_server, client={"lr_decay": lr_decay})
+  assert parts_lib.structure_key(a) == parts_lib.structure_key(b)
+  shared = build_process(a, data)
+  fresh = build_process(b, data)
+  got = _leaves(parts_lib.initial_state(b, shared))
+  want = _leaves(fresh.initialize())
+  assert len(got) == len(want)
+  for g, w in zip(got, want):
+    assert g.dtype == w.dtype and g.shape == w.shape
+    np.testing.assert_array_equal(g, w)
+  # Not a vacuous check: A's own initial state differs from B's.
+  assert any(not np.array_equal(x, w) for x, w in zip(_leaves(shared.initialize()), want))
+  held = parts_lib.state_hparams(b)
+  hparams = fresh.get_hparams(fresh.initialize())
+  # Every state hparam named like a config value is set from it (FADAS also
+  # holds `max_delay`, derived from `delay_threshold`: that one keys the structure).
+  named = set(parts_lib.resolved_server_hparams(b))
+  assert set(held.values()) == {("client_work", n) for n in hparams["client_work"]} | {
+      ("finalizer", n) for n in hparams["finalizer"] if n in named}
+
+
+@pytest.mark.parametrize("change, same", [
+    ({"server": {"learning_rate": 0.3, "beta_2": 0.2, "epsilon": 1e-4}}, True),
+    ({"client": {"learning_rate": 0.02}}, True),
+    ({"rounds": 9, "output_dir": "elsewhere", "name": "x",
+      "runtime": {"threads": 1}}, True),
+    ({"runtime": {"backend": "tff_cpp"}}, False),
+    ({"runtime": {"max_concurrent_clients": 1}}, False),
+    ({"client": {"batch_size": 8}}, False),
+    ({"client": {"local_epochs": 2}}, False),
+    ({"client": {"lr_decay": 0.99}}, False),
+    ({"seed": 4}, False),
+    ({"data": {"num_clients": 9}}, False),
+    ({"model": {"name": "mlp"}}, False),
+    ({"server": {"optimizer": "fedadam"}}, False),
+    ({"server": {"schedule": {"kind": "cosine", "decay_rounds": 10}}}, False),
+])
+def test_structure_key(change, same):
+  base = tiny()
+  assert (parts_lib.structure_key(tiny(**change)) == parts_lib.structure_key(base)) == same
+
+
+def test_schedules_and_decay_key_the_rates_they_bake_in():
+  cosine = {"schedule": {"kind": "cosine", "decay_rounds": 10}}
+  assert parts_lib.structure_key(tiny(server={**cosine, "learning_rate": 0.5})) != \
+      parts_lib.structure_key(tiny(server={**cosine, "learning_rate": 1.0}))
+  assert parts_lib.structure_key(tiny(client={"lr_decay": 0.9, "learning_rate": 0.2})) != \
+      parts_lib.structure_key(tiny(client={"lr_decay": 0.9, "learning_rate": 0.1}))
+  yogi = {"optimizer": "fedyogi"}
+  assert parts_lib.structure_key(tiny(server={**yogi, "initial_preconditioner": 0.1})) != \
+      parts_lib.structure_key(tiny(server=yogi))
+
+
+@pytest.mark.parametrize("optimizer", sorted(set(OPTIMIZERS) - set(SERVER_OPTIMIZERS)))
+def test_whole_learning_processes_key_every_value(optimizer):
+  """Registry entries that build the whole process (FedCAda, FAFED) are not
+  looked into: another value of any hparam or the client rate rebuilds."""
+  base = tiny(server={"optimizer": optimizer})
+  assert parts_lib.state_hparams(base) == {}
+  for name, value in _other_values(optimizer).items():
+    moved = tiny(server={"optimizer": optimizer, name: value})
+    assert parts_lib.structure_key(moved) != parts_lib.structure_key(base), name
+  assert parts_lib.structure_key(tiny(server={"optimizer": optimizer},
+                                      client={"learning_rate": 0.37})) != \
+      parts_lib.structure_key(base)
+
+
+def _rows(output_dir):
+  with open(os.path.join(output_dir, "metrics.csv")) as f:
+    return [{k: v for k, v in row.items() if not k.startswith("time/")}
+            for row in csv.DictReader(f)]
+
+
+def test_a_run_with_reused_parts_equals_a_run_with_its_own(tmp_path):
+  """The same trial first, and after two other trials, in one cache: the same
+  metrics, row for row, and the same as a run that builds its own parts."""
+  trial = {"server": {"learning_rate": 0.7, "beta_2": 0.2}, "client": {"learning_rate": 0.05}}
+  others = [{"server": {"learning_rate": 2.0, "beta_2": 0.01}},
+            {"client": {"learning_rate": 0.3}}]
+  cache = parts_lib.PartsCache(max_size=1)
+  first = run_experiment(tiny(tmp_path / "first", **trial), progress=False,
+                         parts=cache.get(tiny(**trial)))
+  for i, other in enumerate(others):
+    run_experiment(tiny(tmp_path / f"other{i}", **other), progress=False,
+                   parts=cache.get(tiny(**other)))
+  again = run_experiment(tiny(tmp_path / "again", **trial), progress=False,
+                         parts=cache.get(tiny(**trial)))
+  own = run_experiment(tiny(tmp_path / "own", **trial), progress=False)
+  assert (cache.misses, cache.hits) == (1, 3)
+  rows = _rows(first.output_dir)
+  assert len(rows) == 3 and rows != _rows(tmp_path / "other0")
+  assert rows == _rows(again.output_dir) == _rows(own.output_dir)
+
+
+def test_parts_of_another_structure_are_refused(tmp_path):
+  parts = parts_lib.PartsCache().get(tiny())
+  with pytest.raises(ValueError, match="another structure"):
+    run_experiment(tiny(tmp_path / "r", client={"batch_size": 8}), progress=False,
+                   parts=parts)
+
+
+def test_cache_keeps_at_most_max_size():
+  cache = parts_lib.PartsCache(max_size=1)
+  cache.get(tiny())
+  cache.get(tiny(client={"batch_size": 8}))
+  cache.get(tiny())
+  assert len(cache) == 1 and cache.misses == 3
+  with pytest.raises(ValueError, match="max_size"):
+    parts_lib.PartsCache(max_size=0)

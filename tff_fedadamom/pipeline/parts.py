@@ -1,0 +1,254 @@
+"""The expensive, reusable parts of an experiment, and when they can be reused.
+
+A run needs its data (loaded and partitioned), its learning process (built, and
+compiled on first use), the Keras model the global weights are evaluated and
+saved with, and the evaluator around it. None of these depends on the values
+TFF keeps in the process *state*:
+
+  * the server optimizer's hparams that its `get_hparams` exposes
+    (`learning_rate`, `beta_2`, `epsilon`, `momentum`, ...), and
+  * the client learning rate, when the process keeps it in its state
+    (`client_work=<learning_rate=...>`; see `process.client_lr_in_state`),
+
+nor on run-only settings (`output_dir`, `name`, `rounds`, `runtime.threads`). So two
+configs that differ only there can share one `ExperimentParts`: the run starts
+from `process.initialize()` with its own values put in by
+`process.set_hparams` (`initial_state`), which is the initial state a process
+built from its own config has, leaf for leaf. Everything else (data, model,
+batch size, local epochs, seed, a learning-rate schedule, which bakes the base
+rate into the computation, ...) is part of `structure_key` and builds anew.
+
+`PartsCache` keeps the parts of the last few structure keys for one process (a
+sweep worker holds one); it is passed explicitly, never a module global.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+from typing import Any, Optional
+
+from tff_fedadamom.config import ExperimentConfig, config_to_dict
+
+# Settings of a run that no part depends on: where it writes, what it is called,
+# how long it runs, and TensorFlow's thread count (set once per process, before
+# TensorFlow starts). The rest of `runtime` (backend, devices, concurrent
+# clients) shapes the executable process, so it keys the structure.
+RUN_ONLY_FIELDS = ("output_dir", "name", "rounds", "runtime.threads")
+
+
+class Evaluator:
+  """Centralized evaluation of the global model on the held-out test set."""
+
+  def __init__(self, config, data, keras_model):
+    from tff_fedadamom import models
+    from tff_fedadamom.data import test_dataset
+
+    loss_factory, metric_factories = models.loss_and_metrics(
+        models.MODELS[config.model.name].task)
+    self._model = keras_model
+    self._model.compile(loss=loss_factory(), metrics=[m() for m in metric_factories])
+    # Keras' evaluate wants (x, y) pairs, not the OrderedDicts TFF trains on.
+    self._dataset = test_dataset(data.test, config.data.eval_batch_size).map(
+        lambda e: (e["x"], e["y"]))
+
+  def __call__(self, process, state) -> dict[str, float]:
+    from tff_fedadamom.models import ACCURACY_METRIC
+
+    process.get_model_weights(state).assign_weights_to(self._model)
+    result = self._model.evaluate(self._dataset, verbose=0, return_dict=True)
+    return {"test/loss": float(result["loss"]),
+            "test/accuracy": float(result[ACCURACY_METRIC])}
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentParts:
+  """What `run_experiment` builds before its first round, for one structure key.
+
+  Attributes:
+    key: The `structure_key` of the configs these parts serve.
+    data: The loaded `FederatedData`.
+    process: The learning process (`initialize`, `next`, `get_model_weights`,
+      `get_hparams`, `set_hparams`).
+    keras_model: The model the global weights are evaluated and saved with.
+    layer_names: `runner.layer_labels(keras_model)`.
+    evaluator: An `Evaluator` over `keras_model`.
+  """
+
+  key: str
+  data: Any
+  process: Any
+  keras_model: Any
+  layer_names: tuple
+  evaluator: Evaluator
+
+
+def state_hparams(config: ExperimentConfig) -> dict[str, tuple[str, str]]:
+  """Config paths whose values live in the process state -> where they sit in
+  `process.get_hparams(state)` (a (component, hparam) pair).
+
+  Server hparams are asked of the built server optimizer: those its
+  `get_hparams` returns. A learning-rate schedule (TFF's
+  `schedule_learning_rate`) exposes none, since the schedule closes over the
+  base rate; its hparams then all key the structure. Registry entries that are
+  whole learning processes (FedCAda, FAFED) are not looked into: all their
+  values key the structure.
+  """
+  import tensorflow as tf
+
+  from tff_fedadamom.optimizers import is_learning_process
+  from tff_fedadamom.pipeline import process as process_lib
+
+  if is_learning_process(config.server.optimizer):
+    return {}
+  optimizer = process_lib.build_server_optimizer(config)
+  held = optimizer.get_hparams(optimizer.initialize(tf.TensorSpec([1], tf.float32)))
+  out = {f"server.{name}": ("finalizer", name)
+         for name in resolved_server_hparams(config) if name in held}
+  if process_lib.client_lr_in_state(config):
+    out["client.learning_rate"] = ("client_work", "learning_rate")
+  return out
+
+
+def resolved_server_hparams(config: ExperimentConfig) -> dict[str, Any]:
+  """Every hparam of the config's server optimizer, defaults filled in."""
+  from tff_fedadamom.optimizers import resolve_hparams
+
+  return resolve_hparams(config.server.optimizer, **config.server.hparams)
+
+
+def _drop(tree: dict, path: str) -> None:
+  *parents, leaf = path.split(".")
+  for name in parents:
+    tree = tree.get(name, {})
+  tree.pop(leaf, None)
+
+
+def structure_key(config: ExperimentConfig) -> str:
+  """A string equal for two configs exactly when they can share parts: the whole
+  config without `RUN_ONLY_FIELDS` and without the paths of `state_hparams`."""
+  tree = config_to_dict(config)
+  tree["server"].update(resolved_server_hparams(config))
+  for path in (*RUN_ONLY_FIELDS, *state_hparams(config)):
+    _drop(tree, path)
+  return json.dumps(tree, sort_keys=True, default=repr)
+
+
+def data_key(config: ExperimentConfig) -> str:
+  """What `process.load_data` depends on: the `data` section."""
+  return json.dumps(config_to_dict(config)["data"], sort_keys=True, default=repr)
+
+
+def build_parts(config: ExperimentConfig, data=None) -> ExperimentParts:
+  """Builds the parts of `config` (loading its data unless `data` is given): the
+  process is the executable one of the config's backend (`runtime.executable`),
+  compiled for the devices its rounds run on."""
+  from tff_fedadamom.pipeline import process as process_lib
+  from tff_fedadamom.pipeline import runtime
+  from tff_fedadamom.pipeline.runner import layer_labels
+
+  data = data if data is not None else process_lib.load_data(config)
+  devices = runtime.round_devices(config.runtime)
+  process = runtime.executable(
+      process_lib.build_process(config, data, runtime.training_loop(devices)),
+      config.runtime, devices)
+  keras_model = process_lib.make_keras_model(config, data)
+  return ExperimentParts(
+      key=structure_key(config), data=data, process=process, keras_model=keras_model,
+      layer_names=tuple(layer_labels(keras_model)),
+      evaluator=Evaluator(config, data, keras_model))
+
+
+def initial_state(config: ExperimentConfig, process):
+  """`process.initialize()` with the config's state-held hparams set in.
+
+  For a process built from `config` itself this changes no value; for one built
+  from another config of the same `structure_key` it yields this config's
+  initial state. Values go through `set_hparams`, a TFF computation, so they
+  take the dtypes of the state's own leaves.
+  """
+  state = process.initialize()
+  paths = state_hparams(config)
+  if not paths:
+    return state
+  hparams = process.get_hparams(state)
+  values = {**config_to_dict(config), "server": {
+      **config_to_dict(config)["server"], **resolved_server_hparams(config)}}
+  for path, (component, name) in paths.items():
+    section, field = path.split(".")
+    hparams[component][name] = values[section][field]
+  return process.set_hparams(state, hparams)
+
+
+def warm_up(config: ExperimentConfig, parts: ExperimentParts) -> None:
+  """Runs once, on a throwaway state, what a run's first round and evaluation
+  would otherwise compile: `initial_state`, one `next` on round 1's clients,
+  and one evaluation. Nothing of it is kept but the compiled computations."""
+  from tff_fedadamom.pipeline import process as process_lib
+  from tff_fedadamom.pipeline.runner import sample_clients
+
+  check_parts(config, parts)
+  state = initial_state(config, parts.process)
+  sampled = sample_clients(list(parts.data.train.client_ids), config.clients_per_round,
+                           config.seed, 1)
+  state = parts.process.next(
+      state, process_lib.client_datasets(config, parts.data, sampled, 1)).state
+  parts.evaluator(parts.process, state)
+
+
+class PartsCache:
+  """The parts of the last `max_size` structure keys, least recently used out.
+
+  Data is cached apart from the rest, by `data_key`, so that configs with the
+  same data but another model or optimizer load it once.
+
+  Args:
+    max_size: How many `ExperimentParts` to keep (>= 1). Each holds a built
+      learning process and a Keras model; on a small machine keep it small.
+  """
+
+  def __init__(self, max_size: int = 2):
+    if not isinstance(max_size, int) or max_size < 1:
+      raise ValueError(f"PartsCache `max_size` must be an integer >= 1, found {max_size!r}.")
+    self.max_size = max_size
+    self._parts: collections.OrderedDict[str, ExperimentParts] = collections.OrderedDict()
+    self._data: collections.OrderedDict[str, Any] = collections.OrderedDict()
+    self.hits = 0
+    self.misses = 0
+
+  def __len__(self) -> int:
+    return len(self._parts)
+
+  def get(self, config: ExperimentConfig) -> ExperimentParts:
+    """The parts for `config`, built (and cached) on a miss."""
+    key = structure_key(config)
+    if key in self._parts:
+      self.hits += 1
+      self._parts.move_to_end(key)
+      return self._parts[key]
+    self.misses += 1
+    parts = build_parts(config, data=self._get_data(config))
+    self._parts[key] = parts
+    while len(self._parts) > self.max_size:
+      self._parts.popitem(last=False)
+    return parts
+
+  def _get_data(self, config: ExperimentConfig):
+    from tff_fedadamom.pipeline import process as process_lib
+
+    key = data_key(config)
+    if key not in self._data:
+      self._data[key] = process_lib.load_data(config)
+      while len(self._data) > self.max_size:
+        self._data.popitem(last=False)
+    self._data.move_to_end(key)
+    return self._data[key]
+
+
+def check_parts(config: ExperimentConfig, parts: Optional[ExperimentParts]) -> None:
+  """ValueError when `parts` were built for a config of another structure."""
+  if parts is not None and parts.key != structure_key(config):
+    raise ValueError("run_experiment `parts` were built for a config of another "
+                     "structure (model, data, client set-up, ...); build them with "
+                     "build_parts(config) or PartsCache.get(config)")

@@ -1,0 +1,370 @@
+"""Long-lived trial workers: a sweep pays imports, data and process builds once per
+worker, not once per trial.
+
+A trial of a small model spends most of its wall time before its first round:
+importing TensorFlow and TFF, loading and partitioning the data, building the
+learning process and starting TFF's runtime. Everything a sweep varies between
+trials of one structure lives in the process state (see
+`tff_fedadamom.pipeline.parts`), so a worker that keeps those parts runs the
+next trial from `process.initialize()` plus `set_hparams`, with the results a
+fresh process gives.
+
+Why not Tune's `reuse_actors`: `run_sweep` runs one Tuner per optimizer and a
+Tuner ends its actors when `fit` returns, so reuse would span the trials of one
+optimizer only (none at all on the quickstart sweep: 2 trials per optimizer, 2
+at a time). And a reused function trainable runs each trial in a new thread,
+where TFF's execution context (a thread-local) is not installed.
+
+The pieces:
+  * `WorkerPool`, one actor per `run_sweep`, created and owned by the driver
+    (`worker_pool`): it ends with the sweep, and the workers it started with it.
+    It hands a trial a free `TrialWorker` of the trial's key, starting one when
+    none is free.
+  * `TrialWorker` holds a `PartsCache`. One thread of its own imports
+    TensorFlow and TFF and runs every trial (TFF's context stack is
+    thread-local); Ray's threads only pass events.
+  * The Tune trainable stays the trial: it holds the trial's resources,
+    restores its checkpoint, and reports every evaluation the worker hands
+    back (`run_trial`). The worker waits at each evaluation until the trainable
+    asks for the next event, so no file of the run changes while Tune copies
+    its checkpoint.
+
+Resources. Workers reserve nothing (`num_cpus=0`): the trial's trainable holds
+the trial's CPUs and GPU share while its worker computes, and a worker serves
+one trial at a time. A worker's key is (node, CPUs per trial, the GPU ids Ray
+gave the trial). Its thread pools are sized to the trial's CPUs before
+TensorFlow starts, and it sees exactly the trial's GPUs (CUDA_VISIBLE_DEVICES
+set when it starts, and Ray told not to blank it for a zero-GPU actor): a
+trial's rounds run on the GPU Ray assigned to the trial. Trials that share a
+GPU fraction of the same GPU share workers of that key.
+
+Failures. A worker that dies fails the one trial it runs: its trainable gets
+`RayActorError`, and Tune restarts the trial from its last checkpoint in
+another worker. A trainable that ends (an ASHA stop, a crash) is noticed by
+its worker, which checks at every round and while it waits at an evaluation
+that the trial's process still runs (on the same node), and gives the trial up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import queue
+import shutil
+import threading
+import traceback
+import uuid
+from typing import Any, Callable, Optional, Sequence
+
+import ray
+
+NAMESPACE = "tff_fedadamom"
+# Built experiments each worker keeps at least: a sweep runs its optimizers one
+# after another, so two cover the current one and the one before; a pool keeps
+# one per optimizer, which it warms up ahead of their trials.
+PARTS_PER_WORKER = 2
+# How often a waiting worker checks that its trial's process still runs.
+_POLL_S = 0.2
+# How long a claim waits for a given-up trial to unwind before starting a worker.
+_CLAIM_WAIT_S = 10.0
+
+
+def process_identity(pid: int) -> Optional[tuple[int, int]]:
+  """(pid, start time in clock ticks) of a running process, None if it has ended;
+  the start time tells a reused pid apart."""
+  try:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+      fields = f.read().decode(errors="replace").rsplit(")", 1)[1].split()
+  except OSError:
+    return None
+  # Fields after the command name: state is field 3, starttime field 22.
+  return None if fields[0] == "Z" else (pid, int(fields[19]))
+
+
+def worker_env(threads: int, gpu_ids: Sequence[str]) -> dict[str, str]:
+  """The environment that sizes a trial's TensorFlow (and TFF's worker_binary)
+  to its CPUs and shows it its GPUs, set before TensorFlow is imported."""
+  return {
+      "TF_NUM_INTRAOP_THREADS": str(threads),
+      "TF_NUM_INTEROP_THREADS": str(max(1, min(threads, 2))),
+      "OMP_NUM_THREADS": str(threads),
+      "CUDA_VISIBLE_DEVICES": ",".join(gpu_ids),
+  }
+
+
+class _Abandoned(Exception):
+  """The trial's process has ended or released the trial."""
+
+
+class _Trial:
+  """One trial in a worker: its events, and whether its owner still wants it."""
+
+  def __init__(self, token: str, owner: tuple[int, int]):
+    self.token, self.owner = token, owner
+    self.events: queue.Queue = queue.Queue()
+    self.delivered = 0
+    self.ack = threading.Semaphore(0)
+    self.released = threading.Event()
+    self.finished = threading.Event()
+
+  def given_up(self) -> bool:
+    return self.released.is_set() or process_identity(self.owner[0]) != self.owner
+
+  def check(self, *_) -> None:
+    if self.given_up():
+      raise _Abandoned()
+
+  def hand_over(self, event) -> None:
+    """Passes `event` to the trainable; returns once it asks for the next one."""
+    self.events.put(("eval", event))
+    while not self.ack.acquire(timeout=_POLL_S):
+      self.check()
+
+
+class TrialWorker:
+  """Runs trials one at a time, keeping their parts (see the module doc).
+
+  Args:
+    parts_per_worker: The size of its `PartsCache`.
+    warm: Callables returning experiment dicts (one per optimizer of the
+      sweep, in the order the sweep runs them): while no trial waits, the
+      worker builds their parts and runs `parts.warm_up`, so that a trial
+      whose structure is among them starts with its process built and
+      compiled. Best effort: a warm-up that fails is skipped.
+  """
+
+  def __init__(self, parts_per_worker: int = PARTS_PER_WORKER,
+               warm: Sequence[Callable[[], dict]] = ()):
+    self._parts_per_worker = parts_per_worker
+    self._warm = list(warm)
+    self._jobs: queue.Queue = queue.Queue()
+    self._lock = threading.Lock()
+    self._current: Optional[_Trial] = None
+    self._trials: dict[str, _Trial] = {}
+    self._cache = None
+    threading.Thread(target=self._loop, name="tff-trials", daemon=True).start()
+
+  def pid(self) -> int:
+    return os.getpid()
+
+  def environ(self, name: str) -> Optional[str]:
+    """This worker's value of environment variable `name` (for checks)."""
+    return os.environ.get(name)
+
+  def claim(self, token: str, owner: tuple[int, int], wait_s: float = _CLAIM_WAIT_S) -> bool:
+    """Takes the worker for trial `token` if it is free, or once the trial it
+    runs has been given up and has unwound (waiting at most `wait_s`)."""
+    with self._lock:
+      current = self._current
+    if current is not None and not current.finished.is_set():
+      if not current.given_up():
+        return False
+      current.released.set()
+      if not current.finished.wait(wait_s):
+        return False
+    with self._lock:
+      if self._current is not current:
+        return False
+      for stale in [t for t, trial in self._trials.items() if trial.finished.is_set()]:
+        del self._trials[stale]
+      self._current = self._trials[token] = _Trial(token, owner)
+      return True
+
+  def start(self, token: str, make_experiment: Callable[[], dict],
+            make_result: Callable[[Any], Any], scratch: str) -> None:
+    self._jobs.put((self._trials[token], make_experiment, make_result, scratch))
+
+  def next_event(self, token: str):
+    """The trial's next event: ('eval', make_result(EvalEvent)), ('done', None),
+    ('error', traceback text) or ('abandoned', None)."""
+    trial = self._trials[token]
+    if trial.delivered:
+      trial.ack.release()
+    while True:
+      try:
+        kind, payload = trial.events.get(timeout=_POLL_S)
+        break
+      except queue.Empty:
+        if trial.given_up():
+          return "abandoned", None
+    trial.delivered += 1
+    return kind, payload
+
+  def release(self, token: str) -> None:
+    """The trainable is done with trial `token` (finished or stopped)."""
+    trial = self._trials.get(token)
+    if trial is not None:
+      trial.released.set()
+
+  def _loop(self) -> None:
+    while True:
+      try:
+        job = self._jobs.get(block=not self._warm)
+      except queue.Empty:
+        self._warm_up(self._warm.pop(0))
+        continue
+      trial, make_experiment, make_result, scratch = job
+      try:
+        self._run(trial, make_experiment, make_result)
+      except BaseException:  # noqa: BLE001 - the error goes to the trainable
+        if trial.given_up():
+          shutil.rmtree(scratch, ignore_errors=True)
+        else:
+          trial.events.put(("error", traceback.format_exc()))
+      finally:
+        trial.finished.set()
+
+  def _parts(self, make_experiment):
+    """(config, parts) of an experiment, through this worker's cache."""
+    from tff_fedadamom.config import load_config
+    from tff_fedadamom.pipeline import runtime
+    from tff_fedadamom.pipeline.parts import PartsCache
+
+    runtime.install_worker_cleanup()
+    if self._cache is None:
+      self._cache = PartsCache(self._parts_per_worker)
+    config = load_config(make_experiment())
+    return config, self._cache.get(config)
+
+  def _warm_up(self, make_experiment) -> None:
+    from tff_fedadamom.pipeline.parts import warm_up
+
+    try:
+      warm_up(*self._parts(make_experiment))
+    except Exception:  # noqa: BLE001 - the trial builds what warming could not
+      traceback.print_exc()
+
+  def _run(self, trial: _Trial, make_experiment, make_result) -> None:
+    from tff_fedadamom.pipeline import run_experiment
+
+    trial.check()
+    config, parts = self._parts(make_experiment)
+    run_experiment(config, parts=parts, progress=False, on_round=trial.check,
+                   on_eval=lambda event: trial.hand_over(make_result(event)))
+    trial.events.put(("done", None))
+
+
+class WorkerPool:
+  """Hands out `TrialWorker`s by (node, threads, GPU ids); see the module doc."""
+
+  def __init__(self, parts_per_worker: int = PARTS_PER_WORKER,
+               warm: Sequence[Callable[[], dict]] = ()):
+    self._parts_per_worker = parts_per_worker
+    self._warm = list(warm)
+    self._workers: dict[tuple, list] = {}
+
+  def _start(self, key: tuple):
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    node_id, threads, gpu_ids = key
+    env = {**worker_env(threads, gpu_ids), "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+           "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
+    worker = ray.remote(TrialWorker).options(
+        num_cpus=0, max_concurrency=4, runtime_env={"env_vars": env},
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+    ).remote(self._parts_per_worker, self._warm)
+    self._workers.setdefault(key, []).append(worker)
+    return worker
+
+  def prestart(self, node_id: str, threads: int, count: int) -> None:
+    """Starts `count` CPU workers on `node_id` ahead of the first trials."""
+    for _ in range(count):
+      self._start((node_id, threads, ()))
+
+  def acquire(self, node_id: str, threads: int, gpu_ids: Sequence[str], token: str,
+              owner: tuple[int, int]):
+    """A worker claimed for trial `token`, on node `node_id`."""
+    key = (node_id, threads, tuple(gpu_ids))
+    workers = self._workers.setdefault(key, [])
+    for worker in list(workers):
+      try:
+        if ray.get(worker.claim.remote(token, owner)):
+          return worker
+      except ray.exceptions.RayActorError:
+        workers.remove(worker)
+    worker = self._start(key)
+    if not ray.get(worker.claim.remote(token, owner)):
+      raise RuntimeError("a new trial worker refused its first trial")
+    return worker
+
+  def workers(self) -> list:
+    return [w for ws in self._workers.values() for w in ws]
+
+  def shutdown(self) -> None:
+    for worker in self.workers():
+      ray.kill(worker)
+    self._workers.clear()
+
+
+def _prestart_count(resources) -> int:
+  """How many trials of `resources` fit on this node at once, when this node is
+  the whole cluster and trials need no GPU (else 0: where and with which GPUs
+  trials will run is known only when they start)."""
+  nodes = [n for n in ray.nodes() if n.get("Alive")]
+  if len(nodes) != 1 or resources.gpus_per_trial:
+    return 0
+  fits = int(nodes[0]["Resources"].get("CPU", 0) // resources.cpus_per_trial)
+  return max(1, min(fits, resources.max_concurrent_trials or fits))
+
+
+@contextlib.contextmanager
+def worker_pool(sweep, enabled: bool = True):
+  """Starts a `WorkerPool` for `sweep`; yields its name (None when disabled).
+
+  Must run inside a Ray session. On a one-node cluster it starts the workers
+  the first trials will use right away, so that their imports and warm-up
+  overlap Tune's own start. On exit the pool's workers and the pool end.
+  """
+  if not enabled:
+    yield None
+    return
+
+  from tuning import space as space_lib
+
+  threads = max(1, int(sweep.resources.cpus_per_trial))
+  warm = [functools.partial(space_lib.experiment_dict, sweep, optimizer, {},
+                            output_dir=os.path.join("warm-up", optimizer), threads=threads)
+          for optimizer in sweep.optimizers]
+  name = f"trial-pool-{uuid.uuid4().hex[:12]}"
+  pool = ray.remote(WorkerPool).options(
+      name=name, namespace=NAMESPACE, num_cpus=0).remote(
+          max(PARTS_PER_WORKER, len(warm)), warm)
+  count = _prestart_count(sweep.resources)
+  if count:
+    pool.prestart.remote(ray.get_runtime_context().get_node_id(), threads, count)
+  try:
+    yield name
+  finally:
+    with contextlib.suppress(Exception):
+      ray.get(pool.shutdown.remote(), timeout=30)
+    ray.kill(pool)
+
+
+def run_trial(pool_name: str, make_experiment: Callable[[], dict],
+              make_result: Callable[[Any], Any], report: Callable[[Any], None], *,
+              threads: int, gpu_ids: Sequence[str], scratch: str) -> None:
+  """Runs one trial in a pooled worker: `report(make_result(event))` for every
+  evaluation, in the calling (trainable's) process.
+
+  `make_experiment()` (the trial's experiment dict) and `make_result(event)`
+  run in the worker, where TensorFlow is already imported: the trainable
+  itself never imports it.
+  """
+  pool = ray.get_actor(pool_name, namespace=NAMESPACE)
+  token = uuid.uuid4().hex
+  owner = process_identity(os.getpid())
+  node_id = ray.get_runtime_context().get_node_id()
+  worker = ray.get(pool.acquire.remote(node_id, threads, list(gpu_ids), token, owner))
+  try:
+    ray.get(worker.start.remote(token, make_experiment, make_result, scratch))
+    while True:
+      kind, payload = ray.get(worker.next_event.remote(token))
+      if kind == "eval":
+        report(payload)
+      elif kind == "done":
+        return
+      else:
+        raise RuntimeError(f"the trial failed in its worker:\n{payload}")
+  finally:
+    worker.release.remote(token)
