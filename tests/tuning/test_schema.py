@@ -143,6 +143,10 @@ def test_schedule_parameters_are_sweepable_like_any_hparam():
   raw = _yaml.safe_load(open(os.path.join(os.path.dirname(__file__), "..", "..", "configs",
                                           "sweeps", "quickstart.yaml")))
   raw["base"]["server"]["schedule"] = {"kind": "exponential"}
+  # A schedule drives a server optimizer's rate: whole learning processes
+  # (FedCAda, FAFED) have none, and refuse one.
+  from tff_fedadamom.optimizers import is_learning_process
+  raw["optimizers"] = [n for n in raw["optimizers"] if not is_learning_process(n)]
   raw["space"]["server.schedule.decay_rate"] = {"dist": "uniform", "low": 0.9, "high": 0.999}
   sweep = load_sweep(raw)
   assert "server.schedule.decay_rate" in sweep.space
