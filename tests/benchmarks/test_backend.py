@@ -43,7 +43,8 @@ def test_tiny_quickstart_run():
     assert seconds > 0 and per_second == pytest.approx(1 / seconds, abs=1e-3)
   assert re.search(r"ratio inprocess/tff_cpp rounds/s: [\d.]+ +\(goal >= 1\.5: (met|NOT met)\)",
                    out), out
-  error = re.search(r"max relative error per weight tensor, inprocess vs tff_cpp state: (\S+)",
+  error = re.search(r"max relative error per weight tensor, inprocess vs tff_cpp, one round from the same "
+                    r"state: (\S+) \(worst of 1 rounds\)",
                     out)
   assert error, out
   assert float(error.group(1)) < 1e-4
