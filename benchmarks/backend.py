@@ -150,8 +150,8 @@ def _compare(key: str, config, label: str, rounds: int, warmup: int) -> None:
   inprocess.close()
 
 
-def _paper_scale(data_root: str, rounds: int, warmup: int) -> None:
-  config, label = _resnet(data_root, clients=5, images=500, local_epochs=5)
+def _paper_scale(data_root: str, rounds: int, warmup: int, tiny: bool = False) -> None:
+  config, label = _resnet(data_root, *((2, 10, 1) if tiny else (5, 500, 5)))
   data = process_lib.load_data(config)
   devices = runtime.round_devices(config.runtime)
   process = InProcessLearningProcess(
@@ -194,7 +194,7 @@ def main(argv=None):
         f"GPUs visible: {len(tf.config.list_physical_devices('GPU'))}")
   with tempfile.TemporaryDirectory() as tmp:
     if args.paper_scale:
-      _paper_scale(tmp, rounds("paper"), warmup)
+      _paper_scale(tmp, rounds("paper"), warmup, args.tiny)
       return
     runtime.use_tff_cpp()
     try:
