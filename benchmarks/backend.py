@@ -192,12 +192,14 @@ def main(argv=None):
   warmup = args.warmup if args.warmup is not None else (0 if args.paper_scale else 1)
   print(f"{os.cpu_count()} CPU cores; TensorFlow {tf.__version__}; "
         f"GPUs visible: {len(tf.config.list_physical_devices('GPU'))}")
+  # shutdown() releases TFF's execution context while Python is whole (and ends
+  # the worker of the tff_cpp rounds): its own late __del__ fails at exit.
   with tempfile.TemporaryDirectory() as tmp:
-    if args.paper_scale:
-      _paper_scale(tmp, rounds("paper"), warmup, args.tiny)
-      return
-    runtime.use_tff_cpp()
     try:
+      if args.paper_scale:
+        _paper_scale(tmp, rounds("paper"), warmup, args.tiny)
+        return
+      runtime.use_tff_cpp()
       if args.only in (None, "a"):
         _compare("a", *_quickstart(args.tiny), rounds("a"), warmup)
       if args.only in (None, "b"):
