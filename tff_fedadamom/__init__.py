@@ -18,6 +18,7 @@ _EXPORTS = {
     "load_config": "tff_fedadamom.config",
     "build_process": "tff_fedadamom.pipeline",
     "run_experiment": "tff_fedadamom.pipeline",
+    "InProcessLearningProcess": "tff_fedadamom.pipeline.inprocess",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pickle
 import sqlite3
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
@@ -25,14 +26,28 @@ def _dump(obj: dict, file: str) -> None:
     pickle.dump({k.encode(): v for k, v in obj.items()}, f, protocol=2)
 
 
-def write_cifar10(root: str, per_batch: int = 4, test: int = 5) -> str:
+def write_cifar10(root: str, per_batch: int = 4, test: int = 5,
+                  seed: Optional[int] = None) -> str:
+  """CIFAR-10's five train batches of `per_batch` images and a test batch.
+
+  By default the images are `cifar_image_rows` (flat colour planes a loader test
+  can recognise); with a `seed`, uniformly random pixels, for code that trains
+  on them (flat planes make normalization layers divide by a zero variance).
+  """
+  rng = np.random.default_rng(seed) if seed is not None else None
+
+  def rows(n, offset=0):
+    if rng is None:
+      return cifar_image_rows(n, offset=offset)
+    return rng.integers(0, 256, size=(n, 3072), dtype=np.uint8)
+
   folder = os.path.join(root, "cifar-10-batches-py")
   os.makedirs(folder)
   for b in range(1, 6):
     _dump({"batch_label": b"training batch", "labels": [(b + i) % 10 for i in range(per_batch)],
-           "data": cifar_image_rows(per_batch, offset=b * per_batch),
+           "data": rows(per_batch, offset=b * per_batch),
            "filenames": [b"x.png"] * per_batch}, os.path.join(folder, f"data_batch_{b}"))
-  _dump({"labels": [i % 10 for i in range(test)], "data": cifar_image_rows(test)},
+  _dump({"labels": [i % 10 for i in range(test)], "data": rows(test)},
         os.path.join(folder, "test_batch"))
   return folder
 
