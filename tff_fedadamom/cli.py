@@ -123,7 +123,17 @@ def _exit_on_sigterm(signum, frame) -> None:
   raise SystemExit(128 + signum)
 
 
+def _release_tff() -> None:
+  """TFF creates its C++ context (unused in-process) at import; released while
+  Python is whole, it does not fail in a late `__del__` at interpreter exit."""
+  if "tensorflow_federated" in sys.modules:
+    from tff_fedadamom.pipeline import runtime
+
+    runtime.shutdown()
+
+
 def main(argv=None) -> int:
+  import atexit
   import signal
   import threading
 
@@ -132,6 +142,7 @@ def main(argv=None) -> int:
   args = build_parser().parse_args(argv)
   if threading.current_thread() is threading.main_thread():
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # the command's own process
+  atexit.register(_release_tff)
   try:
     return args.fn(args)
   except ConfigError as e:
