@@ -4,6 +4,7 @@ tables hold numbers, its plots, and results.json; a rerun reuses the cache."""
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -22,10 +23,21 @@ NUMBER = re.compile(r"[-+]?\d+(\.\d+)?(e[-+]?\d+)?")
 
 
 def _run(out_dir, timeout):
+  """Runs the quick reproduction in its own process group: on a timeout the whole
+  group is killed, the pool workers it spawned included (killing `reproduce`
+  alone would leave them running)."""
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
-  return subprocess.run(
+  proc = subprocess.Popen(
       [sys.executable, "-m", "benchmarks.paper.reproduce", "--quick", "--out", str(out_dir)],
-      cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+      cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      start_new_session=True)
+  try:
+    stdout, stderr = proc.communicate(timeout=timeout)
+  except subprocess.TimeoutExpired:
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    raise
+  return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
 def _tables(markdown):
