@@ -251,10 +251,12 @@ def run_experiment(config, *, overrides=(), on_eval: Optional[Callable[[EvalEven
   try:
     for round_num in range(start_round + 1, config.rounds + 1):
       sampled = sample_clients(client_ids, config.clients_per_round, config.seed, round_num)
-      datasets = process_lib.client_datasets(config, data, sampled, round_num)
       previous_weights = (process.get_model_weights(state).trainable
                           if config.telemetry else None)
-      output = process.next(state, datasets)
+      if hasattr(process, "next_for_clients"):  # builds the datasets where the clients run
+        output = process.next_for_clients(state, sampled, round_num)
+      else:
+        output = process.next(state, process_lib.client_datasets(config, data, sampled, round_num))
       state = output.state
       rounds_run += 1
       metrics = {"round": round_num, **flatten_round_metrics(output.metrics)}

@@ -240,8 +240,13 @@ class _Serialized:
 
 
 def serialize(computation) -> bytes:
-  """The bytes of a TFF TensorFlow computation's proto (see `TFComputation.from_proto`)."""
+  """The bytes of a TFF TensorFlow computation's proto (see `deserialize`)."""
   return computation._computation_proto.SerializeToString()  # noqa: SLF001
+
+
+def deserialize(serialized: bytes) -> _Serialized:
+  """A computation `TFComputation` accepts, from `serialize`'s bytes."""
+  return _Serialized(serialized)
 
 
 class TFComputation:
@@ -289,7 +294,7 @@ class TFComputation:
                  slots_per_device: int = 1, result_type=None) -> "TFComputation":
     """A computation from `serialize(computation)`'s bytes, e.g. in another
     process that received them."""
-    return cls(_Serialized(serialized), devices, slots_per_device, result_type)
+    return cls(deserialize(serialized), devices, slots_per_device, result_type)
 
   @property
   def num_devices(self) -> int:
