@@ -107,6 +107,12 @@ class ClientWorker:
   def pid(self) -> int:
     return os.getpid()
 
+  def node(self) -> str:
+    """The id of the Ray node this actor runs on."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id()
+
 
 class RayLearningProcess(inprocess.InProcessLearningProcess):
   """A learning process whose clients run on Ray actors; the rest in-process.
