@@ -172,8 +172,8 @@ def test_an_actor_killed_mid_round_is_replaced_with_the_same_result(tmp_path, mo
 # ------------------------------------------------------------------ processes and ports
 
 # Runs an experiment on the ray backend in a fresh interpreter. After round 1 it
-# prints its Ray processes and every TCP socket they listen on; after round
-# `PAUSE` it waits to be killed.
+# prints its processes and every TCP socket they listen on; after round `pause`
+# it waits to be killed.
 _CHILD = textwrap.dedent("""
     import json, os, sys, time
     from tff_fedadamom.pipeline import run_experiment, runtime
@@ -208,7 +208,6 @@ _CHILD = textwrap.dedent("""
         time.sleep(600)
 
     run_experiment(raw, progress=False, on_round=on_round)
-    print(json.dumps({"done": True}), flush=True)
 """)
 
 # Loopback as /proc/net/tcp{,6} spell it: 127.0.0.1, ::1, ::ffff:127.0.0.1.
@@ -229,26 +228,27 @@ def _wait_gone(pids, timeout_s=30.0):
   return runtime.still_running(pids)
 
 
-@pytest.mark.parametrize("kill_driver", [False, True], ids=["command_ends", "driver_killed"])
-def test_loopback_only_and_nothing_left(tmp_path, kill_driver):
-  raw = tiny(tmp_path / "run", rounds=2, runtime=RAY)
-  child = _start_child(raw, pause=2 if kill_driver else 0)
+def test_loopback_only_and_nothing_left_when_the_driver_is_killed(tmp_path):
+  """The listeners of a local run are on loopback; SIGKILL of the driver in the
+  middle of a run ends every process it started (Ray's own cleanup: its
+  agents notice their raylet is gone, which takes them a minute or two)."""
+  raw = tiny(tmp_path / "run", rounds=3, runtime=RAY)
+  child = _start_child(raw, pause=2)
   try:
     first = json.loads(child.stdout.readline())
     assert len(first["pids"]) > 3  # the driver, Ray's services and its 2 actors
     assert first["listening"], "Ray's services listen on TCP"
     assert {address for _, address in first["listening"]} <= _LOOPBACK, first["listening"]
-    if kill_driver:
-      assert json.loads(child.stdout.readline()) == {"paused": True}
-      child.send_signal(signal.SIGKILL)
-    else:
-      assert json.loads(child.stdout.readline()) == {"done": True}
-    child.wait(timeout=120)
+    assert json.loads(child.stdout.readline()) == {"paused": True}
+    child.send_signal(signal.SIGKILL)
+    child.wait(timeout=60)
   finally:
     if child.poll() is None:
       child.kill()
       child.wait()
-  assert not _wait_gone(first["pids"])
+  started = time.monotonic()
+  left = _wait_gone(first["pids"], timeout_s=240)
+  assert not left, f"still running {time.monotonic() - started:.0f} s after the kill: {left}"
 
 
 # ------------------------------------------------------------------ config
