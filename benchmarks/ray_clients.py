@@ -8,7 +8,8 @@ its threads) is measured for reference. Prints seconds per round (median over
 the timed rounds, after one warm-up round), the 2-vs-1-actor speed-up (goal:
 >= 1.7x on a 2-core machine), and where a Ray round's time goes: broadcast
 (`prepare` + putting it into the object store), the actors' work (until the
-last accumulator arrives), merge (`merge`, `report`, `update`).
+last actor's `work` is done), merge (the accumulator's fold across the actors,
+`report`, `update`).
 
     .venv/bin/python benchmarks/ray_clients.py [--rounds 3] [--clients 10] [--images 20]
 """

@@ -25,7 +25,9 @@ from tff_fedadamom.pipeline import inprocess, ray_backend, run_experiment, runti
 from tff_fedadamom.pipeline.process import build_process, client_datasets, load_data
 from tff_fedadamom.pipeline.runner import sample_clients
 
-RAY = {"backend": "ray", "workers": 2, "cpus_per_worker": 1}
+# Two threads per actor, as this 2-core machine's in-process runs have: the
+# thread count changes how TensorFlow's kernels split their reductions.
+RAY = {"backend": "ray", "workers": 2, "cpus_per_worker": 1, "threads": 2}
 
 
 def _assert_close(expected, actual, rtol=1e-5):
@@ -129,8 +131,8 @@ def test_two_node_cluster_matches_inprocess(tmp_path, two_node_cluster):  # noqa
 class DyingWorker(ray_backend.ClientWorker):
   """Ends its own process after its clients' work, once per file at `arm`."""
 
-  def run(self, client_ids, round_num, broadcast):
-    result = super().run(client_ids, round_num, broadcast)
+  def work(self, client_ids, round_num, broadcast):
+    result = super().work(client_ids, round_num, broadcast)
     arm = os.environ.get("RAY_TEST_ARM")
     try:
       os.remove(arm)  # only one actor claims it

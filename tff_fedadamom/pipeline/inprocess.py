@@ -112,12 +112,24 @@ class ClientFold:
   def __call__(self, client_data: Sequence[Any], broadcast: Sequence[Any]) -> list:
     """The accumulator (flat tensors) of `client_data`'s datasets, given the
     broadcast's flat leaves."""
-    futures = [self._pool.submit(self.work.call_flat_leaves,
-                                 [dataset._variant_tensor, *broadcast], i)  # noqa: SLF001
-               for i, dataset in enumerate(client_data)]
-    accumulator = self._zero.call_flat_leaves([])
-    for future in futures:  # client order, whatever order they finish in
-      accumulator = self._accumulate.call_flat_leaves([*accumulator, *future.result()])
+    futures = self._submit(client_data, broadcast)
+    return self.fold(future.result() for future in futures)  # accumulates as they finish
+
+  def _submit(self, client_data, broadcast):
+    return [self._pool.submit(self.work.call_flat_leaves,
+                              [dataset._variant_tensor, *broadcast], i)  # noqa: SLF001
+            for i, dataset in enumerate(client_data)]
+
+  def work_outputs(self, client_data: Sequence[Any], broadcast: Sequence[Any]) -> list:
+    """`work`'s flat outputs per client, in client order (run concurrently)."""
+    return [future.result() for future in self._submit(client_data, broadcast)]
+
+  def fold(self, outputs, accumulator: Optional[Sequence[Any]] = None) -> list:
+    """`accumulator` (default: `zero`) with `outputs` accumulated onto it, in order."""
+    if accumulator is None:
+      accumulator = self._zero.call_flat_leaves([])
+    for output in outputs:
+      accumulator = self._accumulate.call_flat_leaves([*accumulator, *output])
     return accumulator
 
   def close(self) -> None:

@@ -3,31 +3,40 @@
 TFF's MapReduceForm is the shape a cluster needs (see `inprocess` for how the
 form is compiled and its parts run):
 
-    broadcast   = prepare(state)                               driver
-    acc_k       = fold(accumulate, work(d_c, broadcast), zero)  actor k, its clients c in order
-    acc         = merge(...merge(merge(acc_0, acc_1), acc_2)...) driver, actor order
-    state', out = update(state, report(acc))                   driver
+    broadcast   = prepare(state)                           driver
+    out_c       = work(d_c, broadcast)                      actor k, for its clients c
+    acc         = accumulate(...accumulate(zero, out_1)..., out_n)
+                                                            actor 0, then 1, ...: each
+                                                            continues the previous one's
+    state', out = update(state, report(acc))               driver
 
 Each actor is started once per run. It rebuilds `work`, `zero` and
 `accumulate` from their serialized protos (no user Python is re-run), loads
 the experiment's data through the data registry itself, and per round
 receives only the broadcast (put into Ray's object store once) and the ids of
 its clients; it builds their datasets exactly as the driver would
-(`process.client_datasets`: shuffles are a function of (seed, round, client)),
-and returns its accumulator. Server-side parts, `initialize`,
-`get_model_weights` and the hparams run on the driver, in-process.
+(`process.client_datasets`: shuffles are a function of (seed, round, client)).
+All actors run their clients' `work` at once; then the accumulator goes from
+actor to actor in actor order, each folding its clients onto it in client
+order. Server-side parts, `initialize`, `get_model_weights` and the hparams
+run on the driver, in-process.
+
+Why one fold across the actors rather than a fold per actor combined with the
+form's `merge`: float32 addition is not associative, so merged partial sums,
+(u1 + u2) + (u3 + u4), differ from the in-process backend's
+((u1 + u2) + u3) + u4 by rounding, and an adaptive server optimizer amplifies
+that: on the quickstart config (FedAdamom, epsilon 1e-3) a merge tree over 2
+actors ended 3 rounds 6% (relative, a bias vector) away from the in-process
+run. Folding in client order gives exactly the in-process sums; passing the
+accumulator on costs one model-sized transfer per actor, and accumulation is
+cheap next to `work`. The result equals the in-process backend's when both use
+the same TensorFlow threads per client (their count changes how kernels split
+reductions; `runtime.threads`, default: each actor's whole CPUs).
 
 Assignment: the round's sampled clients (a function of (seed, round)) are cut
 into `workers` contiguous blocks by position (`assign_clients`), so a run is a
 function of its config and a resumed run assigns exactly as an uninterrupted
 one.
-
-Why the result is not bit-equal to the `inprocess` backend: that backend sums
-all of a round's client updates in one sequence, ((u1 + u2) + u3) + u4; here
-each actor sums its own block and the driver adds the partial sums,
-(u1 + u2) + (u3 + u4). Float32 addition is not associative, so the two differ
-by rounding (a few ulps of the sum; the tests bound the relative error per
-weight tensor by 1e-5). With one worker the order is the same as in-process.
 
 Failure: an actor that dies during a round (`RayActorError`) is replaced by a
 new one, which re-runs that actor's clients of this round; `work` is a
@@ -47,7 +56,7 @@ import tensorflow as tf
 
 from tff_fedadamom.pipeline import inprocess
 from tff_fedadamom.pipeline import ray_session
-from tff_fedadamom.pipeline.tf_computation import TFComputation, deserialize, serialize
+from tff_fedadamom.pipeline.tf_computation import deserialize, serialize
 
 # Replacements of one actor within one round before the round fails.
 MAX_REPLACEMENTS = 3
@@ -94,15 +103,24 @@ class ClientWorker:
     self._config = load_config(dict(experiment))
     self._data = process_lib.load_data(self._config)
     self._client_datasets = process_lib.client_datasets
+    self._outputs: list = []
     # Ray exposes to an actor only the GPUs it was given.
     self._fold = inprocess.ClientFold(*(deserialize(parts[name]) for name in WORKER_PARTS),
                                       inprocess.visible_devices(), max_concurrent_clients)
 
-  def run(self, client_ids: Sequence[Any], round_num: int, broadcast: Sequence[np.ndarray]):
-    """This actor's accumulator (numpy leaves) of `client_ids` in round `round_num`."""
+  def work(self, client_ids: Sequence[Any], round_num: int,
+           broadcast: Sequence[np.ndarray]) -> int:
+    """Runs `work` for `client_ids` in round `round_num`; keeps the outputs for `fold`."""
     datasets = self._client_datasets(self._config, self._data, list(client_ids), round_num)
-    leaves = [tf.convert_to_tensor(b) for b in broadcast]
-    return [t.numpy() for t in self._fold(datasets, leaves)]
+    self._outputs = self._fold.work_outputs(datasets, [tf.convert_to_tensor(b) for b in broadcast])
+    return len(self._outputs)
+
+  def fold(self, accumulator: Optional[Sequence[np.ndarray]]) -> list:
+    """`accumulator` (None: `zero`) with the last `work`'s outputs accumulated
+    onto it in client order (numpy leaves)."""
+    if accumulator is not None:
+      accumulator = [tf.convert_to_tensor(a) for a in accumulator]
+    return [t.numpy() for t in self._fold.fold(self._outputs, accumulator)]
 
   def pid(self) -> int:
     return os.getpid()
@@ -150,17 +168,16 @@ class RayLearningProcess(inprocess.InProcessLearningProcess):
     self._actors: list = []
     self._started_ray = False
     self.replacements = 0
-    # Seconds of the last round: prepare + object-store put, actors' work, merge
-    # + report + update.
+    # Seconds of the last round: prepare + object-store put ("broadcast"), the
+    # actors' work, the fold across the actors + report + update ("merge").
     self.round_times: dict[str, float] = {}
     super().__init__(process, devices=None, max_concurrent_clients=max_concurrent_clients)
 
   def _client_fold(self, mrf, max_concurrent_clients):
-    """No clients run here: the actors get the client parts' bytes; `merge` stays."""
+    """No clients run here: the actors get the client parts' bytes."""
     import ray
 
     self.max_concurrent_clients = max_concurrent_clients
-    self._merge = TFComputation(mrf.merge, self.devices[:1])
     self._parts = {name: serialize(getattr(mrf, name)) for name in WORKER_PARTS}
     self._started_ray = ray_session.connect(self._address)
     self._remote = ray.remote(self._worker_class).options(**self._options)
@@ -181,8 +198,8 @@ class RayLearningProcess(inprocess.InProcessLearningProcess):
                     "next_for_clients(state, client_ids, round_num)")
 
   def next_for_clients(self, state, client_ids: Sequence[Any], round_num: int):
-    """One round over `client_ids`: broadcast, actors' folds, merge in actor
-    order, `report`, `update`."""
+    """One round over `client_ids`: broadcast, every actor's `work`, one fold
+    across the actors in actor order, `report`, `update`."""
     import ray
 
     t0 = time.perf_counter()
@@ -190,27 +207,34 @@ class RayLearningProcess(inprocess.InProcessLearningProcess):
     broadcast = ray.put([t.numpy() for t in self._prepare.call_flat_leaves(state_leaves)])
     t1 = time.perf_counter()
     blocks = assign_clients(list(client_ids), self.workers)
-    pending = {k: self._actors[k].run.remote(block, round_num, broadcast)
-               for k, block in enumerate(blocks) if block}
-    self._submitted(round_num)
-    partial = {k: self._collect(k, blocks[k], round_num, broadcast, ref)
-               for k, ref in pending.items()}
+    active = [k for k, block in enumerate(blocks) if block]
+
+    def work(k):
+      return self._actors[k].work.remote(blocks[k], round_num, broadcast)
+
+    pending = {k: work(k) for k in active}
+    for k in active:
+      self._get(k, pending[k], work, round_num)
     t2 = time.perf_counter()
-    ordered = [[tf.convert_to_tensor(x) for x in partial[k]] for k in sorted(partial)]
-    accumulator = ordered[0]
-    for other in ordered[1:]:
-      accumulator = self._merge.call_flat_leaves([*accumulator, *other])
-    output = self._finish(state_leaves, accumulator)
+    accumulator = None
+    for k in active:
+
+      def fold(k, accumulator=accumulator):
+        return self._actors[k].fold.remote(accumulator)
+
+      def redo(k, fold=fold):  # a new actor: its clients' work first (tasks run in order)
+        work(k)
+        return fold(k)
+
+      accumulator = self._get(k, fold(k), redo, round_num)
+    output = self._finish(state_leaves, [tf.convert_to_tensor(a) for a in accumulator])
     self.round_times = {"broadcast_s": t1 - t0, "actors_s": t2 - t1,
                         "merge_s": time.perf_counter() - t2}
     return output
 
-  def _submitted(self, round_num: int) -> None:
-    """Called once a round's work is submitted, before it is collected (tests
-    end an actor here)."""
-
-  def _collect(self, k: int, block, round_num: int, broadcast, ref):
-    """Actor k's result; a dead actor is replaced and its clients re-run."""
+  def _get(self, k: int, ref, resubmit, round_num: int):
+    """The value of actor k's task `ref`; a dead actor is replaced and
+    `resubmit(k)` runs on the new one."""
     import ray
 
     for _ in range(MAX_REPLACEMENTS + 1):
@@ -219,7 +243,7 @@ class RayLearningProcess(inprocess.InProcessLearningProcess):
       except ray.exceptions.RayActorError:
         self.replacements += 1
         self._actors[k] = self._start_actor()
-        ref = self._actors[k].run.remote(block, round_num, broadcast)
+        ref = resubmit(k)
     raise RuntimeError(f"ray worker {k} died {MAX_REPLACEMENTS + 1} times in round {round_num}")
 
   def close(self) -> None:
