@@ -190,7 +190,7 @@ class RayLearningProcess(inprocess.InProcessLearningProcess):
 
   @property
   def actors(self) -> list:
-    """The current actor handles, in merge order."""
+    """The current actor handles, in fold order."""
     return list(self._actors)
 
   def next(self, state, client_data):
