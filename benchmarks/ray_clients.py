@@ -27,7 +27,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 from tests.data.fixtures import write_cifar10  # noqa: E402
 from tff_fedadamom.config import load_config  # noqa: E402
 from tff_fedadamom.pipeline import build_process, runtime  # noqa: E402
-from tff_fedadamom.pipeline.process import client_datasets, load_data  # noqa: E402
+from tff_fedadamom.pipeline.process import load_data, next_round  # noqa: E402
 from tff_fedadamom.pipeline.runner import sample_clients  # noqa: E402
 
 
@@ -52,10 +52,7 @@ def _measure(config, data, process, rounds):
   for round_num in range(1, rounds + 2):
     sampled = sample_clients(ids, config.clients_per_round, config.seed, round_num)
     t0 = time.perf_counter()
-    if hasattr(process, "next_for_clients"):
-      state = process.next_for_clients(state, sampled, round_num).state
-    else:
-      state = process.next(state, client_datasets(config, data, sampled, round_num)).state
+    state = next_round(process, state, config, data, sampled, round_num).state
     if round_num > 1:
       seconds.append(time.perf_counter() - t0)
       parts.append(getattr(process, "round_times", {}))

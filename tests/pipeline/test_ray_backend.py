@@ -22,7 +22,7 @@ from tests.pipeline.test_runner import ROOT, _weights, tiny
 from tests.tuning.test_cluster import two_node_cluster  # noqa: F401 - a fixture
 from tff_fedadamom.config import ConfigError, load_config
 from tff_fedadamom.pipeline import inprocess, ray_backend, run_experiment, runtime
-from tff_fedadamom.pipeline.process import build_process, client_datasets, load_data
+from tff_fedadamom.pipeline.process import build_process, load_data, next_round
 from tff_fedadamom.pipeline.runner import sample_clients
 
 # Two threads per actor, as this 2-core machine's in-process runs have: the
@@ -95,10 +95,7 @@ def _rounds(executable, config, data, rounds):
   ids = list(data.train.client_ids)
   for round_num in range(1, rounds + 1):
     sampled = sample_clients(ids, config.clients_per_round, config.seed, round_num)
-    if hasattr(executable, "next_for_clients"):
-      state = executable.next_for_clients(state, sampled, round_num).state
-    else:
-      state = executable.next(state, client_datasets(config, data, sampled, round_num)).state
+    state = next_round(executable, state, config, data, sampled, round_num).state
   return [np.asarray(w) for w in executable.get_model_weights(state).trainable]
 
 

@@ -192,8 +192,7 @@ def warm_up(config: ExperimentConfig, parts: ExperimentParts) -> None:
   state = initial_state(config, parts.process)
   sampled = sample_clients(list(parts.data.train.client_ids), config.clients_per_round,
                            config.seed, 1)
-  state = parts.process.next(
-      state, process_lib.client_datasets(config, parts.data, sampled, 1)).state
+  state = process_lib.next_round(parts.process, state, config, parts.data, sampled, 1).state
   parts.evaluator(parts.process, state)
 
 

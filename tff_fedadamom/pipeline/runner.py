@@ -253,10 +253,7 @@ def run_experiment(config, *, overrides=(), on_eval: Optional[Callable[[EvalEven
       sampled = sample_clients(client_ids, config.clients_per_round, config.seed, round_num)
       previous_weights = (process.get_model_weights(state).trainable
                           if config.telemetry else None)
-      if hasattr(process, "next_for_clients"):  # builds the datasets where the clients run
-        output = process.next_for_clients(state, sampled, round_num)
-      else:
-        output = process.next(state, process_lib.client_datasets(config, data, sampled, round_num))
+      output = process_lib.next_round(process, state, config, data, sampled, round_num)
       state = output.state
       rounds_run += 1
       metrics = {"round": round_num, **flatten_round_metrics(output.metrics)}
