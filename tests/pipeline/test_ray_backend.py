@@ -1,7 +1,7 @@
 """The ray backend: one experiment's clients on Ray actors.
 
 Parity with the in-process backend (quickstart config, and a two-node loopback
-cluster), an actor killed mid-round, nothing listening beyond loopback and
+cluster), exact resume, an actor killed mid-round, nothing listening beyond loopback and
 nothing left running (after the command, and after its driver is killed), and
 the config fields' validation.
 """
@@ -120,6 +120,15 @@ def test_two_node_cluster_matches_inprocess(tmp_path, two_node_cluster):  # noqa
     remote.close()
   assert not ray.is_initialized()  # disconnected; the cluster itself stays up
   _assert_close(expected, actual)
+
+
+def test_resume_on_the_ray_backend_is_exact(tmp_path):
+  run_experiment(tiny(tmp_path / "resumed", rounds=2, runtime=RAY), progress=False)
+  resumed = run_experiment(tiny(tmp_path / "resumed", rounds=3, runtime=RAY), progress=False)
+  assert resumed.summary["resumed_from_round"] == 2
+  run_experiment(tiny(tmp_path / "straight", rounds=3, runtime=RAY), progress=False)
+  for a, b in zip(_weights(tmp_path / "straight"), _weights(tmp_path / "resumed")):
+    np.testing.assert_array_equal(a, b)
 
 
 # ------------------------------------------------------------------ failure
