@@ -42,6 +42,7 @@ import yaml
 
 from tff_fedadamom.config.errors import ConfigError
 from tff_fedadamom.config.loader import read_yaml
+from tff_fedadamom.config.schema import ray_address, ray_resource
 from tff_fedadamom.naming import closest
 
 DISTRIBUTIONS = ("loguniform", "uniform", "choice", "grid")
@@ -270,9 +271,15 @@ def _parse_base(raw: Any, source: str, base_dir: str):
     raise SweepConfigError(source, "base", "wrong type", value=raw,
                            allowed="a path to an experiment YAML or an inline mapping")
   try:
-    return load_config(path)
+    base = load_config(path)
   except ConfigError as e:
     raise SweepConfigError(source, "base", f"invalid experiment config: {e}") from None
+  if base.runtime.backend == "ray":
+    # A trial is one Ray task; its own actors would need a placement group.
+    raise SweepConfigError(source, "base.runtime.backend",
+                           "the ray backend does not run inside sweep trials yet",
+                           value="ray", allowed="'auto', 'inprocess' or 'tff_cpp'")
+  return base
 
 
 def _parse_optimizers(raw: Any, source: str) -> tuple:
@@ -445,7 +452,6 @@ def _parse_metric(raw: Any, source: str, evaluations: int) -> Metric:
       mode=_choice(raw, "mode", default_mode, MODES, source, "metric.mode"))
 
 
-_ADDRESS = re.compile(r"^(auto|(ray://)?[A-Za-z0-9_.\-\[\]:]+:\d+)$")
 
 
 def _parse_resources(raw: Any, source: str) -> Resources:
@@ -453,7 +459,7 @@ def _parse_resources(raw: Any, source: str) -> Resources:
   _reject_unknown(raw, [f.name for f in dataclasses.fields(Resources)], source,
                   "resources.")
   address = raw.get("address")
-  if address is not None and (not isinstance(address, str) or not _ADDRESS.match(address)):
+  if address is not None and (not isinstance(address, str) or not ray_address(address)):
     raise SweepConfigError(source, "resources.address", "not a Ray address", value=address,
                            allowed="null (a local Ray on 127.0.0.1), 'auto' (the cluster "
                            "this machine belongs to) or host:port of a cluster's head")
@@ -463,7 +469,7 @@ def _parse_resources(raw: Any, source: str) -> Resources:
                            value=storage, allowed="a directory path; on a multi-node "
                            "cluster, one that every node mounts at the same place")
   gpus = _number(raw, "gpus_per_trial", 0, source, "resources.gpus_per_trial",
-                 check=lambda v: v >= 0 and (v <= 1 or float(v).is_integer()),
+                 check=ray_resource,
                  allowed="0, a fraction of one GPU, or a whole number of GPUs")
   return Resources(
       cpus_per_trial=_number(raw, "cpus_per_trial", 1, source, "resources.cpus_per_trial",

@@ -23,19 +23,18 @@ Layout of a sweep directory (`<resources.storage_path>/<name>`):
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import math
 import os
 import sys
 import time
-import warnings
 from typing import Any, Mapping, Optional, Sequence
 
 from ray import tune
 
 from tff_fedadamom.config.loader import first_difference
+from tff_fedadamom.pipeline.ray_session import ray_session
 from tuning import schema
 from tuning import space as space_lib
 from tuning import trainable as trainable_lib
@@ -45,7 +44,6 @@ from tuning.schema import Sweep
 logger = logging.getLogger("tuning")
 
 SWEEP_FILE = "sweep.yaml"
-_LOOPBACK = ("127.0.0.1", "localhost")
 
 
 class SweepError(RuntimeError):
@@ -70,54 +68,6 @@ class SweepResult:
   results: Mapping[str, Any]
   interrupted: bool
   export: Any = None
-
-
-# ---------------------------------------------------------------------------- Ray session
-
-
-def _is_loopback(address: Optional[str]) -> bool:
-  if address is None:
-    return True
-  host = address.split("://")[-1].rsplit(":", 1)[0].strip("[]")
-  return host in _LOOPBACK
-
-
-@contextlib.contextmanager
-def ray_session(resources: schema.Resources):
-  """Connects to Ray as `resources.address` says; shuts down only what it started.
-
-  `address: null` starts a new local Ray bound to 127.0.0.1 with the dashboard
-  off; `auto` or host:port joins an existing cluster. An already initialised Ray
-  (a test, a notebook) is used as it is.
-  """
-  import ray
-
-  if ray.is_initialized():
-    yield ray
-    return
-  env = {"TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
-  kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False,
-                                configure_logging=True, logging_level=logging.WARNING,
-                                runtime_env={"env_vars": env})
-  if resources.address is None:
-    # "local": a new instance even if RAY_ADDRESS is set or a `ray start`
-    # cluster runs on this machine (ray.init() would silently join those).
-    kwargs.update(address="local", _node_ip_address="127.0.0.1")
-  else:
-    kwargs["address"] = resources.address
-    if resources.address != "auto" and _is_loopback(resources.address):
-      kwargs["_node_ip_address"] = "127.0.0.1"
-    kwargs.pop("include_dashboard")  # the cluster's own setting applies
-  with warnings.catch_warnings():
-    # Ray's notice that zero-GPU tasks will see the GPUs one day: trials without
-    # a GPU hide them themselves (tuning.trainable).
-    warnings.filterwarnings("ignore", message="Tip: In future versions of Ray",
-                            category=FutureWarning)
-    ray.init(**kwargs)
-  try:
-    yield ray
-  finally:
-    ray.shutdown()
 
 
 # ---------------------------------------------------------------------------- progress
@@ -426,7 +376,7 @@ def run_sweep(sweep, *, resume: bool = False, smoke_test: bool = False,
   _LIVE[sweep_dir] = state
   results, interrupted = {}, False
   try:
-    with ray_session(sweep.resources), workers.worker_pool(sweep, reuse_workers) as pool:
+    with ray_session(sweep.resources.address), workers.worker_pool(sweep, reuse_workers) as pool:
       for optimizer in sweep.optimizers:
         progress = SweepProgress(sweep_dir, optimizer, progress_interval_s)
         experiment_dir = os.path.join(sweep_dir, optimizer)

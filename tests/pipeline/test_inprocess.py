@@ -236,7 +236,7 @@ def test_tff_cpp_backend_names_its_worker(tmp_path):
 
 
 @pytest.mark.parametrize("runtime_section,field,wording", [
-    ({"backend": "gpu"}, "runtime.backend", "'inprocess' or 'tff_cpp'"),
+    ({"backend": "gpu"}, "runtime.backend", "'tff_cpp' or 'ray'"),
     ({"devices": ["TPU:0"]}, "runtime.devices", "['GPU:0', 'GPU:1']"),
     ({"devices": []}, "runtime.devices", "non-empty list"),
     ({"backend": "tff_cpp", "devices": ["CPU:0"]}, "runtime.devices", "backend 'inprocess'"),

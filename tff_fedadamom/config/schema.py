@@ -96,12 +96,23 @@ class ServerConfig:
   schedule: dict = _field(factory=lambda: {"kind": "constant"})
 
 
-BACKENDS = ("auto", "inprocess", "tff_cpp")
+BACKENDS = ("auto", "inprocess", "tff_cpp", "ray")
+# A Ray cluster to join: 'auto' (the one this machine belongs to) or a head's host:port.
+RAY_ADDRESS = re.compile(r"^(auto|(ray://)?[A-Za-z0-9_.\-\[\]:]+:\d+)$")
 _DEVICE = re.compile(r"^/?(device:)?(CPU|GPU):\d+$", re.IGNORECASE)
 
 
 def device_names(names) -> bool:
   return len(names) > 0 and all(isinstance(n, str) and _DEVICE.match(n) for n in names)
+
+
+def ray_resource(x) -> bool:
+  """Ray's rule for a resource amount: a fraction of one unit, or whole units."""
+  return x >= 0 and (x <= 1 or float(x).is_integer())
+
+
+def ray_address(s) -> bool:
+  return bool(RAY_ADDRESS.match(s))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,7 +124,12 @@ class RuntimeConfig:
   TFF's own C++ runtime, a `worker_binary` child process (CPU only, listening on
   all interfaces), kept as the reference. `devices` spreads a round's clients
   over TensorFlow devices round-robin (in-process only; default: every GPU, else
-  the CPU).
+  the CPU). `ray` runs each round's clients on `workers` Ray actors, each with
+  `cpus_per_worker` CPUs and `gpus_per_worker` GPUs (fractions allowed), on a
+  local Ray bound to 127.0.0.1 or on the cluster at `address`; those four
+  fields belong to the ray backend only (null: 2 workers, 1 CPU, no GPU, a
+  local Ray). With `ray`, `threads` and `max_concurrent_clients` apply to each
+  actor (default threads: its whole CPUs).
   """
 
   threads: Optional[int] = _field(None, check=positive, allowed="an integer >= 1 or null (all)")
@@ -121,11 +137,23 @@ class RuntimeConfig:
       None, check=positive,
       allowed="an integer >= 1 or null (one per device; two on a lone CPU)")
   backend: str = _field("auto", check=lambda s: s in BACKENDS,
-                        allowed="'auto' (= 'inprocess'), 'inprocess' or 'tff_cpp'")
+                        allowed="'auto' (= 'inprocess'), 'inprocess', 'tff_cpp' or 'ray'")
   devices: Optional[tuple] = _field(
       None, check=device_names,
       allowed="null (every GPU, else the CPU) or a non-empty list of TensorFlow devices "
       "such as ['GPU:0', 'GPU:1'] or ['CPU:0']")
+  workers: Optional[int] = _field(
+      None, check=positive, allowed="an integer >= 1, or null (2 with backend 'ray')")
+  cpus_per_worker: Optional[float] = _field(
+      None, check=lambda x: x > 0 and ray_resource(x),
+      allowed="a number > 0: a fraction of one CPU or whole CPUs; null (1 with backend 'ray')")
+  gpus_per_worker: Optional[float] = _field(
+      None, check=ray_resource,
+      allowed="0, a fraction of one GPU or whole GPUs; null (0 with backend 'ray')")
+  address: Optional[str] = _field(
+      None, check=ray_address,
+      allowed="null (a new local Ray on 127.0.0.1), 'auto' (the cluster this machine "
+      "belongs to) or host:port of a cluster's head")
 
 
 @dataclasses.dataclass(frozen=True)

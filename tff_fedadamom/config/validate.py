@@ -150,12 +150,27 @@ def _check_learning_process(config: schema.ExperimentConfig, source: str) -> Non
                       value=dict(config.server.schedule), allowed="{kind: constant}")
 
 
+RAY_FIELDS = ("workers", "cpus_per_worker", "gpus_per_worker", "address")
+
+
 def _check_runtime(runtime: schema.RuntimeConfig, source: str) -> None:
   if runtime.backend == "tff_cpp" and runtime.devices is not None:
     raise ConfigError(source, "runtime.devices",
                       "the tff_cpp backend runs every round in TFF's worker_binary, on its CPU",
                       value=list(runtime.devices),
                       allowed="null with backend 'tff_cpp', or backend 'inprocess'")
+  if runtime.backend == "ray" and runtime.devices is not None:
+    raise ConfigError(source, "runtime.devices",
+                      "the ray backend's actors use the devices Ray gives them "
+                      "(runtime.gpus_per_worker)",
+                      value=list(runtime.devices),
+                      allowed="null with backend 'ray', or backend 'inprocess'")
+  if runtime.backend != "ray":
+    for name in RAY_FIELDS:
+      if getattr(runtime, name) is not None:
+        raise ConfigError(source, f"runtime.{name}", "belongs to the ray backend",
+                          value=getattr(runtime, name),
+                          allowed=f"null with backend {runtime.backend!r}, or backend 'ray'")
 
 
 def check_registries(config: schema.ExperimentConfig, source: str) -> schema.ExperimentConfig:

@@ -76,6 +76,71 @@ def resolve_devices(devices: Optional[Sequence[str]]) -> list[str]:
   return out
 
 
+class ClientFold:
+  """`work` on each client, concurrently, folded by `zero`/`accumulate` in client order.
+
+  What one MapReduceForm worker does with its clients: the in-process backend
+  runs one for all of a round's clients, the ray backend one per actor.
+
+  Args:
+    work, zero, accumulate: The form's parts (TFF computations, or what
+      `tf_computation.deserialize` rebuilds from their bytes).
+    devices: Full TensorFlow device names; client i runs on
+      `devices[i % len(devices)]`, `zero`/`accumulate` on the first.
+    max_concurrent_clients: How many clients run at once (at least one per
+      device). Default: one per device, two on a lone CPU (the CPU's thread
+      pools then have two clients' ops to interleave).
+  """
+
+  def __init__(self, work, zero, accumulate, devices: Sequence[str],
+               max_concurrent_clients: Optional[int] = None):
+    if max_concurrent_clients is not None and max_concurrent_clients < 1:
+      raise ValueError(
+          f"max_concurrent_clients must be an integer >= 1 or None, found {max_concurrent_clients!r}")
+    devices = list(devices)
+    if max_concurrent_clients is None:
+      max_concurrent_clients = 2 if devices[0].endswith("CPU:0") and len(devices) == 1 \
+          else len(devices)
+    self.max_concurrent_clients = max(max_concurrent_clients, len(devices))
+    slots = -(-self.max_concurrent_clients // len(devices))
+    self.work = TFComputation(work, devices, slots_per_device=slots)
+    self._zero = TFComputation(zero, devices[:1])
+    self._accumulate = TFComputation(accumulate, devices[:1])
+    self._pool = concurrent.futures.ThreadPoolExecutor(
+        self.max_concurrent_clients, thread_name_prefix="tff-client")
+
+  def __call__(self, client_data: Sequence[Any], broadcast: Sequence[Any]) -> list:
+    """The accumulator (flat tensors) of `client_data`'s datasets, given the
+    broadcast's flat leaves."""
+    futures = self._submit(client_data, broadcast)
+    return self.fold(future.result() for future in futures)  # accumulates as they finish
+
+  def _submit(self, client_data, broadcast):
+    return [self._pool.submit(self.work.call_flat_leaves,
+                              [dataset._variant_tensor, *broadcast], i)  # noqa: SLF001
+            for i, dataset in enumerate(client_data)]
+
+  def work_outputs(self, client_data: Sequence[Any], broadcast: Sequence[Any]) -> list:
+    """`work`'s flat outputs per client, in client order (run concurrently)."""
+    return [future.result() for future in self._submit(client_data, broadcast)]
+
+  def fold(self, outputs, accumulator: Optional[Sequence[Any]] = None) -> list:
+    """`accumulator` (default: `zero`) with `outputs` accumulated onto it, in order."""
+    if accumulator is None:
+      accumulator = self._zero.call_flat_leaves([])
+    for output in outputs:
+      accumulator = self._accumulate.call_flat_leaves([*accumulator, *output])
+    return accumulator
+
+  def close(self) -> None:
+    self._pool.shutdown(wait=True)
+
+  def __del__(self):
+    pool = getattr(self, "_pool", None)
+    if pool is not None:
+      pool.shutdown(wait=False)
+
+
 class InProcessLearningProcess:
   """A `tff.learning.templates.LearningProcess`, run in this Python process.
 
@@ -109,13 +174,6 @@ class InProcessLearningProcess:
                max_concurrent_clients: Optional[int] = None):
     self._process = process
     self.devices = resolve_devices(devices)
-    if max_concurrent_clients is not None and max_concurrent_clients < 1:
-      raise ValueError(
-          f"max_concurrent_clients must be an integer >= 1 or None, found {max_concurrent_clients!r}")
-    if max_concurrent_clients is None:
-      max_concurrent_clients = 2 if self.devices[0].endswith("CPU:0") and len(self.devices) == 1 \
-          else len(self.devices)
-    self.max_concurrent_clients = max(max_concurrent_clients, len(self.devices))
     mrf = tff.backends.mapreduce.get_map_reduce_form_for_computation(process.next)
     for name in ("secure_sum_bitwidth", "secure_sum_max_input", "secure_modular_sum_modulus"):
       if type_leaves(getattr(mrf, name).type_signature.result):
@@ -126,16 +184,19 @@ class InProcessLearningProcess:
     init = tff.backends.mapreduce.get_state_initialization_computation(process.initialize)
     self._initialize = TFComputation(init, server, result_type=process.initialize.type_signature.result)
     self._prepare = TFComputation(mrf.prepare, server)
-    slots = -(-self.max_concurrent_clients // len(self.devices))
-    self._work = TFComputation(mrf.work, self.devices, slots_per_device=slots)
-    self._zero = TFComputation(mrf.zero, server)
-    self._accumulate = TFComputation(mrf.accumulate, server)
     self._report = TFComputation(mrf.report, server)
     self._update = TFComputation(mrf.update, server, result_type=process.next.type_signature.result)
     self._state_type = process.next.type_signature.parameter[0]
-    self._pool = concurrent.futures.ThreadPoolExecutor(
-        self.max_concurrent_clients, thread_name_prefix="tff-client")
     self._extra: dict[str, TFComputation] = {}
+    self._mrf = mrf
+    self._clients = self._client_fold(mrf, max_concurrent_clients)
+
+  def _client_fold(self, mrf, max_concurrent_clients):
+    """What runs the round's clients: here, one `ClientFold` on this process's devices."""
+    fold = ClientFold(mrf.work, mrf.zero, mrf.accumulate, self.devices, max_concurrent_clients)
+    self.max_concurrent_clients = fold.max_concurrent_clients
+    self._work = fold.work
+    return fold
 
   @property
   def process(self):
@@ -154,12 +215,10 @@ class InProcessLearningProcess:
     client order, `report`, `update`."""
     state_leaves = flatten_value(state, self._state_type)
     broadcast = self._prepare.call_flat_leaves(state_leaves)
-    futures = [self._pool.submit(self._work.call_flat_leaves,
-                                 [dataset._variant_tensor, *broadcast], i)  # noqa: SLF001
-               for i, dataset in enumerate(client_data)]
-    accumulator = self._zero.call_flat_leaves([])
-    for future in futures:  # client order, whatever order they finish in
-      accumulator = self._accumulate.call_flat_leaves([*accumulator, *future.result()])
+    return self._finish(state_leaves, self._clients(client_data, broadcast))
+
+  def _finish(self, state_leaves, accumulator):
+    """`report` on the round's accumulator, then `update`: the new state and metrics."""
     report = self._report.call_flat_leaves(accumulator)
     result = self._update.call_flat_leaves([*state_leaves, *report])
     return to_python([t.numpy() for t in result], self._update.result_type)
@@ -183,9 +242,4 @@ class InProcessLearningProcess:
 
   def close(self) -> None:
     """Stops the client threads (also done when the object is collected)."""
-    self._pool.shutdown(wait=True)
-
-  def __del__(self):
-    pool = getattr(self, "_pool", None)
-    if pool is not None:
-      pool.shutdown(wait=False)
+    self._clients.close()

@@ -152,7 +152,7 @@ def build_parts(config: ExperimentConfig, data=None) -> ExperimentParts:
   devices = runtime.round_devices(config.runtime)
   process = runtime.executable(
       process_lib.build_process(config, data, runtime.training_loop(devices)),
-      config.runtime, devices)
+      config.runtime, devices, experiment=config)
   keras_model = process_lib.make_keras_model(config, data)
   return ExperimentParts(
       key=structure_key(config), data=data, process=process, keras_model=keras_model,
@@ -192,8 +192,7 @@ def warm_up(config: ExperimentConfig, parts: ExperimentParts) -> None:
   state = initial_state(config, parts.process)
   sampled = sample_clients(list(parts.data.train.client_ids), config.clients_per_round,
                            config.seed, 1)
-  state = parts.process.next(
-      state, process_lib.client_datasets(config, parts.data, sampled, 1)).state
+  state = process_lib.next_round(parts.process, state, config, parts.data, sampled, 1).state
   parts.evaluator(parts.process, state)
 
 

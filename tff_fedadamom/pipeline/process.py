@@ -57,6 +57,18 @@ def client_datasets(config: ExperimentConfig, data: FederatedData, client_ids,
   return out
 
 
+def next_round(process, state, config: ExperimentConfig, data: FederatedData, client_ids,
+               round_num: int):
+  """One round of an executable process (`runtime.executable`) over `client_ids`.
+
+  The ray backend builds the client datasets on its actors
+  (`next_for_clients`); the others take them built here.
+  """
+  if hasattr(process, "next_for_clients"):
+    return process.next_for_clients(state, client_ids, round_num)
+  return process.next(state, client_datasets(config, data, client_ids, round_num))
+
+
 def input_spec(config: ExperimentConfig, data: FederatedData):
   """The batched element spec TFF's model wrapper needs."""
   cid = data.train.client_ids[0]

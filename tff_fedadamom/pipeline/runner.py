@@ -251,10 +251,9 @@ def run_experiment(config, *, overrides=(), on_eval: Optional[Callable[[EvalEven
   try:
     for round_num in range(start_round + 1, config.rounds + 1):
       sampled = sample_clients(client_ids, config.clients_per_round, config.seed, round_num)
-      datasets = process_lib.client_datasets(config, data, sampled, round_num)
       previous_weights = (process.get_model_weights(state).trainable
                           if config.telemetry else None)
-      output = process.next(state, datasets)
+      output = process_lib.next_round(process, state, config, data, sampled, round_num)
       state = output.state
       rounds_run += 1
       metrics = {"round": round_num, **flatten_round_metrics(output.metrics)}

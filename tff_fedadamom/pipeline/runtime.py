@@ -1,6 +1,6 @@
 """Where rounds run: the execution backend, TensorFlow's threads and devices.
 
-Two backends (`runtime.backend`):
+Three backends (`runtime.backend`):
 
 * `inprocess` (what `auto` means): TFF compiles the learning process to its
   MapReduceForm and its TensorFlow parts run in this Python process
@@ -17,6 +17,9 @@ Two backends (`runtime.backend`):
     running, holding this process's stdout/stderr open), and the workers it
     started are killed if they have not ended within `RELEASE_TIMEOUT_S`.
   Only the workers that TFF started here are ever signalled.
+* `ray`: the clients of each round run on Ray actors (`ray_backend`), the
+  server's parts in this process; a local Ray is bound to 127.0.0.1 and shut
+  down with the run.
 
 Nothing here installs a signal handler: the CLI does that for itself.
 """
@@ -33,6 +36,7 @@ from typing import Optional, Sequence
 
 INPROCESS = "inprocess"
 TFF_CPP = "tff_cpp"
+RAY = "ray"
 # What summary.json names as the device of tff_cpp rounds.
 TFF_CPP_DEVICE = "CPU (TFF worker_binary)"
 
@@ -43,8 +47,18 @@ _WORKERS: set[int] = set()
 
 
 def backend(runtime_config) -> str:
-  """'inprocess' or 'tff_cpp' for a `RuntimeConfig` (`auto` is in-process)."""
-  return TFF_CPP if runtime_config.backend == TFF_CPP else INPROCESS
+  """'inprocess', 'tff_cpp' or 'ray' for a `RuntimeConfig` (`auto` is in-process)."""
+  return runtime_config.backend if runtime_config.backend in (TFF_CPP, RAY) else INPROCESS
+
+
+def ray_workers(runtime_config) -> dict:
+  """The ray backend's settings, nulls resolved: workers, CPUs and GPUs per
+  worker, address, threads and concurrent clients per worker."""
+  cpus = runtime_config.cpus_per_worker or 1.0
+  return dict(workers=runtime_config.workers or 2, cpus_per_worker=cpus,
+              gpus_per_worker=runtime_config.gpus_per_worker or 0.0,
+              address=runtime_config.address, threads=runtime_config.threads,
+              max_concurrent_clients=runtime_config.max_concurrent_clients)
 
 
 def _child_pids(pid: int) -> list[int]:
@@ -227,13 +241,18 @@ def configure_gpus() -> None:
 
 
 def round_devices(runtime_config, source: str = "<config>") -> list[str]:
-  """The TensorFlow devices the rounds of a run will use (tff_cpp: the worker's CPU).
+  """The TensorFlow devices the rounds of a run will use (tff_cpp: the worker's CPU;
+  ray: one label per actor, 'ray worker K (CPU|GPU)').
 
   Raises:
     ConfigError: naming `runtime.devices` when TensorFlow does not see one of them.
   """
   if backend(runtime_config) == TFF_CPP:
     return [TFF_CPP_DEVICE]
+  if backend(runtime_config) == RAY:
+    settings = ray_workers(runtime_config)
+    kind = "GPU" if settings["gpus_per_worker"] else "CPU"
+    return [f"ray worker {k} ({kind})" for k in range(settings["workers"])]
   from tff_fedadamom.config import ConfigError
   from tff_fedadamom.pipeline import inprocess
 
@@ -261,15 +280,23 @@ def training_loop(devices: Sequence[str]):
   return tff.learning.LoopImplementation.DATASET_REDUCE
 
 
-def executable(process, runtime_config, devices: Sequence[str]):
+def executable(process, runtime_config, devices: Sequence[str], experiment=None):
   """The object whose `initialize`/`next`/`get_model_weights`/... the runner calls.
 
   `inprocess`: the process compiled to run here, on `devices`; `tff_cpp`: the
-  process itself, with TFF's C++ context installed.
+  process itself, with TFF's C++ context installed; `ray`: the process compiled
+  here, its clients on Ray actors that load `experiment`'s data (its rounds
+  are `next_for_clients(state, client_ids, round_num)`).
   """
   if backend(runtime_config) == TFF_CPP:
     use_tff_cpp(runtime_config.max_concurrent_clients)
     return process
+  if backend(runtime_config) == RAY:
+    from tff_fedadamom.pipeline import ray_backend
+
+    if experiment is None:
+      raise ValueError("the ray backend needs the experiment config (experiment=...)")
+    return ray_backend.RayLearningProcess(process, experiment, **ray_workers(runtime_config))
   from tff_fedadamom.pipeline import inprocess
 
   return inprocess.InProcessLearningProcess(

@@ -22,9 +22,11 @@ import threading
 from typing import Any, Optional, Sequence
 
 import tensorflow as tf
+from tensorflow_federated.proto.v0 import computation_pb2
 from tensorflow_federated.python.common_libs import structure
 from tensorflow_federated.python.core.impl.types import computation_types
 from tensorflow_federated.python.core.impl.types import type_conversions
+from tensorflow_federated.python.core.impl.types import type_serialization
 from tensorflow_federated.python.core.impl.utils import tensorflow_utils
 from tensorflow_federated.python.tensorflow_libs import serialization_utils
 
@@ -228,6 +230,25 @@ class _Slot:
     return self._call(*flat_args)
 
 
+class _Serialized:
+  """What `TFComputation` reads of a TFF computation (its proto and type),
+  rebuilt from the proto's bytes: no TFF tracing, no user Python."""
+
+  def __init__(self, serialized: bytes):
+    self._computation_proto = computation_pb2.Computation.FromString(serialized)
+    self.type_signature = type_serialization.deserialize_type(self._computation_proto.type)
+
+
+def serialize(computation) -> bytes:
+  """The bytes of a TFF TensorFlow computation's proto (see `deserialize`)."""
+  return computation._computation_proto.SerializeToString()  # noqa: SLF001
+
+
+def deserialize(serialized: bytes) -> _Serialized:
+  """A computation `TFComputation` accepts, from `serialize`'s bytes."""
+  return _Serialized(serialized)
+
+
 class TFComputation:
   """A TFF TensorFlow computation callable in-process, with `slots` concurrent callers
   per device.
@@ -267,6 +288,13 @@ class TFComputation:
       for _ in range(0 if self.fresh_kernels else slots_per_device):
         pool.put(_Slot(proto, self._param_leaves, device))
       self._pools.append(pool)
+
+  @classmethod
+  def from_proto(cls, serialized: bytes, devices: Sequence[Optional[str]] = (None,),
+                 slots_per_device: int = 1, result_type=None) -> "TFComputation":
+    """A computation from `serialize(computation)`'s bytes, e.g. in another
+    process that received them."""
+    return cls(deserialize(serialized), devices, slots_per_device, result_type)
 
   @property
   def num_devices(self) -> int:

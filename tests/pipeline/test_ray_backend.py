@@ -1,0 +1,313 @@
+"""The ray backend: one experiment's clients on Ray actors.
+
+Parity with the in-process backend (quickstart config, and a two-node loopback
+cluster), exact resume, an actor killed mid-round, nothing listening beyond loopback and
+nothing left running (after the command, and after its driver is killed), and
+the config fields' validation.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+import yaml
+
+from tests.pipeline.test_runner import ROOT, _weights, tiny
+from tests.tuning.test_cluster import two_node_cluster  # noqa: F401 - a fixture
+from tff_fedadamom.config import ConfigError, load_config
+from tff_fedadamom.pipeline import inprocess, ray_backend, run_experiment, runtime
+from tff_fedadamom.pipeline.process import build_process, load_data, next_round
+from tff_fedadamom.pipeline.runner import sample_clients
+
+# Two threads per actor, as this 2-core machine's in-process runs have: the
+# thread count changes how TensorFlow's kernels split their reductions.
+RAY = {"backend": "ray", "workers": 2, "cpus_per_worker": 1, "threads": 2}
+
+
+def _assert_close(expected, actual, rtol=1e-5):
+  """Relative error per weight tensor: max |a - e| <= rtol * max |e|."""
+  assert len(expected) == len(actual)
+  for e, a in zip(expected, actual):
+    e, a = np.asarray(e), np.asarray(a)
+    assert e.shape == a.shape
+    assert np.max(np.abs(a - e)) <= rtol * max(np.max(np.abs(e)), 1e-30), (
+        np.max(np.abs(a - e)), np.max(np.abs(e)))
+
+
+def _ray_processes_of(pid):
+  """Descendants of `pid` that are Ray's (GCS, raylet, workers)."""
+  found = []
+  for child in runtime.child_pids(pid):
+    try:
+      with open(f"/proc/{child}/cmdline", "rb") as f:
+        if b"ray" in f.read():
+          found.append(child)
+    except OSError:
+      pass
+  return runtime.still_running(found)
+
+
+# ------------------------------------------------------------------ assignment
+
+
+def test_assignment_is_contiguous_blocks_in_order():
+  assert ray_backend.assign_clients(list("abcdefg"), 3) == [list("abc"), list("de"), list("fg")]
+  assert ray_backend.assign_clients(["a"], 2) == [["a"], []]
+  ids = [f"c{i}" for i in range(10)]
+  blocks = ray_backend.assign_clients(ids, 4)
+  assert sum(blocks, []) == ids and [len(b) for b in blocks] == [3, 3, 2, 2]
+  with pytest.raises(ValueError, match="workers"):
+    ray_backend.assign_clients(ids, 0)
+
+
+# ------------------------------------------------------------------ parity
+
+
+def test_quickstart_matches_inprocess_with_two_actors(tmp_path):
+  import ray
+
+  with open(os.path.join(ROOT, "configs", "quickstart.yaml")) as f:
+    raw = yaml.safe_load(f)
+  raw.update(rounds=3, eval_every=3, checkpoint_every=3)
+  run_experiment({**raw, "output_dir": str(tmp_path / "inprocess")}, progress=False)
+  result = run_experiment({**raw, "output_dir": str(tmp_path / "ray"), "runtime": RAY},
+                          progress=False)
+  assert result.summary["backend"] == "ray"
+  assert result.summary["devices"] == ["ray worker 0 (CPU)", "ray worker 1 (CPU)"]
+  _assert_close(_weights(tmp_path / "inprocess"), _weights(tmp_path / "ray"))
+  # The local Ray the run started is gone with it.
+  assert not ray.is_initialized()
+  deadline = time.monotonic() + 20
+  while _ray_processes_of(os.getpid()) and time.monotonic() < deadline:
+    time.sleep(0.5)
+  assert not _ray_processes_of(os.getpid())
+
+
+def _rounds(executable, config, data, rounds):
+  """`rounds` rounds of the runner's sampling; the final trainable weights."""
+  state = executable.initialize()
+  ids = list(data.train.client_ids)
+  for round_num in range(1, rounds + 1):
+    sampled = sample_clients(ids, config.clients_per_round, config.seed, round_num)
+    state = next_round(executable, state, config, data, sampled, round_num).state
+  return [np.asarray(w) for w in executable.get_model_weights(state).trainable]
+
+
+def test_two_node_cluster_matches_inprocess(tmp_path, two_node_cluster):  # noqa: F811
+  import ray
+
+  # 4 clients over 2 actors: the partial sums are (u1 + u2) + (u3 + u4).
+  config = load_config(tiny(tmp_path, clients_per_round=4, runtime={
+      **RAY, "address": two_node_cluster}))
+  data = load_data(config)
+  process = build_process(config, data)
+  local = inprocess.InProcessLearningProcess(process)
+  expected = _rounds(local, config, data, 3)
+  local.close()
+  remote = runtime.executable(process, config.runtime, runtime.round_devices(config.runtime),
+                              experiment=config)
+  try:
+    nodes = ray.get([a.node.remote() for a in remote.actors])
+    assert len(set(nodes)) == 2, nodes
+    actual = _rounds(remote, config, data, 3)
+  finally:
+    remote.close()
+  assert not ray.is_initialized()  # disconnected; the cluster itself stays up
+  _assert_close(expected, actual)
+
+
+def test_resume_on_the_ray_backend_is_exact(tmp_path):
+  run_experiment(tiny(tmp_path / "resumed", rounds=2, runtime=RAY), progress=False)
+  resumed = run_experiment(tiny(tmp_path / "resumed", rounds=3, runtime=RAY), progress=False)
+  assert resumed.summary["resumed_from_round"] == 2
+  run_experiment(tiny(tmp_path / "straight", rounds=3, runtime=RAY), progress=False)
+  for a, b in zip(_weights(tmp_path / "straight"), _weights(tmp_path / "resumed")):
+    np.testing.assert_array_equal(a, b)
+
+
+# ------------------------------------------------------------------ failure
+
+
+class DyingWorker(ray_backend.ClientWorker):
+  """Ends its own process after its clients' work, once per file at `arm`."""
+
+  def work(self, client_ids, round_num, broadcast):
+    result = super().work(client_ids, round_num, broadcast)
+    arm = os.environ.get("RAY_TEST_ARM")
+    try:
+      os.remove(arm)  # only one actor claims it
+    except (OSError, TypeError):
+      return result
+    os._exit(1)
+
+
+def test_an_actor_killed_mid_round_is_replaced_with_the_same_result(tmp_path, monkeypatch):
+  import ray
+
+  arm = str(tmp_path / "arm")
+  monkeypatch.setenv("RAY_TEST_ARM", arm)  # the local Ray's actors inherit it
+  config = load_config(tiny(tmp_path, clients_per_round=4, runtime=RAY))
+  data = load_data(config)
+  process = build_process(config, data)
+  remote = ray_backend.RayLearningProcess(process, config, workers=2,
+                                          worker_class=DyingWorker)
+  try:
+    pids = ray.get([a.pid.remote() for a in remote.actors])
+    state = remote.initialize()
+    sampled = sample_clients(list(data.train.client_ids), 4, config.seed, 1)
+    undisturbed = remote.next_for_clients(state, sampled, 1)
+    open(arm, "w").close()
+    disturbed = remote.next_for_clients(state, sampled, 1)
+    assert not os.path.exists(arm) and remote.replacements == 1
+    after = ray.get([a.pid.remote() for a in remote.actors])
+    assert len(set(after) - set(pids)) == 1  # one new actor process, in place
+    for a, b in zip(remote.get_model_weights(undisturbed.state).trainable,
+                    remote.get_model_weights(disturbed.state).trainable):
+      np.testing.assert_array_equal(a, b)
+    assert undisturbed.metrics == disturbed.metrics
+    remote.next_for_clients(disturbed.state, sampled, 2)  # the new actor works on
+  finally:
+    remote.close()
+  assert not ray.is_initialized()
+
+
+# ------------------------------------------------------------------ processes and ports
+
+# Runs an experiment on the ray backend in a fresh interpreter. After round 1 it
+# prints its processes and every TCP socket they listen on; after round `pause`
+# it waits to be killed.
+_CHILD = textwrap.dedent("""
+    import json, os, sys, time
+    from tff_fedadamom.pipeline import run_experiment, runtime
+
+    def listeners(pids):
+      inodes = set()
+      for pid in pids:
+        try:
+          for fd in os.listdir(f"/proc/{pid}/fd"):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("socket:["):
+              inodes.add(target[8:-1])
+        except OSError:
+          pass
+      found = []
+      for table in ("tcp", "tcp6"):
+        with open(f"/proc/net/{table}") as f:
+          for line in f.readlines()[1:]:
+            fields = line.split()
+            if fields[9] in inodes and fields[3] == "0A":
+              found.append((table, fields[1].rsplit(":", 1)[0]))
+      return found
+
+    raw, pause = json.loads(sys.argv[1]), int(sys.argv[2])
+
+    def on_round(round_num, metrics):
+      if round_num == 1:
+        pids = [os.getpid(), *runtime.child_pids(os.getpid())]
+        print(json.dumps({"pids": pids, "listening": listeners(pids)}), flush=True)
+      if round_num == pause:
+        print(json.dumps({"paused": True}), flush=True)
+        time.sleep(600)
+
+    run_experiment(raw, progress=False, on_round=on_round)
+""")
+
+# Loopback as /proc/net/tcp{,6} spell it: 127.0.0.1, ::1, ::ffff:127.0.0.1.
+_LOOPBACK = {"0100007F", "00000000000000000000000001000000",
+             "0000000000000000FFFF00000100007F"}
+
+
+def _start_child(raw, pause):
+  return subprocess.Popen([sys.executable, "-c", _CHILD, json.dumps(raw), str(pause)],
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                          env={**os.environ, "PYTHONPATH": ROOT})
+
+
+def _wait_gone(pids, timeout_s=30.0):
+  deadline = time.monotonic() + timeout_s
+  while runtime.still_running(pids) and time.monotonic() < deadline:
+    time.sleep(0.5)
+  return runtime.still_running(pids)
+
+
+def test_loopback_only_and_nothing_left_when_the_driver_is_killed(tmp_path):
+  """The listeners of a local run are on loopback; SIGKILL of the driver in the
+  middle of a run ends every process it started (Ray's own cleanup: its
+  agents notice their raylet is gone, which takes them a minute or two)."""
+  raw = tiny(tmp_path / "run", rounds=3, runtime=RAY)
+  child = _start_child(raw, pause=2)
+  try:
+    first = json.loads(child.stdout.readline())
+    assert len(first["pids"]) > 3  # the driver, Ray's services and its 2 actors
+    assert first["listening"], "Ray's services listen on TCP"
+    assert {address for _, address in first["listening"]} <= _LOOPBACK, first["listening"]
+    assert json.loads(child.stdout.readline()) == {"paused": True}
+    child.send_signal(signal.SIGKILL)
+    child.wait(timeout=60)
+  finally:
+    if child.poll() is None:
+      child.kill()
+      child.wait()
+  started = time.monotonic()
+  left = _wait_gone(first["pids"], timeout_s=240)
+  assert not left, f"still running {time.monotonic() - started:.0f} s after the kill: {left}"
+
+
+# ------------------------------------------------------------------ config
+
+
+@pytest.mark.parametrize("runtime_section,field,wording", [
+    ({"backend": "rey"}, "runtime.backend", "'tff_cpp' or 'ray'"),
+    ({**RAY, "workers": 0}, "runtime.workers", "an integer >= 1"),
+    ({**RAY, "workers": "two"}, "runtime.workers", "an integer"),
+    ({**RAY, "workers": 1.5}, "runtime.workers", "an integer"),
+    ({**RAY, "cpus_per_worker": 0}, "runtime.cpus_per_worker", "a number > 0"),
+    ({**RAY, "cpus_per_worker": 1.5}, "runtime.cpus_per_worker", "whole CPUs"),
+    ({**RAY, "cpus_per_worker": "1"}, "runtime.cpus_per_worker", "a number"),
+    ({**RAY, "gpus_per_worker": -0.5}, "runtime.gpus_per_worker", "a fraction of one GPU"),
+    ({**RAY, "gpus_per_worker": 2.5}, "runtime.gpus_per_worker", "whole GPUs"),
+    ({**RAY, "address": "my cluster"}, "runtime.address", "host:port"),
+    ({**RAY, "address": 6379}, "runtime.address", "a string"),
+    ({**RAY, "devices": ["CPU:0"]}, "runtime.devices", "backend 'ray'"),
+    ({"workers": 2}, "runtime.workers", "backend 'ray'"),
+    ({"backend": "inprocess", "cpus_per_worker": 1}, "runtime.cpus_per_worker", "'ray'"),
+    ({"backend": "tff_cpp", "gpus_per_worker": 0.5}, "runtime.gpus_per_worker", "'ray'"),
+    ({"address": "auto"}, "runtime.address", "backend 'ray'"),
+])
+def test_ray_fields_are_validated(tmp_path, runtime_section, field, wording):
+  with pytest.raises(ConfigError) as raised:
+    load_config(tiny(tmp_path, runtime=runtime_section))
+  assert raised.value.field == field
+  assert wording in str(raised.value)
+
+
+@pytest.mark.parametrize("runtime_section", [
+    {"backend": "ray"},
+    {**RAY, "gpus_per_worker": 0.25, "address": "auto"},
+    {**RAY, "cpus_per_worker": 0.5, "address": "10.0.0.5:6379", "threads": 1},
+    {**RAY, "workers": 8, "cpus_per_worker": 2, "gpus_per_worker": 1,
+     "address": "ray://head:10001"},
+])
+def test_valid_ray_settings_load(tmp_path, runtime_section):
+  config = load_config(tiny(tmp_path, runtime=runtime_section))
+  assert runtime.backend(config.runtime) == "ray"
+  settings = runtime.ray_workers(config.runtime)
+  assert settings["workers"] == runtime_section.get("workers", 2)
+  assert settings["cpus_per_worker"] == runtime_section.get("cpus_per_worker", 1)
+
+
+def test_sweeps_reject_the_ray_backend_in_trials(tmp_path):
+  from tests.tuning.conftest import tiny_base
+  from tuning.schema import SweepConfigError, parse_sweep
+
+  with pytest.raises(SweepConfigError) as raised:
+    parse_sweep({"base": tiny_base(runtime={"backend": "ray"}), "optimizers": ["fedavg"],
+                 "budget": {"trials_per_optimizer": 1, "rounds": 1}})
+  assert raised.value.field == "base.runtime.backend"
+  assert "not run inside sweep trials yet" in str(raised.value)

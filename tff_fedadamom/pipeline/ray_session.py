@@ -1,0 +1,71 @@
+"""Connecting to Ray: a local instance on loopback, or an existing cluster.
+
+Shared by the sweeps (`tuning.sweep`) and the `ray` backend of a single
+experiment (`ray_backend`). Ray is imported only when a session starts, so
+`import tff_fedadamom` never pulls it in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import warnings
+from typing import Any, Optional
+
+_LOOPBACK = ("127.0.0.1", "localhost")
+
+
+def is_loopback(address: Optional[str]) -> bool:
+  """Whether a Ray address (None: a new local instance) is on this machine's loopback."""
+  if address is None:
+    return True
+  host = address.split("://")[-1].rsplit(":", 1)[0].strip("[]")
+  return host in _LOOPBACK
+
+
+def connect(address: Optional[str]) -> bool:
+  """Connects this process to Ray as `address` says; True if it started a session.
+
+  `None` starts a new local Ray bound to 127.0.0.1 with the dashboard off;
+  `auto` or host:port joins an existing cluster. An already initialised Ray
+  (a test, a notebook, a sweep) is used as it is, and False is returned: the
+  caller must then not shut it down.
+  """
+  import ray
+
+  if ray.is_initialized():
+    return False
+  env = {"TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
+  kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False,
+                                configure_logging=True, logging_level=logging.WARNING,
+                                runtime_env={"env_vars": env})
+  if address is None:
+    # "local": a new instance even if RAY_ADDRESS is set or a `ray start`
+    # cluster runs on this machine (ray.init() would silently join those).
+    kwargs.update(address="local", _node_ip_address="127.0.0.1")
+  else:
+    kwargs["address"] = address
+    if address != "auto" and is_loopback(address):
+      kwargs["_node_ip_address"] = "127.0.0.1"
+    kwargs.pop("include_dashboard")  # the cluster's own setting applies
+  with warnings.catch_warnings():
+    # Ray's notice that zero-GPU tasks will see the GPUs one day: tasks without
+    # a GPU hide them themselves.
+    warnings.filterwarnings("ignore", message="Tip: In future versions of Ray",
+                            category=FutureWarning)
+    ray.init(**kwargs)
+  return True
+
+
+@contextlib.contextmanager
+def ray_session(address: Optional[str]):
+  """`connect(address)` for the duration of a block; shuts down only what it started."""
+  import ray
+
+  started = connect(address)
+  try:
+    yield ray
+  finally:
+    if started:
+      ray.shutdown()
