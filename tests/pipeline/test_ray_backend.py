@@ -259,6 +259,63 @@ def test_loopback_only_and_nothing_left_when_the_driver_is_killed(tmp_path):
   assert not left, f"still running {time.monotonic() - started:.0f} s after the kill: {left}"
 
 
+
+class SlowWorker(ray_backend.ClientWorker):
+  """An actor whose `work` is one TensorFlow call that outlasts any test: the
+  interpreter does not run again (nor handle a signal) until it returns, so
+  only the actor's own watch on its raylet can end it early."""
+
+  def work(self, client_ids, round_num, broadcast):
+    import tensorflow as tf
+
+    @tf.function
+    def spin(n):
+      return tf.while_loop(lambda i, x: i < n, lambda i, x: (i + 1, x * 1.0000001),
+                           (tf.constant(0, tf.int64), tf.constant(1.0)))
+
+    spin(tf.constant(10**12, tf.int64))
+    return super().work(client_ids, round_num, broadcast)
+
+
+# Starts a ray-backend round whose actors are busy in `work`; prints their pids.
+_BUSY_CHILD = textwrap.dedent("""
+    import json, sys
+    import ray
+    from tests.pipeline.test_ray_backend import SlowWorker
+    from tff_fedadamom.config import load_config
+    from tff_fedadamom.pipeline import ray_backend
+    from tff_fedadamom.pipeline.process import build_process, load_data
+
+    config = load_config(json.loads(sys.argv[1]))
+    data = load_data(config)
+    remote = ray_backend.RayLearningProcess(build_process(config, data), config, workers=2,
+                                            worker_class=SlowWorker)
+    print(json.dumps(ray.get([a.pid.remote() for a in remote.actors])), flush=True)
+    remote.next_for_clients(remote.initialize(), list(data.train.client_ids)[:2], 1)
+""")
+
+
+def test_actors_busy_in_a_round_end_with_their_killed_driver(tmp_path):
+  """An unhandled SIGTERM ends the driver (as `kill` or `timeout` would) while
+  its actors are inside `work`: they end within seconds."""
+  child = subprocess.Popen(
+      [sys.executable, "-c", _BUSY_CHILD, json.dumps(tiny(tmp_path / "run", runtime=RAY))],
+      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+      env={**os.environ, "PYTHONPATH": ROOT})
+  try:
+    actors = json.loads(child.stdout.readline())
+    time.sleep(3)  # the round has reached the actors' `work`
+    assert sorted(runtime.still_running(actors)) == sorted(actors)
+    child.send_signal(signal.SIGTERM)
+    child.wait(timeout=60)
+  finally:
+    if child.poll() is None:
+      child.kill()
+      child.wait()
+  started = time.monotonic()
+  left = _wait_gone(actors, timeout_s=30)
+  assert not left, f"actors still running {time.monotonic() - started:.0f} s after the kill"
+
 # ------------------------------------------------------------------ config
 
 

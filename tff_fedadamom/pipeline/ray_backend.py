@@ -42,12 +42,18 @@ Failure: an actor that dies during a round (`RayActorError`) is replaced by a
 new one, which re-runs that actor's clients of this round; `work` is a
 function of (dataset, broadcast) alone, so the round's result is the same as
 without the failure. Actors are stopped by `close()`; a local Ray started here
-is shut down then, and Ray ends its own processes when the driver dies.
+is shut down then, and Ray ends its own processes when the driver dies (a
+test kills a driver whose actors are inside `work`). Once, on a loaded machine,
+an actor in the middle of a long ResNet `work` was seen to go on for minutes
+as an orphan after its driver was killed, so each actor also watches its
+parent (the raylet of its node) and ends its own process as soon as it is gone
+(`_exit_with_parent`).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any, Mapping, Optional, Sequence
 
@@ -83,6 +89,26 @@ def assign_clients(client_ids: Sequence[Any], workers: int) -> list[list]:
   return blocks
 
 
+# Seconds between an actor's checks that its raylet is still there.
+PARENT_POLL_S = 0.5
+
+
+def _exit_with_parent(poll_s: float = PARENT_POLL_S) -> None:
+  """Ends this process once its parent process is gone (it was re-parented).
+
+  Runs in a daemon thread of the actor's own process (nothing else's): a
+  TensorFlow call releases the GIL, so the check runs during `work` too.
+  """
+  parent = os.getppid()
+
+  def watch():
+    while os.getppid() == parent:
+      time.sleep(poll_s)
+    os._exit(1)  # noqa: SLF001 - the raylet is gone: no one is left to report to
+
+  threading.Thread(target=watch, name="exit-with-raylet", daemon=True).start()
+
+
 class ClientWorker:
   """One actor's state: the experiment's data and the form's client parts.
 
@@ -99,6 +125,7 @@ class ClientWorker:
     from tff_fedadamom.pipeline import process as process_lib
     from tff_fedadamom.pipeline import runtime
 
+    _exit_with_parent()
     runtime.configure_threads(threads)
     self._config = load_config(dict(experiment))
     self._data = process_lib.load_data(self._config)
