@@ -177,6 +177,41 @@ def test_an_actor_killed_mid_round_is_replaced_with_the_same_result(tmp_path, mo
   assert not ray.is_initialized()
 
 
+
+class FoldDyingWorker(ray_backend.ClientWorker):
+  """Ends its own process when asked to fold, once per file at `arm`."""
+
+  def fold(self, accumulator):
+    try:
+      os.remove(os.environ.get("RAY_TEST_ARM"))
+    except (OSError, TypeError):
+      return super().fold(accumulator)
+    os._exit(1)
+
+
+def test_an_actor_dying_in_the_fold_is_replaced_with_the_same_result(tmp_path, monkeypatch):
+  import ray
+
+  arm = str(tmp_path / "arm")
+  monkeypatch.setenv("RAY_TEST_ARM", arm)
+  config = load_config(tiny(tmp_path, clients_per_round=4, runtime=RAY))
+  data = load_data(config)
+  remote = ray_backend.RayLearningProcess(build_process(config, data), config, workers=2,
+                                          worker_class=FoldDyingWorker)
+  try:
+    state = remote.initialize()
+    sampled = sample_clients(list(data.train.client_ids), 4, config.seed, 1)
+    undisturbed = remote.next_for_clients(state, sampled, 1)
+    open(arm, "w").close()
+    disturbed = remote.next_for_clients(state, sampled, 1)
+    assert not os.path.exists(arm) and remote.replacements == 1
+    for a, b in zip(remote.get_model_weights(undisturbed.state).trainable,
+                    remote.get_model_weights(disturbed.state).trainable):
+      np.testing.assert_array_equal(a, b)
+    assert undisturbed.metrics == disturbed.metrics
+  finally:
+    remote.close()
+
 # ------------------------------------------------------------------ processes and ports
 
 # Runs an experiment on the ray backend in a fresh interpreter. After round 1 it

@@ -17,7 +17,8 @@ receives only the broadcast (put into Ray's object store once) and the ids of
 its clients; it builds their datasets exactly as the driver would
 (`process.client_datasets`: shuffles are a function of (seed, round, client)).
 All actors run their clients' `work` at once; then the accumulator goes from
-actor to actor in actor order, each folding its clients onto it in client
+actor to actor in actor order (as an object reference: through Ray's object
+store, not through the driver), each folding its clients onto it in client
 order. Server-side parts, `initialize`, `get_model_weights` and the hparams
 run on the driver, in-process.
 
@@ -243,6 +244,31 @@ class RayLearningProcess(inprocess.InProcessLearningProcess):
     for k in active:
       self._get(k, pending[k], work, round_num)
     t2 = time.perf_counter()
+    accumulator = self._fold_across(active, work, round_num)
+    output = self._finish(state_leaves, [tf.convert_to_tensor(a) for a in accumulator])
+    self.round_times = {"broadcast_s": t1 - t0, "actors_s": t2 - t1,
+                        "merge_s": time.perf_counter() - t2}
+    return output
+
+  def _fold_across(self, active: Sequence[int], work, round_num: int) -> list:
+    """The accumulator folded across the `active` actors in actor order.
+
+    Each actor's fold takes the previous one's result as an object reference,
+    so the accumulator goes from actor to actor through Ray's object store and
+    reaches the driver once. If an actor died meanwhile, the fold is redone
+    actor by actor, replacing the dead one (its clients' `work` re-runs first;
+    the others keep their outputs, and a fold is a function of them and the
+    accumulator it is given).
+    """
+    import ray
+
+    ref = None
+    for k in active:
+      ref = self._actors[k].fold.remote(ref)
+    try:
+      return ray.get(ref)
+    except ray.exceptions.RayError:
+      pass
     accumulator = None
     for k in active:
 
@@ -254,10 +280,7 @@ class RayLearningProcess(inprocess.InProcessLearningProcess):
         return fold(k)
 
       accumulator = self._get(k, fold(k), redo, round_num)
-    output = self._finish(state_leaves, [tf.convert_to_tensor(a) for a in accumulator])
-    self.round_times = {"broadcast_s": t1 - t0, "actors_s": t2 - t1,
-                        "merge_s": time.perf_counter() - t2}
-    return output
+    return accumulator
 
   def _get(self, k: int, ref, resubmit, round_num: int):
     """The value of actor k's task `ref`; a dead actor is replaced and
