@@ -81,6 +81,9 @@ class Budget:
     tune_seed: Seed of every search (the same for all optimizers: common random
       numbers for the dimensions they share) and of the tuning runs.
     escape: Study 4.
+    partitions: The Fashion-MNIST partitions (keys of PARTITIONS) of studies 1, 3.
+    beta2_grid: The beta_2 values of study 3.
+    heterogeneity: The partitions (labels of HETEROGENEITY) of study 5.
   """
 
   mode: str
@@ -95,6 +98,15 @@ class Budget:
   hetero_seeds: tuple
   tune_seed: int
   escape: EscapeSetup
+  partitions: tuple = tuple(PARTITIONS)
+  beta2_grid: tuple = BETA2_GRID
+  heterogeneity: tuple = tuple(label for label, _ in HETEROGENEITY)
+
+  def partition_items(self) -> dict:
+    return {name: PARTITIONS[name] for name in self.partitions}
+
+  def heterogeneity_items(self) -> list:
+    return [(label, p) for label, p in HETEROGENEITY if label in self.heterogeneity]
 
 
 FULL = Budget(
@@ -122,6 +134,8 @@ FULL = Budget(
                        chunk=5000),
 )
 
+# One partition, two beta_2 values and three heterogeneity levels: every study and
+# every method runs, with the fewest units (each costs a process's TFF set-up).
 QUICK = Budget(
     mode="quick",
     workers=2,
@@ -138,6 +152,9 @@ QUICK = Budget(
     tune_seed=0,
     escape=EscapeSetup(ks=(1.0, 2.0, 4.0, 8.0, 16.0), dim=10, particles=48,
                        max_rounds=6000, flat_log_tau=3.5, chunk=3000),
+    partitions=("dir0.3",),
+    beta2_grid=(0.05, 0.3),
+    heterogeneity=("0.1", "0.3", "iid"),
 )
 
 

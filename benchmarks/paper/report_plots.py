@@ -8,7 +8,6 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from benchmarks.paper import plan
 from benchmarks.paper.report_format import PART_NAMES, name
 
 PLOTS_DIR = "plots"
@@ -67,10 +66,11 @@ def plot_curves(panels: Mapping[str, Mapping], methods: Sequence[str], path: str
 def plot_beta2(beta2: Mapping, path: str) -> str:
   fig = _figure(figsize=(5.5, 4))
   ax = fig.subplots()
-  xs = list(plan.BETA2_GRID)
+  keys = list(next(iter(beta2["table"].values())))  # the grid, as the study ran it
+  xs = [float(x) for x in keys]
   for part, row in beta2["table"].items():
-    means = [row[f"{x:g}"]["final"]["mean"] for x in xs]
-    stds = [row[f"{x:g}"]["final"]["std"] or 0.0 for x in xs]
+    means = [row[x]["final"]["mean"] for x in keys]
+    stds = [row[x]["final"]["std"] or 0.0 for x in keys]
     ok = [i for i, m in enumerate(means) if m is not None]
     ax.errorbar([xs[i] for i in ok], [100 * means[i] for i in ok],
                 yerr=[100 * stds[i] for i in ok], marker="o", capsize=3,

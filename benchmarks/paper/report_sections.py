@@ -164,7 +164,7 @@ def shakespeare_paper_text(summary: Mapping) -> str:
 
 
 def beta2_section(beta2: Mapping, plot: str) -> str:
-  xs = [f"{x:g}" for x in plan.BETA2_GRID]
+  xs = list(next(iter(beta2["table"].values())))  # the grid, as the study ran it
   planned = len(beta2["seeds"])
   paper = plan.PAPER["beta2_dir03_cifar10"]
   paper_peak = f"{max(paper, key=paper.get):g}"

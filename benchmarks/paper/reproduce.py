@@ -1,6 +1,6 @@
 """Reproduce the FedAdamom paper's claims at laptop scale and write REPORT.md.
 
-    .venv/bin/python -m benchmarks.paper.reproduce                 # full: ~100 min on 2 cores
+    .venv/bin/python -m benchmarks.paper.reproduce                 # full: ~100 min on 2 cores (six methods)
     .venv/bin/python -m benchmarks.paper.reproduce --quick --out runs/paper-quick   # minutes
     .venv/bin/python -m benchmarks.paper.reproduce --report-only   # rebuild from results.json
 
@@ -124,21 +124,21 @@ def estimate(b: plan.Budget, calib: Mapping, backend: str) -> dict:
   def runs(n, rounds, spr, start):
     return n * (rounds * spr + start)
 
-  tune_f = runs(len(plan.PARTITIONS) * n_opt * b.fmnist.tune_trials, b.fmnist.tune_rounds,
+  tune_f = runs(len(b.partitions) * n_opt * b.fmnist.tune_trials, b.fmnist.tune_rounds,
                 f_round, f_start)
   tune_s = runs(n_opt * b.shakespeare.tune_trials, b.shakespeare.tune_rounds, s_round, s_start)
-  n_trials = (len(plan.PARTITIONS) * b.fmnist.tune_trials + b.shakespeare.tune_trials) * n_opt
+  n_trials = (len(b.partitions) * b.fmnist.tune_trials + b.shakespeare.tune_trials) * n_opt
   if backend == "ray":
     tuning = (tune_f + tune_s + n_trials * RAY_TRIAL_OVERHEAD_S) / w \
         + 3 * RAY_SWEEP_OVERHEAD_S
   else:
     tuning = (tune_f + tune_s) / w
-  finals_f = runs(len(plan.PARTITIONS) * n_opt * len(b.fmnist.seeds), b.fmnist.rounds,
+  finals_f = runs(len(b.partitions) * n_opt * len(b.fmnist.seeds), b.fmnist.rounds,
                   f_round, f_start)
   finals_s = runs(n_opt * len(b.shakespeare.seeds), b.shakespeare.rounds, s_round, s_start)
-  beta2 = runs(len(plan.PARTITIONS) * len(plan.BETA2_GRID) * len(b.beta2_seeds),
+  beta2 = runs(len(b.partitions) * len(b.beta2_grid) * len(b.beta2_seeds),
                b.fmnist.rounds, f_round, f_start)
-  new_hetero = [a for a, _ in plan.HETEROGENEITY if a != "0.3"]
+  new_hetero = [a for a in b.heterogeneity if a != "0.3"]
   hetero = runs(len(new_hetero) * 2 * len(b.hetero_seeds), b.fmnist.rounds, f_round, f_start)
   e = b.escape
   escape = 1.25 * ESCAPE_S_PER_PARTICLE_ROUND * e.max_rounds * e.particles * len(e.ks) + 20
@@ -165,7 +165,7 @@ def collect(ctx: studies.Context, b: plan.Budget, log) -> dict:
   results: dict[str, Any] = {}
   log("tuning (equal budget per optimizer)")
   fmnist_cmp = {}
-  for part, partition in plan.PARTITIONS.items():
+  for part, partition in b.partition_items().items():
     cmp = studies.compare(ctx, f"fmnist-{part}", plan.fmnist_base(b, partition), b.fmnist,
                           plan.FMNIST_CLIENT_LR)
     if cmp is not None:
@@ -180,7 +180,7 @@ def collect(ctx: studies.Context, b: plan.Budget, log) -> dict:
     groups["shakespeare"] = studies.finals_units(ctx, "shakespeare", shakes_cmp, b.shakespeare)
   for part, cmp in fmnist_cmp.items():
     groups[f"fmnist/{part}"] = studies.finals_units(ctx, f"fmnist/{part}", cmp, b.fmnist)
-  if len(fmnist_cmp) == len(plan.PARTITIONS):
+  if len(fmnist_cmp) == len(b.partitions):
     groups["beta2"] = studies.beta2_units(ctx, fmnist_cmp)
   if "dir0.3" in fmnist_cmp:
     groups["hetero"] = studies.hetero_units(ctx, fmnist_cmp)

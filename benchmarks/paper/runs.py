@@ -107,7 +107,9 @@ class Cache:
 
 
 def _init_worker(log_dir: str) -> None:
-  """Runs in each spawned worker: quiet TensorFlow, stderr to a log file."""
+  """Runs in each spawned worker, before TensorFlow is imported there: quiet
+  TensorFlow, no GPU, stderr to a log file. The environment it edits is the
+  worker's own; the parent's is never changed."""
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
   os.environ["CUDA_VISIBLE_DEVICES"] = ""
   os.makedirs(log_dir, exist_ok=True)

@@ -177,7 +177,7 @@ def beta2_units(ctx: Context, fmnist: Mapping) -> list:
   units = []
   for part, comparison in fmnist.items():
     entry = comparison["tuning"]["best"]["fedadamom"]
-    for beta2 in plan.BETA2_GRID:
+    for beta2 in b.beta2_grid:
       for seed in b.beta2_seeds:
         config = _final_config(entry["config"], seed=seed, rounds=b.fmnist.rounds,
                                base=comparison["base"])
@@ -191,7 +191,7 @@ def summarize_beta2(ctx: Context, fmnist: Mapping, results: Mapping, units) -> d
   table: dict[str, dict] = {}
   for part in fmnist:
     table[part] = {}
-    for beta2 in plan.BETA2_GRID:
+    for beta2 in b.beta2_grid:
       records = [results[u.key] for u in units
                  if u.config["data"]["partition"] == plan.PARTITIONS[part]
                  and u.config["server"]["beta_2"] == beta2 and u.key in results]
@@ -209,7 +209,7 @@ def hetero_units(ctx: Context, fmnist: Mapping) -> list:
   b = ctx.budget
   comparison = fmnist["dir0.3"]
   units = []
-  for label, partition in plan.HETEROGENEITY:
+  for label, partition in b.heterogeneity_items():
     for opt in ("fedadam", "fedadamom"):
       entry = comparison["tuning"]["best"][opt]
       for seed in b.hetero_seeds:
@@ -223,7 +223,7 @@ def hetero_units(ctx: Context, fmnist: Mapping) -> list:
 def summarize_hetero(ctx: Context, results: Mapping, units) -> dict:
   b = ctx.budget
   rows = []
-  for label, partition in plan.HETEROGENEITY:
+  for label, partition in b.heterogeneity_items():
     per_opt = {}
     for opt in ("fedadam", "fedadamom"):
       per_opt[opt] = {str(u.config["seed"]): results[u.key] for u in units

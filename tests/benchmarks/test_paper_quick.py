@@ -11,6 +11,9 @@ import time
 
 import pytest
 
+from benchmarks.paper import plan
+from benchmarks.paper.report_format import NAMES
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PLOTS = ("fmnist_curves.png", "shakespeare_curves.png", "beta2.png", "escape.png",
          "heterogeneity.png")
@@ -80,13 +83,20 @@ def test_report_plots_and_results(quick_run):
     assert f"plots/{name}" in report
   results = json.loads((out / "results.json").read_text())
   assert set(results["results"]) == {"fmnist", "shakespeare", "beta2", "escape", "hetero"}
+  assert "## Incomplete" not in report
+  # The report is results.json rendered, the run's timings included.
+  from benchmarks.paper import report as report_lib
+
+  assert report_lib.render(results) == report
+  assert results["timings"]["mode"] == "quick"
+  assert f"- wall time: {results['timings']['wall time']}\n" in report
 
 
 def test_every_table_holds_numbers(quick_run):
   out, _, _ = quick_run
   tables = _tables((out / "REPORT.md").read_text())
-  # Studies 1 (two partitions), 2, 3, 4 (escape times and fits) and 5.
-  assert len(tables) >= 7
+  # Studies 1 (one table per partition), 2, 3, 4 (escape times and fits) and 5.
+  assert len(tables) >= len(plan.QUICK.partitions) + 5
   for table in tables:
     header, rows = table[0], table[1:]
     assert rows, header
@@ -96,8 +106,12 @@ def test_every_table_holds_numbers(quick_run):
       assert numeric, f"row without numbers: {row}"
   # The accuracy columns of the comparison tables are numbers (not '-').
   comparisons = [t for t in tables if t[0][0] == "optimizer" and "final acc (%)" in t[0]]
-  assert len(comparisons) == 3
+  assert len(comparisons) == len(plan.QUICK.partitions) + 1
   for table in comparisons:
+    # Every method, the new baselines included, with its communication per round.
+    assert [row[0] for row in table[1:]] == [NAMES[o] for o in plan.OPTIMIZERS]
+    comm = {row[0]: row[table[0].index("communication per round")] for row in table[1:]}
+    assert comm["FedAvg"] == "1x" and comm["FedCAda"] == "3x" and comm["FAFED"] == "3x"
     col = table[0].index("final acc (%)")
     for row in table[1:]:
       assert re.match(r"^\d+\.\d+( ± \d+\.\d+)?$", row[col]), row
