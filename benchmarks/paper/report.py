@@ -73,22 +73,22 @@ def render(doc: Mapping) -> str:
   if "fmnist" in results:
     panels = _fmnist_panels(results)
     texts["fmnist"] = comparison_section(SECTION_TITLES["fmnist"], panels,
-                                         plots.relpath(plots.FMNIST_CURVES),
+                                         plots.relpath("fmnist"),
                                          fmnist_paper_text(panels), methods)
     summary_lines.append(_one_line("Fashion-MNIST Dir(0.3)", panels.get("Dirichlet(0.3)")))
     summary_lines.append(_one_line("Fashion-MNIST i.i.d.", panels.get("i.i.d.")))
   if "shakespeare" in results:
     texts["shakespeare"] = comparison_section(
         SECTION_TITLES["shakespeare"], {"Shakespeare": results["shakespeare"]},
-        plots.relpath(plots.SHAKESPEARE_CURVES),
+        plots.relpath("shakespeare"),
         shakespeare_paper_text(results["shakespeare"]), methods)
     summary_lines.append(_one_line("Shakespeare", results["shakespeare"]))
   if "beta2" in results:
-    texts["beta2"] = beta2_section(results["beta2"], plots.relpath(plots.BETA2))
+    texts["beta2"] = beta2_section(results["beta2"], plots.relpath("beta2"))
   if "escape" in results:
-    texts["escape"] = escape_section(results["escape"], plots.relpath(plots.ESCAPE))
+    texts["escape"] = escape_section(results["escape"], plots.relpath("escape"))
   if "hetero" in results:
-    texts["hetero"] = hetero_section(results["hetero"], plots.relpath(plots.HETEROGENEITY))
+    texts["hetero"] = hetero_section(results["hetero"], plots.relpath("hetero"))
   if summary_lines:
     sections.append("Summary (mean final accuracy, best first):\n\n"
                     + "".join(f"- {line}\n" for line in summary_lines if line) + "\n")
@@ -106,22 +106,22 @@ def write_plots(out_dir: str, doc: Mapping) -> list:
   """Every plot the report links, under `<out_dir>/plots/`."""
   results = doc["results"]
   methods = [m["name"] for m in doc["methods"]]
-  where = lambda file_name: os.path.join(out_dir, plots.PLOTS_DIR, file_name)
+  where = lambda study: os.path.join(out_dir, plots.PLOTS_DIR, plots.FILES[study])
   written = []
   if "fmnist" in results:
     written.append(plots.plot_curves(_fmnist_panels(results), methods,
-                                     where(plots.FMNIST_CURVES),
+                                     where("fmnist"),
                                      CURVES_TITLE.format("Fashion-MNIST")))
   if "shakespeare" in results:
     written.append(plots.plot_curves({"Shakespeare": results["shakespeare"]}, methods,
-                                     where(plots.SHAKESPEARE_CURVES),
+                                     where("shakespeare"),
                                      CURVES_TITLE.format("Shakespeare")))
   if "beta2" in results:
-    written.append(plots.plot_beta2(results["beta2"], where(plots.BETA2)))
+    written.append(plots.plot_beta2(results["beta2"], where("beta2")))
   if "escape" in results:
-    written.append(plots.plot_escape(results["escape"], where(plots.ESCAPE)))
+    written.append(plots.plot_escape(results["escape"], where("escape")))
   if "hetero" in results:
-    written.append(plots.plot_hetero(results["hetero"], where(plots.HETEROGENEITY)))
+    written.append(plots.plot_hetero(results["hetero"], where("hetero")))
   return written
 
 

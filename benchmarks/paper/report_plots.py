@@ -11,16 +11,14 @@ import numpy as np
 from benchmarks.paper.report_format import PART_NAMES, name
 
 PLOTS_DIR = "plots"
-FMNIST_CURVES = "fmnist_curves.png"
-SHAKESPEARE_CURVES = "shakespeare_curves.png"
-BETA2 = "beta2.png"
-ESCAPE = "escape.png"
-HETEROGENEITY = "heterogeneity.png"
+# The plot of each study (study 1's holds one panel per partition).
+FILES = {"fmnist": "fmnist_curves.png", "shakespeare": "shakespeare_curves.png",
+         "beta2": "beta2.png", "escape": "escape.png", "hetero": "heterogeneity.png"}
 
 
-def relpath(file_name: str) -> str:
-  """Where the report links a plot (relative to REPORT.md)."""
-  return f"{PLOTS_DIR}/{file_name}"
+def relpath(study: str) -> str:
+  """Where the report links `study`'s plot (relative to REPORT.md)."""
+  return f"{PLOTS_DIR}/{FILES[study]}"
 
 
 def _figure(**kwargs):
