@@ -40,6 +40,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from tff_fedadamom.metric_names import TEST_ACCURACY  # noqa: E402 - after the path
+
 
 def _sweep_file(name: str) -> dict:
   from tuning import schema
@@ -65,7 +67,7 @@ def _digits_sweep(name, root, *, trials, rounds, concurrent, seed=0):
       "space": {"client.learning_rate": {"dist": "loguniform", "low": 0.01, "high": 1.0}},
       "search": {"kind": "random", "seed": seed},
       "scheduler": {"kind": "none"},
-      "metric": {"name": "test/accuracy", "last_k": 1, "mode": "max"},
+      "metric": {"name": TEST_ACCURACY, "last_k": 1, "mode": "max"},
       "resources": {"cpus_per_trial": 1, "max_concurrent_trials": concurrent,
                     "storage_path": root},
   }

@@ -1,11 +1,13 @@
 """What the reproduction runs: budgets (full and quick), base experiments, search spaces.
 
 Every number in REPORT.md comes from runs set up here. The full budget was sized,
-with `reproduce.estimate`, for about 75 minutes on 2 CPU cores; the committed report
-took 98 minutes (6 of them a hang at a pool worker's exit, since fixed), because two
-runs sharing two cores each ran 1.4 (Fashion-MNIST) to 1.8 (Shakespeare) times slower
-than the lone calibration runs the estimate scales from. The quick
-budget exercises every study end to end in a few minutes, for CI.
+with `reproduce.estimate`, for about 75 minutes on 2 CPU cores with the first six
+methods; the committed report took 98 minutes (6 of them a hang at a pool worker's
+exit, since fixed), because two runs sharing two cores each ran 1.4 (Fashion-MNIST)
+to 1.8 (Shakespeare) times slower than the lone calibration runs the estimate scales
+from. FedAMSGrad, FADAS, FedCAda and FAFED were added after that run, with the same
+tuning budget; the estimate printed at the start of a run covers them. The quick
+budget exercises every study and every method end to end, for CI.
 """
 
 from __future__ import annotations
@@ -16,10 +18,17 @@ from typing import Any, Optional
 
 from benchmarks.paper.escape import EscapeSetup
 
-OPTIMIZERS = ("fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad", "fedadamom")
+# Every method of the equal-budget comparison (registry names). FedCAda and FAFED
+# are whole learning processes (their clients run Adam / STORM steps), the others
+# server optimizers inside FedAvg.
+OPTIMIZERS = ("fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad", "fedamsgrad",
+              "fadas", "fedcada", "fafed", "fedadamom")
 
-# The paper's numbers we compare with (FEDADAMOM.md, restated from the paper).
+# The paper's numbers and claims we compare with (FEDADAMOM.md, restated from the
+# paper). report.py prints no paper number that is not here.
 PAPER = {
+    # The setting of every headline and beta_2 number.
+    "setup": "ResNet-18, 1000 rounds",
     "headline": [
         # data, metric, FedAdamom, best baseline (name), FedAdam
         ("CIFAR-10", "acc @1000 rounds", 88.93, (88.14, "FADAS"), None),
@@ -32,6 +41,8 @@ PAPER = {
     "shakespeare": {"fedadamom": 48.02, "best_baseline": (47.10, "FedYogi"), "rounds": 1000},
     # Dir(0.3) CIFAR-10, ResNet-18, 1000 rounds: accuracy (%) per beta_2.
     "beta2_dir03_cifar10": {0.01: 88.75, 0.05: 88.93, 0.1: 88.73, 0.2: 88.42, 0.3: 88.13},
+    # How log(mean escape time) scales with the sharpness k, per optimizer.
+    "escape": {"fedavgm": "1/k", "fedadam": "1/sqrt(k)", "fedadamom": "1/k"},
 }
 
 BETA2_GRID = (0.01, 0.05, 0.1, 0.2, 0.3)
@@ -72,6 +83,9 @@ class Budget:
     tune_seed: Seed of every search (the same for all optimizers: common random
       numbers for the dimensions they share) and of the tuning runs.
     escape: Study 4.
+    partitions: The Fashion-MNIST partitions (keys of PARTITIONS) of studies 1, 3.
+    beta2_grid: The beta_2 values of study 3.
+    heterogeneity: The partitions (labels of HETEROGENEITY) of study 5.
   """
 
   mode: str
@@ -86,6 +100,15 @@ class Budget:
   hetero_seeds: tuple
   tune_seed: int
   escape: EscapeSetup
+  partitions: tuple = tuple(PARTITIONS)
+  beta2_grid: tuple = BETA2_GRID
+  heterogeneity: tuple = tuple(label for label, _ in HETEROGENEITY)
+
+  def partition_items(self) -> dict:
+    return {name: PARTITIONS[name] for name in self.partitions}
+
+  def heterogeneity_items(self) -> list:
+    return [(label, p) for label, p in HETEROGENEITY if label in self.heterogeneity]
 
 
 FULL = Budget(
@@ -113,6 +136,8 @@ FULL = Budget(
                        chunk=5000),
 )
 
+# One partition, two beta_2 values and three heterogeneity levels: every study and
+# every method runs, with the fewest units (each costs a process's TFF set-up).
 QUICK = Budget(
     mode="quick",
     workers=2,
@@ -129,6 +154,9 @@ QUICK = Budget(
     tune_seed=0,
     escape=EscapeSetup(ks=(1.0, 2.0, 4.0, 8.0, 16.0), dim=10, particles=48,
                        max_rounds=6000, flat_log_tau=3.5, chunk=3000),
+    partitions=("dir0.3",),
+    beta2_grid=(0.05, 0.3),
+    heterogeneity=("0.1", "0.3", "iid"),
 )
 
 
@@ -193,29 +221,47 @@ def _server_lr_space(low_high: dict) -> dict:
           for opt, (lo, hi) in low_high.items()}
 
 
-# Server learning-rate ranges per optimizer: each around the values the literature
-# reports as best (FedAvg/FedAdamom ~1, FedAdam/FedYogi ~1e-2, FedAdagrad ~1e-1;
-# Reddi et al. 2021, the FedAdamom paper), one decade or more wide.
+# Server learning-rate ranges per server optimizer: each around the values the
+# literature reports as best (FedAvg/FedAdamom ~1, FedAdam/FedYogi ~1e-2, FedAdagrad
+# ~1e-1; Reddi et al. 2021, the FedAdamom paper), one decade or more wide.
+# FedAMSGrad takes FedAdam's range (the same normalized step); FADAS' reaches down
+# to its authors' settings (1e-4 and 1e-3, Wang et al. 2024). FedCAda and FAFED
+# average the clients' models (server eta fixed at the registry's 1, as in their
+# papers), so they have no entry.
 SERVER_LR = {
     "fedavg": (0.3, 3.0),
     "fedavgm": (0.1, 1.5),
     "fedadam": (1e-3, 0.3),
     "fedyogi": (1e-3, 0.3),
     "fedadagrad": (1e-2, 1.0),
+    "fedamsgrad": (1e-3, 0.3),
+    "fadas": (1e-4, 0.3),
     "fedadamom": (0.3, 3.0),
 }
+
+# Client step sizes of the methods whose clients take normalized (Adam-like)
+# steps, lr * m / (sqrt(v) + eps): FedCAda (client Adam) and FAFED (u / (sqrt(v) +
+# rho)). Their step does not scale with the gradient, so the SGD clients' range
+# does not apply; this one spans Adam's usual 1e-3 to 1e-1.
+ADAPTIVE_CLIENTS = ("fedcada", "fafed")
+ADAPTIVE_CLIENT_LR = (1e-3, 0.1)
 
 
 def search_space(client_lr: tuple) -> dict:
   """The sweep's `space` section (tuning/ syntax), the same for every data set but
   for the client learning-rate range.
 
-  Shared by all optimizers: the client learning rate, and (for those with it)
-  epsilon on 1e-4..1e-1. Per optimizer: the server learning rate (above);
-  FedAvgM's momentum 0.5..0.95; beta_2 keeps tuning/'s defaults (0.9..0.999 for
-  FedAdam/FedYogi, 0.01..0.3 for FedAdamom). FedAdamom's epsilon is its clip margin,
-  not an adaptivity constant: it stays at the reference 1e-3.
+  Shared by all optimizers: the client learning rate (but for FedCAda and FAFED,
+  whose clients take normalized steps: ADAPTIVE_CLIENT_LR), and (for those with
+  it) epsilon on 1e-4..1e-1. Per optimizer: the server learning rate (above);
+  FedAvgM's momentum 0.5..0.95; beta_2 and FAFED's alpha keep the registry's
+  ranges (0.9..0.999 for FedAdam/FedYogi/FedAMSGrad/FADAS, 0.99..0.999 for
+  FedCAda, 0.01..0.3 for FedAdamom). FedAdamom's epsilon is its clip margin, not
+  an adaptivity constant: it stays at the reference 1e-3. FedCAda's epsilon is
+  Adam's on the clients: it keeps the registry's 1e-8..1e-3.
   """
+  from tff_fedadamom.optimizers import search_ranges
+
   space: dict[str, Any] = {
       "client.learning_rate": {"dist": "loguniform", "low": client_lr[0],
                                "high": client_lr[1]},
@@ -224,6 +270,11 @@ def search_space(client_lr: tuple) -> dict:
   per_opt = _server_lr_space(SERVER_LR)
   per_opt["fedavgm"]["server.momentum"] = {"dist": "uniform", "low": 0.5, "high": 0.95}
   per_opt["fedadamom"]["server.epsilon"] = 1e-3
+  for opt in ADAPTIVE_CLIENTS:
+    per_opt.setdefault(opt, {})["client.learning_rate"] = {
+        "dist": "loguniform", "low": ADAPTIVE_CLIENT_LR[0], "high": ADAPTIVE_CLIENT_LR[1]}
+  dist, low, high = search_ranges("fedcada")["epsilon"]
+  per_opt["fedcada"]["server.epsilon"] = {"dist": dist, "low": low, "high": high}
   space.update(per_opt)
   return space
 

@@ -1,21 +1,26 @@
 """Reproduce the FedAdamom paper's claims at laptop scale and write REPORT.md.
 
-    .venv/bin/python -m benchmarks.paper.reproduce                 # full: ~100 min on 2 cores
+    .venv/bin/python -m benchmarks.paper.reproduce                 # full: ~100 min on 2 cores (six methods)
     .venv/bin/python -m benchmarks.paper.reproduce --quick --out runs/paper-quick   # minutes
-    .venv/bin/python -m benchmarks.paper.reproduce --report-only   # rebuild from the cache
+    .venv/bin/python -m benchmarks.paper.reproduce --report-only   # rebuild from results.json
 
 Stages (see plan.py for every budget):
   0. calibration: one short Fashion-MNIST and one Shakespeare run measure round and
      start-up times on this machine; the time estimate is printed from them;
-  1. equal-budget tuning of the six optimizers (Fashion-MNIST Dir(0.3) and i.i.d.,
-     Shakespeare) through tuning/ (Ray Tune) or the in-process backend;
+  1. equal-budget tuning of every method of `plan.OPTIMIZERS` (Fashion-MNIST
+     Dir(0.3) and i.i.d., Shakespeare) through tuning/ (Ray Tune) or the
+     in-process backend;
   2. every other run, in a pool of worker processes: the best configs with several
      seeds (studies 1, 2), FedAdamom's beta_2 grid (3), the escape simulation (4),
      FedAdam/FedAdamom across Dirichlet alphas (5);
-  3. REPORT.md, plots/ and results.json in the output directory.
+  3. results.json (every number of the report, the command and the run's timings),
+     then REPORT.md and plots/ rendered from it, in the output directory.
 
 Everything completed is cached under <out>/cache/ (JSON per unit, run directories
 with checkpoints), so rerunning after an interruption continues where it stopped.
+A unit that failed, or a study that could not run, leaves the report incomplete:
+its cells say how many seeds they got, REPORT.md lists every shortfall and the
+command exits with status 1.
 """
 
 from __future__ import annotations
@@ -119,21 +124,21 @@ def estimate(b: plan.Budget, calib: Mapping, backend: str) -> dict:
   def runs(n, rounds, spr, start):
     return n * (rounds * spr + start)
 
-  tune_f = runs(len(plan.PARTITIONS) * n_opt * b.fmnist.tune_trials, b.fmnist.tune_rounds,
+  tune_f = runs(len(b.partitions) * n_opt * b.fmnist.tune_trials, b.fmnist.tune_rounds,
                 f_round, f_start)
   tune_s = runs(n_opt * b.shakespeare.tune_trials, b.shakespeare.tune_rounds, s_round, s_start)
-  n_trials = (len(plan.PARTITIONS) * b.fmnist.tune_trials + b.shakespeare.tune_trials) * n_opt
+  n_trials = (len(b.partitions) * b.fmnist.tune_trials + b.shakespeare.tune_trials) * n_opt
   if backend == "ray":
     tuning = (tune_f + tune_s + n_trials * RAY_TRIAL_OVERHEAD_S) / w \
         + 3 * RAY_SWEEP_OVERHEAD_S
   else:
     tuning = (tune_f + tune_s) / w
-  finals_f = runs(len(plan.PARTITIONS) * n_opt * len(b.fmnist.seeds), b.fmnist.rounds,
+  finals_f = runs(len(b.partitions) * n_opt * len(b.fmnist.seeds), b.fmnist.rounds,
                   f_round, f_start)
   finals_s = runs(n_opt * len(b.shakespeare.seeds), b.shakespeare.rounds, s_round, s_start)
-  beta2 = runs(len(plan.PARTITIONS) * len(plan.BETA2_GRID) * len(b.beta2_seeds),
+  beta2 = runs(len(b.partitions) * len(b.beta2_grid) * len(b.beta2_seeds),
                b.fmnist.rounds, f_round, f_start)
-  new_hetero = [a for a, _ in plan.HETEROGENEITY if a != "0.3"]
+  new_hetero = [a for a in b.heterogeneity if a != "0.3"]
   hetero = runs(len(new_hetero) * 2 * len(b.hetero_seeds), b.fmnist.rounds, f_round, f_start)
   e = b.escape
   escape = 1.25 * ESCAPE_S_PER_PARTICLE_ROUND * e.max_rounds * e.particles * len(e.ks) + 20
@@ -160,7 +165,7 @@ def collect(ctx: studies.Context, b: plan.Budget, log) -> dict:
   results: dict[str, Any] = {}
   log("tuning (equal budget per optimizer)")
   fmnist_cmp = {}
-  for part, partition in plan.PARTITIONS.items():
+  for part, partition in b.partition_items().items():
     cmp = studies.compare(ctx, f"fmnist-{part}", plan.fmnist_base(b, partition), b.fmnist,
                           plan.FMNIST_CLIENT_LR)
     if cmp is not None:
@@ -175,7 +180,7 @@ def collect(ctx: studies.Context, b: plan.Budget, log) -> dict:
     groups["shakespeare"] = studies.finals_units(ctx, "shakespeare", shakes_cmp, b.shakespeare)
   for part, cmp in fmnist_cmp.items():
     groups[f"fmnist/{part}"] = studies.finals_units(ctx, f"fmnist/{part}", cmp, b.fmnist)
-  if len(fmnist_cmp) == len(plan.PARTITIONS):
+  if len(fmnist_cmp) == len(b.partitions):
     groups["beta2"] = studies.beta2_units(ctx, fmnist_cmp)
   if "dir0.3" in fmnist_cmp:
     groups["hetero"] = studies.hetero_units(ctx, fmnist_cmp)
@@ -253,11 +258,42 @@ def parse_args(argv=None):
   parser.add_argument("--workers", type=int, default=None,
                       help="experiments in parallel (default 2)")
   parser.add_argument("--report-only", action="store_true",
-                      help="rebuild REPORT.md from the cache; run nothing")
+                      help="rebuild REPORT.md and plots/ from <out>/results.json; run nothing")
   parser.add_argument("--estimate-only", action="store_true",
                       help="run (or reuse) the two calibration runs, print the time "
                       "estimate and stop")
   return parser.parse_args(argv)
+
+
+def methods() -> list:
+  """The compared methods, in the report's order, with their communication cost per
+  round relative to FedAvg (the registry's `communication`)."""
+  from tff_fedadamom.optimizers import get_spec
+
+  return [{"name": opt, "communication": get_spec(opt).communication}
+          for opt in plan.OPTIMIZERS]
+
+
+def _finish(out: str, doc: Mapping, log) -> int:
+  """Writes REPORT.md and plots from `doc`; 1 if the results are incomplete."""
+  path = report_lib.write_report(out, doc)
+  log(f"wrote {path}")
+  shortfalls = report_lib.incomplete(doc)
+  if shortfalls:
+    log("INCOMPLETE (listed in the report; rerun to continue): " + "; ".join(shortfalls))
+    return 1
+  return 0
+
+
+def report_only(out: str, log) -> int:
+  """REPORT.md and plots from `<out>/results.json`."""
+  try:
+    with open(os.path.join(out, RESULTS_FILE)) as f:
+      doc = json.load(f)
+  except (OSError, ValueError) as e:
+    log(f"--report-only: cannot read {os.path.join(out, RESULTS_FILE)}: {e}")
+    return 2
+  return _finish(out, doc, log)
 
 
 def main(argv=None) -> int:
@@ -269,17 +305,19 @@ def main(argv=None) -> int:
   os.makedirs(out, exist_ok=True)
   cache = runs_lib.Cache(out)
   log = Logger(os.path.join(cache.root, "reproduce.log"))
+  if args.report_only:
+    return report_only(out, log)
   pool = runs_lib.Pool(b.workers, os.path.join(cache.root, "logs"))
   command = ".venv/bin/python -m benchmarks.paper.reproduce" + \
       (" --quick" if args.quick else "") + (f" --out {args.out}" if args.out else "") + \
       (f" --tuner {args.tuner}" if args.tuner else "")
   started = time.perf_counter()
   log(f"reproduce ({mode}, tuner {backend}, {b.workers} workers) -> {out}")
-  ctx = studies.Context(b, cache, pool, backend, log=log, execute=not args.report_only)
+  ctx = studies.Context(b, cache, pool, backend, log=log)
   timings: dict[str, Any] = {}
   try:
     calib = runs_lib.run_units(calibration_units(b, cache), cache, pool, log=log,
-                               label="calibration", execute=not args.report_only)
+                               label="calibration")
     if len(calib) == 2:
       est = estimate(b, calib, backend)
       log(f"measured: Fashion-MNIST {est['seconds_per_round']['fashion_mnist']:.2f} s/round "
@@ -301,7 +339,7 @@ def main(argv=None) -> int:
   finally:
     pool.shutdown()
   elapsed = time.perf_counter() - started
-  walls = _wall_times(cache, None if args.report_only else elapsed)
+  walls = _wall_times(cache, elapsed)
   timings.update({
       "mode": mode, "tuning backend": backend, "workers": b.workers,
       "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python "
@@ -314,17 +352,11 @@ def main(argv=None) -> int:
   })
   from tff_fedadamom.atomic_io import atomic_write_json
 
-  atomic_write_json(os.path.join(out, RESULTS_FILE),
-                    {"mode": mode, "backend": backend, "results": results,
-                     "budget": dataclasses.asdict(b)})
-  path = report_lib.write_report(out, results, mode=mode, commands=command, timings=timings)
-  log(f"wrote {path} ({_minutes(elapsed)})")
-  missing = [s for s in ("fmnist", "shakespeare", "beta2", "escape", "hetero")
-             if s not in results]
-  if missing:
-    log(f"incomplete: {', '.join(missing)} missing; rerun to continue")
-    return 1
-  return 0
+  doc = {"mode": mode, "backend": backend, "command": command, "methods": methods(),
+         "results": results, "budget": dataclasses.asdict(b), "timings": timings}
+  atomic_write_json(os.path.join(out, RESULTS_FILE), doc)
+  log(f"wrote {os.path.join(out, RESULTS_FILE)} ({_minutes(elapsed)})")
+  return _finish(out, doc, log)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@
 A unit is one experiment (`run_experiment` on a config) or one function call
 (the escape study), named `<study>/<label>`. When it completes, its result is
 written atomically to `<out>/cache/units/<study>/<label>.json` together with a
-hash of what it ran; a rerun skips every unit whose file holds the same hash.
+hash of what it ran and of the code that ran it (`code_version`: the bytes of
+every source file a unit executes); a rerun skips every unit whose file holds
+the same hash, so changed code runs its units again.
 An experiment interrupted half-way resumes from its own checkpoints (its run
 directory is `<out>/cache/runs/<study>/<label>-<hash>`), so an interrupted
 reproduction loses at most the rounds since a unit's last checkpoint.
@@ -15,6 +17,8 @@ each); each worker's TensorFlow/TFF logging goes to `<out>/cache/logs/`.
 from __future__ import annotations
 
 import concurrent.futures as futures
+import functools
+import glob
 import hashlib
 import json
 import multiprocessing
@@ -24,8 +28,36 @@ import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from tff_fedadamom.atomic_io import atomic_write_json
+from tff_fedadamom.metric_names import TEST_ACCURACY
 
 CACHE_DIR = "cache"
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# What a unit executes: the library and the sweep layer (every experiment and
+# tuning trial), and the modules of this package that define a unit's work
+# (experiment records, tuning outcomes, the escape simulation). Glob patterns
+# relative to the repository root.
+UNIT_SOURCES = ("tff_fedadamom/**/*.py", "tuning/**/*.py", "benchmarks/paper/runs.py",
+                "benchmarks/paper/tune.py", "benchmarks/paper/escape.py")
+
+
+def code_version(root: str = REPO, patterns: Sequence[str] = UNIT_SOURCES) -> str:
+  """A short hash of the bytes (and repository paths) of every file matching
+  `patterns` under `root`: a unit cached by other code does not match."""
+  paths = sorted({os.path.relpath(p, root) for pattern in patterns
+                  for p in glob.glob(os.path.join(root, pattern), recursive=True)})
+  digest = hashlib.sha1()
+  for rel in paths:
+    digest.update(rel.replace(os.sep, "/").encode() + b"\0")
+    with open(os.path.join(root, rel), "rb") as f:
+      digest.update(f.read())
+    digest.update(b"\0")
+  return digest.hexdigest()[:10]
+
+
+@functools.lru_cache(maxsize=None)
+def this_code_version() -> str:
+  """`code_version()` of this checkout, computed once per process."""
+  return code_version()
 
 
 def config_hash(value: Any) -> str:
@@ -34,6 +66,13 @@ def config_hash(value: Any) -> str:
     value = {k: v for k, v in value.items() if k not in ("output_dir", "name")}
   text = json.dumps(value, sort_keys=True, default=str)
   return hashlib.sha1(text.encode()).hexdigest()[:10]
+
+
+def unit_hash(value: Any) -> str:
+  """`config_hash` of what a unit runs, together with the code that runs it."""
+  if isinstance(value, Mapping):
+    value = {k: v for k, v in value.items() if k not in ("output_dir", "name")}
+  return config_hash({"unit": value, "code": this_code_version()})
 
 
 class Cache:
@@ -68,7 +107,9 @@ class Cache:
 
 
 def _init_worker(log_dir: str) -> None:
-  """Runs in each spawned worker: quiet TensorFlow, stderr to a log file."""
+  """Runs in each spawned worker, before TensorFlow is imported there: quiet
+  TensorFlow, no GPU, stderr to a log file. The environment it edits is the
+  worker's own; the parent's is never changed."""
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
   os.environ["CUDA_VISIBLE_DEVICES"] = ""
   os.makedirs(log_dir, exist_ok=True)
@@ -109,7 +150,7 @@ def run_experiment_unit(config: Mapping[str, Any]) -> dict:
       # Seconds of each round (evaluation included where there was one): what the
       # time estimate is made of.
       "round_seconds": [round(b - a, 4) for a, b in zip([0.0] + elapsed, elapsed)],
-      "eval_rounds": [int(r["round"]) for r in rows if "test/accuracy" in r],
+      "eval_rounds": [int(r["round"]) for r in rows if TEST_ACCURACY in r],
   }
   return record
 
@@ -170,8 +211,8 @@ class Unit:
     self.config = config
     self.fn = fn
     self.kwargs = kwargs or {}
-    self.digest = config_hash(hash_of if hash_of is not None else
-                              (config if config is not None else {"fn": fn, **self.kwargs}))
+    self.digest = unit_hash(hash_of if hash_of is not None else
+                            (config if config is not None else {"fn": fn, **self.kwargs}))
 
 
 def run_units(units: Sequence[Unit], cache: Cache, pool: Pool, *,
@@ -179,9 +220,11 @@ def run_units(units: Sequence[Unit], cache: Cache, pool: Pool, *,
               execute: bool = True) -> dict:
   """Runs every unit not in the cache (in parallel), caching each as it completes.
 
-  Returns {key: result} for all units. A unit that raises is logged and left out
-  (its result is missing, and a rerun tries it again). With `execute=False` only
-  the cached results are returned.
+  Returns {key: result} for all units. A unit that raises is logged and left out:
+  its result is missing, the studies' summaries count the seeds they got, the
+  report marks every cell with fewer seeds than planned, and `reproduce` exits
+  non-zero; a rerun tries the unit again. With `execute=False` only the cached
+  results are returned.
   """
   results: dict[str, Any] = {}
   todo = []

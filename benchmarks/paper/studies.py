@@ -12,7 +12,9 @@ from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from benchmarks.paper import escape as escape_lib
+from tff_fedadamom.metric_names import TEST_ACCURACY
+
+from benchmarks.paper import escape_fit
 from benchmarks.paper import plan
 from benchmarks.paper import runs as runs_lib
 from benchmarks.paper import tune as tune_lib
@@ -40,12 +42,17 @@ class Context:
 # ---------------------------------------------------------------------------- helpers
 
 
+def sample_std(values: Sequence[float]) -> Optional[float]:
+  """The sample standard deviation (ddof = 1), the report's one convention for
+  spreads over seeds (tables and curve bands); None for fewer than two values."""
+  return float(np.std(values, ddof=1)) if len(values) > 1 else None
+
+
 def mean_std(values: Sequence[Optional[float]]) -> dict:
   vals = [float(v) for v in values if v is not None and math.isfinite(float(v))]
   if not vals:
     return {"mean": None, "std": None, "n": 0}
-  return {"mean": float(np.mean(vals)),
-          "std": float(np.std(vals, ddof=1)) if len(vals) > 1 else None, "n": len(vals)}
+  return {"mean": float(np.mean(vals)), "std": sample_std(vals), "n": len(vals)}
 
 
 def seed_summary(records: Sequence[Mapping], target: float) -> dict:
@@ -64,16 +71,18 @@ def seed_summary(records: Sequence[Mapping], target: float) -> dict:
 
 
 def mean_curve(records: Sequence[Mapping]) -> dict:
-  """Test accuracy per evaluated round: mean and std over seeds."""
+  """Test accuracy per evaluated round: mean, sample std (None with one value) and
+  number of seeds over seeds."""
   by_round: dict[int, list] = {}
   for r in records:
     for row in r.get("history") or []:
-      acc = row.get("test/accuracy")
+      acc = row.get(TEST_ACCURACY)
       if acc is not None and math.isfinite(acc):
         by_round.setdefault(int(row["round"]), []).append(float(acc))
   rounds = sorted(by_round)
   return {"round": rounds, "mean": [float(np.mean(by_round[k])) for k in rounds],
-          "std": [float(np.std(by_round[k])) for k in rounds]}
+          "std": [sample_std(by_round[k]) for k in rounds],
+          "n": [len(by_round[k]) for k in rounds]}
 
 
 def _final_config(tuned_config: Mapping, *, seed: int, rounds: int, base: Mapping) -> dict:
@@ -168,7 +177,7 @@ def beta2_units(ctx: Context, fmnist: Mapping) -> list:
   units = []
   for part, comparison in fmnist.items():
     entry = comparison["tuning"]["best"]["fedadamom"]
-    for beta2 in plan.BETA2_GRID:
+    for beta2 in b.beta2_grid:
       for seed in b.beta2_seeds:
         config = _final_config(entry["config"], seed=seed, rounds=b.fmnist.rounds,
                                base=comparison["base"])
@@ -182,7 +191,7 @@ def summarize_beta2(ctx: Context, fmnist: Mapping, results: Mapping, units) -> d
   table: dict[str, dict] = {}
   for part in fmnist:
     table[part] = {}
-    for beta2 in plan.BETA2_GRID:
+    for beta2 in b.beta2_grid:
       records = [results[u.key] for u in units
                  if u.config["data"]["partition"] == plan.PARTITIONS[part]
                  and u.config["server"]["beta_2"] == beta2 and u.key in results]
@@ -200,7 +209,7 @@ def hetero_units(ctx: Context, fmnist: Mapping) -> list:
   b = ctx.budget
   comparison = fmnist["dir0.3"]
   units = []
-  for label, partition in plan.HETEROGENEITY:
+  for label, partition in b.heterogeneity_items():
     for opt in ("fedadam", "fedadamom"):
       entry = comparison["tuning"]["best"][opt]
       for seed in b.hetero_seeds:
@@ -214,7 +223,7 @@ def hetero_units(ctx: Context, fmnist: Mapping) -> list:
 def summarize_hetero(ctx: Context, results: Mapping, units) -> dict:
   b = ctx.budget
   rows = []
-  for label, partition in plan.HETEROGENEITY:
+  for label, partition in b.heterogeneity_items():
     per_opt = {}
     for opt in ("fedadam", "fedadamom"):
       per_opt[opt] = {str(u.config["seed"]): results[u.key] for u in units
@@ -250,4 +259,4 @@ def summarize_escape(raw: Mapping, bootstrap: int) -> dict:
                      "rounds_simulated": res["rounds_simulated"],
                      "seconds": res["seconds"]}
               for name, res in raw["optimizers"].items()},
-          "analysis": escape_lib.analyse(raw, bootstrap=bootstrap)}
+          "analysis": escape_fit.analyse(raw, bootstrap=bootstrap)}

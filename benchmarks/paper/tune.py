@@ -1,4 +1,4 @@
-"""Equal-budget tuning of the six server optimizers.
+"""Equal-budget tuning of every method of the comparison (`plan.OPTIMIZERS`).
 
 Two backends run the same sweep (same space, same trials and rounds for every
 optimizer, same seed):
@@ -27,6 +27,8 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
+from tff_fedadamom.metric_names import TEST_ACCURACY
+
 from benchmarks.paper import runs as runs_lib
 
 LAST_K = 3
@@ -47,7 +49,7 @@ def sweep_dict(name: str, base: Mapping[str, Any], optimizers: Sequence[str], tr
       "space": dict(space),
       "search": {"kind": "random", "seed": seed},
       "scheduler": {"kind": "none"},
-      "metric": {"name": "test/accuracy", "last_k": min(LAST_K, evals), "mode": "max"},
+      "metric": {"name": TEST_ACCURACY, "last_k": min(LAST_K, evals), "mode": "max"},
       "resources": {"cpus_per_trial": 1, "gpus_per_trial": 0,
                     "max_concurrent_trials": workers, "time_budget_s": None,
                     "address": None, "storage_path": storage_path, "max_failures": 1},
@@ -166,7 +168,7 @@ def tune(name: str, base: Mapping[str, Any], optimizers: Sequence[str], *, trial
   storage = os.path.join(cache.root, "sweeps")
   raw = sweep_dict(name, base, optimizers, trials, rounds, space, seed, pool.workers,
                    storage)
-  digest = runs_lib.config_hash({"sweep": {k: v for k, v in raw.items()
+  digest = runs_lib.unit_hash({"sweep": {k: v for k, v in raw.items()
                                            if k not in ("resources", "name")},
                                  "backend": backend})
   raw["name"] = f"{name}-{digest}"

@@ -1,11 +1,19 @@
 """Pieces of benchmarks/paper that the end-to-end test cannot check precisely."""
 
+import copy
+import json
 import math
+import os
+import types
 
 import numpy as np
 import pytest
 
-from benchmarks.paper import escape, runs, studies, tune
+from tff_fedadamom.metric_names import TEST_ACCURACY
+
+from benchmarks.paper import escape, escape_fit, plan, report, reproduce, runs, studies, tune
+
+PAPER_DIR = os.path.dirname(os.path.abspath(reproduce.__file__))
 
 
 def test_landscape_constants():
@@ -52,25 +60,25 @@ def test_rate_estimate_censoring():
 def test_fits_recover_the_exponent(p):
   ks = np.geomspace(1, 16, 9)
   y = 1.5 + 6.0 * ks ** -p
-  fit = escape.fit_exponent(ks, y)
+  fit = escape_fit.fit_exponent(ks, y)
   assert fit["p"] == pytest.approx(p, abs=0.01)
   y3 = y - 0.7 * np.log(ks)
-  fit3 = escape.fit_exponent_with_prefactor(ks, y3)
+  fit3 = escape_fit.fit_exponent_with_prefactor(ks, y3)
   assert fit3["p"] == pytest.approx(p, abs=0.02)
   assert fit3["b"] == pytest.approx(-0.7, abs=0.05)
-  r1 = escape.pearson(1 / ks, y)
-  r2 = escape.pearson(1 / np.sqrt(ks), y)
+  r1 = escape_fit.pearson(1 / ks, y)
+  r2 = escape_fit.pearson(1 / np.sqrt(ks), y)
   assert (r1 > r2) == (p == 1.0)
 
 
 def test_seed_summary_and_curve():
   records = [
       {"seed": 1, "status": "completed", "final_test_accuracy": 0.5, "best_test_accuracy": 0.6,
-       "rounds_to_target": {"0.5": 10}, "history": [{"round": 5, "test/accuracy": 0.4},
-                                                     {"round": 10, "test/accuracy": 0.5}]},
+       "rounds_to_target": {"0.5": 10}, "history": [{"round": 5, TEST_ACCURACY: 0.4},
+                                                     {"round": 10, TEST_ACCURACY: 0.5}]},
       {"seed": 2, "status": "completed", "final_test_accuracy": 0.7, "best_test_accuracy": 0.7,
-       "rounds_to_target": {"0.5": None}, "history": [{"round": 5, "test/accuracy": 0.6},
-                                                       {"round": 10, "test/accuracy": 0.7}]},
+       "rounds_to_target": {"0.5": None}, "history": [{"round": 5, TEST_ACCURACY: 0.6},
+                                                       {"round": 10, TEST_ACCURACY: 0.7}]},
   ]
   s = studies.seed_summary(records, 0.5)
   assert s["final"]["mean"] == pytest.approx(0.6)
@@ -79,6 +87,10 @@ def test_seed_summary_and_curve():
   curve = studies.mean_curve(records)
   assert curve["round"] == [5, 10]
   assert curve["mean"] == pytest.approx([0.5, 0.6])
+  # The bands use the tables' convention, the sample std: |0.4 - 0.6| / sqrt(2).
+  assert curve["std"] == pytest.approx([0.2 / math.sqrt(2)] * 2)
+  assert curve["n"] == [2, 2]
+  assert studies.mean_curve(records[:1])["std"] == [None, None]
 
 
 def test_draws_are_common_across_optimizers():
@@ -86,16 +98,19 @@ def test_draws_are_common_across_optimizers():
   from tuning import load_sweep
   from tuning import space as space_lib
 
-  from benchmarks.paper import plan
-
   raw = tune.sweep_dict("t", plan.fmnist_base(plan.QUICK, plan.PARTITIONS["iid"]),
                         plan.OPTIMIZERS, 2, 2, plan.search_space((0.01, 0.5)), 7, 1, "/tmp")
   sweep = load_sweep(raw)
   draws = {o: [tune.draw_params(space_lib.resolve(sweep, o), 7, t) for t in range(2)]
            for o in plan.OPTIMIZERS}
   for t in range(2):
-    lrs = {draws[o][t]["client.learning_rate"] for o in plan.OPTIMIZERS}
-    assert len(lrs) == 1
+    # Same draw within each client-lr range: the SGD clients' and the normalized ones'.
+    sgd = {draws[o][t]["client.learning_rate"] for o in plan.OPTIMIZERS
+           if o not in plan.ADAPTIVE_CLIENTS}
+    adaptive = {draws[o][t]["client.learning_rate"] for o in plan.ADAPTIVE_CLIENTS}
+    assert len(sgd) == 1 and len(adaptive) == 1
+    low, high = plan.ADAPTIVE_CLIENT_LR
+    assert low <= adaptive.pop() <= high
     assert draws["fedadam"][t]["server.epsilon"] == draws["fedyogi"][t]["server.epsilon"]
   assert draws["fedadam"][0] != draws["fedadam"][1]
   assert "server.epsilon" not in draws["fedadamom"][0]  # fixed at the clip margin
@@ -109,3 +124,102 @@ def test_cache_round_trip(tmp_path):
   assert cache.get("a/b", "h2") is None  # another config: run again
   assert runs.config_hash({"a": 1, "output_dir": "x"}) == runs.config_hash(
       {"a": 1, "output_dir": "y"})
+
+
+def test_code_version_follows_the_sources(tmp_path):
+  """A unit's cache key changes with the bytes of the code that runs it."""
+  (tmp_path / "pkg" / "sub").mkdir(parents=True)
+  (tmp_path / "pkg" / "a.py").write_text("x = 1\n")
+  (tmp_path / "pkg" / "sub" / "b.py").write_text("y = 2\n")
+  (tmp_path / "notes.txt").write_text("not code")
+  patterns = ("pkg/**/*.py",)
+  before = runs.code_version(str(tmp_path), patterns)
+  assert runs.code_version(str(tmp_path), patterns) == before
+  (tmp_path / "notes.txt").write_text("changed, but not a unit's source")
+  assert runs.code_version(str(tmp_path), patterns) == before
+  (tmp_path / "pkg" / "sub" / "b.py").write_text("y = 3\n")
+  changed = runs.code_version(str(tmp_path), patterns)
+  assert changed != before
+  (tmp_path / "pkg" / "sub" / "c.py").write_text("")
+  assert runs.code_version(str(tmp_path), patterns) != changed
+  # This checkout's version covers the library, the sweep layer and the unit modules.
+  for pattern in ("tff_fedadamom/**/*.py", "tuning/**/*.py", "benchmarks/paper/runs.py"):
+    assert pattern in runs.UNIT_SOURCES
+  assert runs.Unit("k", config={"a": 1}).digest == runs.config_hash(
+      {"unit": {"a": 1}, "code": runs.this_code_version()})
+
+
+def _committed():
+  with open(os.path.join(PAPER_DIR, reproduce.RESULTS_FILE)) as f:
+    doc = json.load(f)
+  with open(os.path.join(PAPER_DIR, report.REPORT_FILE), encoding="utf-8") as f:
+    text = f.read()
+  return doc, text
+
+
+def test_committed_report_is_rendered_from_committed_results():
+  """REPORT.md is exactly what results.json renders to: hand edits are caught."""
+  doc, text = _committed()
+  assert report.render(doc) == text
+
+
+def test_committed_report_names_every_method_and_its_communication():
+  doc, text = _committed()
+  assert [m["name"] for m in doc["methods"]] == list(plan.OPTIMIZERS)
+  costs = {m["name"]: m["communication"] for m in doc["methods"]}
+  assert costs["fedavg"] == 1.0 and costs["fedcada"] == 3.0 and costs["fafed"] == 3.0
+  for table in ("### Dirichlet(0.3)", "### i.i.d.", "### Shakespeare"):
+    section = text.split(table, 1)[1].split("\n\n", 2)[1]
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in section.splitlines()[2:]}
+    assert len(rows) == len(plan.OPTIMIZERS)
+    assert rows["FedCAda"].startswith("| FedCAda | 3x |")
+    assert rows["FedAdamom"].startswith("| FedAdamom | 1x |")
+
+
+def _unit(key, opt):
+  return types.SimpleNamespace(key=key, config={"server": {"optimizer": opt}})
+
+
+def test_a_missing_seed_is_marked_and_fails_the_command(tmp_path):
+  """A unit that did not complete: its cells say how many seeds they average, the
+  report lists it, and the report command exits non-zero."""
+  doc, _ = _committed()
+  budget = plan.DataBudget(rounds=2, eval_every=1, tune_trials=1, tune_rounds=1,
+                           seeds=(1, 2), target=0.5, targets=(0.5,))
+  summary = doc["results"]["shakespeare"]
+  comparison = {"tuning": {"best": {o: {"config": {"client": {"learning_rate": 0.1},
+                                                   "server": {"optimizer": o}},
+                                        "objective": 0.5, "trials_run": 1}
+                                    for o in plan.OPTIMIZERS},
+                           "backend": "inprocess", "seed": 0, "metric": {}, "space": {}},
+                "base": {"data": {}, "model": {}, "clients_per_round": 5, "client": {},
+                         "eval_every": 1}}
+  units = [_unit(f"s/{o}/seed{seed}", o) for o in plan.OPTIMIZERS for seed in (1, 2)]
+  record = lambda acc: {"status": "completed", "final_test_accuracy": acc,
+                        "best_test_accuracy": acc, "rounds_to_target": {"0.5": 1},
+                        "history": [{"round": 1, TEST_ACCURACY: acc}], "seed": 1}
+  results = {u.key: record(0.6 if u.key.endswith("1") else 0.8) for u in units}
+  del results["s/fedadam/seed2"]  # this unit failed
+  table = studies.summarize_comparison("s", comparison, budget, results, units)["table"]
+  assert table["fedadam"]["seeds"] == 1 and table["fedadam"]["final"]["mean"] == 0.6
+  assert table["fedavg"]["final"]["mean"] == pytest.approx(0.7)
+  incomplete = copy.deepcopy(doc)
+  summary = incomplete["results"]["shakespeare"]
+  summary["table"] = table
+  summary["setup"]["seeds"] = [1, 2]
+  summary["setup"]["tune_trials"] = 1
+  text = report.render(incomplete)
+  shakespeare = text.split("### Shakespeare", 1)[1].split("\n\n", 2)[1]
+  adam_row = next(line for line in shakespeare.splitlines() if line.startswith("| FedAdam |"))
+  assert adam_row.count("(1 of 2 seeds)") == 3  # final, best, rounds to target
+  assert "seeds)" not in next(line for line in shakespeare.splitlines()
+                              if line.startswith("| FedAvg |"))
+  assert "Shakespeare: FedAdam: 1 of 2 seeds" in report.incomplete(incomplete)
+  assert "- Shakespeare: FedAdam: 1 of 2 seeds\n" in text
+  # --report-only renders the same document and exits 1: it is incomplete.
+  with open(tmp_path / reproduce.RESULTS_FILE, "w") as f:
+    json.dump(incomplete, f)
+  assert reproduce.main(["--report-only", "--out", str(tmp_path)]) == 1
+  assert (tmp_path / report.REPORT_FILE).read_text(encoding="utf-8") == text
+  for name in ("fmnist_curves.png", "escape.png"):
+    assert (tmp_path / "plots" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,183 @@
+"""How the report writes numbers, setups and rankings (shared by its sections).
+
+Spreads over seeds are sample standard deviations (ddof = 1) everywhere: the
+studies compute them (`studies.sample_std`), the report only prints them. A cell
+averaged over fewer seeds than the study planned says so (`seeds_note`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Optional
+
+NAMES = {"fedavg": "FedAvg", "fedavgm": "FedAvgM", "fedadam": "FedAdam",
+         "fedyogi": "FedYogi", "fedadagrad": "FedAdagrad", "fedamsgrad": "FedAMSGrad",
+         "fadas": "FADAS", "fedcada": "FedCAda", "fafed": "FAFED",
+         "fedadamom": "FedAdamom"}
+PART_NAMES = {"dir0.3": "Dirichlet(0.3)", "iid": "i.i.d."}
+HPARAM_NAMES = {"client.learning_rate": "eta_l", "server.learning_rate": "eta"}
+WORDS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine",
+         "ten", "eleven", "twelve")
+NOT_MEASURED = "not measured"
+
+
+def name(opt: str) -> str:
+  return NAMES.get(opt, opt)
+
+
+def word(n: int) -> str:
+  """'six' for 6 (numbers past the list as digits)."""
+  return WORDS[n] if 0 <= n < len(WORDS) else str(n)
+
+
+def pct(value: Optional[float], digits: int = 2) -> str:
+  return "-" if value is None else f"{100 * value:.{digits}f}"
+
+
+def pm(stat: Optional[Mapping], scale: float = 100.0, digits: int = 2) -> str:
+  """'mean ± std' of a mean_std dict (std omitted with one value)."""
+  if not stat or stat.get("mean") is None:
+    return "-"
+  mean = stat["mean"] * scale
+  if stat.get("std") is None:
+    return f"{mean:.{digits}f}"
+  return f"{mean:.{digits}f} ± {stat['std'] * scale:.{digits}f}"
+
+
+def seeds_note(got: int, planned: int) -> str:
+  """' (2 of 3 seeds)' when a cell averages fewer seeds than planned, else ''."""
+  return f" ({got} of {planned} seeds)" if got < planned else ""
+
+
+def num(value: Any, digits: int = 3) -> str:
+  if value is None:
+    return "-"
+  if isinstance(value, bool):
+    return str(value)
+  if isinstance(value, int):
+    return str(value)
+  if isinstance(value, float):
+    if value != 0 and (abs(value) < 1e-2 or abs(value) >= 1e4):
+      return f"{value:.{digits}g}"
+    return f"{value:.{digits}g}" if abs(value) < 1 else f"{value:.{digits + 1}g}"
+  return str(value)
+
+
+def hparams_text(hparams: Mapping) -> str:
+  """'eta_l=0.05, eta=1, beta_2=0.1, ...' (client learning rate first, then the server's)."""
+  return ", ".join(f"{HPARAM_NAMES.get(k, k.split('.', 1)[-1])}={num(v)}"
+                   for k, v in hparams.items())
+
+
+def communication_text(factor: Optional[float]) -> str:
+  """'1x', '3x': parameter-sized tensors per client and round, relative to FedAvg."""
+  return "-" if factor is None else f"{factor:g}x"
+
+
+def welch_clear(a: Mapping, b: Mapping) -> Optional[bool]:
+  """Whether two mean_std dicts differ by more than 2 standard errors (Welch)."""
+  if a.get("mean") is None or b.get("mean") is None or not a.get("std") or not b.get("std"):
+    return None
+  se = math.sqrt(a["std"] ** 2 / a["n"] + b["std"] ** 2 / b["n"])
+  return abs(a["mean"] - b["mean"]) > 2 * se if se > 0 else None
+
+
+# ---------------------------------------------------------------------------- setups
+
+
+def partition_text(setup: Mapping) -> str:
+  part = setup["data"].get("partition") or {}
+  return ("i.i.d." if part.get("kind") == "iid"
+          else f"Dirichlet(alpha={part.get('alpha')}) label skew")
+
+
+def describe_setup(setup: Mapping) -> str:
+  data = setup["data"]
+  if data["name"] == "fashion_mnist":
+    part_text = partition_text(setup)
+    data_text = (f"Fashion-MNIST, {data['num_clients']} clients, {part_text} "
+                 f"(partition seed {data['seed']})")
+  else:
+    opts = data.get("options", {})
+    data_text = (f"Shakespeare, clients = speaking roles ({opts.get('max_clients')} roles "
+                 f"kept, seeded), next character over {opts.get('seq_length')}-character windows")
+  model = setup["model"]
+  model_text = model["name"] + (f" {model.get('options')}" if model.get("options") else "")
+  client = setup["client"]
+  client_text = ", ".join(f"{k}={v}" for k, v in client.items())
+  metric = setup["tune_metric"]
+  return (
+      f"- Data: {data_text}; {setup['clients_per_round']} clients per round, uniform averaging.\n"
+      f"- Model: {model_text}. Clients: SGD, {client_text}.\n"
+      f"- Tuning: {setup['tune_trials']} trials x {setup['tune_rounds']} rounds per optimizer "
+      f"(the same for all), random search, seed {setup['tune_seed']}, backend "
+      f"`{setup['tune_backend']}`; objective: {metric['name']} averaged over the last "
+      f"{metric['last_k']} evaluations. Space: {space_text(setup['space'])}.\n"
+      f"- Final runs: the best config of each optimizer, {setup['rounds']} rounds, "
+      f"evaluated every {setup['eval_every']} rounds on the held-out test set, seeds "
+      f"{', '.join(str(s) for s in setup['seeds'])} (model init, client sampling and "
+      f"shuffling; the partition is fixed; the tuning used seed {setup['tune_seed']}).\n")
+
+
+def _is_dimension(value: Any) -> bool:
+  return not isinstance(value, Mapping) or "dist" in value
+
+
+def space_text(space: Mapping) -> str:
+  parts = []
+  for key, value in space.items():
+    if not _is_dimension(value):  # the entries of one optimizer
+      inner = "; ".join(f"{HPARAM_NAMES.get(k, k.split('.', 1)[-1])} {dist_text(v)}"
+                        for k, v in value.items())
+      parts.append(f"{name(key)}: {inner}")
+    else:
+      parts.append(f"{HPARAM_NAMES.get(key, key.split('.', 1)[-1])} "
+                   f"{dist_text(value)} (all optimizers that have it)")
+  return "; ".join(parts)
+
+
+def dist_text(value) -> str:
+  if isinstance(value, Mapping):
+    if value.get("dist") in ("loguniform", "uniform"):
+      return f"{value['dist']} [{num(value['low'])}, {num(value['high'])}]"
+    return f"{value.get('dist')} {value.get('values')}"
+  return f"fixed {num(value)}"
+
+
+# ---------------------------------------------------------------------------- rankings
+
+
+def measured(table: Mapping) -> dict:
+  """The rows of a comparison table that have a mean final accuracy."""
+  return {opt: row for opt, row in table.items() if row["final"]["mean"] is not None}
+
+
+def ranking(table: Mapping) -> list:
+  scored = [(opt, row["final"]["mean"]) for opt, row in measured(table).items()]
+  return [opt for opt, _ in sorted(scored, key=lambda t: -t[1])]
+
+
+def place(table: Mapping, opt: str) -> tuple:
+  """(rank of `opt` by mean final accuracy, number of others tied with it); ties
+  (equal to 1e-6) share the better rank."""
+  if opt not in table or table[opt]["final"]["mean"] is None:
+    return None, 0
+  mine = table[opt]["final"]["mean"]
+  others = [row["final"]["mean"] for o, row in measured(table).items() if o != opt]
+  better = sum(m > mine + 1e-6 for m in others)
+  tied = sum(abs(m - mine) <= 1e-6 for m in others)
+  return better + 1, tied
+
+
+def place_text(table: Mapping, opt: str = "fedadamom") -> str:
+  rank, tied = place(table, opt)
+  if rank is None:
+    return "has no result"
+  n = len(measured(table))
+  return f"ranks {rank} of {n}" + (f" (tied with {tied} other{'s' if tied > 1 else ''})"
+                                   if tied else "")
+
+
+def spread(table: Mapping) -> Optional[float]:
+  means = [row["final"]["mean"] for row in measured(table).values()]
+  return (max(means) - min(means)) if means else None
