@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Any, Optional
+from typing import Optional
 
 
 def checked_field(default=dataclasses.MISSING, *, check=None, allowed=None, factory=None,
