@@ -29,19 +29,43 @@ def _type_name(tp) -> str:
   return names.get(tp, getattr(tp, "__name__", str(tp)))
 
 
-def coerce(value, tp, source: str, path: str, error: type = ConfigError):
+def numeric_string(value: Any) -> bool:
+  """A string YAML 1.1 did not read as a number, such as '1e-3' or '1.0e38'."""
+  if not isinstance(value, str):
+    return False
+  try:
+    float(value)
+  except ValueError:
+    return False
+  return True
+
+
+def reject_numeric_string(value: Any, source: str, path: str,
+                          error: type = ConfigError) -> None:
+  """Raises `error` explaining YAML 1.1's exponent rule if `value` is a number
+  that YAML read as a string."""
+  if numeric_string(value):
+    raise error(source, path, "YAML read this as a string, not a number", value=value,
+                allowed="a number with a dot and a signed exponent, e.g. 1.0e-3 or 1.0e+38")
+
+
+def coerce(value, tp, source: str, path: str, error: type = ConfigError, *,
+           string_numbers: bool = False):
   """Checks `value` against the annotation `tp`; returns it in canonical form.
 
-  Raises `error` (ConfigError or a subclass) naming `source` and `path`.
+  Raises `error` (ConfigError or a subclass) naming `source` and `path`; with
+  `string_numbers`, a number YAML read as a string ('1e-3') gets its own message.
   """
   origin = typing.get_origin(tp)
   if origin is Union:  # Optional[X]
     args = [a for a in typing.get_args(tp) if a is not type(None)]
     if value is None:
       return None
-    return coerce(value, args[0], source, path, error)
+    return coerce(value, args[0], source, path, error, string_numbers=string_numbers)
   if value is None:
     raise error(source, path, "must not be null", allowed=_type_name(tp))
+  if string_numbers and tp in (int, float):
+    reject_numeric_string(value, source, path, error)
   if tp is bool:
     if not isinstance(value, bool):
       raise error(source, path, "wrong type", value=value, allowed="true or false")
@@ -105,14 +129,16 @@ def _required(field: dataclasses.Field) -> bool:
 
 
 def build_section(cls, raw: Any, source: str, prefix: str, *, extra_ok: bool = False,
-                  error: type = ConfigError, by_prefix: bool = False):
+                  error: type = ConfigError, by_prefix: bool = False,
+                  string_numbers: bool = False):
   """Builds dataclass `cls` from mapping `raw`; returns (instance, leftover keys).
 
   Each field is checked against its annotation and the checks in its metadata
   (`schema.checked_field`); a field whose type is a dataclass is a nested section,
   built the same way. A field without a default is required. Every problem raises
   `error` (ConfigError or a subclass); `by_prefix` widens the 'did you mean'
-  hints of unknown keys (see `suggest`).
+  hints of unknown keys (see `suggest`), `string_numbers` explains numbers YAML
+  read as strings (see `coerce`).
   """
   if raw is None:
     raw = {}
@@ -128,13 +154,16 @@ def build_section(cls, raw: Any, source: str, prefix: str, *, extra_ok: bool = F
     name, path, meta = field.name, prefix + field.name, field.metadata
     if name not in raw:
       if _required(field):
-        raise error(source, path, "missing", allowed=meta.get("allowed"))
+        why = meta.get("why")
+        raise error(source, path, "missing" + (f" ({why})" if why else ""),
+                    allowed=meta.get("allowed"))
       continue
     if dataclasses.is_dataclass(hints[name]):
       kwargs[name] = build_section(hints[name], raw[name], source, path + ".", error=error,
-                                   by_prefix=by_prefix)[0]
+                                   by_prefix=by_prefix, string_numbers=string_numbers)[0]
       continue
-    value = coerce(raw[name], hints[name], source, path, error)
+    value = coerce(raw[name], hints[name], source, path, error,
+                   string_numbers=string_numbers)
     choices = meta.get("choices")
     if value is not None and choices is not None and value not in choices:
       hint = suggest(value, choices, by_prefix=by_prefix)

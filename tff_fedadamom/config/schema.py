@@ -15,7 +15,7 @@ from typing import Optional
 
 
 def checked_field(default=dataclasses.MISSING, *, check=None, allowed=None, factory=None,
-                  choices=None, problem=None):
+                  choices=None, problem=None, why=None):
   """A dataclass field with its checks and their wording, for `loader.build_section`.
 
   Args:
@@ -25,8 +25,10 @@ def checked_field(default=dataclasses.MISSING, *, check=None, allowed=None, fact
     allowed: What is allowed, in words.
     choices: The allowed values of a name-like field: an unknown one raises
       "unknown value" with a 'did you mean' hint and the choices as `allowed`.
+    why: For a required field, why it has no default (shown when it is missing).
   """
-  meta = {"check": check, "allowed": allowed, "choices": choices, "problem": problem}
+  meta = {"check": check, "allowed": allowed, "choices": choices, "problem": problem,
+          "why": why}
   if factory is not None:
     return dataclasses.field(default_factory=factory, metadata=meta)
   return dataclasses.field(default=default, metadata=meta)
