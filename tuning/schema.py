@@ -48,9 +48,10 @@ from tuning.checks import check_sweep
 from tuning.errors import SweepConfigError
 from tuning.space import DISTRIBUTIONS, Distribution, SpaceEntry, parse_distribution
 
-__all__ = ["Budget", "DISTRIBUTIONS", "Distribution", "Metric", "Resources", "Scheduler",
-           "Search", "SpaceEntry", "Sweep", "SweepConfigError", "dump_sweep", "load_sweep",
-           "num_evaluations", "parse_sweep", "read_sweep_yaml", "sweep_to_dict"]
+__all__ = ["Budget", "DISTRIBUTIONS", "Distribution", "Metric", "Resources", "SWEEP_FILE",
+           "Scheduler", "Search", "SpaceEntry", "Sweep", "SweepConfigError", "dump_sweep",
+           "load_sweep", "num_evaluations", "parse_sweep", "read_sweep_yaml",
+           "sweep_to_dict"]
 
 SEARCH_KINDS = ("random", "grid", "optuna")
 SCHEDULER_KINDS = ("none", "asha")

@@ -1,5 +1,9 @@
 """Search spaces: from a sweep and the optimizer registry to Tune's search space.
 
+A space entry is a `Distribution` (read by `parse_distribution`), a fixed value,
+or null. This module sits below the sweep schema (`tuning.schema` imports it,
+never the reverse), so a sweep appears here only in annotations.
+
 Each optimizer's space is the merge, later winning, of
 
   1. the optimizer registry's search range for each of the optimizer's tunable
