@@ -23,6 +23,7 @@ Layout of a sweep directory (`<resources.storage_path>/<name>`):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -72,6 +73,31 @@ class SweepResult:
 
 
 # ---------------------------------------------------------------------------- the sweep
+
+
+# Warnings a sweep expects, silenced while it runs and only then (a filter on
+# the logger that emits each, removed afterwards; no environment variable, no
+# logger level changed for good): Tune's note that it snapshots its state often
+# (every report carries a checkpoint, by design), and tensorboardX's note on the
+# NaN metrics of diverged trials.
+EXPECTED_WARNINGS = {
+    "ray.tune.execution.experiment_state":
+        lambda record: "snapshotting has been triggered" not in record.getMessage(),
+    "tensorboardX.x2num": lambda record: record.levelno >= logging.ERROR,
+}
+
+
+@contextlib.contextmanager
+def expected_warnings_silenced():
+  """Filters `EXPECTED_WARNINGS` out for the duration of the block."""
+  filters = [(logging.getLogger(name), keep) for name, keep in EXPECTED_WARNINGS.items()]
+  for emitter, keep in filters:
+    emitter.addFilter(keep)
+  try:
+    yield
+  finally:
+    for emitter, keep in filters:
+      emitter.removeFilter(keep)
 
 
 def smoke_test_sweep(sweep: Sweep) -> Sweep:
@@ -237,10 +263,6 @@ def run_sweep(sweep, *, resume: bool = False, smoke_test: bool = False,
     sweep = smoke_test_sweep(sweep)
   sweep_dir = _prepare_dir(sweep, resume)
   out = stream or sys.stdout
-  # Every report carries a checkpoint, so Tune snapshots its state often; that
-  # is intended here, not a bottleneck worth a warning per report.
-  os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
-  logging.getLogger("tensorboardX.x2num").setLevel(logging.ERROR)  # diverged trials
   state = SweepState(
       sweep=sweep, started=time.monotonic(), stream=stream,
       per_optimizer={o: OptimizerState(total=sweep.budget.trials_per_optimizer)
@@ -248,7 +270,8 @@ def run_sweep(sweep, *, resume: bool = False, smoke_test: bool = False,
   LIVE[sweep_dir] = state
   results, interrupted = {}, False
   try:
-    with ray_session(sweep.resources.address), workers.worker_pool(sweep, reuse_workers) as pool:
+    with expected_warnings_silenced(), ray_session(sweep.resources.address), \
+        workers.worker_pool(sweep, reuse_workers) as pool:
       for optimizer in sweep.optimizers:
         progress = SweepProgress(sweep_dir, optimizer, progress_interval_s)
         experiment_dir = os.path.join(sweep_dir, optimizer)
