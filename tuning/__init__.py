@@ -13,9 +13,9 @@ import importlib
 _EXPORTS = {
     "load_sweep": "tuning.schema",
     "Sweep": "tuning.schema",
-    "SweepConfigError": "tuning.schema",
+    "SweepConfigError": "tuning.errors",
     "run_sweep": "tuning.sweep",
-    "SweepError": "tuning.sweep",
+    "SweepError": "tuning.errors",
     "SweepResult": "tuning.sweep",
     "export_sweep": "tuning.export",
     "ExportResult": "tuning.export",

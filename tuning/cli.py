@@ -14,8 +14,8 @@ import sys
 
 
 def _cmd_tune(args) -> int:
-  from tuning.schema import SweepConfigError
-  from tuning.sweep import SweepError, run_sweep
+  from tuning.errors import SweepConfigError, SweepError
+  from tuning.sweep import run_sweep
 
   try:
     result = run_sweep(args.sweep, resume=args.resume, smoke_test=args.smoke_test,
@@ -36,9 +36,8 @@ def _cmd_tune(args) -> int:
 
 
 def _cmd_export(args) -> int:
+  from tuning.errors import SweepConfigError, SweepError
   from tuning.export import export_sweep
-  from tuning.schema import SweepConfigError
-  from tuning.sweep import SweepError
 
   try:
     result = export_sweep(args.sweep_dir, plots=not args.no_plots)

@@ -1,5 +1,9 @@
 """Search spaces: from a sweep and the optimizer registry to Tune's search space.
 
+A space entry is a `Distribution` (read by `parse_distribution`), a fixed value,
+or null. This module sits below the sweep schema (`tuning.schema` imports it,
+never the reverse), so a sweep appears here only in annotations.
+
 Each optimizer's space is the merge, later winning, of
 
   1. the optimizer registry's search range for each of the optimizer's tunable
@@ -32,9 +36,99 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-from typing import Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Union
 
-from tuning.schema import Distribution, Sweep, SweepConfigError
+from tff_fedadamom.config.loader import (coerce, reject_numeric_string, reject_unknown,
+                                         suggest)
+from tff_fedadamom.plain import plain  # noqa: F401 - trial samples -> Python numbers
+from tuning.errors import SweepConfigError
+
+if TYPE_CHECKING:  # annotations only: the sweep schema builds on this module
+  from tuning.schema import Sweep
+
+DISTRIBUTIONS = ("loguniform", "uniform", "choice", "grid")
+
+
+@dataclasses.dataclass(frozen=True)
+class Distribution:
+  """One search dimension: `loguniform`/`uniform` over [low, high], or
+  `choice`/`grid` over `values` (grid: every value is run, only with
+  `search.kind: grid`)."""
+
+  dist: str
+  low: Optional[float] = None
+  high: Optional[float] = None
+  values: Optional[tuple] = None
+
+  def extremes(self) -> tuple:
+    """The values whose validity bounds the validity of every sample."""
+    if self.dist in ("loguniform", "uniform"):
+      return (self.low, self.high)
+    return tuple(self.values)
+
+  def to_dict(self) -> dict:
+    if self.dist in ("loguniform", "uniform"):
+      return {"dist": self.dist, "low": self.low, "high": self.high}
+    return {"dist": self.dist, "values": list(self.values)}
+
+
+# A space entry: a distribution, a fixed value, or None (removes a default).
+SpaceEntry = Union[Distribution, Any, None]
+
+
+def parse_distribution(raw: Any, source: str, field: str) -> SpaceEntry:
+  """A space entry: mapping with `dist` -> Distribution; scalar -> fixed; None.
+
+  A distribution is a tagged union (its keys depend on `dist`), so it is read
+  here rather than by `build_section`, with the same engine's checks."""
+  if not isinstance(raw, Mapping):
+    reject_numeric_string(raw, source, field, SweepConfigError)
+    if isinstance(raw, (list, tuple)):
+      raise SweepConfigError(source, field, "a list is ambiguous", value=raw,
+                             allowed="{dist: choice, values: [...]} or "
+                             "{dist: grid, values: [...]}")
+    return raw
+  raw = coerce(raw, dict, source, field, SweepConfigError)
+  if "dist" not in raw:
+    raise SweepConfigError(source, f"{field}.dist", "missing",
+                           allowed=", ".join(DISTRIBUTIONS))
+  dist = raw["dist"]
+  if dist not in DISTRIBUTIONS:
+    hint = suggest(dist, DISTRIBUTIONS, by_prefix=True)
+    raise SweepConfigError(source, f"{field}.dist", "unknown value"
+                           + (f", {hint}" if hint else ""), value=dist,
+                           allowed=", ".join(DISTRIBUTIONS))
+  if dist in ("loguniform", "uniform"):
+    reject_unknown(raw, ("dist", "low", "high"), source, f"{field}.", SweepConfigError,
+                   by_prefix=True)
+    bounds = []
+    for key in ("low", "high"):
+      if key not in raw:
+        raise SweepConfigError(source, f"{field}.{key}", f"missing for {dist}",
+                               allowed="a finite number")
+      bounds.append(coerce(raw[key], float, source, f"{field}.{key}", SweepConfigError,
+                           string_numbers=True))
+    low, high = bounds
+    if dist == "loguniform" and low <= 0:
+      raise SweepConfigError(source, f"{field}.low", "out of range for loguniform",
+                             value=raw["low"], allowed="a number > 0")
+    if high <= low:
+      raise SweepConfigError(source, f"{field}.high", "must be greater than low",
+                             value=raw["high"], allowed=f"a number > {raw['low']}")
+    return Distribution(dist, low=low, high=high)
+  reject_unknown(raw, ("dist", "values"), source, f"{field}.", SweepConfigError,
+                 by_prefix=True)
+  values = raw.get("values")
+  if not isinstance(values, (list, tuple)) or not values:
+    raise SweepConfigError(source, f"{field}.values", f"must be a non-empty list for {dist}",
+                           value=values)
+  for i, value in enumerate(values):
+    if isinstance(value, (Mapping, list, tuple)) or value is None:
+      raise SweepConfigError(source, f"{field}.values[{i}]", "wrong type", value=value,
+                             allowed="a number, string or true/false")
+    reject_numeric_string(value, source, f"{field}.values[{i}]", SweepConfigError)
+  return Distribution(dist, values=tuple(values))
+
 
 DEFAULT_SPACE: Mapping[str, Distribution] = {
     "client.learning_rate": Distribution("loguniform", low=1e-3, high=1e1),
@@ -80,7 +174,7 @@ def _server_fields() -> set:
   return {f.name for f in dataclasses.fields(ServerConfig)} - {"hparams"}
 
 
-def _hparam_of(path: str) -> Optional[str]:
+def hparam_of(path: str) -> Optional[str]:
   """'server.beta_2' -> 'beta_2'; None for paths that are not server hparams."""
   parts = path.split(".")
   if parts[0] != "server" or len(parts) != 2 or parts[1] in _server_fields():
@@ -126,7 +220,7 @@ def resolve(sweep: Sweep, optimizer: str) -> OptimizerSpace:
   merged: dict[str, tuple[Any, str, bool]] = {}
   for entries, field_of, strict, is_default in layers:
     for path, entry in entries.items():
-      hparam = _hparam_of(path)
+      hparam = hparam_of(path)
       if hparam is not None:
         is_dist = isinstance(entry, Distribution)
         applies = hparam in sweepable if is_dist else hparam in known or entry is None
@@ -174,15 +268,10 @@ def experiment_dict(sweep: Sweep, optimizer: str, params: Mapping[str, Any], *,
   validates the result.
   """
   from tff_fedadamom.config import config_to_dict
-  from tff_fedadamom.optimizers import default_hparams
+  from tff_fedadamom.pipeline.compare import with_optimizer
 
   space = space or resolve(sweep, optimizer)
-  tree = copy.deepcopy(config_to_dict(sweep.base))
-  server = tree["server"]
-  if server["optimizer"] != optimizer:
-    for hparam in default_hparams(server["optimizer"]):
-      server.pop(hparam, None)
-    server["optimizer"] = optimizer
+  tree = with_optimizer(copy.deepcopy(config_to_dict(sweep.base)), optimizer)
   tree["rounds"] = sweep.budget.rounds
   tree["output_dir"] = output_dir
   tree["name"] = name
@@ -191,14 +280,6 @@ def experiment_dict(sweep: Sweep, optimizer: str, params: Mapping[str, Any], *,
   if threads is not None:
     tree["runtime"]["threads"] = int(threads)
   return tree
-
-
-def plain(value: Any) -> Any:
-  """Numpy scalars (Tune's samples) -> Python numbers, for YAML and JSON."""
-  item = getattr(value, "item", None)
-  if callable(item) and not isinstance(value, (list, tuple, dict, str)):
-    return item()
-  return value
 
 
 def tune_space(space: OptimizerSpace) -> dict:
@@ -218,116 +299,3 @@ def tune_space(space: OptimizerSpace) -> dict:
     else:
       out[path] = tune.grid_search(list(dist.values))
   return out
-
-
-def _check_parent(sweep: Sweep, path: str, field: str, base: Mapping) -> None:
-  keys = path.split(".")
-  node = base
-  for depth, key in enumerate(keys[:-1]):
-    if not isinstance(node, Mapping) or not isinstance(node.get(key), Mapping):
-      shown = ".".join(keys[:depth + 1])
-      sections = sorted(k for k, v in (node.items() if isinstance(node, Mapping) else ())
-                        if isinstance(v, Mapping))
-      raise SweepConfigError(sweep.source, field, f"{shown!r} is not a section of the "
-                             "experiment config", value=path,
-                             allowed="paths under " + ", ".join(sections))
-    node = node[key]
-  if isinstance(node.get(keys[-1]), Mapping):
-    raise SweepConfigError(sweep.source, field, "is a whole section, not a value",
-                           value=path, allowed=f"a path below it, e.g. {path}.<key>")
-
-
-def check_sweep(sweep: Sweep) -> None:
-  """Checks what needs the registries: server hparams exist for some listed
-  optimizer, grids are fair, and every extreme value of every dimension gives a
-  valid experiment for every optimizer. Raises SweepConfigError."""
-  from tff_fedadamom.config import ConfigError, config_to_dict, load_config
-  from tff_fedadamom.optimizers import default_hparams, sweepable_hparams
-
-  base = config_to_dict(sweep.base)
-  for path, entry in sweep.space.items():
-    _check_parent(sweep, path, f"space.{path}", base)
-    hparam = _hparam_of(path)
-    if hparam is None or entry is None:
-      continue
-    is_dist = isinstance(entry, Distribution)
-    owners = [o for o in sweep.optimizers
-              if hparam in (sweepable_hparams(o) if is_dist else default_hparams(o))]
-    if not owners:
-      offered = sorted({h for o in sweep.optimizers
-                        for h in (sweepable_hparams(o) if is_dist else default_hparams(o))})
-      raise SweepConfigError(
-          sweep.source, f"space.{path}",
-          f"no optimizer in {list(sweep.optimizers)} has the "
-          f"{'tunable ' if is_dist else ''}hparam {hparam!r}",
-          allowed=", ".join(f"server.{h}" for h in offered))
-  for optimizer, entries in sweep.space_by_optimizer.items():
-    for path in entries:
-      _check_parent(sweep, path, f"space.{optimizer}.{path}", base)
-
-  kind = sweep.search.kind
-  for optimizer in sweep.optimizers:
-    space = resolve(sweep, optimizer)
-    for path, dist in space.tuned.items():
-      field = space.fields[path]
-      if kind == "grid" and dist.dist != "grid":
-        raise SweepConfigError(
-            sweep.source, field, f"search.kind 'grid' needs every tuned dimension of "
-            f"{optimizer!r} to be a grid{_default_note(space, path)}",
-            value=f"{path}: {dist.dist}",
-            allowed="{dist: grid, values: [...]}, a fixed value, or null (not tuned)")
-      if kind != "grid" and dist.dist == "grid":
-        raise SweepConfigError(
-            sweep.source, field, f"'grid' only goes with search.kind: grid (with "
-            f"{kind!r} it would multiply the trials and break the equal budget)",
-            value=path, allowed="loguniform, uniform, choice")
-      if path in space.integer and dist.dist in ("uniform", "loguniform") and not (
-          float(dist.low).is_integer() and float(dist.high).is_integer()):
-        raise SweepConfigError(sweep.source, field, "bounds of an integer field must be "
-                               "integers", value=(dist.low, dist.high))
-    if kind == "grid" and space.grid_size() != sweep.budget.trials_per_optimizer:
-      dims = ", ".join(f"{p} ({len(d.values)})" for p, d in space.tuned.items()) or "none"
-      raise SweepConfigError(
-          sweep.source, "budget.trials_per_optimizer",
-          f"the grid of {optimizer!r} has {space.grid_size()} points (dimensions: {dims}); "
-          "every optimizer must get the same number of trials",
-          value=sweep.budget.trials_per_optimizer,
-          allowed="grids of exactly trials_per_optimizer points for every optimizer "
-          "(fix or drop dimensions with a value or null)")
-    _check_values(sweep, space, load_config, ConfigError)
-
-
-def _check_values(sweep: Sweep, space: OptimizerSpace, load_config, config_error) -> None:
-  """Builds the experiment at each extreme value of each dimension (the others
-  at their first extreme) and validates it."""
-  lows = {p: d.extremes()[0] for p, d in space.tuned.items()}
-  probes = [(None, lows)]
-  for path, dist in space.tuned.items():
-    for value in dist.extremes():
-      probes.append((path, {**lows, path: value}))
-  for path, params in probes:
-    tree = experiment_dict(sweep, space.optimizer, params, output_dir="probe",
-                           space=space)
-    try:
-      load_config(tree)
-    except config_error as e:
-      named = getattr(e, "field", "")
-      culprit = named if named in params else path
-      if culprit is None:
-        culprit = named if named in space.fixed else None
-      field = space.fields.get(culprit, "space") if culprit else "space"
-      shown = (f"{culprit}={params[culprit]!r}" if culprit in params
-               else f"{culprit}={space.fixed[culprit]!r}" if culprit in space.fixed
-               else "the space")
-      raise SweepConfigError(
-          sweep.source, field,
-          f"{shown} gives an invalid experiment for optimizer {space.optimizer!r}"
-          f"{_default_note(space, culprit)}: {named}: {str(e).split(': ', 2)[-1]}"
-      ) from None
-
-
-def _default_note(space: OptimizerSpace, path: Optional[str]) -> str:
-  if path in space.defaulted:
-    return (" (a default range of tuning.space; override it under 'space' or set it "
-            "to null)")
-  return ""

@@ -23,9 +23,9 @@ Layout of a sweep directory (`<resources.storage_path>/<name>`):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
-import math
 import os
 import sys
 import time
@@ -39,15 +39,17 @@ from tuning import schema
 from tuning import space as space_lib
 from tuning import trainable as trainable_lib
 from tuning import workers
-from tuning.schema import Sweep
+from tuning.errors import SweepError
+from tuning.export import export_sweep
+# SweepProgress is imported here too: Tune pickles callbacks into an experiment,
+# and experiments saved before it moved to tuning.progress name it tuning.sweep's.
+from tuning.progress import LIVE, OptimizerState, SweepProgress, SweepState, print_progress
+from tuning.schema import SWEEP_FILE, Sweep
+
+__all__ = ["SWEEP_FILE", "SweepError", "SweepProgress", "SweepResult", "run_sweep",
+           "smoke_test_sweep"]
 
 logger = logging.getLogger("tuning")
-
-SWEEP_FILE = "sweep.yaml"
-
-
-class SweepError(RuntimeError):
-  """A sweep cannot start or continue (directory in use, nothing to resume, ...)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,136 +72,32 @@ class SweepResult:
   export: Any = None
 
 
-# ---------------------------------------------------------------------------- progress
-
-
-@dataclasses.dataclass
-class _OptimizerState:
-  total: int
-  done: int = 0
-  running: int = 0
-  errored: int = 0
-  diverged: int = 0
-  best: Optional[float] = None
-  best_params: Optional[dict] = None
-  trial_seconds: list = dataclasses.field(default_factory=list)
-  started: bool = False
-
-
-@dataclasses.dataclass
-class _SweepState:
-  sweep: Sweep
-  started: float
-  per_optimizer: dict
-  last_print: float = 0.0
-  max_running: int = 1
-  stream: Any = None
-
-
-# Live state per sweep directory. Callbacks hold only the key: Tune pickles the
-# RunConfig (and its callbacks) into the experiment and hands a copy back on
-# restore, and that copy must still update what the driver prints.
-_LIVE: dict[str, _SweepState] = {}
-
-
-def _fmt_time(seconds: Optional[float]) -> str:
-  if seconds is None or not math.isfinite(seconds):
-    return "?"
-  seconds = max(0, int(seconds))
-  return f"{seconds // 3600:d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
-
-
-def _fmt_params(params: Optional[Mapping[str, Any]]) -> str:
-  if not params:
-    return ""
-  return " ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
-                  for k, v in params.items())
-
-
-class SweepProgress(tune.Callback):
-  """A Tune callback that prints the sweep's progress across optimizers.
-
-  Shows per optimizer the trials (done of the budget, running, errored,
-  diverged), the best objective so far with its hparams, the elapsed time and
-  the time left (an estimate from the trials finished so far, and the time
-  budget's remainder). Printed every `interval_s` seconds and when a trial ends.
-  """
-
-  def __init__(self, key: str, optimizer: str, interval_s: float):
-    self.key, self.optimizer, self.interval_s = key, optimizer, interval_s
-
-  def on_step_end(self, iteration, trials, **info):
-    state = _LIVE.get(self.key)
-    if state is not None:
-      _update(state, self.optimizer, trials)
-      if time.monotonic() - state.last_print >= self.interval_s:
-        _print(state)
-
-  def on_trial_complete(self, iteration, trials, trial, **info):
-    state = _LIVE.get(self.key)
-    if state is not None:
-      _update(state, self.optimizer, trials)
-      _print(state)
-
-  def on_trial_error(self, iteration, trials, trial, **info):
-    self.on_trial_complete(iteration, trials, trial)
-
-
-def _update(state: _SweepState, optimizer: str, trials) -> None:
-  mode = state.sweep.metric.mode
-  entry = state.per_optimizer[optimizer]
-  entry.started = True
-  entry.running = sum(t.status == "RUNNING" for t in trials)
-  entry.done = sum(t.status == "TERMINATED" for t in trials)
-  entry.errored = sum(t.status == "ERROR" for t in trials)
-  state.max_running = max(state.max_running, entry.running)
-  entry.diverged = 0
-  entry.trial_seconds = []
-  best, best_params = None, None
-  for trial in trials:
-    result = trial.last_result or {}
-    if trial.status in ("TERMINATED", "ERROR") and "time_total_s" in result:
-      entry.trial_seconds.append(result["time_total_s"])
-    if result.get(trainable_lib.DIVERGED):
-      entry.diverged += 1
-      continue
-    value = result.get(trainable_lib.OBJECTIVE)
-    if value is None or not math.isfinite(value):
-      continue
-    if best is None or (value > best if mode == "max" else value < best):
-      best, best_params = value, dict(trial.config)
-  entry.best, entry.best_params = best, best_params
-
-
-def _print(state: _SweepState) -> None:
-  sweep = state.sweep
-  now = time.monotonic()
-  state.last_print = now
-  elapsed = now - state.started
-  durations = [s for e in state.per_optimizer.values() for s in e.trial_seconds]
-  remaining = sum(max(0, e.total - e.done - e.errored) for e in state.per_optimizer.values())
-  estimate = (remaining * (sum(durations) / len(durations)) / max(1, state.max_running)
-              if durations else None)
-  budget = sweep.resources.time_budget_s
-  left = f"~{_fmt_time(estimate)} (estimate)"
-  if budget:
-    left += f", {_fmt_time(budget - elapsed)} of the time budget"
-  lines = [f"== sweep {sweep.name}: {_fmt_time(elapsed)} elapsed, time left {left}; "
-           f"objective = {sweep.metric.name} "
-           f"(mean of last {sweep.metric.last_k}, {sweep.metric.mode})"]
-  width = max(len(n) for n in state.per_optimizer)
-  for name, e in state.per_optimizer.items():
-    if not e.started:
-      lines.append(f"   {name:<{width}}  waiting ({e.total} trials)")
-      continue
-    best = "-" if e.best is None else f"{e.best:.4f}"
-    lines.append(f"   {name:<{width}}  trials {e.done}/{e.total} done, {e.running} running,"
-                 f" {e.errored} errored, {e.diverged} diverged | best {best} "
-                 f"{_fmt_params(e.best_params)}")
-  print("\n".join(lines), file=state.stream or sys.stdout, flush=True)
-
-
 # ---------------------------------------------------------------------------- the sweep
+
+
+# Warnings a sweep expects, silenced while it runs and only then (a filter on
+# the logger that emits each, removed afterwards; no environment variable, no
+# logger level changed for good): Tune's note that it snapshots its state often
+# (every report carries a checkpoint, by design), and tensorboardX's note on the
+# NaN metrics of diverged trials.
+EXPECTED_WARNINGS = {
+    "ray.tune.execution.experiment_state":
+        lambda record: "snapshotting has been triggered" not in record.getMessage(),
+    "tensorboardX.x2num": lambda record: record.levelno >= logging.ERROR,
+}
+
+
+@contextlib.contextmanager
+def expected_warnings_silenced():
+  """Filters `EXPECTED_WARNINGS` out for the duration of the block."""
+  filters = [(logging.getLogger(name), keep) for name, keep in EXPECTED_WARNINGS.items()]
+  for emitter, keep in filters:
+    emitter.addFilter(keep)
+  try:
+    yield
+  finally:
+    for emitter, keep in filters:
+      emitter.removeFilter(keep)
 
 
 def smoke_test_sweep(sweep: Sweep) -> Sweep:
@@ -365,18 +263,15 @@ def run_sweep(sweep, *, resume: bool = False, smoke_test: bool = False,
     sweep = smoke_test_sweep(sweep)
   sweep_dir = _prepare_dir(sweep, resume)
   out = stream or sys.stdout
-  # Every report carries a checkpoint, so Tune snapshots its state often; that
-  # is intended here, not a bottleneck worth a warning per report.
-  os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
-  logging.getLogger("tensorboardX.x2num").setLevel(logging.ERROR)  # diverged trials
-  state = _SweepState(
+  state = SweepState(
       sweep=sweep, started=time.monotonic(), stream=stream,
-      per_optimizer={o: _OptimizerState(total=sweep.budget.trials_per_optimizer)
+      per_optimizer={o: OptimizerState(total=sweep.budget.trials_per_optimizer)
                      for o in sweep.optimizers})
-  _LIVE[sweep_dir] = state
+  LIVE[sweep_dir] = state
   results, interrupted = {}, False
   try:
-    with ray_session(sweep.resources.address), workers.worker_pool(sweep, reuse_workers) as pool:
+    with expected_warnings_silenced(), ray_session(sweep.resources.address), \
+        workers.worker_pool(sweep, reuse_workers) as pool:
       for optimizer in sweep.optimizers:
         progress = SweepProgress(sweep_dir, optimizer, progress_interval_s)
         experiment_dir = os.path.join(sweep_dir, optimizer)
@@ -387,7 +282,7 @@ def run_sweep(sweep, *, resume: bool = False, smoke_test: bool = False,
           tuner = _new_tuner(sweep, optimizer, sweep_dir, [progress, *callbacks], pool)
         grid = tuner.fit()
         results[optimizer] = grid
-        _print(state)
+        print_progress(state)
         for error in grid.errors:
           lines = str(error).strip().splitlines()
           print(f"   {optimizer}: a trial failed: {lines[-1] if lines else error!r}",
@@ -398,11 +293,9 @@ def run_sweep(sweep, *, resume: bool = False, smoke_test: bool = False,
                 flush=True)
           break
   finally:
-    _LIVE.pop(sweep_dir, None)
+    LIVE.pop(sweep_dir, None)
   exported = None
   if export and not interrupted:
-    from tuning.export import export_sweep
-
     exported = export_sweep(sweep_dir)
     print(exported.leaderboard_markdown, file=out, flush=True)
   return SweepResult(sweep=sweep, sweep_dir=sweep_dir, results=results,

@@ -13,9 +13,10 @@ optimizer, same seed):
   It skips Ray's per-trial process start (TensorFlow import, data load), which
   dominates a short trial on 2 cores.
 
-Either way the best trial is the best non-diverged one by the sweep's metric
-(test accuracy averaged over the last `last_k` evaluations), and its experiment is
-built by `tuning.export.best_config_dict`.
+Either way the best trial is chosen by `tuning.best.choose_best`: the best by the
+sweep's metric (test accuracy averaged over the last `last_k` evaluations, in the
+sweep's `mode`) among the trials that did not diverge and ran the whole budget,
+and its experiment is built by `tuning.export.best_config_dict`.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ def draw_params(space, seed: int, trial: int) -> dict:
 def _tune_inprocess(sweep, raw: Mapping, cache, pool, log) -> dict:
   from tuning import space as space_lib
   from tuning import trainable as trainable_lib
+  from tuning.best import choose_best
 
   units, meta = [], {}
   for optimizer in sweep.optimizers:
@@ -104,8 +106,9 @@ def _tune_inprocess(sweep, raw: Mapping, cache, pool, log) -> dict:
                   or not math.isfinite(objective))
       trials.append({"params": params, "objective": objective, "diverged": diverged,
                      "rounds": r.get("rounds_completed")})
-    ok = [t for t in trials if not t["diverged"]]
-    chosen = max(ok, key=lambda t: t["objective"]) if ok else None
+    chosen, _ = choose_best(
+        trials, mode=sweep.metric.mode, rounds=sweep.budget.rounds, complete_only=True,
+        fields=lambda t: (t["objective"], t["rounds"] or 0, t["diverged"]))
     best[optimizer] = {
         "params": chosen["params"] if chosen else None,
         "objective": chosen["objective"] if chosen else None,

@@ -9,6 +9,7 @@ import pytest
 
 from tests.tuning.conftest import tiny_base
 from tff_fedadamom.config import load_config
+from tff_fedadamom.metric_names import TEST_ACCURACY, TEST_LOSS
 from tuning import load_sweep
 from tuning.export import TrialRecord, write_export
 
@@ -17,7 +18,7 @@ def _history(accs, lr_diverged=False, last_k=2):
   rows = []
   for i, acc in enumerate(accs, start=1):
     window = accs[max(0, i - last_k):i]
-    rows.append({"round": i, "test/accuracy": acc, "test/loss": 1.0 - acc,
+    rows.append({"round": i, TEST_ACCURACY: acc, TEST_LOSS: 1.0 - acc,
                  "objective": -1e300 if lr_diverged and i == len(accs) else
                  sum(window) / len(window),
                  "diverged": int(lr_diverged and i == len(accs))})
@@ -37,7 +38,7 @@ def sweep():
       "budget": {"trials_per_optimizer": 4, "rounds": 3},
       "space": {"client.learning_rate": None, "server.epsilon": None,
                 "server.beta_2": None},
-      "metric": {"name": "test/accuracy", "last_k": 2}})
+      "metric": {"name": TEST_ACCURACY, "last_k": 2}})
 
 
 def test_best_is_complete_and_finite(tmp_path, sweep):

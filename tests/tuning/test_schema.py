@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from tests.tuning.conftest import tiny_base, write_sweep
+from tff_fedadamom.metric_names import TEST_ACCURACY, TEST_LOSS
 from tff_fedadamom.optimizers import list_optimizers
 from tuning import load_sweep
 from tuning.schema import SweepConfigError, sweep_to_dict
@@ -39,14 +40,14 @@ def test_defaults_and_round_trip(tmp_path):
   sweep = load_sweep(write_sweep(tmp_path, _sweep()))
   assert sweep.search.kind == "random" and sweep.scheduler.kind == "none"
   assert (sweep.metric.name, sweep.metric.last_k, sweep.metric.mode) == (
-      "test/accuracy", 1, "max")
+      TEST_ACCURACY, 1, "max")
   assert sweep.resources.address is None and sweep.resources.cpus_per_trial == 1
   again = load_sweep(sweep_to_dict(sweep))
   assert sweep_to_dict(again) == sweep_to_dict(sweep)
 
 
 def test_loss_metric_defaults_to_min(tmp_path):
-  sweep = load_sweep(write_sweep(tmp_path, _sweep(metric={"name": "test/loss"})))
+  sweep = load_sweep(write_sweep(tmp_path, _sweep(metric={"name": TEST_LOSS})))
   assert sweep.metric.mode == "min"
 
 
@@ -68,7 +69,7 @@ def test_base_path_is_relative_to_the_sweep_file(tmp_path):
     (_sweep(search={"kind": "bayes"}), "search.kind", "allowed: random, grid, optuna"),
     (_sweep(scheduler={"kind": "asha", "grace_period": 9}), "scheduler.grace_period",
      "[1, 3]"),
-    (_sweep(metric={"name": "test/acc"}), "metric.name", "did you mean 'test/accuracy'"),
+    (_sweep(metric={"name": "test/acc"}), "metric.name", f"did you mean '{TEST_ACCURACY}'"),
     (_sweep(metric={"last_k": 4}), "metric.last_k", "[1, 3]"),
     (_sweep(resources={"address": "not an address"}), "resources.address",
      "not a Ray address"),

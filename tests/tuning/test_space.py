@@ -6,6 +6,7 @@ import pytest
 
 from tests.tuning.conftest import tiny_base
 from tff_fedadamom.config import load_config
+from tff_fedadamom.metric_names import TEST_ACCURACY, TEST_LOSS, TRAIN_LOSS
 from tff_fedadamom.optimizers import list_optimizers, tunable_hparams
 from tuning import load_sweep
 from tuning import space as space_lib
@@ -88,24 +89,24 @@ def test_experiment_dict_switches_optimizer_and_drops_foreign_hparams():
 
 
 def test_objective_from_history():
-  rows = [{"round": 1, "test/accuracy": 0.1}, {"round": 2, "train/loss": 1.0},  # no eval
-          {"round": 2, "test/accuracy": 0.3}, {"round": 3, "test/accuracy": 0.5},
-          {"round": 3, "test/accuracy": 0.7}]  # round 3 twice: a resumed run
-  assert objective_from_history(rows, "test/accuracy", 2) == pytest.approx(0.5)
-  assert objective_from_history(rows, "test/accuracy", 9) == pytest.approx(
+  rows = [{"round": 1, TEST_ACCURACY: 0.1}, {"round": 2, TRAIN_LOSS: 1.0},  # no eval
+          {"round": 2, TEST_ACCURACY: 0.3}, {"round": 3, TEST_ACCURACY: 0.5},
+          {"round": 3, TEST_ACCURACY: 0.7}]  # round 3 twice: a resumed run
+  assert objective_from_history(rows, TEST_ACCURACY, 2) == pytest.approx(0.5)
+  assert objective_from_history(rows, TEST_ACCURACY, 9) == pytest.approx(
       (0.1 + 0.3 + 0.7) / 3)
-  assert objective_from_history(rows, "test/accuracy", 1, upto_round=2) == 0.3
-  assert objective_from_history(rows, "test/loss", 1) is None
-  assert math.isnan(objective_from_history([{"round": 1, "test/loss": math.inf}],
-                                           "test/loss", 1))
+  assert objective_from_history(rows, TEST_ACCURACY, 1, upto_round=2) == 0.3
+  assert objective_from_history(rows, TEST_LOSS, 1) is None
+  assert math.isnan(objective_from_history([{"round": 1, TEST_LOSS: math.inf}],
+                                           TEST_LOSS, 1))
   assert worst_objective("max") < -1e299 and worst_objective("min") > 1e299
   assert math.isfinite(worst_objective("max"))
 
 
 def test_train_metric_objective_counts_evaluation_rounds_only():
-  rows = [{"round": 1, "train/loss": 3.0}, {"round": 2, "train/loss": 2.0, "test/loss": 9},
-          {"round": 3, "train/loss": 1.0}, {"round": 4, "train/loss": 0.5, "test/loss": 8}]
-  assert objective_from_history(rows, "train/loss", 2) == pytest.approx(1.25)
+  rows = [{"round": 1, TRAIN_LOSS: 3.0}, {"round": 2, TRAIN_LOSS: 2.0, TEST_LOSS: 9},
+          {"round": 3, TRAIN_LOSS: 1.0}, {"round": 4, TRAIN_LOSS: 0.5, TEST_LOSS: 8}]
+  assert objective_from_history(rows, TRAIN_LOSS, 2) == pytest.approx(1.25)
 
 
 def test_bias_correction_is_a_switch_a_sweep_may_fix_or_choose():

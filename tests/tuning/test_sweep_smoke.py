@@ -17,6 +17,7 @@ from ray import tune
 
 from tests.tuning.conftest import our_worker_binaries, tiny_base, write_sweep
 from tff_fedadamom.config import load_config
+from tff_fedadamom.metric_names import TEST_ACCURACY
 from tuning import run_sweep
 from tuning.sweep import SweepError
 from tuning.trainable import objective_from_history
@@ -54,7 +55,7 @@ def smoke(tmp_path_factory):
                 # 1e38 overflows float32 within two rounds: a diverged trial.
                 "server.learning_rate": {"dist": "grid", "values": [1.0, 1.0e+38]}},
       "search": {"kind": "grid"},
-      "metric": {"name": "test/accuracy", "last_k": LAST_K},
+      "metric": {"name": TEST_ACCURACY, "last_k": LAST_K},
       "resources": {"cpus_per_trial": 1, "max_concurrent_trials": 2,
                     "storage_path": str(root / "sweeps")},
   })
@@ -124,7 +125,7 @@ def test_exported_configs_reproduce_the_trials(smoke, tmp_path, no_leftover_work
     with open(tmp_path / optimizer / "summary.json") as f:
       summary = json.load(f)
     best = exported["best"][optimizer]
-    value = objective_from_history(summary["history"], "test/accuracy", LAST_K)
+    value = objective_from_history(summary["history"], TEST_ACCURACY, LAST_K)
     assert value == pytest.approx(best["objective"], rel=1e-6, abs=1e-6), optimizer
     assert summary["rounds_to_target"] == best["rounds_to_target"]
   for name in ("leaderboard.md", "plots/objective_vs_hparams.png",
@@ -142,19 +143,31 @@ def test_rerun_without_resume_is_refused(smoke):
     run_sweep(path)
 
 
+def _trial_reports(sweep_dir):
+  """Optimizer -> trial directory -> the lines of its result.json (one per report)."""
+  out = {}
+  for optimizer in ("fedavg", "fedadamom"):
+    experiment = os.path.join(sweep_dir, optimizer)
+    out[optimizer] = {}
+    for name in sorted(os.listdir(experiment)):
+      if name.startswith("trial_"):
+        with open(os.path.join(experiment, name, "result.json")) as f:
+          out[optimizer][name] = f.read().splitlines()
+  return out
+
+
 def test_resume_of_a_finished_sweep_runs_nothing(smoke):
   path, result, _ = smoke
-  before = {o: sorted(os.listdir(os.path.join(result.sweep_dir, o)))
-            for o in ("fedavg", "fedadamom")}
+  before = _trial_reports(result.sweep_dir)
+  assert all(len(trials) == 2 for trials in before.values()), before.keys()
   again = run_sweep(path, resume=True, progress_interval_s=60)
   for optimizer, grid in again.results.items():
     assert len(grid) == 2 and grid.num_terminated == 2
     assert sorted(r.metrics["trial_id"] for r in grid) == sorted(
         r.metrics["trial_id"] for r in result.results[optimizer])
     assert sum(not math.isfinite(r.metrics["objective"]) for r in grid) == 0
-  trial_dirs = {o: [d for d in sorted(os.listdir(os.path.join(result.sweep_dir, o)))
-                    if d.startswith("trial_")] for o in before}
-  assert all(len(d) == 2 for d in trial_dirs.values())
+  # No new trial directory and not a single new report in the old ones.
+  assert _trial_reports(result.sweep_dir) == before
 
 
 def test_resume_with_a_changed_sweep_or_nothing_to_resume_is_refused(smoke, tmp_path):

@@ -8,10 +8,11 @@ import pytest
 from ray import tune
 
 from tests.tuning.conftest import tiny_base, write_sweep
+from tff_fedadamom.metric_names import TEST_ACCURACY, TEST_LOSS, TRAIN_ACCURACY, TRAIN_LOSS
 from tuning import run_sweep
 from tuning.workers import NAMESPACE, WorkerPool, process_identity, worker_env
 
-METRICS = ["round", "train/loss", "train/accuracy", "test/loss", "test/accuracy", "objective"]
+METRICS = ["round", TRAIN_LOSS, TRAIN_ACCURACY, TEST_LOSS, TEST_ACCURACY, "objective"]
 
 
 def _sweep(tmp_path, name, rates, **resources):
@@ -24,7 +25,7 @@ def _sweep(tmp_path, name, rates, **resources):
                 "server.epsilon": None, "server.beta_2": None,
                 "server.learning_rate": None},
       "search": {"kind": "grid"},
-      "metric": {"name": "test/accuracy", "last_k": 2},
+      "metric": {"name": TEST_ACCURACY, "last_k": 2},
       "resources": {"cpus_per_trial": 1, "storage_path": str(tmp_path / "sweeps"),
                     **resources},
   }, name=f"{name}.yaml")

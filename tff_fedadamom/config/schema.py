@@ -11,15 +11,30 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Any, Optional
+from typing import Optional
 
 
-def _field(default=dataclasses.MISSING, *, check=None, allowed=None, factory=None):
-  """A dataclass field with a range check (`check(value) -> bool`) and its wording."""
-  meta = {"check": check, "allowed": allowed}
+def checked_field(default=dataclasses.MISSING, *, check=None, allowed=None, factory=None,
+                  choices=None, problem=None, why=None):
+  """A dataclass field with its checks and their wording, for `loader.build_section`.
+
+  Args:
+    default, factory: The default (neither: the field is required).
+    check: `check(value) -> bool`, run on the typed value; failing it raises
+      `problem` (default "out of range") with `allowed`.
+    allowed: What is allowed, in words.
+    choices: The allowed values of a name-like field: an unknown one raises
+      "unknown value" with a 'did you mean' hint and the choices as `allowed`.
+    why: For a required field, why it has no default (shown when it is missing).
+  """
+  meta = {"check": check, "allowed": allowed, "choices": choices, "problem": problem,
+          "why": why}
   if factory is not None:
     return dataclasses.field(default_factory=factory, metadata=meta)
   return dataclasses.field(default=default, metadata=meta)
+
+
+_field = checked_field
 
 
 def positive(x) -> bool:
@@ -188,8 +203,3 @@ SECTIONS = {
     "server": ServerConfig,
     "runtime": RuntimeConfig,
 }
-
-
-def field_check(cls, name: str) -> tuple[Any, Optional[str]]:
-  meta = {f.name: f.metadata for f in dataclasses.fields(cls)}[name]
-  return meta.get("check"), meta.get("allowed")

@@ -2,28 +2,37 @@
 
 from __future__ import annotations
 
-import csv
-import io
+import dataclasses
 import os
-from typing import Iterable, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from tff_fedadamom.atomic_io import atomic_write_text
-from tff_fedadamom.config import config_to_dict, load_config
-from tff_fedadamom.pipeline import outputs
+from tff_fedadamom.config import ServerConfig, config_to_dict, load_config
+from tff_fedadamom.pipeline import outputs, tables
 
 
-def optimizer_variant(config, optimizer: str):
-  """`config` with the server optimizer swapped.
+def with_optimizer(raw: Mapping[str, Any], optimizer: str) -> dict:
+  """The experiment mapping `raw` (as `config_to_dict` writes it) run with another
+  server optimizer: the one home of "the same experiment, another optimizer".
 
   The config's own optimizer keeps its hparams; another optimizer gets the
   registry's defaults (hparams of one optimizer mean nothing to another), with
-  the schedule and client weighting kept.
+  the other server fields (schedule, client weighting) kept. The other sections
+  are shared with `raw`, not copied.
   """
-  raw = config_to_dict(config)
-  if optimizer != config.server.optimizer:
-    server = raw["server"]
-    raw["server"] = {"optimizer": optimizer, "client_weighting": server["client_weighting"],
-                     "schedule": server["schedule"]}
+  raw = dict(raw)
+  server = raw["server"]
+  if server["optimizer"] != optimizer:
+    fields = {f.name for f in dataclasses.fields(ServerConfig)} - {"hparams", "optimizer"}
+    raw["server"] = {"optimizer": optimizer,
+                     **{k: v for k, v in server.items() if k in fields}}
+  return raw
+
+
+def optimizer_variant(config, optimizer: str):
+  """`config` with the server optimizer swapped (see `with_optimizer`), in
+  `<output_dir>/<optimizer>` and named after it."""
+  raw = with_optimizer(config_to_dict(config), optimizer)
   raw["output_dir"] = os.path.join(config.output_dir, optimizer)
   raw["name"] = optimizer
   return load_config(raw)
@@ -56,7 +65,7 @@ def compare(config_path, optimizers: Sequence[str], *, overrides=(), progress=Tr
                                      for k, v in config.server.hparams.items())})
   table = _markdown(rows)
   atomic_write_text(os.path.join(base.output_dir, "compare.md"), table)
-  atomic_write_text(os.path.join(base.output_dir, "compare.csv"), _csv(rows))
+  atomic_write_text(os.path.join(base.output_dir, "compare.csv"), tables.csv_table(rows))
   plot_runs([c.output_dir for c in variants], out=base.output_dir, prefix="compare")
   return table
 
@@ -66,21 +75,10 @@ def _hparam(value) -> str:
   return str(value).lower() if isinstance(value, bool) else f"{value:g}"
 
 
-def _csv(rows) -> str:
-  buffer = io.StringIO()
-  fields = list(dict.fromkeys(k for row in rows for k in row))
-  writer = csv.DictWriter(buffer, fieldnames=fields)
-  writer.writeheader()
-  writer.writerows(rows)
-  return buffer.getvalue()
-
-
 def _markdown(rows) -> str:
-  fields = list(dict.fromkeys(k for row in rows for k in row))
+  fields = tables.columns(rows)
   cell = lambda v: "n/a" if v is None else (f"{v:.4f}" if isinstance(v, float) else str(v))
-  lines = ["| " + " | ".join(fields) + " |", "|" + "---|" * len(fields)]
-  lines += ["| " + " | ".join(cell(row.get(f)) for f in fields) + " |" for row in rows]
-  return "\n".join(lines) + "\n"
+  return tables.markdown_table(fields, ([row.get(f) for f in fields] for row in rows), cell)
 
 
 def plot_runs(run_dirs: Iterable[str], *, out: Optional[str] = None,

@@ -21,7 +21,9 @@ import math
 import os
 from typing import Any, Iterable, Mapping, Optional
 
-from tff_fedadamom.atomic_io import atomic_write_json
+from tff_fedadamom.atomic_io import atomic_write_bytes, atomic_write_json, atomic_write_text
+from tff_fedadamom.metric_names import TEST_ACCURACY, TEST_LOSS, TRAIN_LOSS
+from tff_fedadamom.pipeline import tables
 
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.csv"
@@ -98,13 +100,7 @@ def repair_metrics(output_dir: str, last_round: int) -> int:
     (kept if ok and round_num == len(kept) + 1 else dropped).append(
         row if ok else round_num)
   if dropped:
-    buffer = io.StringIO()
-    writer = csv.writer(buffer)
-    writer.writerow(header)
-    writer.writerows(kept)
-    from tff_fedadamom.atomic_io import atomic_write_text
-
-    atomic_write_text(path, buffer.getvalue())
+    atomic_write_text(path, tables.csv_rows(header, kept))
     logging.getLogger("tff_fedadamom").warning(
         "metrics.csv: dropped %d row(s) not covered by the checkpoint of round %d",
         len(dropped), last_round)
@@ -112,39 +108,42 @@ def repair_metrics(output_dir: str, last_round: int) -> int:
 
 
 def rounds_to_targets(history: Iterable[Mapping[str, Any]], targets: Iterable[float],
-                      key: str = "test/accuracy") -> dict[str, Optional[int]]:
-  """The first round whose evaluation reaches each target (None if never)."""
-  out = {}
-  evals = [(row["round"], row[key]) for row in history if key in row]
-  for target in targets:
-    hit = next((r for r, acc in evals if acc >= target), None)
-    out[f"{target:g}"] = hit
-  return out
+                      key: str = TEST_ACCURACY) -> dict[str, Optional[int]]:
+  """The first round whose evaluation reaches each target (None if never).
+
+  `history` holds one mapping per round or per report (metrics.csv rows, Ray
+  Tune's results): rows without a `round` or without a value of `key` are skipped.
+  Returns `{f"{target:g}": round or None}`.
+  """
+  evals = [(int(row["round"]), row[key]) for row in history
+           if row.get(key) is not None and "round" in row]
+  return {f"{target:g}": next((r for r, acc in evals if acc >= target), None)
+          for target in targets}
 
 
 def summarize(history: list[Mapping[str, Any]], *, targets, status: str,
               diverged_round: Optional[int], wall_time_s: float, rounds_run: int,
               devices: list[str], extra: Optional[Mapping[str, Any]] = None) -> dict:
   """The summary.json content, computed from the per-round history."""
-  evals = [r for r in history if "test/accuracy" in r]
-  accs = [r["test/accuracy"] for r in evals if math.isfinite(r["test/accuracy"])]
-  best = max(evals, key=lambda r: r["test/accuracy"]) if accs else None
+  evals = [r for r in history if TEST_ACCURACY in r]
+  accs = [r[TEST_ACCURACY] for r in evals if math.isfinite(r[TEST_ACCURACY])]
+  best = max(evals, key=lambda r: r[TEST_ACCURACY]) if accs else None
   nonfinite = sum(int(r.get("nonfinite_updates", 0)) for r in history)
   summary = {
       "status": status,
       "diverged_round": diverged_round,
       "rounds_completed": history[-1]["round"] if history else 0,
-      "final_test_accuracy": evals[-1]["test/accuracy"] if evals else None,
-      "final_test_loss": evals[-1].get("test/loss") if evals else None,
-      "best_test_accuracy": best["test/accuracy"] if best else None,
+      "final_test_accuracy": evals[-1][TEST_ACCURACY] if evals else None,
+      "final_test_loss": evals[-1].get(TEST_LOSS) if evals else None,
+      "best_test_accuracy": best[TEST_ACCURACY] if best else None,
       "best_round": best["round"] if best else None,
-      "final_train_loss": history[-1].get("train/loss") if history else None,
+      "final_train_loss": history[-1].get(TRAIN_LOSS) if history else None,
       "rounds_to_target": rounds_to_targets(history, targets),
       "nonfinite_updates": nonfinite,
       "wall_time_s": round(wall_time_s, 3),
       "rounds_per_second": round(rounds_run / wall_time_s, 4) if wall_time_s > 0 else None,
       "devices": devices,
-      "history": [{k: r[k] for k in ("round", "test/accuracy", "test/loss", "train/loss")
+      "history": [{k: r[k] for k in ("round", TEST_ACCURACY, TEST_LOSS, TRAIN_LOSS)
                    if k in r} for r in evals],
   }
   summary.update(extra or {})
@@ -155,18 +154,22 @@ def write_summary(output_dir: str, summary: Mapping[str, Any]) -> None:
   atomic_write_json(os.path.join(output_dir, SUMMARY_FILE), dict(summary))
 
 
+def new_figure(*, figsize, ncols: int = 1, nrows: int = 1, squeeze: bool = True):
+  """A matplotlib `Figure` and its axes, drawn with the object API: no pyplot, no
+  backend switch, nothing process-wide (`Figure.savefig` renders with Agg)."""
+  from matplotlib.figure import Figure
+
+  fig = Figure(figsize=figsize)
+  return fig, fig.subplots(nrows, ncols, squeeze=squeeze)
+
+
 def plot_curves(runs: Mapping[str, list[Mapping[str, Any]]], path: str,
                 title: Optional[str] = None) -> None:
   """Train loss and test accuracy vs round, one line per run, saved atomically."""
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
+  fig, (ax_loss, ax_acc) = new_figure(figsize=(11, 4), ncols=2)
   for label, history in runs.items():
-    train = [(r["round"], r["train/loss"]) for r in history if "train/loss" in r]
-    evals = [(r["round"], r["test/accuracy"]) for r in history if "test/accuracy" in r]
+    train = [(r["round"], r[TRAIN_LOSS]) for r in history if TRAIN_LOSS in r]
+    evals = [(r["round"], r[TEST_ACCURACY]) for r in history if TEST_ACCURACY in r]
     if train:
       ax_loss.plot(*zip(*train), label=label)
     if evals:
@@ -181,15 +184,10 @@ def plot_curves(runs: Mapping[str, list[Mapping[str, Any]]], path: str,
     fig.suptitle(title)
   fig.tight_layout()
   save_figure(fig, path)
-  plt.close(fig)
 
 
 def save_figure(fig, path: str) -> None:
   """Saves a matplotlib figure atomically (temp file + rename)."""
-  import io
-
-  from tff_fedadamom.atomic_io import atomic_write_bytes
-
   buffer = io.BytesIO()
   fig.savefig(buffer, format=os.path.splitext(path)[1].lstrip(".") or "png", dpi=110)
   atomic_write_bytes(path, buffer.getvalue())
@@ -203,12 +201,7 @@ def plot_telemetry(runs: Mapping[str, list[Mapping[str, Any]]], path: str) -> bo
   with_beta = {k: h for k, h in runs.items() if any("opt/beta1_mean" in r for r in h)}
   if not with_v and not with_beta:
     return False
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  fig, (ax_v, ax_b) = plt.subplots(1, 2, figsize=(11, 4))
+  fig, (ax_v, ax_b) = new_figure(figsize=(11, 4), ncols=2)
   for label, history in with_v.items():
     rows = [r for r in history if "opt/v_median" in r]
     rounds = [r["round"] for r in rows]
@@ -232,5 +225,4 @@ def plot_telemetry(runs: Mapping[str, list[Mapping[str, Any]]], path: str) -> bo
       ax.legend(fontsize=7)
   fig.tight_layout()
   save_figure(fig, path)
-  plt.close(fig)
   return True
