@@ -190,8 +190,6 @@ class FoldDyingWorker(ray_backend.ClientWorker):
 
 
 def test_an_actor_dying_in_the_fold_is_replaced_with_the_same_result(tmp_path, monkeypatch):
-  import ray
-
   arm = str(tmp_path / "arm")
   monkeypatch.setenv("RAY_TEST_ARM", arm)
   config = load_config(tiny(tmp_path, clients_per_round=4, runtime=RAY))
