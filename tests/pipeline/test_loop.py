@@ -6,9 +6,13 @@ import types
 import numpy as np
 import pytest
 
-from tff_fedadamom.metric_names import TEST_ACCURACY, TRAIN_LOSS
+from tff_fedadamom.metric_names import TEST_ACCURACY, TRAIN_ACCURACY, TRAIN_LOSS
+from tff_fedadamom.metric_names import TRAIN_NUM_EXAMPLES
 from tff_fedadamom.pipeline import hooks
-from tff_fedadamom.pipeline.loop import RoundHook, run_rounds
+from tff_fedadamom.pipeline.loop import NONFINITE_UPDATES, ROUND, RoundHook, run_rounds
+
+# What every round's metrics start with (`flatten_round_metrics`).
+ROUND_METRICS = [ROUND, TRAIN_LOSS, TRAIN_ACCURACY, TRAIN_NUM_EXAMPLES, NONFINITE_UPDATES]
 
 
 class CountingProcess:
@@ -84,7 +88,7 @@ def test_hooks_run_in_order_around_each_round_and_close_once():
   process = CountingProcess()
   result = run_rounds(process, 0.0, range(1, 3), sampler,
                       [Recorder("a", log), Recorder("b", log)])
-  base = ["nonfinite_updates", "round", "train/accuracy", "train/loss", "train/num_examples"]
+  base = sorted(ROUND_METRICS)
   assert log == [
       ("start", "a", 1, 0.0), ("start", "b", 1, 0.0),
       ("end", "a", 1, base), ("end", "b", 1, sorted(base + ["a"])),
@@ -132,9 +136,7 @@ def test_a_nan_loss_stops_the_loop_after_its_round_is_evaluated_and_saved():
   assert len(process.clients_seen) == 2  # round 3 never ran
   # Round 2 is the run's final round: evaluated and saved although 2 % 4 != 0.
   assert [entry[3] for entry in log if entry[0] == "end"] == [
-      ["nonfinite_updates", "round", "train/accuracy", "train/loss", "train/num_examples"],
-      ["nonfinite_updates", "round", TEST_ACCURACY, "train/accuracy", "train/loss",
-       "train/num_examples"]]
+      sorted(ROUND_METRICS), sorted(ROUND_METRICS + [TEST_ACCURACY])]
   assert manager.saved == [(2, [2.0])]
   assert log[-1] == ("close", "after")
 
@@ -188,7 +190,7 @@ def test_release_checkpoint_and_callbacks_see_each_round_as_written():
       hooks.OnEval(events.append, "/runs/x")])
   assert [key for key, _ in csv.released] == [1, 2, 3, 4, 5]
   assert csv.released == tb.released
-  assert all("round" not in value and value["time/elapsed_s"] > 0 for _, value in csv.released)
+  assert all(ROUND not in value and value["time/elapsed_s"] > 0 for _, value in csv.released)
   assert [v.get(TEST_ACCURACY) for _, v in csv.released] == [None, 0.2, None, 0.4, 0.5]
   assert [version for version, _ in manager.saved] == [3, 5]  # every 3rd, and the last
   assert rounds_seen == [(r, 1.0) for r in range(1, 6)]
