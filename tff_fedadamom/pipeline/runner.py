@@ -15,7 +15,6 @@ checkpoint samples and trains exactly as an uninterrupted one.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import time
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -24,8 +23,6 @@ from tff_fedadamom.config import ConfigError, dump_config, load_config
 from tff_fedadamom.pipeline import hooks as hooks_lib
 from tff_fedadamom.pipeline import outputs, resume, runtime
 from tff_fedadamom.pipeline.loop import ROUND, EvalEvent, RoundHook, run_rounds
-
-logger = logging.getLogger("tff_fedadamom")
 
 __all__ = ["EvalEvent", "RunResult", "run_experiment"]
 
