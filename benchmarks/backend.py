@@ -54,10 +54,10 @@ import tensorflow as tf  # noqa: E402
 
 from tests.data.fixtures import write_cifar10  # noqa: E402
 from tff_fedadamom.config import load_config  # noqa: E402
+from tff_fedadamom.data.sampling import sample_clients  # noqa: E402
 from tff_fedadamom.pipeline import process as process_lib  # noqa: E402
 from tff_fedadamom.pipeline import runtime  # noqa: E402
 from tff_fedadamom.pipeline.inprocess import InProcessLearningProcess  # noqa: E402
-from tff_fedadamom.pipeline.runner import sample_clients  # noqa: E402
 
 GOALS = {"a": 1.5, "b": 1.0}
 DEFAULT_ROUNDS = {"a": 8, "b": 4, "paper": 1}

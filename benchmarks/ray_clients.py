@@ -33,9 +33,9 @@ os.environ.setdefault("RAY_worker_niceness", "0")
 
 from tests.data.fixtures import write_cifar10  # noqa: E402
 from tff_fedadamom.config import load_config  # noqa: E402
+from tff_fedadamom.data.sampling import sample_clients  # noqa: E402
 from tff_fedadamom.pipeline import build_process, runtime  # noqa: E402
 from tff_fedadamom.pipeline.process import load_data, next_round  # noqa: E402
-from tff_fedadamom.pipeline.runner import sample_clients  # noqa: E402
 
 
 def _config(args, data_dir, output_dir, runtime_section):

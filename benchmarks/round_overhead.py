@@ -23,10 +23,10 @@ import tensorflow as tf  # noqa: E402
 
 from tff_fedadamom import models  # noqa: E402
 from tff_fedadamom.config import load_config  # noqa: E402
+from tff_fedadamom.data.sampling import sample_clients  # noqa: E402
 from tff_fedadamom.pipeline import build_process, runtime  # noqa: E402
 from tff_fedadamom.pipeline.process import (client_datasets, load_data,  # noqa: E402
                                             make_keras_model)
-from tff_fedadamom.pipeline.runner import sample_clients  # noqa: E402
 
 
 def _config(args, output_dir):

@@ -21,9 +21,9 @@ import yaml
 from tests.pipeline.test_runner import ROOT, _weights, tiny
 from tests.tuning.test_cluster import two_node_cluster  # noqa: F401 - a fixture
 from tff_fedadamom.config import ConfigError, load_config
+from tff_fedadamom.data.sampling import sample_clients
 from tff_fedadamom.pipeline import inprocess, ray_backend, run_experiment, runtime
 from tff_fedadamom.pipeline.process import build_process, load_data, next_round
-from tff_fedadamom.pipeline.runner import sample_clients
 
 # Two threads per actor, as this 2-core machine's in-process runs have: the
 # thread count changes how TensorFlow's kernels split their reductions.

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -11,10 +12,10 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_fedadamom.config import ConfigError, load_config
+from tff_fedadamom.metric_names import TEST_ACCURACY, TRAIN_LOSS
 from tff_fedadamom.pipeline import build_process, run_experiment
 from tff_fedadamom.pipeline import outputs
-from tff_fedadamom.pipeline.process import load_data
-from tff_fedadamom.pipeline.runner import sample_clients
+from tff_fedadamom.pipeline.process import client_datasets, load_data
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
 
@@ -58,12 +59,12 @@ def test_run_writes_every_output(tmp_path):
   assert summary["rounds_completed"] == 4
   assert [e.round_num for e in events] == [2, 4]
   assert 0 < summary["final_test_accuracy"] <= 1
-  assert summary["final_test_accuracy"] == events[-1].metrics["test/accuracy"]
+  assert summary["final_test_accuracy"] == events[-1].metrics[TEST_ACCURACY]
   assert summary["rounds_to_target"]["0.99"] is None
   assert summary["devices"]
   rows = outputs.read_metrics(out)
   assert [r["round"] for r in rows] == [1, 2, 3, 4]
-  assert all(np.isfinite(r["train/loss"]) for r in rows)
+  assert all(np.isfinite(r[TRAIN_LOSS]) for r in rows)
   assert "opt/beta1_mean" in rows[0]
   # The saved config is a complete config that loads as is.
   assert load_config(os.path.join(out, outputs.CONFIG_FILE)).rounds == 4
@@ -111,20 +112,9 @@ def test_unwritable_output_dir_fails_before_training(tmp_path):
     run_experiment(tiny(blocker / "run"), progress=False)
 
 
-def test_sample_clients_is_a_function_of_seed_and_round():
-  ids = [f"c{i}" for i in range(20)]
-  a = sample_clients(ids, 5, seed=1, round_num=7)
-  assert a == sample_clients(ids, 5, seed=1, round_num=7)
-  assert len(set(a)) == 5
-  assert a != sample_clients(ids, 5, seed=1, round_num=8)
-  assert a != sample_clients(ids, 5, seed=2, round_num=7)
-
-
 def _one_round(config):
   data = load_data(config)
   process = build_process(config, data)
-  from tff_fedadamom.pipeline.process import client_datasets
-
   state = process.initialize()
   datasets = client_datasets(config, data, data.train.client_ids[:3], 1)
   state = process.next(state, datasets).state
@@ -138,12 +128,98 @@ def test_client_weighting_is_honoured(tmp_path):
   assert not np.allclose(uniform[0], weighted[0])
 
 
+def _round_deltas(config, rounds):
+  """Each round's change of the weights, every round started from the initial ones
+  on the same client batches: round r moves them by -eta_r * G, G fixed."""
+  data = load_data(config)
+  process = build_process(config, data)
+  datasets = client_datasets(config, data, data.train.client_ids[:3], 1)
+  state = process.initialize()
+  initial = process.get_model_weights(state)
+  deltas = []
+  for _ in range(rounds):
+    state = process.next(state, datasets).state
+    after = process.get_model_weights(state).trainable
+    deltas.append([np.asarray(a) - np.asarray(b) for a, b in zip(after, initial.trainable)])
+    state = process.set_model_weights(state, initial)
+  return process, deltas
+
+
 def test_client_lr_decay_uses_the_schedule_variant(tmp_path):
   config = load_config(tiny(tmp_path), ["client.lr_decay=0.5", "client.weight_decay=0.001",
                                         "client.clip_norm=1.0", "client.momentum=0.5"])
   process, weights = _one_round(config)
   assert isinstance(process, tff.learning.templates.LearningProcess)
   assert all(np.all(np.isfinite(w)) for w in weights)
+  # The client learning rate of round r (counted from 0) is eta_l * lr_decay ** r:
+  # 0.1, 0.05, 0.025. One local step per client (one batch, SGD's first step is
+  # plain with momentum too; clipping and coupled weight decay act on the gradient)
+  # and FedAvg's server step of 1 make a round's change -eta_r * G, G the same
+  # every round from the same weights and batches. So each round's change is
+  # eta_r / eta_l times that of a run whose client rate does not decay.
+  one_step = ["server.optimizer=fedavg", "server.learning_rate=1.0", "client.max_examples=16",
+              "client.weight_decay=0.001", "client.clip_norm=1.0", "client.momentum=0.5"]
+  raw = tiny(tmp_path, server__beta_2=None)
+  expected_lrs = [0.1, 0.05, 0.025]
+  _, decayed = _round_deltas(load_config(raw, one_step + ["client.lr_decay=0.5"]), 3)
+  _, constant = _round_deltas(load_config(raw, one_step), 1)
+  assert np.abs(constant[0][0]).max() > 1e-3  # the round moves the weights
+  for lr, delta in zip(expected_lrs, decayed):
+    for got, reference in zip(delta, constant[0]):
+      np.testing.assert_allclose(got, lr / 0.1 * reference, rtol=1e-3, atol=1e-6)
+
+
+# Runs a command with this interpreter as its "child subreaper" (prctl(2)): a
+# process the command leaves behind is re-parented here, not to init, when the
+# command exits. Once the command has exited, its leftovers are this process's
+# children: they are listed, killed, and reported with the command's outcome.
+_REAPER = textwrap.dedent("""
+    import ctypes, json, os, signal, subprocess, sys, time
+
+    PR_SET_CHILD_SUBREAPER = 36
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0):
+      raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
+    report = {"timed_out": False}
+    try:
+      done = subprocess.run(sys.argv[2:], capture_output=True, text=True,
+                            timeout=float(sys.argv[1]))
+      report.update(returncode=done.returncode, stdout=done.stdout, stderr=done.stderr)
+    except subprocess.TimeoutExpired:  # a leftover held the pipes open
+      report["timed_out"] = True
+
+    def children():
+      while True:  # reap the leftovers that have ended
+        try:
+          if os.waitpid(-1, os.WNOHANG)[0] == 0:
+            break
+        except ChildProcessError:
+          break
+      found = subprocess.run(["pgrep", "-P", str(os.getpid())], capture_output=True,
+                             text=True)  # pgrep never lists itself
+      return [int(pid) for pid in found.stdout.split()]
+
+    deadline = time.time() + 10  # time for a process killed at exit to end
+    while children() and time.time() < deadline:
+      time.sleep(0.1)
+    report["leftovers"] = children()
+    for pid in report["leftovers"]:
+      os.kill(pid, signal.SIGKILL)
+    print(json.dumps(report))
+""")
+
+
+def _run_reaped(argv, env=None, timeout=300):
+  """Runs `argv`; its outcome and the pids of the processes it left running."""
+  done = subprocess.run([sys.executable, "-c", _REAPER, str(timeout), *argv],
+                        capture_output=True, text=True, env=env, timeout=timeout + 60)
+  assert done.returncode == 0, done.stderr[-3000:]
+  return json.loads(done.stdout)
+
+
+def test_leftover_check_sees_a_process_left_running():
+  report = _run_reaped(["sh", "-c", "sleep 120 >/dev/null 2>&1 & echo started"], timeout=60)
+  assert report["returncode"] == 0 and report["stdout"] == "started\n"
+  assert len(report["leftovers"]) == 1
 
 
 def test_cli_run_and_validate_leave_no_child_process(tmp_path):
@@ -152,20 +228,18 @@ def test_cli_run_and_validate_leave_no_child_process(tmp_path):
 
   config.write_text(yaml.safe_dump(tiny(tmp_path / "cli", rounds=2)))
   env = {**os.environ, "PYTHONPATH": ROOT}
-  bad = subprocess.run([sys.executable, "-m", "tff_fedadamom", "validate", str(config),
-                        "--set", "server.beta_2=7"], capture_output=True, text=True, env=env,
-                       timeout=300)
-  assert bad.returncode == 2
-  assert "server.beta_2" in bad.stderr and "[0.0, 1.0]" in bad.stderr
-  run = subprocess.Popen([sys.executable, "-m", "tff_fedadamom", "run", str(config),
-                          "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, env=env)
-  stdout, stderr = run.communicate(timeout=300)
-  assert run.returncode == 0, stderr
-  assert "completed: 2 rounds" in stdout
-  leftovers = subprocess.run(["pgrep", "-P", str(run.pid)], capture_output=True, text=True)
-  assert leftovers.stdout.strip() == ""
-  # communicate() returned, so no child held the pipes open after exit.
+  bad = _run_reaped([sys.executable, "-m", "tff_fedadamom", "validate", str(config),
+                     "--set", "server.beta_2=7"], env=env)
+  assert bad["returncode"] == 2
+  assert "server.beta_2" in bad["stderr"] and "[0.0, 1.0]" in bad["stderr"]
+  assert bad["leftovers"] == []
+  run = _run_reaped([sys.executable, "-m", "tff_fedadamom", "run", str(config), "--quiet"],
+                    env=env)
+  # Not timed out: no process held the run's pipes open after it exited.
+  assert not run["timed_out"]
+  assert run["returncode"] == 0, run["stderr"]
+  assert "completed: 2 rounds" in run["stdout"]
+  assert run["leftovers"] == []
 
 
 def test_same_config_same_weights_with_dropout(tmp_path):

@@ -27,9 +27,11 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import re
 from typing import Any, Optional
 
 from tff_fedadamom.config import ExperimentConfig, config_to_dict
+from tff_fedadamom.metric_names import TEST_ACCURACY, TEST_LOSS
 
 # Settings of a run that no part depends on: where it writes, what it is called,
 # how long it runs, and TensorFlow's thread count (set once per process, before
@@ -58,8 +60,8 @@ class Evaluator:
 
     process.get_model_weights(state).assign_weights_to(self._model)
     result = self._model.evaluate(self._dataset, verbose=0, return_dict=True)
-    return {"test/loss": float(result["loss"]),
-            "test/accuracy": float(result[ACCURACY_METRIC])}
+    return {TEST_LOSS: float(result["loss"]),
+            TEST_ACCURACY: float(result[ACCURACY_METRIC])}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +74,7 @@ class ExperimentParts:
     process: The learning process (`initialize`, `next`, `get_model_weights`,
       `get_hparams`, `set_hparams`).
     keras_model: The model the global weights are evaluated and saved with.
-    layer_names: `runner.layer_labels(keras_model)`.
+    layer_names: `layer_labels(keras_model)`.
     evaluator: An `Evaluator` over `keras_model`.
   """
 
@@ -82,6 +84,18 @@ class ExperimentParts:
   keras_model: Any
   layer_names: tuple
   evaluator: Evaluator
+
+
+def layer_labels(keras_model) -> list[str]:
+  """Stable names of the trainable variables, in TFF's order: position plus the
+  variable path without Keras' per-process uniquifying suffix ('dense_3' ->
+  'dense'), so that a resumed run writes the same metric columns."""
+  labels = []
+  for i, variable in enumerate(keras_model.trainable_variables):
+    parts = variable.name.split(":")[0].split("/")
+    parts[0] = re.sub(r"_\d+$", "", parts[0])
+    labels.append(f"{i:02d}_" + "/".join(parts))
+  return labels
 
 
 def state_hparams(config: ExperimentConfig) -> dict[str, tuple[str, str]]:
@@ -146,7 +160,6 @@ def build_parts(config: ExperimentConfig, data=None) -> ExperimentParts:
   compiled for the devices its rounds run on."""
   from tff_fedadamom.pipeline import process as process_lib
   from tff_fedadamom.pipeline import runtime
-  from tff_fedadamom.pipeline.runner import layer_labels
 
   data = data if data is not None else process_lib.load_data(config)
   devices = runtime.round_devices(config.runtime)
@@ -185,13 +198,13 @@ def warm_up(config: ExperimentConfig, parts: ExperimentParts) -> None:
   """Runs once, on a throwaway state, what a run's first round and evaluation
   would otherwise compile: `initial_state`, one `next` on round 1's clients,
   and one evaluation. Nothing of it is kept but the compiled computations."""
+  from tff_fedadamom.data.sampling import UniformSampler
   from tff_fedadamom.pipeline import process as process_lib
-  from tff_fedadamom.pipeline.runner import sample_clients
 
   check_parts(config, parts)
   state = initial_state(config, parts.process)
-  sampled = sample_clients(list(parts.data.train.client_ids), config.clients_per_round,
-                           config.seed, 1)
+  sampled = UniformSampler(parts.data.train.client_ids, config.clients_per_round,
+                           config.seed)(1)
   state = process_lib.next_round(parts.process, state, config, parts.data, sampled, 1).state
   parts.evaluator(parts.process, state)
 

@@ -77,7 +77,7 @@ def assign_clients(client_ids: Sequence[Any], workers: int) -> list[list]:
   order, whose sizes differ by at most one (the first ones are the larger).
 
   A function of the round's client list and `workers` alone; the list itself
-  is a function of (seed, round) (`runner.sample_clients`).
+  is a function of (seed, round) (`data.sampling.sample_clients`).
   """
   if workers < 1:
     raise ValueError(f"workers must be an integer >= 1, found {workers!r}")

@@ -1,0 +1,41 @@
+"""The trainable's report hook: what a trial tells Tune after each evaluation."""
+
+import functools
+import math
+import types
+
+from tests.pipeline.test_loop import CountingProcess, evaluator, sampler
+from tests.tuning.conftest import tiny_base
+from tff_fedadamom.metric_names import TEST_ACCURACY
+from tff_fedadamom.pipeline import hooks, run_experiment
+from tff_fedadamom.pipeline.loop import run_rounds
+from tuning.trainable import DIVERGED, OBJECTIVE, ROUND, TuneReport, eval_result
+
+
+def test_tune_report_reports_evaluated_rounds_only():
+  reports = []
+  report = TuneReport("/runs/t", lambda event: ("result", event), reports.append)
+  run_rounds(CountingProcess(losses={5: math.nan}), 0.0, range(1, 9), sampler,
+             [hooks.Divergence(3), hooks.Evaluate(evaluator, every=2), report])
+  events = [event for _, event in reports]
+  assert [(e.round_num, e.diverged, e.output_dir) for e in events] == [
+      (2, False, "/runs/t"), (4, False, "/runs/t"), (5, True, "/runs/t")]
+  assert [e.metrics[TEST_ACCURACY] for e in events] == [0.2, 0.4, 0.5]
+
+
+def test_a_run_reports_each_evaluation_with_its_objective_and_checkpoint(tmp_path):
+  out = str(tmp_path / "run")
+  metric = types.SimpleNamespace(name=TEST_ACCURACY, last_k=2, mode="max")
+  reports = []
+  make_result = functools.partial(eval_result, metric=metric, node_id="node")
+  run_experiment({**tiny_base(rounds=3, eval_every=2, checkpoint_every=3), "output_dir": out},
+                 hooks=[TuneReport(out, make_result, reports.append)], progress=False)
+  results = [result for result, _ in reports]
+  assert [r[ROUND] for r in results] == [2, 3]  # every 2nd round and the last
+  assert [checkpoint for _, checkpoint in reports] == [None, out]  # saved in round 3
+  assert [r[DIVERGED] for r in results] == [0, 0]
+  # The objective is the mean over the last 2 evaluations: the report runs once
+  # the round's metrics row is written.
+  first, last = (r[TEST_ACCURACY] for r in results)
+  assert results[0][OBJECTIVE] == first
+  assert math.isclose(results[1][OBJECTIVE], (first + last) / 2)

@@ -1,0 +1,175 @@
+"""The round hooks a run is made of (see `loop.run_rounds`).
+
+`runner.run_experiment` passes them in this order, which is the order each
+needs the others' work in:
+
+  Telemetry    optimizer-state statistics and histograms (`telemetry`)
+  Divergence   marks the round diverged: the run ends with it
+  Evaluate     the global model on the test set, every `eval_every` rounds
+               and on the run's final round
+  ElapsedTime  `time/elapsed_s`
+  Release      the round's metrics to metrics.csv and TensorBoard
+  Checkpoint   the program state, every `checkpoint_every` rounds and on the
+               final round (so a finished or diverged run can be resumed)
+  Progress     the progress bar
+  OnRound, OnEval   the caller's callbacks; a caller's own hooks (Ray Tune's
+               report in `tuning.trainable`) come last, when metrics.csv and
+               the checkpoint of the round are on disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from typing import Callable, Mapping, Optional, Sequence
+
+import numpy as np
+
+from tff_fedadamom.metric_names import TEST_ACCURACY, TRAIN_LOSS
+from tff_fedadamom.pipeline.loop import NONFINITE_UPDATES, ROUND, EvalEvent, RoundEnd, RoundHook
+
+
+def _all_finite(structure) -> bool:
+  import tensorflow as tf
+
+  return all(np.all(np.isfinite(np.asarray(x))) for x in tf.nest.flatten(structure))
+
+
+class Telemetry(RoundHook):
+  """Adds the optimizer-state statistics of each round (`opt/...`, per layer),
+  and every `histogram_every` rounds writes the state's histograms."""
+
+  def __init__(self, process, layer_names: Sequence[str], epsilon: Optional[float],
+               histogram_every: int, writer):
+    self._process = process
+    self._layer_names = list(layer_names)
+    self._epsilon = epsilon
+    self._every = histogram_every
+    self._writer = writer
+    self._previous = None
+
+  def start_round(self, round_num: int, state) -> None:
+    del round_num
+    self._previous = self._process.get_model_weights(state).trainable
+
+  def end_round(self, end: RoundEnd) -> None:
+    import tensorflow as tf
+
+    from tff_fedadamom.pipeline import telemetry as telemetry_lib
+
+    weights = end.weights
+    t0 = time.perf_counter()
+    end.metrics.update(telemetry_lib.optimizer_state_stats(
+        end.state, previous_weights=self._previous, weights=weights,
+        layer_names=self._layer_names, epsilon=self._epsilon))
+    if end.round_num % self._every == 0:
+      with self._writer.as_default(step=end.round_num):
+        for name, values in telemetry_lib.state_histograms(end.state).items():
+          tf.summary.histogram(name, values)
+    end.metrics["time/telemetry_s"] = time.perf_counter() - t0
+
+
+class Divergence(RoundHook):
+  """Marks a round diverged when the weights or the training loss are not
+  finite, or when the server has rejected `patience` updates in a row (its
+  finalizer counts non-finite updates, which it does not apply)."""
+
+  def __init__(self, patience: int):
+    self._patience = patience
+    self._rejected_streak = 0
+
+  def end_round(self, end: RoundEnd) -> None:
+    self._rejected_streak = self._rejected_streak + 1 if end.metrics[NONFINITE_UPDATES] else 0
+    end.diverged = (not _all_finite(end.weights) or not math.isfinite(end.metrics[TRAIN_LOSS])
+                    or self._rejected_streak >= self._patience)
+
+
+class Evaluate(RoundHook):
+  """Adds `evaluator(process, state)` every `every` rounds and on the final one."""
+
+  def __init__(self, evaluator: Callable, every: int):
+    self._evaluator = evaluator
+    self._every = every
+
+  def end_round(self, end: RoundEnd) -> None:
+    if end.round_num % self._every == 0 or end.final:
+      end.metrics.update(self._evaluator(end.process, end.state))
+
+
+class ElapsedTime(RoundHook):
+  """Adds `time/elapsed_s`: seconds since `started` (a `time.perf_counter()`)."""
+
+  def __init__(self, started: float):
+    self._started = started
+
+  def end_round(self, end: RoundEnd) -> None:
+    end.metrics["time/elapsed_s"] = time.perf_counter() - self._started
+
+
+class Release(RoundHook):
+  """Releases each round's metrics (without `round`, the key) to TFF release
+  managers (`tff.program.CSVFileReleaseManager`, `TensorBoardReleaseManager`)."""
+
+  def __init__(self, managers: Sequence):
+    self._managers = list(managers)
+
+  def end_round(self, end: RoundEnd) -> None:
+    release = {k: v for k, v in end.metrics.items() if k != ROUND}
+    for manager in self._managers:
+      asyncio.run(manager.release(release, key=end.round_num))
+
+
+class Checkpoint(RoundHook):
+  """Saves the state every `every` rounds and on the final one
+  (`resume.save_state`), and sets `checkpoint_saved`."""
+
+  def __init__(self, manager, every: int):
+    self._manager = manager
+    self._every = every
+
+  def end_round(self, end: RoundEnd) -> None:
+    from tff_fedadamom.pipeline import resume
+
+    if end.round_num % self._every == 0 or end.final:
+      resume.save_state(self._manager, end.state, end.round_num)
+      end.checkpoint_saved = True
+
+
+class Progress(RoundHook):
+  """Advances a tqdm bar each round, showing the loss and the last accuracy."""
+
+  def __init__(self, bar):
+    self._bar = bar
+
+  def end_round(self, end: RoundEnd) -> None:
+    self._bar.update(1)
+    shown = {"loss": f"{end.metrics[TRAIN_LOSS]:.4f}"}
+    if end.evaluated:
+      shown["acc"] = f"{end.metrics[TEST_ACCURACY]:.4f}"
+    self._bar.set_postfix(shown)
+
+  def close(self) -> None:
+    self._bar.close()
+
+
+class OnRound(RoundHook):
+  """Calls `callback(round_num, metrics)` after every round."""
+
+  def __init__(self, callback: Callable[[int, Mapping[str, float]], None]):
+    self._callback = callback
+
+  def end_round(self, end: RoundEnd) -> None:
+    self._callback(end.round_num, end.metrics)
+
+
+class OnEval(RoundHook):
+  """Calls `callback(EvalEvent)` after every evaluation of the run in `output_dir`."""
+
+  def __init__(self, callback: Callable[[EvalEvent], None], output_dir: str):
+    self._callback = callback
+    self._output_dir = output_dir
+
+  def end_round(self, end: RoundEnd) -> None:
+    if end.evaluated:
+      self._callback(end.eval_event(self._output_dir))
