@@ -8,8 +8,10 @@ its threads) is measured for reference. Prints seconds per round (median over
 the timed rounds, after one warm-up round), the 2-vs-1-actor speed-up (goal:
 >= 1.7x on a 2-core machine), and where a Ray round's time goes: broadcast
 (`prepare` + putting it into the object store), the actors' work (until the
-last actor's `work` is done), merge (the accumulator's fold across the actors,
-`report`, `update`).
+last actor's `work` is done), merge = fold (the accumulator's fold across the
+actors, until it reaches the driver) + server (`report` and `update` on the
+driver). Each actor runs one client at a time (the default for an actor of one
+CPU), so "1 actor x 1 thread" keeps one core busy.
 
     .venv/bin/python benchmarks/ray_clients.py [--rounds 3] [--clients 10] [--images 20]
 """
@@ -98,7 +100,7 @@ def main(argv=None):
       if parts[0]:
         line += "  (" + ", ".join(
             f"{key[:-2]} {statistics.median(p[key] for p in parts):.3f} s"
-            for key in ("broadcast_s", "actors_s", "merge_s")) + ")"
+            for key in ("broadcast_s", "actors_s", "merge_s", "fold_s", "server_s")) + ")"
       print(line, flush=True)
   one, two = medians["ray 1 actor x 1 thread"], medians["ray 2 actors x 1 thread"]
   print(f"speed-up 1 -> 2 actors: {one / two:.2f}x (goal >= 1.7x); "

@@ -175,7 +175,10 @@ class RayLearningProcess(inprocess.InProcessLearningProcess):
     address: None (a new local Ray on 127.0.0.1, no dashboard), 'auto' or
       host:port. An already connected Ray is used as it is and left running.
     threads: TensorFlow threads per actor (default: its whole CPUs, at least 1).
-    max_concurrent_clients: Clients run at once within each actor.
+    max_concurrent_clients: Clients run at once within each actor. Default:
+      the actor's whole CPUs (at least one) when it has no GPU, so that an
+      actor uses the CPUs Ray gave it and no more (two concurrent clients, each
+      on its own thread, would keep two cores busy); with a GPU, one.
     worker_class: The actors' class (`ClientWorker` or a subclass).
   """
 
@@ -197,7 +200,8 @@ class RayLearningProcess(inprocess.InProcessLearningProcess):
     self._started_ray = False
     self.replacements = 0
     # Seconds of the last round: prepare + object-store put ("broadcast"), the
-    # actors' work, the fold across the actors + report + update ("merge").
+    # actors' work, the fold across the actors ("fold") + report and update on
+    # the driver ("server"), together "merge".
     self.round_times: dict[str, float] = {}
     super().__init__(process, devices=None, max_concurrent_clients=max_concurrent_clients)
 
@@ -205,6 +209,9 @@ class RayLearningProcess(inprocess.InProcessLearningProcess):
     """No clients run here: the actors get the client parts' bytes."""
     import ray
 
+    if max_concurrent_clients is None:
+      gpus = self._options["num_gpus"]
+      max_concurrent_clients = 1 if gpus else max(1, int(self._options["num_cpus"]))
     self.max_concurrent_clients = max_concurrent_clients
     self._parts = {name: serialize(getattr(mrf, name)) for name in WORKER_PARTS}
     self._started_ray = ray_session.connect(self._address)
@@ -245,9 +252,11 @@ class RayLearningProcess(inprocess.InProcessLearningProcess):
       self._get(k, pending[k], work, round_num)
     t2 = time.perf_counter()
     accumulator = self._fold_across(active, work, round_num)
+    t3 = time.perf_counter()
     output = self._finish(state_leaves, [tf.convert_to_tensor(a) for a in accumulator])
-    self.round_times = {"broadcast_s": t1 - t0, "actors_s": t2 - t1,
-                        "merge_s": time.perf_counter() - t2}
+    t4 = time.perf_counter()
+    self.round_times = {"broadcast_s": t1 - t0, "actors_s": t2 - t1, "merge_s": t4 - t2,
+                        "fold_s": t3 - t2, "server_s": t4 - t3}
     return output
 
   def _fold_across(self, active: Sequence[int], work, round_num: int) -> list:
