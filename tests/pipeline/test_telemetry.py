@@ -125,7 +125,7 @@ def test_numpy_beta1_matches_momentum_coefficient(dtype):
   vbar = tf.reduce_mean(tf.cast(tf_v, tf.float64))
   vbar = tf.cast(vbar, tf.float64 if dtype == np.float64 else tf.float32)
   expected = fedadamom.momentum_coefficient(tf_v, vbar, EPS).numpy()
-  got = telemetry.fedadamom_beta1(v, EPS)
+  got = fedadamom.momentum_coefficient_numpy(v, EPS)
   assert got.dtype == expected.dtype
   np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6)
   np.testing.assert_array_equal(got == 0, expected == 0)

@@ -7,7 +7,9 @@ slots, each a structure like the weights. The slot names are TFF's own (its
 `build_sgdm`, `build_adam`, `build_yogi` and `build_adagrad` states use
 `accumulator`, `preconditioner`, `step`, `beta_1`, `beta_2`, `epsilon`), so a
 reader of the state (`tff_fedadamom.pipeline.telemetry`) needs one vocabulary
-for TFF's optimizers and ours. This module is that vocabulary's one home.
+for TFF's optimizers and ours. This module is that vocabulary's one home; which
+keys each optimizer's state has is recorded in the registry
+(`OptimizerSpec.state`).
 """
 
 from __future__ import annotations
@@ -23,16 +25,12 @@ BETA_1_KEY = 'beta_1'
 BETA_2_KEY = 'beta_2'
 EPSILON_KEY = 'epsilon'
 STEP_KEY = 'step'  # Round counter; present only where bias correction needs it.
+MOMENTUM_KEY = 'momentum'  # TFF's SGD-with-momentum coefficient (FedAvgM).
 ACCUMULATOR_KEY = 'accumulator'  # m, the momentum / first moment.
 PRECONDITIONER_KEY = 'preconditioner'  # v, the second moment.
 MAX_PRECONDITIONER_KEY = 'max_preconditioner'  # v_hat = running max of v (AMSGrad).
 DELAY_THRESHOLD_KEY = 'delay_threshold'  # FADAS' tau_c.
 MAX_DELAY_KEY = 'max_delay'  # FADAS' tau_t^max, the round's largest staleness.
-
-# TFF's Adam/Yogi state keys that FedAdamom's state does not have: with a
-# preconditioner, an accumulator and an epsilon but neither of these, a state
-# is FedAdamom's.
-NOT_FEDADAMOM_KEYS = (BETA_1_KEY, STEP_KEY)
 
 
 def is_concrete(value) -> bool:
