@@ -8,6 +8,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_fedadamom.optimizers import registry
+from tff_fedadamom.optimizers import state as state_keys
 
 LR_KEY = tff.learning.optimizers.LEARNING_RATE_KEY
 # The server optimizers; FedCAda and FAFED are learning processes (tests/algorithms).
@@ -311,6 +312,6 @@ def test_errors_name_the_optimizer_as_the_registry_does(name):
 
 def test_process_moments_are_read_beside_the_model():
   moments = {'accumulator': [np.ones(2)], 'preconditioner': [np.zeros(2)]}
-  assert registry.process_moments({'model': [np.ones(2)], **moments}) == moments
-  assert registry.process_moments({'accumulator': [np.ones(2)]}) == {}
-  assert registry.process_moments(None) == {}
+  assert state_keys.process_moments({'model': [np.ones(2)], **moments}) == moments
+  assert state_keys.process_moments({'accumulator': [np.ones(2)]}) == {}
+  assert state_keys.process_moments(None) == {}

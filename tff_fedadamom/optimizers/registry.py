@@ -26,7 +26,6 @@ from typing import Any, Callable, Mapping, Optional
 import tensorflow_federated as tff
 
 from tff_fedadamom import algorithms
-from tff_fedadamom.algorithms import _common as process_state
 from tff_fedadamom.algorithms import fafed, fedcada
 from tff_fedadamom.naming import did_you_mean
 from tff_fedadamom.optimizers import adaptive
@@ -37,27 +36,6 @@ from tff_fedadamom.optimizers import state as keys
 # What an entry builds (`OptimizerSpec.kind`).
 SERVER_OPTIMIZER = 'server_optimizer'  # a tff.learning.optimizers.Optimizer for FedAvg's server
 LEARNING_PROCESS = 'learning_process'  # a whole LearningProcess (the clients change too)
-
-
-@dataclasses.dataclass(frozen=True)
-class StateKeys:
-  """The top-level keys of an optimizer's state: its vocabulary.
-
-  A reader of states (telemetry) recognises an optimizer by them. Keys come
-  from `tff_fedadamom.optimizers.state`.
-
-  Attributes:
-    always: The keys every state of the optimizer has.
-    switched: Keys a build-time switch adds (`step`, with `bias_correction`).
-  """
-
-  always: frozenset[str]
-  switched: frozenset[str] = frozenset()
-
-  def fits(self, state_keys) -> bool:
-    """True when a state with exactly `state_keys` can be this optimizer's."""
-    found = frozenset(state_keys)
-    return self.always <= found <= self.always | self.switched
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +67,7 @@ class OptimizerSpec:
     display_name: The optimizer's name in messages, tables and plots.
     state: The keys of its state (for a learning process: of the optimizer
       state telemetry reads, the finalizer's plus the moments the global
-      state carries beside the model, see `process_moments`).
+      state carries beside the model, see `state.process_moments`).
     momentum_coefficient: Diagnostics: None, or `f(v_flat, epsilon)`, the
       per-coordinate momentum coefficient the optimizer derives from its
       state's second moment (FedAdamom's beta1_t), which telemetry reports.
@@ -106,7 +84,7 @@ class OptimizerSpec:
   communication_note: str = 'the model update up, the model down'
   check: Optional[Callable[..., None]] = None
   display_name: str = ''
-  state: StateKeys = StateKeys(frozenset())
+  state: keys.StateKeys = keys.StateKeys(frozenset())
   momentum_coefficient: Optional[Callable[[Any, Any], Any]] = None
 
 
@@ -160,24 +138,6 @@ _REDDI_ADAM_DEFAULTS = {'learning_rate': 0.01, 'beta_1': 0.9, 'beta_2': 0.99,
                         'epsilon': 1e-3}
 
 
-# State vocabularies. TFF's SGD(M), Adam, Yogi and Adagrad states and ours share
-# key names (see `optimizers.state`); `step` exists only with bias correction.
-_LR = keys.LEARNING_RATE_KEY
-_ADAM_STATE = StateKeys(
-    frozenset({_LR, keys.BETA_1_KEY, keys.BETA_2_KEY, keys.EPSILON_KEY,
-               keys.ACCUMULATOR_KEY, keys.PRECONDITIONER_KEY}),
-    frozenset({keys.STEP_KEY}))
-_AMSGRAD_STATE = StateKeys(_ADAM_STATE.always | {keys.MAX_PRECONDITIONER_KEY},
-                           _ADAM_STATE.switched)
-_FADAS_STATE = StateKeys(
-    _AMSGRAD_STATE.always | {keys.DELAY_THRESHOLD_KEY, keys.MAX_DELAY_KEY},
-    _ADAM_STATE.switched)
-# A client-adaptive process: the finalizer's learning rate and the moments
-# averaged by the server (`process_moments`).
-_CLIENT_ADAPTIVE_STATE = StateKeys(
-    frozenset({_LR, keys.ACCUMULATOR_KEY, keys.PRECONDITIONER_KEY}))
-
-
 def _spec(name, display_name, builder, defaults, tunable, description, state, *,
           process=None, momentum_coefficient=None, **ranges) -> OptimizerSpec:
   """An entry; `process=dict(check=..., communication=..., communication_note=...)`
@@ -207,7 +167,7 @@ OPTIMIZERS: Mapping[str, OptimizerSpec] = {
             {'learning_rate': 1.0},
             ['learning_rate'],
             'FedAvg: server SGD, w - eta * g (eta = 1 is plain averaging).',
-            StateKeys(frozenset({_LR})),
+            keys.SGD_STATE,
         ),
         _spec(
             'fedavgm',
@@ -216,7 +176,7 @@ OPTIMIZERS: Mapping[str, OptimizerSpec] = {
             {'learning_rate': 1.0, 'momentum': 0.9},
             ['learning_rate', 'momentum'],
             'FedAvgM: server heavy-ball momentum, m = momentum * m + g.',
-            StateKeys(frozenset({_LR, keys.MOMENTUM_KEY, keys.ACCUMULATOR_KEY})),
+            keys.SGDM_STATE,
         ),
         _spec(
             'fedadam',
@@ -225,7 +185,7 @@ OPTIMIZERS: Mapping[str, OptimizerSpec] = {
             {**_REDDI_ADAM_DEFAULTS, 'bias_correction': True},
             ['learning_rate', 'beta_2', 'epsilon'],
             'FedAdam (Reddi et al. 2021): Adam on the server.',
-            _ADAM_STATE,
+            keys.ADAM_STATE,
         ),
         _spec(
             'fedyogi',
@@ -235,7 +195,7 @@ OPTIMIZERS: Mapping[str, OptimizerSpec] = {
              'bias_correction': True},
             ['learning_rate', 'beta_2', 'epsilon'],
             'FedYogi (Reddi et al. 2021): Yogi on the server.',
-            _ADAM_STATE,
+            keys.ADAM_STATE,
         ),
         _spec(
             'fedadagrad',
@@ -245,7 +205,7 @@ OPTIMIZERS: Mapping[str, OptimizerSpec] = {
              'initial_preconditioner': 0.0},
             ['learning_rate', 'epsilon'],
             'FedAdagrad (Reddi et al. 2021): Adagrad on the server.',
-            StateKeys(frozenset({_LR, keys.EPSILON_KEY, keys.PRECONDITIONER_KEY})),
+            keys.ADAGRAD_STATE,
         ),
         _spec(
             'fedadamom',
@@ -256,7 +216,7 @@ OPTIMIZERS: Mapping[str, OptimizerSpec] = {
              'epsilon': fedadamom.DEFAULT_EPSILON},
             ['learning_rate', 'beta_2', 'epsilon'],
             'FedAdamom: second moment sets a per-coordinate momentum.',
-            StateKeys(frozenset(fedadamom.STATE_KEYS)),
+            keys.StateKeys(frozenset(fedadamom.STATE_KEYS)),
             momentum_coefficient=fedadamom.momentum_coefficient_numpy,
             beta_2=('uniform', 0.01, 0.3),
         ),
@@ -267,7 +227,7 @@ OPTIMIZERS: Mapping[str, OptimizerSpec] = {
             {**_REDDI_ADAM_DEFAULTS, 'bias_correction': False},
             ['learning_rate', 'beta_2', 'epsilon'],
             'FedAMSGrad: AMSGrad on the server (Reddi et al. 2021 conventions).',
-            _AMSGRAD_STATE,
+            keys.AMSGRAD_STATE,
         ),
         _spec(
             'fadas',
@@ -282,7 +242,7 @@ OPTIMIZERS: Mapping[str, OptimizerSpec] = {
             ['learning_rate', 'beta_2', 'epsilon'],
             'FADAS (Wang et al. 2024): AMSGrad, delay-adaptive rate; '
             'synchronous rounds only.',
-            _FADAS_STATE,
+            keys.FADAS_STATE,
             learning_rate=('loguniform', 1e-4, 1e0),
             epsilon=('loguniform', 1e-8, 1e-1),
         ),
@@ -295,7 +255,7 @@ OPTIMIZERS: Mapping[str, OptimizerSpec] = {
              'epsilon': fedcada.DEFAULT_EPSILON},
             ['beta_2', 'epsilon'],
             'FedCAda (Zhou et al. 2024): Adam on the clients, Adam state averaged.',
-            _CLIENT_ADAPTIVE_STATE,
+            keys.CLIENT_ADAPTIVE_STATE,
             process=dict(check=fedcada.check_hparams, communication=3.0,
                          communication_note=_CLIENT_ADAPTIVE_COMM),
             beta_2=('uniform', 0.99, 0.999), epsilon=('loguniform', 1e-8, 1e-3),
@@ -308,7 +268,7 @@ OPTIMIZERS: Mapping[str, OptimizerSpec] = {
              'beta_2': fafed.DEFAULT_BETA_2, 'epsilon': fafed.DEFAULT_EPSILON},
             ['alpha', 'epsilon'],
             'FAFED (Wu et al. 2023): STORM client steps, shared adaptive matrix.',
-            _CLIENT_ADAPTIVE_STATE,
+            keys.CLIENT_ADAPTIVE_STATE,
             process=dict(check=fafed.check_hparams, communication=3.0,
                          communication_note=_CLIENT_ADAPTIVE_COMM),
             alpha=('loguniform', 1e-2, 1.0), epsilon=('loguniform', 1e-4, 1e-1),
@@ -340,21 +300,6 @@ def momentum_coefficient_of_state(state_keys) -> Optional[Callable[[Any, Any], A
   names = optimizers_of_state(state_keys)
   coefficients = {OPTIMIZERS[n].momentum_coefficient for n in names}
   return coefficients.pop() if len(coefficients) == 1 else None
-
-
-# The global state of the client-adaptive processes (`tff_fedadamom.algorithms`):
-# {model, accumulator, preconditioner, ...}; the server averages the moments.
-_PROCESS_MOMENT_KEYS = (keys.ACCUMULATOR_KEY, keys.PRECONDITIONER_KEY)
-
-
-def process_moments(global_state) -> dict[str, Any]:
-  """The moments a client-adaptive process' global state carries beside the
-  model (FedCAda, FAFED), keyed as in an optimizer state; {} for any other
-  global state (a plain `ModelWeights`)."""
-  if not isinstance(global_state, Mapping) or process_state.MODEL_KEY not in global_state:
-    return {}
-  return {k: v for k, v in global_state.items() if k in _PROCESS_MOMENT_KEYS}
-
 
 
 def get_spec(name: str) -> OptimizerSpec:

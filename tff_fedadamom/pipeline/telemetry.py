@@ -41,6 +41,7 @@ from tff_fedadamom.optimizers.state import (
     LEARNING_RATE_KEY,
     MAX_PRECONDITIONER_KEY,
     PRECONDITIONER_KEY,
+    process_moments,
 )
 
 PREFIX = 'opt/'
@@ -58,7 +59,7 @@ def unwrap_optimizer_state(state: Any) -> Mapping[str, Any]:
   moments their global state carries beside the model).
   """
   if hasattr(state, 'finalizer'):
-    moments = registry.process_moments(getattr(state, 'global_model_weights', None))
+    moments = process_moments(getattr(state, 'global_model_weights', None))
     state = state.finalizer
     if moments:
       # A client-adaptive process (FedCAda, FAFED): the moments the server
