@@ -27,7 +27,6 @@ import tensorflow_federated as tff
 
 from tff_fedadamom import algorithms
 from tff_fedadamom.algorithms import fafed, fedcada
-from tff_fedadamom.naming import did_you_mean
 from tff_fedadamom.optimizers import adaptive
 from tff_fedadamom.optimizers import fadas
 from tff_fedadamom.optimizers import fedadamom
@@ -304,13 +303,7 @@ def momentum_coefficient_of_state(state_keys) -> Optional[Callable[[Any, Any], A
 
 def get_spec(name: str) -> OptimizerSpec:
   """Returns the registry entry for `name`; ValueError listing the valid names."""
-  try:
-    return OPTIMIZERS[name]
-  except (KeyError, TypeError):
-    raise ValueError(
-        f'Unknown server optimizer {name!r}; valid: {list_optimizers()}.'
-        + did_you_mean(str(name), OPTIMIZERS)
-    ) from None
+  return keys.lookup(OPTIMIZERS, name, 'server optimizer')
 
 
 def default_hparams(name: str) -> dict[str, Any]:
@@ -343,12 +336,7 @@ def search_ranges(name: str) -> dict[str, tuple[str, float, float]]:
 def resolve_hparams(name: str, **hparams) -> dict[str, Any]:
   """Defaults of `name` updated with `hparams`; unknown hparams are an error."""
   spec = get_spec(name)
-  unknown = sorted(set(hparams) - set(spec.defaults))
-  if unknown:
-    raise ValueError(
-        f'Server optimizer {name!r} has no hparam {unknown[0]!r}; valid:'
-        f' {sorted(spec.defaults)}.' + did_you_mean(unknown[0], spec.defaults)
-    )
+  keys.check_known(f'Server optimizer {name!r}', hparams, spec.defaults, 'hparam')
   return {**spec.defaults, **hparams}
 
 

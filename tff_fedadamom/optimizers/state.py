@@ -22,6 +22,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_fedadamom.algorithms import _common as process_state
+from tff_fedadamom.naming import did_you_mean
 
 LEARNING_RATE_KEY = tff.learning.optimizers.LEARNING_RATE_KEY
 BETA_1_KEY = 'beta_1'
@@ -94,6 +95,27 @@ def check_range(optimizer: str, name: str, value, ok, allowed: str) -> None:
   if is_concrete(value) and not bool(ok(value)):
     raise ValueError(
         f'{optimizer} `{name}` must be {allowed}, found {show(value)}.'
+    )
+
+
+def lookup(table: Mapping[str, Any], name, what: str):
+  """`table[name]`; else ValueError naming `what`, the valid names and the closest."""
+  try:
+    return table[name]
+  except (KeyError, TypeError):
+    raise ValueError(
+        f'Unknown {what} {name!r}; valid: {list(table)}.' + did_you_mean(str(name), table)
+    ) from None
+
+
+def check_known(owner: str, given: Iterable[str], valid: Iterable[str], what: str) -> None:
+  """ValueError naming the first of `given` that is not in `valid` (and the valid ones)."""
+  valid = list(valid)
+  unknown = sorted(set(given) - set(valid))
+  if unknown:
+    raise ValueError(
+        f'{owner} has no {what} {unknown[0]!r}; valid: {sorted(valid)}.'
+        + did_you_mean(unknown[0], valid)
     )
 
 
