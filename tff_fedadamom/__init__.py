@@ -2,12 +2,16 @@
 
 Public names are imported lazily so that `import tff_fedadamom` (and the CLI's
 `--help`) does not pay for TensorFlow until something needs it.
+
+Importing the package changes nothing process-wide: no environment variable,
+signal handler or logging setting. The `tff-fedadamom` command quiets
+TensorFlow's C++ start-up lines (grappler, cuDNN factory registration) for
+itself; a program that wants the same sets, before TensorFlow is imported,
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 """
 
 import importlib
-import os
-
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 __version__ = "0.1.0"
 

@@ -16,7 +16,10 @@ import argparse
 import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# Set by `main` for the command's own process, before TensorFlow is imported:
+# it quiets TensorFlow's C++ INFO/WARNING lines (grappler, cuDNN factory
+# registration). A value the user set is kept. Importing this module sets nothing.
+QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "3"}
 
 
 def _add_set(parser):
@@ -137,6 +140,8 @@ def main(argv=None) -> int:
   import signal
   import threading
 
+  for name, value in QUIET_ENV.items():
+    os.environ.setdefault(name, value)  # the command's own process
   from tff_fedadamom.config import ConfigError
 
   args = build_parser().parse_args(argv)

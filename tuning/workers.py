@@ -59,6 +59,9 @@ from typing import Any, Callable, Optional, Sequence
 
 import ray
 
+# (pid, start time) of a running process: a trial's owner, told apart from a reused pid.
+from tff_fedadamom.processes import identity as process_identity
+
 NAMESPACE = "tff_fedadamom"
 # Built experiments each worker keeps at least: a sweep runs its optimizers one
 # after another, so two cover the current one and the one before; a pool keeps
@@ -68,18 +71,6 @@ PARTS_PER_WORKER = 2
 _POLL_S = 0.2
 # How long a claim waits for a given-up trial to unwind before starting a worker.
 _CLAIM_WAIT_S = 10.0
-
-
-def process_identity(pid: int) -> Optional[tuple[int, int]]:
-  """(pid, start time in clock ticks) of a running process, None if it has ended;
-  the start time tells a reused pid apart."""
-  try:
-    with open(f"/proc/{pid}/stat", "rb") as f:
-      fields = f.read().decode(errors="replace").rsplit(")", 1)[1].split()
-  except OSError:
-    return None
-  # Fields after the command name: state is field 3, starttime field 22.
-  return None if fields[0] == "Z" else (pid, int(fields[19]))
 
 
 def worker_env(threads: int, gpu_ids: Sequence[str]) -> dict[str, str]:

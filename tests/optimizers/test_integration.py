@@ -1,32 +1,19 @@
 """FedAdamom inside `tff.learning.algorithms.build_weighted_fed_avg` on tiny data."""
 
-import collections
-
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tests.optimizers import tiny_task
 from tff_fedadamom import build_fedadamom
 
 
-def _client_data(seed, n=24):
-  rng = np.random.default_rng(seed)
-  x = rng.normal(size=(n, 4)).astype(np.float32)
-  y = (x @ np.array([1.0, -2.0, 0.5, 1.5], np.float32) > 0).astype(np.int32)
-  return tf.data.Dataset.from_tensor_slices(
-      collections.OrderedDict(x=x, y=y)).batch(8)
+_W = [1.0, -2.0, 0.5, 1.5]  # The labelling direction.
+_model_fn = tiny_task.model_fn(_W)
 
 
-def _model_fn():
-  keras_model = tf.keras.Sequential([
-      tf.keras.layers.InputLayer(input_shape=(4,)),
-      tf.keras.layers.Dense(2, kernel_initializer='zeros'),
-  ])
-  return tff.learning.models.from_keras_model(
-      keras_model,
-      loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-      input_spec=_client_data(0).element_spec,
-  )
+def _client_data(seed):
+  return tiny_task.client_data(seed, _W, n=24, batch=8)
 
 
 def test_fed_avg_with_fedadamom_reduces_loss():

@@ -8,6 +8,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_fedadamom.optimizers import registry
+from tff_fedadamom.optimizers import state as state_keys
 
 LR_KEY = tff.learning.optimizers.LEARNING_RATE_KEY
 # The server optimizers; FedCAda and FAFED are learning processes (tests/algorithms).
@@ -257,3 +258,60 @@ def test_learning_process_entries(name):
 
 def test_server_optimizers_cost_what_fedavg_costs():
   assert {registry.get_spec(n).communication for n in NAMES} == {1.0}
+
+
+# ---------------------------------------------------------------------------
+# The state vocabulary, display names and diagnostics the registry owns.
+
+
+@pytest.mark.parametrize('variant', VARIANTS, ids=_variant_id)
+def test_declared_state_keys_are_the_states(variant):
+  name, switches = variant
+  opt = registry.build_server_optimizer(name, **switches)
+  state = opt.initialize(_specs(_weights()))
+  assert registry.get_spec(name).state.fits(state.keys()), sorted(state)
+  assert name in registry.optimizers_of_state(state)
+  # A key more or one fewer is another optimizer's state, not this one's.
+  assert name not in registry.optimizers_of_state([*state, 'unknown'])
+  assert name not in registry.optimizers_of_state(list(state)[1:])
+
+
+def test_a_fedadamom_state_is_fedadamoms_alone():
+  opt = registry.build_server_optimizer('fedadamom')
+  state = opt.initialize([tf.TensorSpec([2], tf.float32)])
+  assert registry.optimizers_of_state(state) == ['fedadamom']
+  coefficient = registry.momentum_coefficient_of_state(state)
+  # v = [0, 2]: vbar = 1, beta1 = clip(1 - v, 0, 1 - eps) = [1 - eps, 0].
+  np.testing.assert_allclose(
+      coefficient(np.array([0.0, 2.0], np.float32), 0.25), [0.75, 0.0])
+
+
+@pytest.mark.parametrize('variant', VARIANTS, ids=_variant_id)
+def test_only_fedadamom_has_a_momentum_coefficient(variant):
+  name, switches = variant
+  opt = registry.build_server_optimizer(name, **switches)
+  state = opt.initialize([tf.TensorSpec([2], tf.float32)])
+  has_one = registry.momentum_coefficient_of_state(state) is not None
+  assert has_one == (name == 'fedadamom')
+
+
+def test_display_names():
+  names = {n: registry.display_name(n) for n in registry.list_optimizers()}
+  assert names['fedadamom'] == 'FedAdamom' and names['fedavgm'] == 'FedAvgM'
+  assert names['fadas'] == 'FADAS' and names['fedcada'] == 'FedCAda'
+  assert len(set(names.values())) == len(names)
+  for name, shown in names.items():
+    assert shown.lower() == name, (name, shown)
+
+
+@pytest.mark.parametrize('name', ['fedadamom', 'fedamsgrad', 'fadas'])
+def test_errors_name_the_optimizer_as_the_registry_does(name):
+  with pytest.raises(ValueError, match=f'^{registry.display_name(name)} `learning_rate`'):
+    registry.build_server_optimizer(name, learning_rate=-1.0)
+
+
+def test_process_moments_are_read_beside_the_model():
+  moments = {'accumulator': [np.ones(2)], 'preconditioner': [np.zeros(2)]}
+  assert state_keys.process_moments({'model': [np.ones(2)], **moments}) == moments
+  assert state_keys.process_moments({'accumulator': [np.ones(2)]}) == {}
+  assert state_keys.process_moments(None) == {}

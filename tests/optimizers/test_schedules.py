@@ -1,6 +1,5 @@
 """Server learning-rate schedules: formulas, registry, errors, and inside TFF."""
 
-import collections
 import math
 
 import numpy as np
@@ -8,6 +7,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tests.optimizers import tiny_task
 from tff_fedadamom.optimizers import build_fedadamom
 from tff_fedadamom.optimizers import schedules
 
@@ -125,24 +125,12 @@ def test_resolve_fills_defaults():
 # Inside a real TFF learning process.
 
 
-def _client_data(seed, n=8):
-  rng = np.random.default_rng(seed)
-  x = rng.normal(size=(n, 3)).astype(np.float32)
-  y = (x[:, 0] > 0).astype(np.int32)
-  return tf.data.Dataset.from_tensor_slices(
-      collections.OrderedDict(x=x, y=y)).batch(4)
+_W = [1.0, 0.0, 0.0]  # Labels: the sign of the first feature.
+_model_fn = tiny_task.model_fn(_W)
 
 
-def _model_fn():
-  keras_model = tf.keras.Sequential([
-      tf.keras.layers.InputLayer(input_shape=(3,)),
-      tf.keras.layers.Dense(2, kernel_initializer='zeros'),
-  ])
-  return tff.learning.models.from_keras_model(
-      keras_model,
-      loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-      input_spec=_client_data(0).element_spec,
-  )
+def _client_data(seed):
+  return tiny_task.client_data(seed, _W, n=8, batch=4)
 
 
 def test_exponential_schedule_inside_fed_avg():

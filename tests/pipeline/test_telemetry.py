@@ -125,7 +125,7 @@ def test_numpy_beta1_matches_momentum_coefficient(dtype):
   vbar = tf.reduce_mean(tf.cast(tf_v, tf.float64))
   vbar = tf.cast(vbar, tf.float64 if dtype == np.float64 else tf.float32)
   expected = fedadamom.momentum_coefficient(tf_v, vbar, EPS).numpy()
-  got = telemetry.fedadamom_beta1(v, EPS)
+  got = fedadamom.momentum_coefficient_numpy(v, EPS)
   assert got.dtype == expected.dtype
   np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6)
   np.testing.assert_array_equal(got == 0, expected == 0)
@@ -257,3 +257,20 @@ def test_nan_second_moment_gives_nan_statistics():
   assert all(np.isnan(stats[k]) for k in (
       'opt/v_mean', 'opt/v_median', 'opt/v_p01', 'opt/v_p99',
       'opt/momentum_norm'))
+
+
+@pytest.mark.parametrize('name', ['fedcada', 'fafed'])
+def test_client_adaptive_process_states_fit_their_vocabulary(name):
+  from tests.algorithms import linear
+  from tff_fedadamom import algorithms
+
+  process = getattr(algorithms, f'build_{name}')(linear.model_fn, 0.1, learning_rate=0.5)
+  state = process.initialize()
+  inner = telemetry.unwrap_optimizer_state(state)
+  assert name in registry.optimizers_of_state(inner)
+  assert registry.momentum_coefficient_of_state(inner) is None
+  stats = telemetry.optimizer_state_stats(state)
+  v = np.concatenate([np.ravel(x) for x in state.global_model_weights['preconditioner']])
+  assert stats['opt/learning_rate'] == pytest.approx(0.5)
+  assert stats['opt/v_mean'] == pytest.approx(v.mean())
+  assert 'opt/momentum_norm' in stats and 'opt/beta1_mean' not in stats

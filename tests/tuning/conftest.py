@@ -12,6 +12,8 @@ import uuid
 import pytest
 import yaml
 
+from tff_fedadamom import processes
+
 TOKEN = f"tuning-test-{uuid.uuid4().hex[:12]}"
 os.environ["TUNING_TEST_TOKEN"] = TOKEN
 
@@ -42,22 +44,13 @@ def our_worker_binaries():
   """PIDs of live worker_binary processes started under this test session, other
   than the test process's own (tests/conftest.py ends those at session end)."""
   found = []
-  for entry in os.listdir("/proc"):
-    if not entry.isdigit():
+  for proc in processes.stats():
+    if not proc.running or proc.ppid == os.getpid():
       continue
-    try:
-      with open(f"/proc/{entry}/cmdline", "rb") as f:
-        cmdline = f.read()
-      if b"worker_binary" not in cmdline:
-        continue
-      with open(f"/proc/{entry}/environ", "rb") as f:
-        environ = f.read()
-      with open(f"/proc/{entry}/stat", "rb") as f:
-        state, ppid = f.read().rsplit(b")", 1)[1].split()[:2]
-    except OSError:
+    if b"worker_binary" not in (processes.cmdline(proc.pid) or b""):
       continue
-    if TOKEN.encode() in environ and state != b"Z" and int(ppid) != os.getpid():
-      found.append(int(entry))
+    if any(TOKEN.encode() in item for item in processes.environ(proc.pid) or ()):
+      found.append(proc.pid)
   return found
 
 

@@ -19,6 +19,7 @@ import time
 import pytest
 
 from tests.tuning.conftest import tiny_base, write_sweep
+from tff_fedadamom import processes
 from tuning import run_sweep
 
 RAY = os.path.join(os.path.dirname(sys.executable), "ray")
@@ -35,33 +36,13 @@ def _cluster_pids(temp_dir: str) -> list[int]:
   """The cluster's processes: those started with CLUSTER_ENV=temp_dir in their
   environment (everything `ray start` launched, orphans included) or naming
   `temp_dir` on their command line, and all their descendants."""
-  children: dict[int, list[int]] = {}
-  roots = []
   mark = f"{CLUSTER_ENV}={temp_dir}".encode()
-  for entry in os.listdir("/proc"):
-    if not entry.isdigit() or int(entry) == os.getpid():
-      continue
-    try:
-      with open(f"/proc/{entry}/stat", "rb") as f:
-        fields = f.read().rsplit(b")", 1)[1].split()
-      if fields[0] == b"Z":  # already ended, only not reaped
-        continue
-      children.setdefault(int(fields[1]), []).append(int(entry))
-      with open(f"/proc/{entry}/cmdline", "rb") as f:
-        cmdline = f.read()
-      with open(f"/proc/{entry}/environ", "rb") as f:
-        environ = f.read().split(b"\0")
-    except (OSError, ValueError, IndexError):
-      continue
-    if mark in environ or temp_dir.encode() in cmdline:
-      roots.append(int(entry))
-  found, stack = set(), list(roots)
-  while stack:
-    pid = stack.pop()
-    if pid not in found:
-      found.add(pid)
-      stack.extend(children.get(pid, []))
-  return sorted(found)
+  # Zombies have already ended, they are only not reaped.
+  table = [p for p in processes.stats() if p.running and p.pid != os.getpid()]
+  roots = [p.pid for p in table
+           if mark in (processes.environ(p.pid) or ())
+           or temp_dir.encode() in (processes.cmdline(p.pid) or b"")]
+  return sorted(set(roots) | set(processes.descendants(roots, table)))
 
 
 def _stop_cluster(temp_dir: str) -> None:

@@ -53,6 +53,11 @@ from tff_fedadamom.optimizers import state as keys
 ADAM = 'adam'
 YOGI = 'yogi'
 
+# The members' names, in messages, tables and plots.
+FEDADAM_NAME = 'FedAdam'
+FEDYOGI_NAME = 'FedYogi'
+FEDAMSGRAD_NAME = 'FedAMSGrad'
+
 
 def check_bias_correction(bias_correction) -> bool:
   """`bias_correction` as a Python bool; ValueError naming it otherwise."""
@@ -265,7 +270,7 @@ def build_fedadam(
     return tff.learning.optimizers.build_adam(
         learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2,
         epsilon=epsilon)
-  return AdaptiveOptimizer('FedAdam', learning_rate, beta_1, beta_2, epsilon)
+  return AdaptiveOptimizer(FEDADAM_NAME, learning_rate, beta_1, beta_2, epsilon)
 
 
 def build_fedyogi(
@@ -297,7 +302,7 @@ def build_fedyogi(
     return tff.learning.optimizers.build_yogi(
         learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2,
         epsilon=epsilon, initial_preconditioner_value=initial_preconditioner)
-  return AdaptiveOptimizer('FedYogi', learning_rate, beta_1, beta_2, epsilon,
+  return AdaptiveOptimizer(FEDYOGI_NAME, learning_rate, beta_1, beta_2, epsilon,
                    rule=YOGI, initial_preconditioner=initial_preconditioner)
 
 
@@ -334,5 +339,5 @@ def build_fedamsgrad(
   Raises:
     ValueError: naming an out-of-range argument or a non-bool `bias_correction`.
   """
-  return AdaptiveOptimizer('FedAMSGrad', learning_rate, beta_1, beta_2, epsilon,
+  return AdaptiveOptimizer(FEDAMSGRAD_NAME, learning_rate, beta_1, beta_2, epsilon,
                    amsgrad=True, bias_correction=bias_correction)

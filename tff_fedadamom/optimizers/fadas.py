@@ -17,6 +17,7 @@ from tff_fedadamom.optimizers import adaptive
 DEFAULT_LEARNING_RATE = 1e-3
 DEFAULT_BETA_1 = 0.9
 DEFAULT_BETA_2 = 0.99
+NAME = 'FADAS'  # In messages, tables and plots.
 DEFAULT_EPSILON = 1e-8
 DEFAULT_DELAY_THRESHOLD = 1.0
 
@@ -96,5 +97,5 @@ def build_fadas(
     ValueError: naming an out-of-range argument or a non-bool `bias_correction`.
   """
   return adaptive.AdaptiveOptimizer(
-      'FADAS', learning_rate, beta_1, beta_2, epsilon, amsgrad=True,
+      NAME, learning_rate, beta_1, beta_2, epsilon, amsgrad=True,
       bias_correction=bias_correction, delay_threshold=delay_threshold)

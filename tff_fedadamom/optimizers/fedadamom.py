@@ -13,17 +13,21 @@ from __future__ import annotations
 import collections
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_fedadamom.optimizers import state as state_keys
 
+NAME = 'FedAdamom'  # In messages, tables and plots.
 LEARNING_RATE_KEY = state_keys.LEARNING_RATE_KEY
 BETA_2_KEY = state_keys.BETA_2_KEY
 EPSILON_KEY = state_keys.EPSILON_KEY
 ACCUMULATOR_KEY = state_keys.ACCUMULATOR_KEY  # m, the momentum.
 PRECONDITIONER_KEY = state_keys.PRECONDITIONER_KEY  # v, the second moment.
 HPARAMS_KEYS = (LEARNING_RATE_KEY, BETA_2_KEY, EPSILON_KEY)
+# Every key of the state, in its order (TFF checks the order between rounds).
+STATE_KEYS = HPARAMS_KEYS + (ACCUMULATOR_KEY, PRECONDITIONER_KEY)
 
 DEFAULT_LEARNING_RATE = 1.0
 # The paper's beta_2 ablation (Dir(0.3) CIFAR-10) peaks at 0.05.
@@ -35,10 +39,9 @@ DEFAULT_EPSILON = 1e-3
 def _check_hparams(learning_rate, beta_2, epsilon) -> None:
   """Raises ValueError naming the first out-of-range argument (concrete values only)."""
   check = state_keys.check_range
-  check('FedAdamom', 'learning_rate', learning_rate, lambda x: x >= 0.0,
-        'nonnegative')
-  check('FedAdamom', 'beta_2', beta_2, lambda x: 0.0 <= x <= 1.0, 'in [0.0, 1.0]')
-  check('FedAdamom', 'epsilon', epsilon, lambda x: 0.0 < x <= 1.0, 'in (0.0, 1.0]')
+  check(NAME, 'learning_rate', learning_rate, lambda x: x >= 0.0, 'nonnegative')
+  check(NAME, 'beta_2', beta_2, lambda x: 0.0 <= x <= 1.0, 'in [0.0, 1.0]')
+  check(NAME, 'epsilon', epsilon, lambda x: 0.0 < x <= 1.0, 'in (0.0, 1.0]')
 
 
 def _reduction_dtype(leaves) -> tf.DType:
@@ -72,6 +75,39 @@ def momentum_coefficient(v: tf.Tensor, vbar: tf.Tensor, epsilon) -> tf.Tensor:
   offset = tf.cast(positive, dtype)
   upper = 1.0 - tf.cast(epsilon, dtype)
   return tf.clip_by_value(offset - tf.cast(v, dtype) * inv_vbar, 0.0, upper)
+
+
+def momentum_coefficient_numpy(v_flat: np.ndarray, epsilon) -> np.ndarray:
+  """beta1_t = clip(1 - v / vbar, 0, 1 - epsilon) in numpy, for a state read back.
+
+  The numpy twin of `momentum_coefficient` over ALL the state's leaves at once,
+  for telemetry (a few vectorised passes, no TensorFlow op per round): `vbar` is
+  ONE scalar, the mean over every element of every leaf, held in float32
+  (float64 if `v_flat` is float64; the sum is accumulated in float64, so `vbar`
+  is within a rounding of the optimizer's); the coefficient is computed in that
+  dtype as `offset - v * inv_vbar` with `(offset, inv_vbar) = (1, 1 / vbar)`, or
+  `(0, 0)` when `vbar == 0` (then every beta1_t is 0, plain SGD).
+
+  FedAdamom stores the `v` it used for its last step, so on the state read
+  after a round this is the beta1_t of that round's update. (The optimizer
+  leaves tensors whose gradient is None out of vbar; in a TFF learning process
+  every trainable tensor has a gradient.)
+
+  Args:
+    v_flat: The second moment of every trainable leaf, concatenated flat.
+    epsilon: The clip margin (`state['epsilon']`).
+  """
+  dtype = np.float64 if v_flat.dtype == np.float64 else np.float32
+  v = v_flat.astype(dtype, copy=False)
+  vbar = dtype(np.sum(v, dtype=np.float64) / v.size) if v.size else dtype(0)
+  if vbar > 0:
+    offset, inv_vbar = dtype(1), dtype(1) / vbar
+  else:
+    offset, inv_vbar = dtype(0), dtype(0)
+  upper = dtype(1) - dtype(epsilon)
+  out = v * inv_vbar
+  np.subtract(offset, out, out=out)
+  return np.clip(out, dtype(0), upper, out=out)
 
 
 @tf.function(jit_compile=True)
@@ -143,7 +179,7 @@ class _FedAdamom(tff.learning.optimizers.Optimizer):
     flat_g = tf.nest.flatten(gradients)
     if not len(flat_w) == len(flat_m) == len(flat_v) == len(flat_g):
       raise ValueError(
-          'FedAdamom state does not match the weights: '
+          f'{NAME} state does not match the weights: '
           f'{len(flat_w)} weights, {len(flat_g)} gradients, '
           f'{len(flat_m)} momentum and {len(flat_v)} second-moment tensors.'
       )
@@ -178,7 +214,7 @@ class _FedAdamom(tff.learning.optimizers.Optimizer):
     return state_keys.get_hparams(state, HPARAMS_KEYS)
 
   def set_hparams(self, state, hparams) -> collections.OrderedDict:
-    return state_keys.set_hparams('FedAdamom', state, hparams, HPARAMS_KEYS)
+    return state_keys.set_hparams(NAME, state, hparams, HPARAMS_KEYS)
 
 
 def build_fedadamom(

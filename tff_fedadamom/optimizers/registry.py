@@ -25,13 +25,12 @@ from typing import Any, Callable, Mapping, Optional
 
 import tensorflow_federated as tff
 
-from tff_fedadamom.naming import did_you_mean
-
-from tff_fedadamom.optimizers import adaptive
-from tff_fedadamom.optimizers import fadas
 from tff_fedadamom import algorithms
 from tff_fedadamom.algorithms import fafed, fedcada
+from tff_fedadamom.optimizers import adaptive
+from tff_fedadamom.optimizers import fadas
 from tff_fedadamom.optimizers import fedadamom
+from tff_fedadamom.optimizers import state as keys
 
 # What an entry builds (`OptimizerSpec.kind`).
 SERVER_OPTIMIZER = 'server_optimizer'  # a tff.learning.optimizers.Optimizer for FedAvg's server
@@ -64,6 +63,13 @@ class OptimizerSpec:
     communication_note: What is counted in `communication`.
     check: For a learning process, `check(**hparams)` raises ValueError naming
       an out-of-range hparam (what building the optimizer does for the others).
+    display_name: The optimizer's name in messages, tables and plots.
+    state: The keys of its state (for a learning process: of the optimizer
+      state telemetry reads, the finalizer's plus the moments the global
+      state carries beside the model, see `state.process_moments`).
+    momentum_coefficient: Diagnostics: None, or `f(v_flat, epsilon)`, the
+      per-coordinate momentum coefficient the optimizer derives from its
+      state's second moment (FedAdamom's beta1_t), which telemetry reports.
   """
 
   name: str
@@ -76,6 +82,9 @@ class OptimizerSpec:
   communication: float = 1.0
   communication_note: str = 'the model update up, the model down'
   check: Optional[Callable[..., None]] = None
+  display_name: str = ''
+  state: keys.StateKeys = keys.StateKeys(frozenset())
+  momentum_coefficient: Optional[Callable[[Any, Any], Any]] = None
 
 
 def _fedavg(learning_rate):
@@ -128,14 +137,15 @@ _REDDI_ADAM_DEFAULTS = {'learning_rate': 0.01, 'beta_1': 0.9, 'beta_2': 0.99,
                         'epsilon': 1e-3}
 
 
-def _spec(name, builder, defaults, tunable, description, *, process=None,
-          **ranges) -> OptimizerSpec:
+def _spec(name, display_name, builder, defaults, tunable, description, state, *,
+          process=None, momentum_coefficient=None, **ranges) -> OptimizerSpec:
   """An entry; `process=dict(check=..., communication=..., communication_note=...)`
   makes it a `LEARNING_PROCESS` entry."""
   search_ranges = {h: ranges.get(h, _RANGES.get(h)) for h in tunable}
   extra = dict(kind=LEARNING_PROCESS, **process) if process else {}
   return OptimizerSpec(name, builder, dict(defaults), tuple(tunable), description,
-                       search_ranges, **extra)
+                       search_ranges, display_name=display_name, state=state,
+                       momentum_coefficient=momentum_coefficient, **extra)
 
 
 # FedCAda and FAFED: neither paper's hparam grid could be consulted (see
@@ -151,60 +161,76 @@ OPTIMIZERS: Mapping[str, OptimizerSpec] = {
     for s in (
         _spec(
             'fedavg',
+            'FedAvg',
             _fedavg,
             {'learning_rate': 1.0},
             ['learning_rate'],
             'FedAvg: server SGD, w - eta * g (eta = 1 is plain averaging).',
+            keys.SGD_STATE,
         ),
         _spec(
             'fedavgm',
+            'FedAvgM',
             _fedavgm,
             {'learning_rate': 1.0, 'momentum': 0.9},
             ['learning_rate', 'momentum'],
             'FedAvgM: server heavy-ball momentum, m = momentum * m + g.',
+            keys.SGDM_STATE,
         ),
         _spec(
             'fedadam',
+            adaptive.FEDADAM_NAME,
             _fedadam,
             {**_REDDI_ADAM_DEFAULTS, 'bias_correction': True},
             ['learning_rate', 'beta_2', 'epsilon'],
             'FedAdam (Reddi et al. 2021): Adam on the server.',
+            keys.ADAM_STATE,
         ),
         _spec(
             'fedyogi',
+            adaptive.FEDYOGI_NAME,
             _fedyogi,
             {**_REDDI_ADAM_DEFAULTS, 'initial_preconditioner': 1e-6,
              'bias_correction': True},
             ['learning_rate', 'beta_2', 'epsilon'],
             'FedYogi (Reddi et al. 2021): Yogi on the server.',
+            keys.ADAM_STATE,
         ),
         _spec(
             'fedadagrad',
+            'FedAdagrad',
             _fedadagrad,
             {'learning_rate': 0.1, 'epsilon': 1e-3,
              'initial_preconditioner': 0.0},
             ['learning_rate', 'epsilon'],
             'FedAdagrad (Reddi et al. 2021): Adagrad on the server.',
+            keys.ADAGRAD_STATE,
         ),
         _spec(
             'fedadamom',
+            fedadamom.NAME,
             fedadamom.build_fedadamom,
             {'learning_rate': fedadamom.DEFAULT_LEARNING_RATE,
              'beta_2': fedadamom.DEFAULT_BETA_2,
              'epsilon': fedadamom.DEFAULT_EPSILON},
             ['learning_rate', 'beta_2', 'epsilon'],
             'FedAdamom: second moment sets a per-coordinate momentum.',
+            keys.StateKeys(frozenset(fedadamom.STATE_KEYS)),
+            momentum_coefficient=fedadamom.momentum_coefficient_numpy,
             beta_2=('uniform', 0.01, 0.3),
         ),
         _spec(
             'fedamsgrad',
+            adaptive.FEDAMSGRAD_NAME,
             adaptive.build_fedamsgrad,
             {**_REDDI_ADAM_DEFAULTS, 'bias_correction': False},
             ['learning_rate', 'beta_2', 'epsilon'],
             'FedAMSGrad: AMSGrad on the server (Reddi et al. 2021 conventions).',
+            keys.AMSGRAD_STATE,
         ),
         _spec(
             'fadas',
+            fadas.NAME,
             fadas.build_fadas,
             {'learning_rate': fadas.DEFAULT_LEARNING_RATE,
              'beta_1': fadas.DEFAULT_BETA_1,
@@ -215,28 +241,33 @@ OPTIMIZERS: Mapping[str, OptimizerSpec] = {
             ['learning_rate', 'beta_2', 'epsilon'],
             'FADAS (Wang et al. 2024): AMSGrad, delay-adaptive rate; '
             'synchronous rounds only.',
+            keys.FADAS_STATE,
             learning_rate=('loguniform', 1e-4, 1e0),
             epsilon=('loguniform', 1e-8, 1e-1),
         ),
         _spec(
             'fedcada',
+            fedcada._NAME,  # pylint: disable=protected-access
             algorithms.build_fedcada,
             {'learning_rate': fedcada.DEFAULT_LEARNING_RATE,
              'beta_1': fedcada.DEFAULT_BETA_1, 'beta_2': fedcada.DEFAULT_BETA_2,
              'epsilon': fedcada.DEFAULT_EPSILON},
             ['beta_2', 'epsilon'],
             'FedCAda (Zhou et al. 2024): Adam on the clients, Adam state averaged.',
+            keys.CLIENT_ADAPTIVE_STATE,
             process=dict(check=fedcada.check_hparams, communication=3.0,
                          communication_note=_CLIENT_ADAPTIVE_COMM),
             beta_2=('uniform', 0.99, 0.999), epsilon=('loguniform', 1e-8, 1e-3),
         ),
         _spec(
             'fafed',
+            fafed._NAME,  # pylint: disable=protected-access
             algorithms.build_fafed,
             {'learning_rate': fafed.DEFAULT_LEARNING_RATE, 'alpha': fafed.DEFAULT_ALPHA,
              'beta_2': fafed.DEFAULT_BETA_2, 'epsilon': fafed.DEFAULT_EPSILON},
             ['alpha', 'epsilon'],
             'FAFED (Wu et al. 2023): STORM client steps, shared adaptive matrix.',
+            keys.CLIENT_ADAPTIVE_STATE,
             process=dict(check=fafed.check_hparams, communication=3.0,
                          communication_note=_CLIENT_ADAPTIVE_COMM),
             alpha=('loguniform', 1e-2, 1.0), epsilon=('loguniform', 1e-4, 1e-1),
@@ -250,16 +281,29 @@ def list_optimizers() -> list[str]:
   return list(OPTIMIZERS)
 
 
+def display_name(name: str) -> str:
+  """How messages, tables and plots spell optimizer `name` ('fedadamom' -> 'FedAdamom')."""
+  return get_spec(name).display_name
+
+
+def optimizers_of_state(state_keys) -> list[str]:
+  """The registered optimizers whose state can have exactly `state_keys`, in
+  registry order (Adam and Yogi share a vocabulary, so a state can fit several)."""
+  found = frozenset(state_keys)
+  return [name for name, spec in OPTIMIZERS.items() if spec.state.fits(found)]
+
+
+def momentum_coefficient_of_state(state_keys) -> Optional[Callable[[Any, Any], Any]]:
+  """The diagnostic `momentum_coefficient` of the optimizer a state with
+  `state_keys` belongs to; None unless that optimizer is known and has one."""
+  names = optimizers_of_state(state_keys)
+  coefficients = {OPTIMIZERS[n].momentum_coefficient for n in names}
+  return coefficients.pop() if len(coefficients) == 1 else None
+
 
 def get_spec(name: str) -> OptimizerSpec:
   """Returns the registry entry for `name`; ValueError listing the valid names."""
-  try:
-    return OPTIMIZERS[name]
-  except (KeyError, TypeError):
-    raise ValueError(
-        f'Unknown server optimizer {name!r}; valid: {list_optimizers()}.'
-        + did_you_mean(str(name), OPTIMIZERS)
-    ) from None
+  return keys.lookup(OPTIMIZERS, name, 'server optimizer')
 
 
 def default_hparams(name: str) -> dict[str, Any]:
@@ -292,12 +336,7 @@ def search_ranges(name: str) -> dict[str, tuple[str, float, float]]:
 def resolve_hparams(name: str, **hparams) -> dict[str, Any]:
   """Defaults of `name` updated with `hparams`; unknown hparams are an error."""
   spec = get_spec(name)
-  unknown = sorted(set(hparams) - set(spec.defaults))
-  if unknown:
-    raise ValueError(
-        f'Server optimizer {name!r} has no hparam {unknown[0]!r}; valid:'
-        f' {sorted(spec.defaults)}.' + did_you_mean(unknown[0], spec.defaults)
-    )
+  keys.check_known(f'Server optimizer {name!r}', hparams, spec.defaults, 'hparam')
   return {**spec.defaults, **hparams}
 
 

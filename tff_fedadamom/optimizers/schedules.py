@@ -42,7 +42,7 @@ from typing import Any, Callable, Mapping
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_fedadamom.naming import did_you_mean
+from tff_fedadamom.optimizers import state as keys
 
 ScheduleFn = Callable[[tf.Tensor], tf.Tensor]
 
@@ -114,13 +114,7 @@ def list_schedules() -> list[str]:
 
 def get_schedule_spec(kind: str) -> ScheduleSpec:
   """Returns the registry entry for `kind`; ValueError listing the valid names."""
-  try:
-    return SCHEDULES[kind]
-  except (KeyError, TypeError):
-    raise ValueError(
-        f'Unknown learning-rate schedule {kind!r}; valid: {list_schedules()}.'
-        + did_you_mean(str(kind), SCHEDULES)
-    ) from None
+  return keys.lookup(SCHEDULES, kind, 'learning-rate schedule')
 
 
 # ---------------------------------------------------------------------------
@@ -207,12 +201,7 @@ def resolve_schedule_params(kind: str, base_lr=1.0, **params) -> dict[str, Any]:
       bad value (naming the parameter and the value).
   """
   spec = get_schedule_spec(kind)
-  unknown = sorted(set(params) - set(spec.defaults))
-  if unknown:
-    raise ValueError(
-        f'Schedule {kind!r} has no parameter {unknown[0]!r}; valid:'
-        f' {sorted(spec.defaults)}.' + did_you_mean(unknown[0], spec.defaults)
-    )
+  keys.check_known(f'Schedule {kind!r}', params, spec.defaults, 'parameter')
   return _check_params(kind, base_lr, {**spec.defaults, **params})
 
 

@@ -7,32 +7,74 @@ slots, each a structure like the weights. The slot names are TFF's own (its
 `build_sgdm`, `build_adam`, `build_yogi` and `build_adagrad` states use
 `accumulator`, `preconditioner`, `step`, `beta_1`, `beta_2`, `epsilon`), so a
 reader of the state (`tff_fedadamom.pipeline.telemetry`) needs one vocabulary
-for TFF's optimizers and ours. This module is that vocabulary's one home.
+for TFF's optimizers and ours. This module is that vocabulary's one home; which
+keys each optimizer's state has is recorded in the registry
+(`OptimizerSpec.state`).
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 from typing import Any, Iterable, Mapping
 
 import tensorflow as tf
 import tensorflow_federated as tff
+
+from tff_fedadamom.algorithms import _common as process_state
+from tff_fedadamom.naming import did_you_mean
 
 LEARNING_RATE_KEY = tff.learning.optimizers.LEARNING_RATE_KEY
 BETA_1_KEY = 'beta_1'
 BETA_2_KEY = 'beta_2'
 EPSILON_KEY = 'epsilon'
 STEP_KEY = 'step'  # Round counter; present only where bias correction needs it.
+MOMENTUM_KEY = 'momentum'  # TFF's SGD-with-momentum coefficient (FedAvgM).
 ACCUMULATOR_KEY = 'accumulator'  # m, the momentum / first moment.
 PRECONDITIONER_KEY = 'preconditioner'  # v, the second moment.
 MAX_PRECONDITIONER_KEY = 'max_preconditioner'  # v_hat = running max of v (AMSGrad).
 DELAY_THRESHOLD_KEY = 'delay_threshold'  # FADAS' tau_c.
 MAX_DELAY_KEY = 'max_delay'  # FADAS' tau_t^max, the round's largest staleness.
 
-# TFF's Adam/Yogi state keys that FedAdamom's state does not have: with a
-# preconditioner, an accumulator and an epsilon but neither of these, a state
-# is FedAdamom's.
-NOT_FEDADAMOM_KEYS = (BETA_1_KEY, STEP_KEY)
+
+@dataclasses.dataclass(frozen=True)
+class StateKeys:
+  """The top-level keys of an optimizer's state: its vocabulary.
+
+  A reader of states (telemetry) recognises an optimizer by them.
+
+  Attributes:
+    always: The keys every state of the optimizer has.
+    switched: Keys a build-time switch adds (`step`, with `bias_correction`).
+  """
+
+  always: frozenset[str]
+  switched: frozenset[str] = frozenset()
+
+  def fits(self, state_keys) -> bool:
+    """True when a state with exactly `state_keys` can be this optimizer's."""
+    found = frozenset(state_keys)
+    return self.always <= found <= self.always | self.switched
+
+
+# Each optimizer's vocabulary (the registry records which is whose). TFF's
+# SGD(M), Adam, Yogi and Adagrad states and ours share key names; `step`
+# exists only with bias correction.
+SGD_STATE = StateKeys(frozenset({LEARNING_RATE_KEY}))
+SGDM_STATE = StateKeys(frozenset({LEARNING_RATE_KEY, MOMENTUM_KEY, ACCUMULATOR_KEY}))
+ADAGRAD_STATE = StateKeys(frozenset({LEARNING_RATE_KEY, EPSILON_KEY, PRECONDITIONER_KEY}))
+ADAM_STATE = StateKeys(
+    frozenset({LEARNING_RATE_KEY, BETA_1_KEY, BETA_2_KEY, EPSILON_KEY,
+               ACCUMULATOR_KEY, PRECONDITIONER_KEY}),
+    frozenset({STEP_KEY}))
+AMSGRAD_STATE = StateKeys(ADAM_STATE.always | {MAX_PRECONDITIONER_KEY}, ADAM_STATE.switched)
+FADAS_STATE = StateKeys(AMSGRAD_STATE.always | {DELAY_THRESHOLD_KEY, MAX_DELAY_KEY},
+                        ADAM_STATE.switched)
+# A client-adaptive process (FedCAda, FAFED) as telemetry reads it: the
+# finalizer's learning rate and the moments the server averages
+# (`process_moments`).
+CLIENT_ADAPTIVE_STATE = StateKeys(
+    frozenset({LEARNING_RATE_KEY, ACCUMULATOR_KEY, PRECONDITIONER_KEY}))
 
 
 def is_concrete(value) -> bool:
@@ -56,6 +98,27 @@ def check_range(optimizer: str, name: str, value, ok, allowed: str) -> None:
     )
 
 
+def lookup(table: Mapping[str, Any], name, what: str):
+  """`table[name]`; else ValueError naming `what`, the valid names and the closest."""
+  try:
+    return table[name]
+  except (KeyError, TypeError):
+    raise ValueError(
+        f'Unknown {what} {name!r}; valid: {list(table)}.' + did_you_mean(str(name), table)
+    ) from None
+
+
+def check_known(owner: str, given: Iterable[str], valid: Iterable[str], what: str) -> None:
+  """ValueError naming the first of `given` that is not in `valid` (and the valid ones)."""
+  valid = list(valid)
+  unknown = sorted(set(given) - set(valid))
+  if unknown:
+    raise ValueError(
+        f'{owner} has no {what} {unknown[0]!r}; valid: {sorted(valid)}.'
+        + did_you_mean(unknown[0], valid)
+    )
+
+
 def get_hparams(state: Mapping[str, Any], keys: Iterable[str]):
   """The hparams `keys` of `state`, in order."""
   return collections.OrderedDict((k, state[k]) for k in keys)
@@ -76,3 +139,13 @@ def set_hparams(optimizer: str, state: Mapping[str, Any], hparams, keys):
   return collections.OrderedDict(
       (k, hparams.get(k, v) if k in keys else v) for k, v in state.items()
   )
+
+
+def process_moments(global_state) -> dict[str, Any]:
+  """The moments a client-adaptive process' global state carries beside the
+  model (FedCAda, FAFED: {model, accumulator, preconditioner, ...}), keyed as in
+  an optimizer state; {} for any other global state (a plain `ModelWeights`)."""
+  if not isinstance(global_state, Mapping) or process_state.MODEL_KEY not in global_state:
+    return {}
+  moments = (ACCUMULATOR_KEY, PRECONDITIONER_KEY)
+  return {k: v for k, v in global_state.items() if k in moments}

@@ -34,6 +34,9 @@ import sys
 import threading
 from typing import Optional, Sequence
 
+from tff_fedadamom import processes
+from tff_fedadamom.processes import still_running  # noqa: F401 - callers' name
+
 INPROCESS = "inprocess"
 TFF_CPP = "tff_cpp"
 RAY = "ray"
@@ -61,55 +64,15 @@ def ray_workers(runtime_config) -> dict:
               max_concurrent_clients=runtime_config.max_concurrent_clients)
 
 
-def _child_pids(pid: int) -> list[int]:
-  """Returns the pids of every descendant of ``pid`` (Linux /proc walk)."""
-  children: dict[int, list[int]] = {}
-  try:
-    entries = os.listdir("/proc")
-  except OSError:
-    return []
-  for entry in entries:
-    if not entry.isdigit():
-      continue
-    try:
-      with open(f"/proc/{entry}/stat", "rb") as f:
-        stat = f.read().decode(errors="replace")
-      # Field 4 (ppid) follows the parenthesised command name, which may hold spaces.
-      ppid = int(stat.rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-      continue
-    children.setdefault(ppid, []).append(int(entry))
-  found, stack = [], [pid]
-  while stack:
-    for child in children.get(stack.pop(), []):
-      found.append(child)
-      stack.append(child)
-  return found
-
-
-def still_running(pids) -> list[int]:
-  """The pids among `pids` that still run (a zombie counts as ended)."""
-  alive = []
-  for pid in pids:
-    try:
-      with open(f"/proc/{pid}/stat", "rb") as f:
-        state = f.read().decode(errors="replace").rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-      continue
-    if state != "Z":
-      alive.append(pid)
-  return alive
-
-
 def child_pids(pid: int) -> list[int]:
   """Every descendant of process `pid`."""
-  return _child_pids(pid)
+  return processes.descendants(pid)
 
 
 def kill_workers(sig: int = signal.SIGKILL) -> int:
   """Sends `sig` to the TFF workers started in this process that still run."""
   count = 0
-  for pid in still_running(sorted(_WORKERS)):
+  for pid in processes.still_running(sorted(_WORKERS)):
     try:
       os.kill(pid, sig)
       count += 1

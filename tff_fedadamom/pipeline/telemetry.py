@@ -15,7 +15,10 @@ the TFF computation changes. The kind of state is recognised by its keys:
 | global state {model, accumulator,            | FedCAda, FAFED       |
 |   preconditioner} + finalizer learning_rate  |   (client moments)   |
 
-The key names are the optimizers' own (`tff_fedadamom.optimizers.state`).
+The key names are the optimizers' own (`tff_fedadamom.optimizers.state`), and
+which optimizer a state belongs to is the registry's answer
+(`registry.optimizers_of_state`): its `momentum_coefficient`, where it has one
+(FedAdamom's beta1_t), gives the `beta1` statistics.
 
 A `{round_num, optimizer}` state (from `schedule_learning_rate`) is unwrapped,
 and a whole learning process state is accepted too (its `finalizer` is read).
@@ -31,17 +34,15 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import tensorflow as tf
 
+from tff_fedadamom.optimizers import registry
 from tff_fedadamom.optimizers.state import (
     ACCUMULATOR_KEY,
     EPSILON_KEY,
     LEARNING_RATE_KEY,
     MAX_PRECONDITIONER_KEY,
-    NOT_FEDADAMOM_KEYS,
     PRECONDITIONER_KEY,
+    process_moments,
 )
-
-# The global state of `tff_fedadamom.algorithms` processes: {model, accumulator, ...}.
-_GLOBAL_MODEL_KEY = 'model'
 
 PREFIX = 'opt/'
 # Percentiles of v reported as opt/v_p01, opt/v_median, opt/v_p99.
@@ -58,13 +59,12 @@ def unwrap_optimizer_state(state: Any) -> Mapping[str, Any]:
   moments their global state carries beside the model).
   """
   if hasattr(state, 'finalizer'):
-    global_state = getattr(state, 'global_model_weights', None)
+    moments = process_moments(getattr(state, 'global_model_weights', None))
     state = state.finalizer
-    if isinstance(global_state, Mapping) and _GLOBAL_MODEL_KEY in global_state:
+    if moments:
       # A client-adaptive process (FedCAda, FAFED): the moments the server
       # averages travel with the model; the finalizer holds the learning rate.
-      state = {**state, **{k: v for k, v in global_state.items()
-                           if k in (ACCUMULATOR_KEY, PRECONDITIONER_KEY)}}
+      state = {**state, **moments}
   while (
       isinstance(state, Mapping)
       and 'optimizer' in state
@@ -80,13 +80,8 @@ def unwrap_optimizer_state(state: Any) -> Mapping[str, Any]:
 
 
 def is_fedadamom_state(state: Mapping[str, Any]) -> bool:
-  """True for a FedAdamom state: v, m and epsilon, but no beta_1 or step."""
-  return (
-      PRECONDITIONER_KEY in state
-      and ACCUMULATOR_KEY in state
-      and EPSILON_KEY in state
-      and not any(k in state for k in NOT_FEDADAMOM_KEYS)
-  )
+  """True for a FedAdamom state (the registry's vocabulary of its keys)."""
+  return registry.optimizers_of_state(state) == ['fedadamom']
 
 
 def _leaves(tree) -> list[np.ndarray]:
@@ -142,38 +137,6 @@ def _percentiles(x: np.ndarray, percents: Sequence[float]) -> list[float]:
 
 def _scalar(value) -> float:
   return float(np.asarray(value))
-
-
-def fedadamom_beta1(v_flat: np.ndarray, epsilon) -> np.ndarray:
-  """beta1_t = clip(1 - v / vbar, 0, 1 - epsilon), as FedAdamom computes it.
-
-  Mirrors `fedadamom.momentum_coefficient`: `vbar` is ONE scalar, the mean over
-  every element of every leaf, held in float32 (float64 if `v_flat` is
-  float64; the sum is accumulated in float64, so `vbar` is within a rounding of
-  the optimizer's); the coefficient is computed in that dtype as
-  `offset - v * inv_vbar` with `(offset, inv_vbar) = (1, 1 / vbar)`, or `(0, 0)`
-  when `vbar == 0` (then every beta1_t is 0, plain SGD).
-
-  FedAdamom stores the `v` it used for its last step, so on the state read
-  after a round this is the beta1_t of that round's update. (The optimizer
-  leaves tensors whose gradient is None out of vbar; in a TFF learning process
-  every trainable tensor has a gradient.)
-
-  Args:
-    v_flat: The second moment of every trainable leaf, concatenated flat.
-    epsilon: FedAdamom's clip margin (`state['epsilon']`).
-  """
-  dtype = np.float64 if v_flat.dtype == np.float64 else np.float32
-  v = v_flat.astype(dtype, copy=False)
-  vbar = dtype(np.sum(v, dtype=np.float64) / v.size) if v.size else dtype(0)
-  if vbar > 0:
-    offset, inv_vbar = dtype(1), dtype(1) / vbar
-  else:
-    offset, inv_vbar = dtype(0), dtype(0)
-  upper = dtype(1) - dtype(epsilon)
-  out = v * inv_vbar
-  np.subtract(offset, out, out=out)
-  return np.clip(out, dtype(0), upper, out=out)
 
 
 def _segment_sums(values: np.ndarray, sizes: Sequence[int]) -> np.ndarray:
@@ -260,7 +223,8 @@ def optimizer_state_stats(
     L2 norm of `weights - previous_weights` (the update the round applied).
   - FedAdamom only: `opt/beta1_mean`, `opt/frac_beta1_at_0` and
     `opt/frac_beta1_at_max` (fraction of coordinates with beta1_t == 0 and
-    beta1_t == 1 - epsilon), beta1_t recomputed from `v` by `fedadamom_beta1`.
+    beta1_t == 1 - epsilon), beta1_t recomputed from `v` by the registry's
+    `momentum_coefficient` of the optimizer (`fedadamom.momentum_coefficient_numpy`).
   - With `layer_names`: per layer `opt/layer/<name>/v_mean` and, for
     FedAdamom, `.../beta1_mean`, `.../frac_at_0`, `.../frac_at_max`.
 
@@ -292,9 +256,10 @@ def optimizer_state_stats(
     v = _concat(v_leaves)
     stats.update(_moment_stats(v, 'v'))
     beta1 = upper = None
-    if is_fedadamom_state(state) and v.size:
+    coefficient = registry.momentum_coefficient_of_state(state)
+    if coefficient is not None and v.size:
       eps = state[EPSILON_KEY] if epsilon is None else epsilon
-      beta1 = fedadamom_beta1(v, _scalar(eps))
+      beta1 = coefficient(v, _scalar(eps))
       upper = beta1.dtype.type(1) - beta1.dtype.type(_scalar(eps))
       n = beta1.size
       stats[PREFIX + 'beta1_mean'] = float(np.mean(beta1, dtype=np.float64))
@@ -329,7 +294,7 @@ def state_histograms(state: Any, *, epsilon: float | None = None) -> dict[str, n
 
   `opt/v`: the second moment / preconditioner of every leaf, concatenated;
   `opt/vhat`: AMSGrad's running maximum of it, where the state has one;
-  `opt/beta1`: FedAdamom's beta1_t (see `fedadamom_beta1`). Empty for a state
+  `opt/beta1`: FedAdamom's beta1_t (`fedadamom.momentum_coefficient_numpy`). Empty for a state
   without a preconditioner.
   """
   state = unwrap_optimizer_state(state)
@@ -339,7 +304,8 @@ def state_histograms(state: Any, *, epsilon: float | None = None) -> dict[str, n
   if PRECONDITIONER_KEY in state:
     v = _concat(_leaves(state[PRECONDITIONER_KEY]))
     out[PREFIX + 'v'] = v
-    if is_fedadamom_state(state) and v.size:
+    coefficient = registry.momentum_coefficient_of_state(state)
+    if coefficient is not None and v.size:
       eps = state[EPSILON_KEY] if epsilon is None else epsilon
-      out[PREFIX + 'beta1'] = fedadamom_beta1(v, _scalar(eps))
+      out[PREFIX + 'beta1'] = coefficient(v, _scalar(eps))
   return out

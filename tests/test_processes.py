@@ -1,0 +1,59 @@
+"""The process-table reader, on processes this test starts itself."""
+
+import os
+import subprocess
+import sys
+import time
+
+from tff_fedadamom import processes
+
+# A child that starts a grandchild, prints the grandchild's pid, then waits.
+_TREE = ("import subprocess, sys, time\n"
+         "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+         "print(g.pid, flush=True)\n"
+         "time.sleep(60)\n")
+
+
+def test_descendants_find_children_and_grandchildren():
+  child = subprocess.Popen([sys.executable, "-c", _TREE], stdout=subprocess.PIPE,
+                           env=dict(os.environ, PROCESSES_TEST_MARK="1"))
+  try:
+    grandchild = int(child.stdout.readline())
+    assert set(processes.descendants(os.getpid())) >= {child.pid, grandchild}
+    assert processes.descendants(child.pid) == [grandchild]
+    assert processes.descendants([child.pid, grandchild]) == []
+    assert processes.stat(grandchild).ppid == child.pid
+    assert b"time.sleep(60)" in processes.cmdline(grandchild)
+    assert b"PROCESSES_TEST_MARK=1" in processes.environ(child.pid)
+    assert processes.still_running([child.pid, grandchild]) == [child.pid, grandchild]
+  finally:
+    child.kill()
+    child.wait()
+  # The grandchild, orphaned, is reaped by init; until it is killed it runs.
+  assert processes.still_running([child.pid]) == []
+  os.kill(grandchild, 9)
+  deadline = time.monotonic() + 10
+  while processes.still_running([grandchild]) and time.monotonic() < deadline:
+    time.sleep(0.05)
+  assert processes.still_running([grandchild]) == []
+
+
+def test_a_zombie_has_no_identity_but_a_stat():
+  child = subprocess.Popen([sys.executable, "-c", "pass"])
+  deadline = time.monotonic() + 10
+  while processes.stat(child.pid).running and time.monotonic() < deadline:
+    time.sleep(0.05)
+  zombie = processes.stat(child.pid)
+  assert zombie.state == "Z" and not zombie.running
+  assert processes.identity(child.pid) is None
+  child.wait()
+  assert processes.stat(child.pid) is None
+
+
+def test_identity_tells_a_running_process():
+  me = processes.identity(os.getpid())
+  assert me[0] == os.getpid()
+  # The start time is after boot and does not change while the process runs.
+  assert me[1] > 0 and processes.identity(os.getpid()) == me
+  assert os.getpid() in processes.pids()
+  assert processes.identity(2 ** 22 + 12345) is None  # above the kernel's pid_max

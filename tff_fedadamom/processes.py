@@ -1,0 +1,125 @@
+"""Reading Linux's process table (`/proc`): which processes run, their parents,
+start times, command lines and environments.
+
+The one home of the project's /proc walk: the runtime finds the workers TFF
+started, a sweep worker checks that its trial's owner still runs, and the tests
+find what a run left behind, all through these functions. Nothing here signals,
+waits for or otherwise changes a process; callers decide what to do with pids.
+
+A process that ends while it is being read is simply not reported; off Linux
+(no /proc) every walk is empty.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Iterable, Optional
+
+
+@dataclasses.dataclass(frozen=True)
+class Stat:
+  """The fields of `/proc/PID/stat` the project uses.
+
+  Attributes:
+    pid: The process id.
+    state: One letter, e.g. 'R', 'S', 'Z' (zombie: ended, not yet reaped).
+    ppid: The parent's pid.
+    start_time: When the process started, in clock ticks after boot; tells a
+      reused pid apart.
+  """
+  pid: int
+  state: str
+  ppid: int
+  start_time: int
+
+  @property
+  def running(self) -> bool:
+    """False for a zombie, which has ended and only waits to be reaped."""
+    return self.state != "Z"
+
+
+def stat(pid: int) -> Optional[Stat]:
+  """The `Stat` of process `pid`, None if there is none (or it cannot be read)."""
+  try:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+      text = f.read().decode(errors="replace")
+    # The fields follow the parenthesised command name, which may hold spaces
+    # and parentheses: state is field 3, ppid field 4, starttime field 22.
+    fields = text.rsplit(")", 1)[1].split()
+    return Stat(pid=pid, state=fields[0], ppid=int(fields[1]), start_time=int(fields[19]))
+  except (OSError, IndexError, ValueError):
+    return None
+
+
+def pids() -> list[int]:
+  """The pids in the process table now (empty without /proc)."""
+  try:
+    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+  except OSError:
+    return []
+
+
+def cmdline(pid: int) -> Optional[bytes]:
+  """Process `pid`'s command line, arguments separated by NUL bytes; None if unreadable."""
+  return _read(pid, "cmdline")
+
+
+def environ(pid: int) -> Optional[list[bytes]]:
+  """Process `pid`'s environment as `NAME=value` byte strings; None if it cannot be
+  read (another user's process, or one that has ended)."""
+  raw = _read(pid, "environ")
+  return None if raw is None else [item for item in raw.split(b"\0") if item]
+
+
+def _read(pid: int, name: str) -> Optional[bytes]:
+  try:
+    with open(f"/proc/{pid}/{name}", "rb") as f:
+      return f.read()
+  except OSError:
+    return None
+
+
+def stats() -> list[Stat]:
+  """The `Stat` of every process that could be read."""
+  return [s for s in map(stat, pids()) if s is not None]
+
+
+def descendants(roots: int | Iterable[int], table: Optional[Iterable[Stat]] = None) -> list[int]:
+  """Every descendant of `roots` (one pid or several), in walk order, without
+  the roots themselves.
+
+  Args:
+    roots: A pid or an iterable of pids.
+    table: The processes to walk (default: `stats()` now); pass one table to
+      several walks to see a single moment of the process table.
+  """
+  roots = [roots] if isinstance(roots, int) else list(roots)
+  children: dict[int, list[int]] = {}
+  for s in (stats() if table is None else table):
+    children.setdefault(s.ppid, []).append(s.pid)
+  found, seen, stack = [], set(roots), list(roots)
+  while stack:
+    for child in children.get(stack.pop(), []):
+      if child not in seen:
+        seen.add(child)
+        found.append(child)
+        stack.append(child)
+  return found
+
+
+def still_running(pids_: Iterable[int]) -> list[int]:
+  """The pids among `pids_` that still run (a zombie counts as ended)."""
+  alive = []
+  for pid in pids_:
+    s = stat(pid)
+    if s is not None and s.running:
+      alive.append(pid)
+  return alive
+
+
+def identity(pid: int) -> Optional[tuple[int, int]]:
+  """(pid, start time in clock ticks) of a running process, None if it has ended;
+  the start time tells a reused pid apart."""
+  s = stat(pid)
+  return (pid, s.start_time) if s is not None and s.running else None
