@@ -14,7 +14,6 @@ import os
 import subprocess
 import sys
 
-import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ("tff_fedadamom", "tuning")
@@ -112,18 +111,6 @@ def test_nothing_imports_upward():
   assert _violations() == []
 
 
-def test_tff_fedadamom_never_imports_tuning_at_module_level():
-  found = [f"{module}:{line}" for module, path in _modules() if module.startswith("tff_fedadamom")
-           for name, line, lazy in _imports(module, path)
-           if name.split(".")[0] == "tuning" and not lazy]
-  assert found == []
-
-
-_OVERSIZED = [m for m, p in _modules() if sum(1 for _ in open(p)) > MAX_LINES]
-
-
-@pytest.mark.xfail(bool(_OVERSIZED), strict=False,
-                   reason=f"being split (issue 15): {', '.join(_OVERSIZED)}")
 def test_no_module_exceeds_the_size_limit():
   sizes = {m: sum(1 for _ in open(p)) for m, p in _modules()}
   assert {m: n for m, n in sizes.items() if n > MAX_LINES} == {}

@@ -197,6 +197,7 @@ def test_an_actor_dying_in_the_fold_is_replaced_with_the_same_result(tmp_path, m
   remote = ray_backend.RayLearningProcess(build_process(config, data), config, workers=2,
                                           worker_class=FoldDyingWorker)
   try:
+    assert remote.max_concurrent_clients == 1  # an actor of one CPU runs one client at a time
     state = remote.initialize()
     sampled = sample_clients(list(data.train.client_ids), 4, config.seed, 1)
     undisturbed = remote.next_for_clients(state, sampled, 1)

@@ -4,7 +4,6 @@ on what ran before it in its worker, and a worker that dies loses only its trial
 import os
 import signal
 
-import pytest
 from ray import tune
 
 from tests.tuning.conftest import tiny_base, write_sweep
