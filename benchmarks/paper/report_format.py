@@ -10,10 +10,6 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Optional
 
-NAMES = {"fedavg": "FedAvg", "fedavgm": "FedAvgM", "fedadam": "FedAdam",
-         "fedyogi": "FedYogi", "fedadagrad": "FedAdagrad", "fedamsgrad": "FedAMSGrad",
-         "fadas": "FADAS", "fedcada": "FedCAda", "fafed": "FAFED",
-         "fedadamom": "FedAdamom"}
 PART_NAMES = {"dir0.3": "Dirichlet(0.3)", "iid": "i.i.d."}
 HPARAM_NAMES = {"client.learning_rate": "eta_l", "server.learning_rate": "eta"}
 WORDS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine",
@@ -22,7 +18,10 @@ NOT_MEASURED = "not measured"
 
 
 def name(opt: str) -> str:
-  return NAMES.get(opt, opt)
+  """The optimizer registry's display name of `opt` (as it is when not registered)."""
+  from tff_fedadamom.optimizers import registry
+
+  return registry.display_name(opt) if opt in registry.list_optimizers() else opt
 
 
 def word(n: int) -> str:
