@@ -14,13 +14,6 @@ results (max |a - b| / max |b| over each tensor, worst round: float32 round-off,
 compounded over one round of training, is expected; a wrong dropout mask or
 client order is not).
 
-For scale, each case also times the floor both backends stand on: the same
-clients' datasets of one round trained by a plain `tf.function` SGD loop on the
-same Keras model, in this process (no TFF, no aggregation, no metrics). A
-backend's seconds per round over this floor is what it adds to TensorFlow's
-own compute; a ratio goal between the backends cannot exceed what `tff_cpp`
-adds over the floor.
-
 Cases and goals:
   (a) configs/quickstart.yaml: Fashion-MNIST, CNN, 10 clients x 200 examples,
       batch 32 (goal: inprocess >= 1.5x tff_cpp rounds/s);
@@ -127,37 +120,6 @@ def _rounds(config, data, runners: dict, rounds: int, warmup: int, weights=None)
   return timed, first, errors
 
 
-def _floor_seconds(config, data, rounds: int) -> float:
-  """Median seconds of one round's client training as a plain `tf.function`
-  SGD loop on the experiment's Keras model (see the module docstring)."""
-  from tff_fedadamom import models
-
-  model = process_lib.make_keras_model(config, data)
-  loss_factory, _ = models.loss_and_metrics(models.MODELS[config.model.name].task)
-  loss_fn = loss_factory()
-  optimizer = tf.keras.optimizers.SGD(config.client.learning_rate)
-
-  @tf.function
-  def train(dataset):
-    for batch in dataset:
-      x, y = (batch["x"], batch["y"]) if isinstance(batch, dict) else batch
-      with tf.GradientTape() as tape:
-        loss = loss_fn(y, model(x, training=True))
-      grads = tape.gradient(loss, model.trainable_variables)
-      optimizer.apply_gradients(zip(grads, model.trainable_variables))
-
-  ids = list(data.train.client_ids)
-  times = []
-  for r in range(rounds + 1):  # the first round traces
-    datasets = process_lib.client_datasets(
-        config, data, sample_clients(ids, config.clients_per_round, config.seed, r), r)
-    start = time.perf_counter()
-    for dataset in datasets:
-      train(dataset)
-    times.append(time.perf_counter() - start)
-  return statistics.median(times[1:])
-
-
 def _compare(key: str, config, label: str, rounds: int, warmup: int) -> None:
   data = process_lib.load_data(config)
   devices = runtime.round_devices(config.runtime)
@@ -179,12 +141,6 @@ def _compare(key: str, config, label: str, rounds: int, warmup: int) -> None:
     medians[name] = statistics.median(timed[name])
     warm = f"{sum(first[name]):10.2f}" if first[name] else f"{'-':>10}"
     print(f"  {name:<10} {medians[name]:9.3f} {1 / medians[name]:9.3f} {warm}")
-  floor = _floor_seconds(config, data, rounds)
-  print(f"  {'tf floor':<10} {floor:9.3f} {1 / floor:9.3f} {'-':>10}   "
-        f"(plain tf.function SGD loop over the same clients' batches)")
-  for name in runners:
-    print(f"  {name} over the floor: {medians[name] - floor:+.3f} s/round "
-          f"({medians[name] / floor:.2f}x the floor)")
   ratio = medians[runtime.TFF_CPP] / medians[runtime.INPROCESS]
   goal = GOALS[key]
   print(f"  ratio inprocess/tff_cpp rounds/s: {ratio:.2f}  "

@@ -41,10 +41,6 @@ def test_tiny_quickstart_run():
     assert row, out
     seconds, per_second = float(row.group(1)), float(row.group(2))
     assert seconds > 0 and per_second == pytest.approx(1 / seconds, abs=1e-3)
-  floor = re.search(r"^\s+tf floor\s+([\d.]+)\s+([\d.]+)\s", out, re.M)
-  assert floor and float(floor.group(1)) > 0, out
-  for name in ("inprocess", "tff_cpp"):
-    assert re.search(rf"{name} over the floor: [+-][\d.]+ s/round \([\d.]+x the floor\)", out), out
   assert re.search(r"ratio inprocess/tff_cpp rounds/s: [\d.]+ +\(goal >= 1\.5: (met|NOT met)\)",
                    out), out
   error = re.search(r"max relative error per weight tensor, inprocess vs tff_cpp, one round from the same "
