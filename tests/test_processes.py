@@ -57,3 +57,26 @@ def test_identity_tells_a_running_process():
   assert me[1] > 0 and processes.identity(os.getpid()) == me
   assert os.getpid() in processes.pids()
   assert processes.identity(2 ** 22 + 12345) is None  # above the kernel's pid_max
+
+
+def test_listening_sees_a_tcp_listener_and_a_bound_udp_socket_of_this_process():
+  import socket
+
+  def ours(port, table):
+    return [entry for entry in processes.listening([os.getpid()])
+            if entry[0] == table and entry[1].endswith(f":{port:04X}")]
+
+  tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+  udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+  try:
+    tcp.bind(("127.0.0.1", 0))
+    port = tcp.getsockname()[1]
+    assert ours(port, "tcp") == []  # bound, not yet listening
+    tcp.listen()
+    udp.bind(("127.0.0.1", 0))
+    assert ours(port, "tcp") == [("tcp", f"0100007F:{port:04X}")]
+    assert len(ours(udp.getsockname()[1], "udp")) == 1
+  finally:
+    tcp.close()
+    udp.close()
+  assert ours(port, "tcp") == []

@@ -123,3 +123,39 @@ def identity(pid: int) -> Optional[tuple[int, int]]:
   the start time tells a reused pid apart."""
   s = stat(pid)
   return (pid, s.start_time) if s is not None and s.running else None
+
+
+# TCP's LISTEN state as /proc/net/tcp{,6} spell it.
+_TCP_LISTEN = "0A"
+
+
+def listening(pids_: Iterable[int], tables: Iterable[str] = ("tcp", "tcp6", "udp", "udp6")
+              ) -> list[tuple[str, str]]:
+  """The sockets of processes `pids_` that accept connections: TCP sockets in
+  the LISTEN state and bound UDP sockets, as (table, local address) pairs, the
+  address in /proc/net's hex form ('0100007F:1F90' is 127.0.0.1:8080)."""
+  inodes = set()
+  for pid in pids_:
+    try:
+      fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+      continue
+    for fd in fds:
+      try:
+        target = os.readlink(f"/proc/{pid}/fd/{fd}")
+      except OSError:
+        continue
+      if target.startswith("socket:["):
+        inodes.add(target[8:-1])
+  found = []
+  for table in tables:
+    try:
+      with open(f"/proc/net/{table}") as f:
+        lines = f.readlines()[1:]
+    except OSError:
+      continue
+    for line in lines:
+      fields = line.split()
+      if fields[9] in inodes and (table.startswith("udp") or fields[3] == _TCP_LISTEN):
+        found.append((table, fields[1]))
+  return found

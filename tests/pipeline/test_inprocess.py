@@ -179,6 +179,7 @@ def test_hparams_round_trip(tmp_path):
 _ISOLATION = textwrap.dedent("""
     import json, os, subprocess, sys
     import tensorflow_federated
+    from tff_fedadamom import processes
     from tff_fedadamom.pipeline import run_experiment, runtime
     started = []
     _Popen = subprocess.Popen
@@ -189,25 +190,7 @@ _ISOLATION = textwrap.dedent("""
     subprocess.Popen = Recording
     result = run_experiment(json.loads(sys.argv[1]), progress=False)
 
-    def socket_inodes():
-      inodes = set()
-      for fd in os.listdir("/proc/self/fd"):
-        try:
-          target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-          continue
-        if target.startswith("socket:["):
-          inodes.add(target[8:-1])
-      return inodes
-
-    listening = []
-    mine = socket_inodes()
-    for table in ("tcp", "tcp6", "udp", "udp6"):
-      with open(f"/proc/net/{table}") as f:
-        for line in f.readlines()[1:]:
-          fields = line.split()
-          if fields[9] in mine and (table.startswith("udp") or fields[3] == "0A"):
-            listening.append((table, fields[1]))
+    listening = processes.listening([os.getpid()])
     print(json.dumps({"started": started, "children": runtime.child_pids(os.getpid()),
                       "listening": listening, "backend": result.summary["backend"],
                       "devices": result.summary["devices"]}))

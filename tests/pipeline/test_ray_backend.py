@@ -20,6 +20,7 @@ import yaml
 
 from tests.pipeline.test_runner import ROOT, _weights, tiny
 from tests.tuning.test_cluster import two_node_cluster  # noqa: F401 - a fixture
+from tff_fedadamom import processes
 from tff_fedadamom.config import ConfigError, load_config
 from tff_fedadamom.data.sampling import sample_clients
 from tff_fedadamom.pipeline import inprocess, ray_backend, run_experiment, runtime
@@ -42,14 +43,8 @@ def _assert_close(expected, actual, rtol=1e-5):
 
 def _ray_processes_of(pid):
   """Descendants of `pid` that are Ray's (GCS, raylet, workers)."""
-  found = []
-  for child in runtime.child_pids(pid):
-    try:
-      with open(f"/proc/{child}/cmdline", "rb") as f:
-        if b"ray" in f.read():
-          found.append(child)
-    except OSError:
-      pass
+  found = [child for child in runtime.child_pids(pid)
+           if b"ray" in (processes.cmdline(child) or b"")]
   return runtime.still_running(found)
 
 
@@ -218,26 +213,12 @@ def test_an_actor_dying_in_the_fold_is_replaced_with_the_same_result(tmp_path, m
 # it waits to be killed.
 _CHILD = textwrap.dedent("""
     import json, os, sys, time
+    from tff_fedadamom import processes
     from tff_fedadamom.pipeline import run_experiment, runtime
 
-    def listeners(pids):
-      inodes = set()
-      for pid in pids:
-        try:
-          for fd in os.listdir(f"/proc/{pid}/fd"):
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            if target.startswith("socket:["):
-              inodes.add(target[8:-1])
-        except OSError:
-          pass
-      found = []
-      for table in ("tcp", "tcp6"):
-        with open(f"/proc/net/{table}") as f:
-          for line in f.readlines()[1:]:
-            fields = line.split()
-            if fields[9] in inodes and fields[3] == "0A":
-              found.append((table, fields[1].rsplit(":", 1)[0]))
-      return found
+    def listeners(pids):  # TCP listeners' addresses, without the port
+      return [(table, address.rsplit(":", 1)[0])
+              for table, address in processes.listening(pids, ("tcp", "tcp6"))]
 
     raw, pause = json.loads(sys.argv[1]), int(sys.argv[2])
 
