@@ -244,6 +244,17 @@ def _start_child(raw, pause):
                           env={**os.environ, "PYTHONPATH": ROOT})
 
 
+def _end(child, signum):
+  """Sends `signum` to `child` and reaps it (SIGKILL if it is still there after a minute)."""
+  child.send_signal(signum)
+  try:
+    child.wait(timeout=60)
+  finally:
+    if child.poll() is None:
+      child.kill()
+      child.wait()
+
+
 def _wait_gone(pids, timeout_s=30.0):
   deadline = time.monotonic() + timeout_s
   while runtime.still_running(pids) and time.monotonic() < deadline:
@@ -263,22 +274,16 @@ def test_loopback_only_and_nothing_left_when_the_driver_is_killed(tmp_path):
     assert first["listening"], "Ray's services listen on TCP"
     assert {address for _, address in first["listening"]} <= _LOOPBACK, first["listening"]
     assert json.loads(child.stdout.readline()) == {"paused": True}
-    child.send_signal(signal.SIGKILL)
-    child.wait(timeout=60)
   finally:
-    if child.poll() is None:
-      child.kill()
-      child.wait()
+    _end(child, signal.SIGKILL)
   started = time.monotonic()
   left = _wait_gone(first["pids"], timeout_s=240)
   assert not left, f"still running {time.monotonic() - started:.0f} s after the kill: {left}"
 
 
-
 class SlowWorker(ray_backend.ClientWorker):
   """An actor whose `work` is one TensorFlow call that outlasts any test: the
-  interpreter does not run again (nor handle a signal) until it returns, so
-  only the actor's own watch on its raylet can end it early."""
+  interpreter does not run again (nor handle a signal) until it returns."""
 
   def work(self, client_ids, round_num, broadcast):
     import tensorflow as tf
@@ -321,15 +326,12 @@ def test_actors_busy_in_a_round_end_with_their_killed_driver(tmp_path):
     actors = json.loads(child.stdout.readline())
     time.sleep(3)  # the round has reached the actors' `work`
     assert sorted(runtime.still_running(actors)) == sorted(actors)
-    child.send_signal(signal.SIGTERM)
-    child.wait(timeout=60)
   finally:
-    if child.poll() is None:
-      child.kill()
-      child.wait()
+    _end(child, signal.SIGTERM)
   started = time.monotonic()
   left = _wait_gone(actors, timeout_s=30)
   assert not left, f"actors still running {time.monotonic() - started:.0f} s after the kill"
+
 
 # ------------------------------------------------------------------ config
 
