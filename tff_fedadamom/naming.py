@@ -6,13 +6,29 @@ import difflib
 from typing import Any, Iterable, Optional
 
 
-def closest(word: Any, valid: Iterable[str]) -> Optional[str]:
-  """The valid name closest to `word`, or None when none is close."""
-  matches = difflib.get_close_matches(str(word), [str(v) for v in valid], n=1, cutoff=0.6)
-  return matches[0] if matches else None
+def closest(word: Any, valid: Iterable[str], *, by_prefix: bool = False) -> Optional[str]:
+  """The valid name closest to `word` by spelling, or None when none is close.
+
+  With `by_prefix`, a word of 3 or more characters that starts a valid name (or
+  that a valid name starts) counts as close too ('trials' for
+  'trials_per_optimizer')."""
+  valid = [str(v) for v in valid]
+  matches = difflib.get_close_matches(str(word), valid, n=1, cutoff=0.6)
+  if matches:
+    return matches[0]
+  word = str(word)
+  if by_prefix and len(word) >= 3:
+    return next((v for v in valid if v.startswith(word) or word.startswith(v)), None)
+  return None
 
 
 def did_you_mean(word: Any, valid: Iterable[str]) -> str:
   """" Did you mean 'x'?" for the closest valid name, or "" when none is close."""
   match = closest(word, valid)
   return f" Did you mean '{match}'?" if match else ""
+
+
+def suggest(word: Any, valid: Iterable[str], *, by_prefix: bool = False) -> str:
+  """"did you mean 'x'?" for the middle of a message ("" when none is close)."""
+  match = closest(word, valid, by_prefix=by_prefix)
+  return f"did you mean '{match}'?" if match else ""

@@ -39,11 +39,11 @@ from typing import Any, Mapping, Optional, Union
 
 import yaml
 
-from tff_fedadamom.config.loader import (build_section, coerce, read_yaml, reject_unknown,
-                                         suggest)
+from tff_fedadamom.config.loader import build_section, coerce, read_yaml, reject_unknown
 from tff_fedadamom.config.schema import (checked_field, nonnegative, positive, ray_address,
                                          ray_resource)
 from tff_fedadamom.metric_names import TEST_ACCURACY, TEST_LOSS, TRAIN_ACCURACY, TRAIN_LOSS
+from tff_fedadamom.naming import suggest
 from tuning.checks import check_sweep
 from tuning.errors import SweepConfigError
 from tuning.space import DISTRIBUTIONS, Distribution, SpaceEntry, parse_distribution

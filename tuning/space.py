@@ -38,9 +38,9 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Union
 
-from tff_fedadamom.config.loader import (coerce, reject_numeric_string, reject_unknown,
-                                         suggest)
-from tff_fedadamom.plain import plain  # noqa: F401 - trial samples -> Python numbers
+from tff_fedadamom.config.loader import coerce, reject_numeric_string, reject_unknown
+from tff_fedadamom.naming import suggest
+from tff_fedadamom.plain import plain
 from tuning.errors import SweepConfigError
 
 if TYPE_CHECKING:  # annotations only: the sweep schema builds on this module

@@ -32,6 +32,8 @@ import tempfile
 import uuid
 from typing import Any, Callable, Iterable, Mapping, Optional
 
+from tff_fedadamom.plain import plain
+
 OBJECTIVE = "objective"
 DIVERGED = "diverged"
 ROUND = "round"
@@ -97,12 +99,11 @@ def _limit_threads(threads: int, gpu: bool) -> None:
 def _numbers(metrics: Mapping[str, Any]) -> dict:
   out = {}
   for key, value in metrics.items():
+    value = plain(value)  # numpy scalars -> Python numbers
     if isinstance(value, bool):
       out[key] = int(value)
     elif isinstance(value, (int, float)):
       out[key] = value
-    elif hasattr(value, "item"):
-      out[key] = value.item()
   return out
 
 
@@ -183,7 +184,7 @@ def train_trial(config: dict, *, sweep, optimizer: str, pool: Optional[str] = No
   checkpoint = tune.get_checkpoint()
   if checkpoint is not None:
     checkpoint.to_directory(output_dir)  # run_experiment resumes from it exactly
-  params = {path: space_lib.plain(value) for path, value in config.items()}
+  params = {path: plain(value) for path, value in config.items()}
   make_experiment = functools.partial(
       space_lib.experiment_dict, sweep, optimizer, params, output_dir=output_dir,
       threads=threads, name=f"{sweep.name}/{optimizer}/{context.get_trial_name()}")

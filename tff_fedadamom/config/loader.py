@@ -19,7 +19,7 @@ import yaml
 from tff_fedadamom.config import schema
 from tff_fedadamom.config.errors import ConfigError
 from tff_fedadamom.atomic_io import atomic_write_text
-from tff_fedadamom.naming import closest
+from tff_fedadamom.naming import suggest
 from tff_fedadamom.plain import plain
 
 
@@ -97,20 +97,6 @@ def coerce(value, tp, source: str, path: str, error: type = ConfigError, *,
       raise error(source, path, "wrong type", value=value, allowed="a list")
     return tuple(value)
   raise TypeError(f"unsupported schema type {tp!r} at {path}")  # pragma: no cover
-
-
-def suggest(word: str, valid: Iterable[str], *, by_prefix: bool = False) -> str:
-  """"did you mean 'x'?" for the closest valid name ("" when none is close).
-
-  With `by_prefix`, a word of 3 or more characters that starts a valid name (or
-  that a valid name starts) counts as close too ('trials' for
-  'trials_per_optimizer')."""
-  match = closest(word, valid)
-  if match is None and by_prefix and len(str(word)) >= 3:
-    word = str(word)
-    match = next((v for v in map(str, valid) if v.startswith(word) or word.startswith(v)),
-                 None)
-  return f"did you mean '{match}'?" if match else ""
 
 
 def reject_unknown(raw: Mapping, valid: Iterable[str], source: str, prefix: str,
