@@ -12,7 +12,7 @@ import time
 import pytest
 
 from benchmarks.paper import plan
-from benchmarks.paper.report_format import NAMES
+from benchmarks.paper import report_format
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PLOTS = ("fmnist_curves.png", "shakespeare_curves.png", "beta2.png", "escape.png",
@@ -112,7 +112,7 @@ def test_every_table_holds_numbers(quick_run):
   assert len(comparisons) == len(plan.QUICK.partitions) + 1
   for table in comparisons:
     # Every method, the new baselines included, with its communication per round.
-    assert [row[0] for row in table[1:]] == [NAMES[o] for o in plan.OPTIMIZERS]
+    assert [row[0] for row in table[1:]] == [report_format.name(o) for o in plan.OPTIMIZERS]
     comm = {row[0]: row[table[0].index("communication per round")] for row in table[1:]}
     assert comm["FedAvg"] == "1x" and comm["FedCAda"] == "3x" and comm["FAFED"] == "3x"
     col = table[0].index("final acc (%)")
