@@ -51,7 +51,8 @@ class Telemetry(RoundHook):
 
   def start_round(self, round_num: int, state) -> None:
     del round_num
-    self._previous = self._process.get_model_weights(state).trainable
+    if self._previous is None:  # later rounds start from the last one's weights
+      self._previous = self._process.get_model_weights(state).trainable
 
   def end_round(self, end: RoundEnd) -> None:
     import tensorflow as tf
@@ -63,6 +64,7 @@ class Telemetry(RoundHook):
     end.metrics.update(telemetry_lib.optimizer_state_stats(
         end.state, previous_weights=self._previous, weights=weights,
         layer_names=self._layer_names, epsilon=self._epsilon))
+    self._previous = weights  # the next round starts from this state
     if end.round_num % self._every == 0:
       with self._writer.as_default(step=end.round_num):
         for name, values in telemetry_lib.state_histograms(end.state).items():
