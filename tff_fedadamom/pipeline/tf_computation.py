@@ -289,13 +289,6 @@ class TFComputation:
         pool.put(_Slot(proto, self._param_leaves, device))
       self._pools.append(pool)
 
-  @classmethod
-  def from_proto(cls, serialized: bytes, devices: Sequence[Optional[str]] = (None,),
-                 slots_per_device: int = 1, result_type=None) -> "TFComputation":
-    """A computation from `serialize(computation)`'s bytes, e.g. in another
-    process that received them."""
-    return cls(deserialize(serialized), devices, slots_per_device, result_type)
-
   @property
   def num_devices(self) -> int:
     return len(self._pools)
