@@ -193,7 +193,10 @@ class RayLearningProcess(inprocess.InProcessLearningProcess):
     self.workers = workers
     self._experiment = config_to_dict(experiment)
     self._options = dict(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker, max_restarts=0)
-    self._threads = threads or max(1, int(cpus_per_worker))
+    whole_cpus = max(1, int(cpus_per_worker))
+    self._threads = threads or whole_cpus
+    if max_concurrent_clients is None:
+      max_concurrent_clients = 1 if gpus_per_worker else whole_cpus
     self._address = address
     self._worker_class = worker_class
     self._actors: list = []
@@ -209,9 +212,6 @@ class RayLearningProcess(inprocess.InProcessLearningProcess):
     """No clients run here: the actors get the client parts' bytes."""
     import ray
 
-    if max_concurrent_clients is None:
-      gpus = self._options["num_gpus"]
-      max_concurrent_clients = 1 if gpus else max(1, int(self._options["num_cpus"]))
     self.max_concurrent_clients = max_concurrent_clients
     self._parts = {name: serialize(getattr(mrf, name)) for name in WORKER_PARTS}
     self._started_ray = ray_session.connect(self._address)
