@@ -27,6 +27,7 @@ sys.path.insert(0, ROOT)
 import numpy as np  # noqa: E402
 import yaml  # noqa: E402
 
+from tff_fedadamom import processes  # noqa: E402
 from tff_fedadamom.config import ConfigError, load_config  # noqa: E402
 from tff_fedadamom.pipeline import outputs, run_experiment, runtime  # noqa: E402
 
@@ -152,11 +153,11 @@ def leftovers(tmp):
       yaml.safe_dump({**_config(out), "rounds": 500}, f)
     proc = _launch(path)
     _wait_rows(proc, out, 1)
-    children = runtime.child_pids(proc.pid)
+    children = processes.descendants(proc.pid)
     os.kill(proc.pid, sig)
     proc.wait(timeout=120)
     time.sleep(1.0)
-    left += len(runtime.still_running(children))
+    left += len(processes.still_running(children))
   return left
 
 

@@ -11,7 +11,8 @@ import pytest
 import tensorflow as tf
 import yaml
 
-from tff_fedadamom.pipeline import outputs, run_experiment, runtime
+from tff_fedadamom import processes
+from tff_fedadamom.pipeline import outputs, run_experiment
 from tests.pipeline.test_runner import tiny
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
@@ -56,14 +57,14 @@ def _wait_for_rows(proc, output_dir, n, timeout=240):
 
 
 def _descendants(pid):
-  return runtime.child_pids(pid)
+  return processes.descendants(pid)
 
 
 def _alive(pids, timeout=10.0):
   """The pids that still run (zombies count as ended) after up to `timeout` s."""
   deadline = time.time() + timeout
   while True:
-    alive = runtime.still_running(pids)
+    alive = processes.still_running(pids)
     if not alive or time.time() > deadline:
       return alive
     time.sleep(0.1)

@@ -180,7 +180,7 @@ _ISOLATION = textwrap.dedent("""
     import json, os, subprocess, sys
     import tensorflow_federated
     from tff_fedadamom import processes
-    from tff_fedadamom.pipeline import run_experiment, runtime
+    from tff_fedadamom.pipeline import run_experiment
     started = []
     _Popen = subprocess.Popen
     class Recording(_Popen):
@@ -191,7 +191,7 @@ _ISOLATION = textwrap.dedent("""
     result = run_experiment(json.loads(sys.argv[1]), progress=False)
 
     listening = processes.listening([os.getpid()])
-    print(json.dumps({"started": started, "children": runtime.child_pids(os.getpid()),
+    print(json.dumps({"started": started, "children": processes.descendants(os.getpid()),
                       "listening": listening, "backend": result.summary["backend"],
                       "devices": result.summary["devices"]}))
 """)

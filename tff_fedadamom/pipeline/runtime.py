@@ -35,7 +35,6 @@ import threading
 from typing import Optional, Sequence
 
 from tff_fedadamom import processes
-from tff_fedadamom.processes import still_running  # noqa: F401 - callers' name
 
 INPROCESS = "inprocess"
 TFF_CPP = "tff_cpp"
@@ -62,11 +61,6 @@ def ray_workers(runtime_config) -> dict:
               gpus_per_worker=runtime_config.gpus_per_worker or 0.0,
               address=runtime_config.address, threads=runtime_config.threads,
               max_concurrent_clients=runtime_config.max_concurrent_clients)
-
-
-def child_pids(pid: int) -> list[int]:
-  """Every descendant of process `pid`."""
-  return processes.descendants(pid)
 
 
 def kill_workers(sig: int = signal.SIGKILL) -> int:
