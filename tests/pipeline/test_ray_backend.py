@@ -43,9 +43,9 @@ def _assert_close(expected, actual, rtol=1e-5):
 
 def _ray_processes_of(pid):
   """Descendants of `pid` that are Ray's (GCS, raylet, workers)."""
-  found = [child for child in runtime.child_pids(pid)
+  found = [child for child in processes.descendants(pid)
            if b"ray" in (processes.cmdline(child) or b"")]
-  return runtime.still_running(found)
+  return processes.still_running(found)
 
 
 # ------------------------------------------------------------------ assignment
@@ -129,82 +129,86 @@ def test_resume_on_the_ray_backend_is_exact(tmp_path):
 # ------------------------------------------------------------------ failure
 
 
+def _claims_the_arm() -> bool:
+  """Whether this actor removed the file at $RAY_TEST_ARM (only one actor can)."""
+  try:
+    os.remove(os.environ.get("RAY_TEST_ARM"))
+  except (OSError, TypeError):
+    return False
+  return True
+
+
 class DyingWorker(ray_backend.ClientWorker):
-  """Ends its own process after its clients' work, once per file at `arm`."""
+  """Ends its own process after its clients' work, once per file at the arm."""
 
   def work(self, client_ids, round_num, broadcast):
     result = super().work(client_ids, round_num, broadcast)
-    arm = os.environ.get("RAY_TEST_ARM")
-    try:
-      os.remove(arm)  # only one actor claims it
-    except (OSError, TypeError):
-      return result
-    os._exit(1)
+    if _claims_the_arm():
+      os._exit(1)
+    return result
+
+
+class FoldDyingWorker(ray_backend.ClientWorker):
+  """Ends its own process when asked to fold, once per file at the arm."""
+
+  def fold(self, accumulator):
+    if _claims_the_arm():
+      os._exit(1)
+    return super().fold(accumulator)
+
+
+def _armed_remote(tmp_path, monkeypatch, worker_class):
+  """2 actors of `worker_class` on the tiny config with 4 clients a round, and
+  the path of the arm file (the local Ray's actors inherit $RAY_TEST_ARM)."""
+  arm = str(tmp_path / "arm")
+  monkeypatch.setenv("RAY_TEST_ARM", arm)
+  config = load_config(tiny(tmp_path, clients_per_round=4, runtime=RAY))
+  data = load_data(config)
+  remote = ray_backend.RayLearningProcess(build_process(config, data), config, workers=2,
+                                          worker_class=worker_class)
+  return remote, config, data, arm
+
+
+def _assert_one_death_changes_nothing(remote, config, data, arm):
+  """Round 1 undisturbed, then again with the arm set (one actor dies and is
+  replaced): the same weights and metrics. Returns the disturbed round's output
+  and its clients."""
+  state = remote.initialize()
+  sampled = sample_clients(list(data.train.client_ids), 4, config.seed, 1)
+  undisturbed = remote.next_for_clients(state, sampled, 1)
+  open(arm, "w").close()
+  disturbed = remote.next_for_clients(state, sampled, 1)
+  assert not os.path.exists(arm) and remote.replacements == 1
+  for a, b in zip(remote.get_model_weights(undisturbed.state).trainable,
+                  remote.get_model_weights(disturbed.state).trainable):
+    np.testing.assert_array_equal(a, b)
+  assert undisturbed.metrics == disturbed.metrics
+  return disturbed, sampled
 
 
 def test_an_actor_killed_mid_round_is_replaced_with_the_same_result(tmp_path, monkeypatch):
   import ray
 
-  arm = str(tmp_path / "arm")
-  monkeypatch.setenv("RAY_TEST_ARM", arm)  # the local Ray's actors inherit it
-  config = load_config(tiny(tmp_path, clients_per_round=4, runtime=RAY))
-  data = load_data(config)
-  process = build_process(config, data)
-  remote = ray_backend.RayLearningProcess(process, config, workers=2,
-                                          worker_class=DyingWorker)
+  remote, config, data, arm = _armed_remote(tmp_path, monkeypatch, DyingWorker)
   try:
     pids = ray.get([a.pid.remote() for a in remote.actors])
-    state = remote.initialize()
-    sampled = sample_clients(list(data.train.client_ids), 4, config.seed, 1)
-    undisturbed = remote.next_for_clients(state, sampled, 1)
-    open(arm, "w").close()
-    disturbed = remote.next_for_clients(state, sampled, 1)
-    assert not os.path.exists(arm) and remote.replacements == 1
+    disturbed, sampled = _assert_one_death_changes_nothing(remote, config, data, arm)
     after = ray.get([a.pid.remote() for a in remote.actors])
     assert len(set(after) - set(pids)) == 1  # one new actor process, in place
-    for a, b in zip(remote.get_model_weights(undisturbed.state).trainable,
-                    remote.get_model_weights(disturbed.state).trainable):
-      np.testing.assert_array_equal(a, b)
-    assert undisturbed.metrics == disturbed.metrics
     remote.next_for_clients(disturbed.state, sampled, 2)  # the new actor works on
   finally:
     remote.close()
   assert not ray.is_initialized()
 
 
-
-class FoldDyingWorker(ray_backend.ClientWorker):
-  """Ends its own process when asked to fold, once per file at `arm`."""
-
-  def fold(self, accumulator):
-    try:
-      os.remove(os.environ.get("RAY_TEST_ARM"))
-    except (OSError, TypeError):
-      return super().fold(accumulator)
-    os._exit(1)
-
-
 def test_an_actor_dying_in_the_fold_is_replaced_with_the_same_result(tmp_path, monkeypatch):
-  arm = str(tmp_path / "arm")
-  monkeypatch.setenv("RAY_TEST_ARM", arm)
-  config = load_config(tiny(tmp_path, clients_per_round=4, runtime=RAY))
-  data = load_data(config)
-  remote = ray_backend.RayLearningProcess(build_process(config, data), config, workers=2,
-                                          worker_class=FoldDyingWorker)
+  remote, config, data, arm = _armed_remote(tmp_path, monkeypatch, FoldDyingWorker)
   try:
     assert remote.max_concurrent_clients == 1  # an actor of one CPU runs one client at a time
-    state = remote.initialize()
-    sampled = sample_clients(list(data.train.client_ids), 4, config.seed, 1)
-    undisturbed = remote.next_for_clients(state, sampled, 1)
-    open(arm, "w").close()
-    disturbed = remote.next_for_clients(state, sampled, 1)
-    assert not os.path.exists(arm) and remote.replacements == 1
-    for a, b in zip(remote.get_model_weights(undisturbed.state).trainable,
-                    remote.get_model_weights(disturbed.state).trainable):
-      np.testing.assert_array_equal(a, b)
-    assert undisturbed.metrics == disturbed.metrics
+    _assert_one_death_changes_nothing(remote, config, data, arm)
   finally:
     remote.close()
+
 
 # ------------------------------------------------------------------ processes and ports
 
@@ -214,7 +218,7 @@ def test_an_actor_dying_in_the_fold_is_replaced_with_the_same_result(tmp_path, m
 _CHILD = textwrap.dedent("""
     import json, os, sys, time
     from tff_fedadamom import processes
-    from tff_fedadamom.pipeline import run_experiment, runtime
+    from tff_fedadamom.pipeline import run_experiment
 
     def listeners(pids):  # TCP listeners' addresses, without the port
       return [(table, address.rsplit(":", 1)[0])
@@ -224,7 +228,7 @@ _CHILD = textwrap.dedent("""
 
     def on_round(round_num, metrics):
       if round_num == 1:
-        pids = [os.getpid(), *runtime.child_pids(os.getpid())]
+        pids = [os.getpid(), *processes.descendants(os.getpid())]
         print(json.dumps({"pids": pids, "listening": listeners(pids)}), flush=True)
       if round_num == pause:
         print(json.dumps({"paused": True}), flush=True)
@@ -257,9 +261,9 @@ def _end(child, signum):
 
 def _wait_gone(pids, timeout_s=30.0):
   deadline = time.monotonic() + timeout_s
-  while runtime.still_running(pids) and time.monotonic() < deadline:
+  while processes.still_running(pids) and time.monotonic() < deadline:
     time.sleep(0.5)
-  return runtime.still_running(pids)
+  return processes.still_running(pids)
 
 
 def test_loopback_only_and_nothing_left_when_the_driver_is_killed(tmp_path):
@@ -325,7 +329,7 @@ def test_actors_busy_in_a_round_end_with_their_killed_driver(tmp_path):
   try:
     actors = json.loads(child.stdout.readline())
     time.sleep(3)  # the round has reached the actors' `work`
-    assert sorted(runtime.still_running(actors)) == sorted(actors)
+    assert sorted(processes.still_running(actors)) == sorted(actors)
   finally:
     _end(child, signal.SIGTERM)
   started = time.monotonic()
