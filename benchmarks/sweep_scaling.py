@@ -3,15 +3,17 @@
     python benchmarks/sweep_scaling.py [--skip-quickstart] [--skip-scaling] [--skip-asha]
         [--fmnist-trials 4] [--fmnist-rounds 20] [--fmnist-optimizers fedadamom]
 
-1. Worker reuse on `configs/sweeps/quickstart.yaml` (12 trials x 6 rounds,
-   2 at a time): the same sweep with long-lived workers (the default) and with
-   `reuse_workers=False` (every trial in a process of its own, the "before"),
-   one after the other in this run. For each: trials per hour, and the overhead
+1. `configs/sweeps/quickstart.yaml` (20 trials x 6 rounds, 2 at a time), the
+   same trials three ways, one after the other in this run: the "before" (a
+   Tuner per optimizer, every trial in a process of its own:
+   `one_experiment=False, reuse_workers=False`), long-lived workers with a
+   Tuner per optimizer, and the default (long-lived workers, one Tune
+   experiment for all optimizers). For each: trials per hour, and the overhead
    share, 1 - (sum of the trials' round time) / (their wall time), with a
    trial's wall time counted two ways: Tune's `time_total_s` (what the trial's
    process measured, from its start) and its share of the sweep's slots
    (sweep wall time x concurrent trials / trials). Goals: overhead <= 20% and
-   >= 3x the trials per hour with reuse.
+   >= 3x the trials per hour of the "before" with the default.
 2. Trials per hour with 1 and with 2 concurrent trials (1 CPU each, the same
    FedAvg / digits / MLP trials both times, workers reused), and their ratio:
    on 2 cores the goal is >= 1.6.
@@ -76,12 +78,13 @@ def _digits_sweep(name, root, *, trials, rounds, concurrent, seed=0):
 class _Run:
   """One sweep's measurements."""
 
-  def __init__(self, raw, reuse: bool = True):
+  def __init__(self, raw, reuse: bool = True, one_experiment: bool = True):
     from tuning import run_sweep
 
     with open(os.devnull, "w") as quiet:
       start = time.perf_counter()
-      result = run_sweep(raw, progress_interval_s=3600, stream=quiet, reuse_workers=reuse)
+      result = run_sweep(raw, progress_interval_s=3600, stream=quiet, reuse_workers=reuse,
+                         one_experiment=one_experiment)
       self.wall = time.perf_counter() - start
     trials = [r for grid in result.results.values() for r in grid]
     self.trials = len(trials)
@@ -117,23 +120,25 @@ def quickstart(root: str) -> None:
   concurrent = raw["resources"]["max_concurrent_trials"]
   print(f"1. quickstart sweep ({len(raw['optimizers'])} optimizers x "
         f"{raw['budget']['trials_per_optimizer']} trials x {raw['budget']['rounds']} "
-        f"rounds, {concurrent} concurrent), reused workers vs a process per trial",
-        flush=True)
+        f"rounds, {concurrent} concurrent): the same trials three ways", flush=True)
   runs = {}
-  for label, reuse in (("reuse", True), ("no reuse", False)):
-    run = _Run({**copy.deepcopy(raw), "name": f"quickstart_{label.replace(' ', '_')}"},
-               reuse=reuse)
+  for label, reuse, one in (("before: a Tuner per optimizer, a process per trial", False, False),
+                            ("reused workers, a Tuner per optimizer", True, False),
+                            ("reused workers, one experiment (default)", True, True)):
+    run = _Run({**copy.deepcopy(raw), "name": f"quickstart_{len(runs)}"}, reuse=reuse,
+               one_experiment=one)
     runs[label] = run
     by_trial, by_slot = run.overhead(concurrent)
-    print(f"  {label:<8}: {run.trials} trials ({run.errors} errored) in {run.wall:6.1f} s "
+    print(f"  {label}:\n    {run.trials} trials ({run.errors} errored) in {run.wall:6.1f} s "
           f"-> {run.per_hour():7.1f} trials/hour; rounds {run.round_seconds:6.1f} s of "
           f"{run.trial_seconds:6.1f} trial-seconds; overhead share {by_trial:.0%} "
           f"(per trial), {by_slot:.0%} (of the sweep's slots); median trial: "
           f"{run.median_gap:.2f} s besides its rounds", flush=True)
-  speedup = runs["reuse"].per_hour() / runs["no reuse"].per_hour()
-  by_trial, by_slot = runs["reuse"].overhead(concurrent)
-  print(f"  trials/hour with reuse: {speedup:.2f}x (goal >= 3) "
-        f"{'OK' if speedup >= 3 else 'BELOW GOAL'}; overhead share with reuse "
+  before, after = list(runs.values())[0], list(runs.values())[-1]
+  speedup = after.per_hour() / before.per_hour()
+  by_trial, by_slot = after.overhead(concurrent)
+  print(f"  trials/hour, default vs before: {speedup:.2f}x (goal >= 3) "
+        f"{'OK' if speedup >= 3 else 'BELOW GOAL'}; overhead share of the default "
         f"{by_trial:.0%} per trial {'OK' if by_trial <= 0.2 else 'ABOVE GOAL'}, "
         f"{by_slot:.0%} of slots {'OK' if by_slot <= 0.2 else 'ABOVE GOAL'} "
         f"(goal <= 20%)", flush=True)

@@ -28,6 +28,7 @@ from tff_fedadamom.metric_names import TEST_ACCURACY, TEST_LOSS, TRAIN_LOSS
 from tff_fedadamom.pipeline.outputs import rounds_to_targets
 from tff_fedadamom.pipeline.tables import csv_table, markdown_table
 from tff_fedadamom.plain import plain
+from tuning import joint
 from tuning import schema
 from tuning import space as space_lib
 from tuning import trainable as trainable_lib
@@ -35,7 +36,8 @@ from tuning.best import TrialRecord, choose_best
 from tuning.errors import SweepError
 
 __all__ = ["BEST_DIR", "BestTrial", "ExportResult", "PLOTS_DIR", "TrialRecord",
-           "best_config_dict", "export_sweep", "read_trials", "write_export"]
+           "best_config_dict", "export_sweep", "read_sweep_trials", "read_trials",
+           "write_export"]
 
 BEST_DIR = "best"
 PLOTS_DIR = "plots"
@@ -69,13 +71,11 @@ def _clean(value):
   return plain(value)
 
 
-def read_trials(sweep_dir: str, optimizer: str) -> list[TrialRecord]:
-  """The trials of one optimizer's Tune experiment (empty if it never started)."""
+def _experiment_records(experiment_dir: str, optimizer: Optional[str]) -> list[TrialRecord]:
+  """The trials of one Tune experiment: of `optimizer`'s Tuner, or (None) of a
+  joint one, each with the optimizer its config names (`tuning.joint.split`)."""
   from ray import tune
 
-  experiment_dir = os.path.join(sweep_dir, optimizer)
-  if not os.path.isdir(experiment_dir):
-    return []
   analysis = tune.ExperimentAnalysis(experiment_dir)
   frames = analysis.trial_dataframes
   records = []
@@ -89,12 +89,34 @@ def read_trials(sweep_dir: str, optimizer: str) -> list[TrialRecord]:
         history.append({k: _clean(v) for k, v in row.items()
                         if not (isinstance(v, float) and math.isnan(v))})
     last = history[-1] if history else {}
+    name, params = joint.split(trial.config or {}, optimizer)
     records.append(TrialRecord(
-        optimizer=optimizer, trial_id=trial.trial_id, status=trial.status,
-        params={k: plain(v) for k, v in (trial.config or {}).items()},
+        optimizer=name, trial_id=trial.trial_id, status=trial.status,
+        params={k: plain(v) for k, v in params.items()},
         history=history, node_id=last.get("node_id"), hostname=last.get("hostname"),
         pid=last.get("pid")))
   return records
+
+
+def read_sweep_trials(sweep_dir: str, optimizers: Sequence[str]) -> dict[str, list[TrialRecord]]:
+  """Optimizer -> its trials, from the sweep's joint experiment or its
+  per-optimizer ones (`tuning.sweep` has the layout); empty for an optimizer
+  whose trials never started."""
+  joint_dir = os.path.join(sweep_dir, joint.EXPERIMENT)
+  records: dict[str, list[TrialRecord]] = {o: [] for o in optimizers}
+  if os.path.isdir(joint_dir):
+    for record in _experiment_records(joint_dir, None):
+      records.setdefault(record.optimizer, []).append(record)
+  for optimizer in optimizers:
+    experiment_dir = os.path.join(sweep_dir, optimizer)
+    if os.path.isdir(experiment_dir):
+      records[optimizer] += _experiment_records(experiment_dir, optimizer)
+  return records
+
+
+def read_trials(sweep_dir: str, optimizer: str) -> list[TrialRecord]:
+  """The trials of one optimizer of a sweep (empty if none started)."""
+  return read_sweep_trials(sweep_dir, [optimizer])[optimizer]
 
 
 def best_config_dict(sweep: schema.Sweep, optimizer: str, params: Mapping[str, Any]) -> dict:
@@ -230,5 +252,5 @@ def export_sweep(sweep_dir: str, *, plots: bool = True) -> ExportResult:
   if not os.path.exists(path):
     raise SweepError(f"{sweep_dir}: not a sweep directory (no {schema.SWEEP_FILE})")
   sweep = schema.load_sweep(path)
-  records = {o: read_trials(sweep_dir, o) for o in sweep.optimizers}
+  records = read_sweep_trials(sweep_dir, sweep.optimizers)
   return write_export(sweep, records, sweep_dir, plots=plots)

@@ -67,22 +67,35 @@ class SweepProgress(tune.Callback):
   diverged), the best objective so far with its hparams, the elapsed time and
   the time left (an estimate from the trials finished so far, and the time
   budget's remainder). Printed every `interval_s` seconds and when a trial ends.
+  `optimizer` is the Tuner's optimizer, or None for a joint experiment
+  (`tuning.joint`), whose trials name their optimizers.
   """
 
-  def __init__(self, key: str, optimizer: str, interval_s: float):
+  def __init__(self, key: str, optimizer: Optional[str], interval_s: float):
     self.key, self.optimizer, self.interval_s = key, optimizer, interval_s
+
+  def _update(self, state: SweepState, trials) -> None:
+    from tuning import joint
+
+    by_optimizer: dict[str, list] = {}
+    for trial in trials:
+      by_optimizer.setdefault(joint.split(trial.config, self.optimizer)[0], []).append(trial)
+    for optimizer, its_trials in by_optimizer.items():
+      _update(state, optimizer, its_trials)
+    state.max_running = max(state.max_running, sum(
+        state.per_optimizer[o].running for o in by_optimizer))
 
   def on_step_end(self, iteration, trials, **info):
     state = LIVE.get(self.key)
     if state is not None:
-      _update(state, self.optimizer, trials)
+      self._update(state, trials)
       if time.monotonic() - state.last_print >= self.interval_s:
         print_progress(state)
 
   def on_trial_complete(self, iteration, trials, trial, **info):
     state = LIVE.get(self.key)
     if state is not None:
-      _update(state, self.optimizer, trials)
+      self._update(state, trials)
       print_progress(state)
 
   def on_trial_error(self, iteration, trials, trial, **info):
@@ -90,6 +103,9 @@ class SweepProgress(tune.Callback):
 
 
 def _update(state: SweepState, optimizer: str, trials) -> None:
+  """Refreshes `optimizer`'s line from its `trials`."""
+  from tuning import joint
+
   mode = state.sweep.metric.mode
   entry = state.per_optimizer[optimizer]
   entry.started = True
@@ -111,7 +127,7 @@ def _update(state: SweepState, optimizer: str, trials) -> None:
     if value is None or not math.isfinite(value):
       continue
     if is_better(value, best, mode):
-      best, best_params = value, dict(trial.config)
+      best, best_params = value, joint.split(trial.config, optimizer)[1]
   entry.best, entry.best_params = best, best_params
 
 

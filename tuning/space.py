@@ -35,7 +35,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import math
+import zlib
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Union
 
 from tff_fedadamom.config.loader import coerce, reject_numeric_string, reject_unknown
@@ -299,3 +301,40 @@ def tune_space(space: OptimizerSpace) -> dict:
     else:
       out[path] = tune.grid_search(list(dist.values))
   return out
+
+
+def dimension_seed(search_seed: int, path: str) -> int:
+  """The seed of dimension `path`'s draws in a sweep searched with
+  `search_seed`: stable across processes and Python versions (not `hash`)."""
+  return zlib.crc32(f"{int(search_seed)}:{path}".encode())
+
+
+def sample_trials(sweep: Sweep, optimizer: str, count: Optional[int] = None) -> list[dict]:
+  """`optimizer`'s trials of a random or grid sweep, each a dotted path -> value.
+
+  Random search: `count` (default `budget.trials_per_optimizer`) draws per
+  dimension from Tune's own domains (`tune_space`), each dimension with a numpy
+  generator of its own, seeded by `dimension_seed(search.seed, path)`. So the
+  optimizers that share a dimension draw the same values for it, trial by
+  trial (common random numbers: a comparison of two optimizers is not also a
+  comparison of their luck), the same values whatever else the sweep holds,
+  in any process; dimensions are independent of each other. Grid search:
+  every point of the grid (the sweep checks that there are exactly
+  `trials_per_optimizer`), the last dimension varying fastest.
+  """
+  import numpy as np
+
+  space = resolve(sweep, optimizer)
+  if sweep.search.kind == "grid":
+    paths = list(space.tuned)
+    return [dict(zip(paths, point)) for point in
+            itertools.product(*(space.tuned[p].values for p in paths))]
+  if sweep.search.kind != "random":
+    raise ValueError(f"sample_trials: search.kind {sweep.search.kind!r} proposes its own "
+                     "trials (allowed: random, grid)")
+  count = sweep.budget.trials_per_optimizer if count is None else count
+  columns = {}
+  for path, domain in tune_space(space).items():
+    rng = np.random.RandomState(dimension_seed(sweep.search.seed, path))
+    columns[path] = [plain(domain.sample(random_state=rng)) for _ in range(count)]
+  return [{path: values[i] for path, values in columns.items()} for i in range(count)]

@@ -1,22 +1,25 @@
-"""`run_sweep`: one Ray Tune `Tuner` per optimizer, the same budget for each.
+"""`run_sweep`: every optimizer tuned with the same budget, through Ray Tune.
 
-Why one Tuner per optimizer rather than one for all:
-  * Fair budgets by construction: every optimizer's Tuner gets `num_samples =
-    trials_per_optimizer` (a grid: exactly that many points) and the same rounds
-    and time share. In a single Tuner, Optuna would spend trials on whichever
-    optimizer looks best early, and ASHA would stop one optimizer's trials
-    because another optimizer is ahead at the same round; both answer a
-    different question than "how good is each optimizer when tuned equally".
-  * Each optimizer has its own space (the registry decides which hparams it
-    has), which is what Tune's searchers expect; one Optuna study per space.
+Random and grid sweeps run as one Tune experiment for all optimizers
+(`tuning.joint`): each optimizer's trials are drawn from its own space before
+Tune starts (`space.sample_trials`), interleaved, and early-stopped by an ASHA of
+its own, so the budget stays equal per optimizer while Tune's fixed cost is paid
+once and trials of different optimizers share the slots.
+
+Optuna sweeps run one `Tuner` per optimizer, one after the other:
+  * Optuna proposes each trial from the ones before it, in one space; in a
+    single Tuner it would spend trials on whichever optimizer looks best early.
   * Resume works per optimizer: a finished optimizer's experiment is restored
     with nothing left to run; an interrupted one continues where it stopped.
-The cost: trials of different optimizers never run at the same time, so the
-last trials of each optimizer can leave a slot idle.
+The cost: a Tuner's start and end per optimizer, and the last trials of each
+optimizer can leave a slot idle.
 
 Layout of a sweep directory (`<resources.storage_path>/<name>`):
     sweep.yaml          the validated sweep, base experiment inlined
-    <optimizer>/        Tune's experiment (trial dirs, checkpoints, searcher state)
+    trials/             the Tune experiment of a random or grid sweep (trial
+                        dirs, checkpoints, searcher state)
+    <optimizer>/        one per optimizer instead, for Optuna (and for sweeps
+                        started with per-optimizer experiments, kept on resume)
     best/<opt>.yaml     exported best configs        (see tuning.export)
     leaderboard.csv/md, trials.csv, export.json, plots/
 """
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import sys
@@ -35,6 +39,7 @@ from ray import tune
 
 from tff_fedadamom.config.loader import first_difference
 from tff_fedadamom.pipeline.ray_session import ray_session
+from tuning import joint
 from tuning import schema
 from tuning import space as space_lib
 from tuning import trainable as trainable_lib
@@ -59,7 +64,9 @@ class SweepResult:
   Attributes:
     sweep: The sweep that ran (after `--smoke-test` shrinking, if any).
     sweep_dir: Its directory.
-    results: Optimizer -> Tune `ResultGrid` of the optimizers that ran.
+    results: Optimizer -> its trials' Tune results: the `ResultGrid` of its
+      Tuner (Optuna), or its part of the joint experiment's
+      (`tuning.joint.OptimizerResults`: len, iteration, errors, num_terminated).
     interrupted: True when the sweep stopped early (Ctrl-C); resume it with
       `run_sweep(..., resume=True)`.
     export: The `tuning.export.ExportResult`, None when interrupted.
@@ -149,7 +156,7 @@ def _prepare_dir(sweep: Sweep, resume: bool) -> str:
           "another name to change the rest)")
     return sweep_dir
   if os.path.exists(saved_path) or any(
-      os.path.isdir(os.path.join(sweep_dir, o)) for o in sweep.optimizers):
+      os.path.isdir(os.path.join(sweep_dir, o)) for o in (*sweep.optimizers, joint.EXPERIMENT)):
     raise SweepError(f"{sweep_dir} already holds sweep {sweep.name!r}; pass --resume to "
                      "continue it, or change 'name' or 'resources.storage_path'")
   os.makedirs(sweep_dir, exist_ok=True)
@@ -172,9 +179,7 @@ def _searcher(sweep: Sweep):
       max_concurrent=sweep.resources.max_concurrent_trials or 0)
 
 
-def _scheduler(sweep: Sweep):
-  if sweep.scheduler.kind == "none":
-    return None
+def _asha(sweep: Sweep):
   from ray.tune.schedulers import ASHAScheduler
 
   return ASHAScheduler(time_attr=trainable_lib.ROUND, max_t=sweep.budget.rounds,
@@ -182,7 +187,17 @@ def _scheduler(sweep: Sweep):
                        reduction_factor=sweep.scheduler.reduction_factor)
 
 
-def _trainable(sweep: Sweep, optimizer: str, pool: Optional[str]):
+def _scheduler(sweep: Sweep, optimizer: Optional[str]):
+  """The early stopping of one optimizer's Tuner, or (`optimizer` None) of the
+  joint experiment: one ASHA per optimizer."""
+  if sweep.scheduler.kind == "none":
+    return None
+  if optimizer is None:
+    return joint.PerOptimizerScheduler(functools.partial(_asha, sweep), sweep.optimizers)
+  return _asha(sweep)
+
+
+def _trainable(sweep: Sweep, optimizer: Optional[str], pool: Optional[str]):
   resources = {"cpu": sweep.resources.cpus_per_trial}
   if sweep.resources.gpus_per_trial:
     resources["gpu"] = sweep.resources.gpus_per_trial
@@ -196,26 +211,36 @@ def _trial_dirname(trial) -> str:
   return f"trial_{trial.trial_id}"
 
 
-def _new_tuner(sweep: Sweep, optimizer: str, sweep_dir: str, callbacks: list,
+def _new_tuner(sweep: Sweep, optimizer: Optional[str], sweep_dir: str, callbacks: list,
                pool: Optional[str]):
-  space = space_lib.resolve(sweep, optimizer)
+  """The Tuner of one optimizer, or (`optimizer` None) the joint one."""
   budget = sweep.resources.time_budget_s
+  if optimizer is not None and budget:
+    budget /= len(sweep.optimizers)
+  if sweep.search.kind == "optuna":
+    param_space = space_lib.tune_space(space_lib.resolve(sweep, optimizer))
+    num_samples = sweep.budget.trials_per_optimizer
+  else:
+    # Every trial fully specified before Tune starts (tuning.joint): one grid
+    # point each, the same trials whether the Tuner runs one optimizer or all.
+    param_space = joint.param_space(sweep, None if optimizer is None else [optimizer])
+    num_samples = 1
   tune_config = tune.TuneConfig(
       metric=trainable_lib.OBJECTIVE, mode=sweep.metric.mode,
-      search_alg=_searcher(sweep), scheduler=_scheduler(sweep),
-      num_samples=1 if sweep.search.kind == "grid" else sweep.budget.trials_per_optimizer,
+      search_alg=_searcher(sweep), scheduler=_scheduler(sweep, optimizer),
+      num_samples=num_samples,
       max_concurrent_trials=(sweep.resources.max_concurrent_trials
                              if sweep.search.kind == "optuna" else None),
-      time_budget_s=budget / len(sweep.optimizers) if budget else None,
+      time_budget_s=budget,
       # With a worker pool a trial's own process only reports (it never imports
       # TensorFlow), so Tune may hand it the next trial of this Tuner. Without,
       # a trial's process holds TFF's runtime, bound to the trial's thread.
       reuse_actors=pool is not None, trial_dirname_creator=_trial_dirname)
   run_config = tune.RunConfig(
-      name=optimizer, storage_path=sweep_dir, verbose=0, callbacks=callbacks,
+      name=optimizer or joint.EXPERIMENT, storage_path=sweep_dir, verbose=0, callbacks=callbacks,
       failure_config=tune.FailureConfig(max_failures=sweep.resources.max_failures),
       checkpoint_config=tune.CheckpointConfig(num_to_keep=1))
-  return tune.Tuner(_trainable(sweep, optimizer, pool), param_space=space_lib.tune_space(space),
+  return tune.Tuner(_trainable(sweep, optimizer, pool), param_space=param_space,
                     tune_config=tune_config, run_config=run_config)
 
 
@@ -232,7 +257,8 @@ def _interrupted(experiment_dir: str) -> bool:
 
 def run_sweep(sweep, *, resume: bool = False, smoke_test: bool = False,
               callbacks: Sequence[Any] = (), progress_interval_s: float = 30.0,
-              export: bool = True, stream=None, reuse_workers: bool = True) -> SweepResult:
+              export: bool = True, stream=None, reuse_workers: bool = True,
+              one_experiment: bool = True) -> SweepResult:
   """Runs (or resumes) a sweep and exports its best configs.
 
   Args:
@@ -241,15 +267,18 @@ def run_sweep(sweep, *, resume: bool = False, smoke_test: bool = False,
       trials are kept as they are, unfinished ones continue from their last
       checkpoint, and the searcher proposes only the trials still missing.
     smoke_test: Run `smoke_test_sweep(sweep)` instead (a quick end-to-end check).
-    callbacks: Extra Tune callbacks for every optimizer's Tuner. Tune saves
-      them with the experiment: a resumed optimizer runs with the callbacks it
-      started with.
+    callbacks: Extra Tune callbacks for every Tuner. Tune saves them with the
+      experiment: a resumed experiment runs with the callbacks it started with.
     progress_interval_s: Seconds between progress tables (0: every step).
     export: Export best configs, leaderboard and plots at the end.
     stream: Where progress goes (default stdout).
     reuse_workers: Run trials in long-lived workers that keep imports, data
       and built processes between trials (`tuning.workers`); False runs each
       trial in a process of its own. The results are the same either way.
+    one_experiment: Run a random or grid sweep as one Tune experiment for all
+      optimizers (`tuning.joint`); False runs a Tuner per optimizer, one after
+      the other, as Optuna sweeps do. The trials are the same either way. A
+      resumed sweep keeps the layout it started with.
 
   Returns:
     A `SweepResult`.
@@ -272,21 +301,27 @@ def run_sweep(sweep, *, resume: bool = False, smoke_test: bool = False,
   try:
     with expected_warnings_silenced(), ray_session(sweep.resources.address), \
         workers.worker_pool(sweep, reuse_workers) as pool:
-      for optimizer in sweep.optimizers:
+      # (optimizer, its experiment), or (None, the joint experiment of all).
+      experiments = ([(None, os.path.join(sweep_dir, joint.EXPERIMENT))]
+                     if one_experiment and joint.applies(sweep, sweep_dir) else
+                     [(o, os.path.join(sweep_dir, o)) for o in sweep.optimizers])
+      for optimizer, experiment_dir in experiments:
         progress = SweepProgress(sweep_dir, optimizer, progress_interval_s)
-        experiment_dir = os.path.join(sweep_dir, optimizer)
         if resume and tune.Tuner.can_restore(experiment_dir):
           tuner = tune.Tuner.restore(experiment_dir, trainable=_trainable(sweep, optimizer, pool),
                                      resume_unfinished=True, resume_errored=True)
         else:
           tuner = _new_tuner(sweep, optimizer, sweep_dir, [progress, *callbacks], pool)
         grid = tuner.fit()
-        results[optimizer] = grid
+        ran = ({optimizer: grid} if optimizer is not None else
+               joint.by_optimizer(grid, sweep.optimizers, experiment_dir))
+        results.update(ran)
         print_progress(state)
-        for error in grid.errors:
-          lines = str(error).strip().splitlines()
-          print(f"   {optimizer}: a trial failed: {lines[-1] if lines else error!r}",
-                file=out, flush=True)
+        for name, trials in ran.items():
+          for error in trials.errors:
+            lines = str(error).strip().splitlines()
+            print(f"   {name}: a trial failed: {lines[-1] if lines else error!r}",
+                  file=out, flush=True)
         if _interrupted(experiment_dir):
           interrupted = True
           print(f"sweep interrupted; continue it with --resume ({sweep_dir})", file=out,

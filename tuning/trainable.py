@@ -154,8 +154,10 @@ class TuneReport:
     pass
 
 
-def train_trial(config: dict, *, sweep, optimizer: str, pool: Optional[str] = None) -> None:
-  """Runs one trial of `optimizer` with the sampled hparams `config`.
+def train_trial(config: dict, *, sweep, optimizer: Optional[str],
+                pool: Optional[str] = None) -> None:
+  """Runs one trial: of `optimizer` with the hparams `config`, or of the
+  optimizer and hparams that `config` names (`tuning.joint.split`).
 
   Bound to `sweep`, `optimizer` and `pool` with `tune.with_parameters` by
   `run_sweep`. With `pool` (a `tuning.workers` pool's name) the trial runs in a
@@ -165,8 +167,10 @@ def train_trial(config: dict, *, sweep, optimizer: str, pool: Optional[str] = No
   import ray
   from ray import tune
 
+  from tuning import joint
   from tuning import space as space_lib
 
+  optimizer, config = joint.split(config, optimizer)
   threads = trial_threads()
   gpu_ids = [str(g) for g in ray.get_gpu_ids()]
   context = tune.get_context()

@@ -9,11 +9,11 @@ trials of one structure lives in the process state (see
 next trial from `process.initialize()` plus `set_hparams`, with the results a
 fresh process gives.
 
-Why not Tune's `reuse_actors`: `run_sweep` runs one Tuner per optimizer and a
-Tuner ends its actors when `fit` returns, so reuse would span the trials of one
-optimizer only (none at all on the quickstart sweep: 2 trials per optimizer, 2
-at a time). And a reused function trainable runs each trial in a new thread,
-where TFF's execution context (a thread-local) is not installed.
+Why not Tune's `reuse_actors` alone: a Tuner ends its actors when `fit`
+returns, and an Optuna sweep runs a Tuner per optimizer. And a reused function
+trainable runs each trial in a new thread, where TFF's execution context (a
+thread-local) is not installed. Tune does reuse the trainables' processes,
+which with a pool only report.
 
 The pieces:
   * `WorkerPool`, one actor per `run_sweep`, created and owned by the driver
@@ -63,9 +63,9 @@ import ray
 from tff_fedadamom.processes import identity as process_identity
 
 NAMESPACE = "tff_fedadamom"
-# Built experiments each worker keeps at least: a sweep runs its optimizers one
-# after another, so two cover the current one and the one before; a pool keeps
-# one per optimizer, which it warms up ahead of their trials.
+# Built experiments each worker keeps at least; a sweep's pool keeps one per
+# optimizer (a joint sweep interleaves them), which it warms up ahead of their
+# trials.
 PARTS_PER_WORKER = 2
 # How often a waiting worker checks that its trial's process still runs.
 _POLL_S = 0.2

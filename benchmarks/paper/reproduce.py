@@ -1,6 +1,6 @@
 """Reproduce the FedAdamom paper's claims at laptop scale and write REPORT.md.
 
-    .venv/bin/python -m benchmarks.paper.reproduce                 # full: ~100 min on 2 cores (six methods)
+    .venv/bin/python -m benchmarks.paper.reproduce                 # full: ~100 min on 2 cores with six methods, ~4.6 h estimated with ten
     .venv/bin/python -m benchmarks.paper.reproduce --quick --out runs/paper-quick   # minutes
     .venv/bin/python -m benchmarks.paper.reproduce --report-only   # rebuild from results.json
 
@@ -43,11 +43,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_OUT = {"full": HERE, "quick": os.path.join("runs", "paper-quick")}
 RESULTS_FILE = "results.json"
 
-# Extra start-up of one Ray Tune trial over an in-process run (a fresh process
-# importing TensorFlow/TFF, Tune's bookkeeping), measured on the development
-# machine: 10-13 s per trial with 2 cores lightly loaded, 20-50 s heavily loaded.
-RAY_TRIAL_OVERHEAD_S = 15.0
-RAY_SWEEP_OVERHEAD_S = 15.0 + 6 * 4.0   # ray.init + one Tuner per optimizer
+# What one Ray Tune trial costs besides its rounds (Tune's bookkeeping and
+# checkpoints, the trial's share of building each optimizer's process in the
+# sweep's long-lived workers): the median trial of the quickstart sweep,
+# measured by benchmarks/sweep_scaling.py on the development machine (5.8 s).
+RAY_TRIAL_OVERHEAD_S = 6.0
+RAY_SWEEP_OVERHEAD_S = 15.0 + 5.0   # ray.init + the sweep's one Tune experiment
 # Escape simulation: seconds per particle-round of the vectorized FedAdamom step
 # (the slowest of the three), measured on the development machine.
 ESCAPE_S_PER_PARTICLE_ROUND = 2.2e-7

@@ -4,14 +4,11 @@ Two backends run the same sweep (same space, same trials and rounds for every
 optimizer, same seed):
 
 * `ray` - the project's sweep layer (`tuning.run_sweep` / `export_sweep`): one Ray
-  Tune `Tuner` per optimizer, random search, no early stopping, each trial a fresh
-  process running `run_experiment`.
-* `inprocess` - the same sweep without Ray: the space resolved by `tuning.space`,
-  values drawn with numpy from the sweep's seed (one stream per trial and
-  dimension, so optimizers that share a dimension get the same draws, as Tune's
-  seeded random search gives them), trials run in this package's worker pool.
-  It skips Ray's per-trial process start (TensorFlow import, data load), which
-  dominates a short trial on 2 cores.
+  Tune experiment for all optimizers, random search, no early stopping, trials in
+  the sweep's long-lived workers running `run_experiment`.
+* `inprocess` - the same sweep without Ray: the same trials
+  (`tuning.space.sample_trials`: seeded per dimension, so optimizers that share
+  a dimension get the same draws), run in this package's worker pool.
 
 Either way the best trial is chosen by `tuning.best.choose_best`: the best by the
 sweep's metric (test accuracy averaged over the last `last_k` evaluations, in the
@@ -23,10 +20,7 @@ from __future__ import annotations
 
 import math
 import os
-import zlib
 from typing import Any, Callable, Mapping, Optional, Sequence
-
-import numpy as np
 
 from tff_fedadamom.metric_names import TEST_ACCURACY
 
@@ -57,26 +51,6 @@ def sweep_dict(name: str, base: Mapping[str, Any], optimizers: Sequence[str], tr
   }
 
 
-def _draw(dist, rng: np.random.Generator) -> Any:
-  if dist.dist == "loguniform":
-    return float(math.exp(rng.uniform(math.log(dist.low), math.log(dist.high))))
-  if dist.dist == "uniform":
-    return float(rng.uniform(dist.low, dist.high))
-  return dist.values[int(rng.integers(len(dist.values)))]
-
-
-def draw_params(space, seed: int, trial: int) -> dict:
-  """Trial `trial`'s values: one numpy stream per (seed, trial, dimension)."""
-  params = {}
-  for path in sorted(space.tuned):
-    rng = np.random.default_rng([seed, trial, zlib.crc32(path.encode())])
-    value = _draw(space.tuned[path], rng)
-    if path in space.integer:
-      value = int(round(value))
-    params[path] = value
-  return params
-
-
 def _tune_inprocess(sweep, raw: Mapping, cache, pool, log) -> dict:
   from tuning import space as space_lib
   from tuning import trainable as trainable_lib
@@ -85,8 +59,7 @@ def _tune_inprocess(sweep, raw: Mapping, cache, pool, log) -> dict:
   units, meta = [], {}
   for optimizer in sweep.optimizers:
     space = space_lib.resolve(sweep, optimizer)
-    for trial in range(sweep.budget.trials_per_optimizer):
-      params = draw_params(space, sweep.search.seed, trial)
+    for trial, params in enumerate(space_lib.sample_trials(sweep, optimizer)):
       config = space_lib.experiment_dict(sweep, optimizer, params, output_dir="unused",
                                          threads=1, space=space)
       key = f"tune/{sweep.name}/{optimizer}/trial{trial}"

@@ -101,8 +101,7 @@ def test_draws_are_common_across_optimizers():
   raw = tune.sweep_dict("t", plan.fmnist_base(plan.QUICK, plan.PARTITIONS["iid"]),
                         plan.OPTIMIZERS, 2, 2, plan.search_space((0.01, 0.5)), 7, 1, "/tmp")
   sweep = load_sweep(raw)
-  draws = {o: [tune.draw_params(space_lib.resolve(sweep, o), 7, t) for t in range(2)]
-           for o in plan.OPTIMIZERS}
+  draws = {o: space_lib.sample_trials(sweep, o) for o in plan.OPTIMIZERS}
   for t in range(2):
     # Same draw within each client-lr range: the SGD clients' and the normalized ones'.
     sgd = {draws[o][t]["client.learning_rate"] for o in plan.OPTIMIZERS

@@ -4,10 +4,14 @@ finished are not run again, the unfinished one continues, the missing ones run."
 import os
 import signal
 
+import pytest
+
 from ray import tune
 
 from tests.tuning.conftest import tiny_base, write_sweep
-from tuning import run_sweep
+from tuning import joint, load_sweep, run_sweep
+from tuning import space as space_lib
+from tuning.export import read_trials
 
 
 class InterruptOnce(tune.Callback):
@@ -30,7 +34,10 @@ def _rows(trial_dir):
     return [line for line in f if line.strip()]
 
 
-def test_resume_does_not_rerun_finished_trials(tmp_path, no_leftover_workers):
+@pytest.mark.parametrize("one_experiment", [True, False], ids=["one-experiment", "per-optimizer"])
+def test_resume_does_not_rerun_finished_trials(tmp_path, no_leftover_workers, one_experiment):
+  """Both layouts (`tuning.sweep`): the joint experiment of a random sweep, and
+  a Tuner per optimizer (Optuna's, and a sweep run with one_experiment=False)."""
   path = write_sweep(tmp_path, {
       "name": "resume",
       "base": tiny_base(),
@@ -41,15 +48,17 @@ def test_resume_does_not_rerun_finished_trials(tmp_path, no_leftover_workers):
       "resources": {"max_concurrent_trials": 2, "storage_path": str(tmp_path / "sweeps")},
   })
   first = run_sweep(path, callbacks=[InterruptOnce(str(tmp_path / "interrupted"))],
-                    progress_interval_s=60)
+                    progress_interval_s=60, one_experiment=one_experiment)
   assert first.interrupted and first.export is None
   grid = first.results["fedavg"]
   finished = {r.metrics["trial_id"]: r.metrics["pid"] for r in grid
               if r.metrics.get("done")}
   assert finished, "no trial finished before the interruption"
-  experiment = os.path.join(first.sweep_dir, "fedavg")
+  experiment = os.path.join(first.sweep_dir, joint.EXPERIMENT if one_experiment else "fedavg")
+  assert os.path.isdir(experiment)
   rows_before = {t: _rows(os.path.join(experiment, f"trial_{t}")) for t in finished}
 
+  # The layout a sweep started with is kept on resume, whatever the flag says.
   second = run_sweep(path, resume=True, progress_interval_s=60)
   assert not second.interrupted
   grid = second.results["fedavg"]
@@ -65,3 +74,7 @@ def test_resume_does_not_rerun_finished_trials(tmp_path, no_leftover_workers):
     rounds = [int(r) for r in result.metrics_dataframe["round"]]
     assert rounds == sorted(set(rounds)), rounds  # no round reported twice
   assert set(second.export.best) == {"fedavg"}
+  # The same trials either way: those the sweep planned (tuning.joint).
+  planned = sorted(sorted(p.items()) for p in space_lib.sample_trials(load_sweep(path), "fedavg"))
+  ran = sorted(sorted(r.params.items()) for r in read_trials(second.sweep_dir, "fedavg"))
+  assert ran == planned and len({str(p) for p in planned}) == 3

@@ -18,7 +18,7 @@ from ray import tune
 from tests.tuning.conftest import our_worker_binaries, tiny_base, write_sweep
 from tff_fedadamom.config import load_config
 from tff_fedadamom.metric_names import TEST_ACCURACY
-from tuning import run_sweep
+from tuning import joint, run_sweep
 from tuning.sweep import SweepError
 from tuning.trainable import objective_from_history
 
@@ -35,8 +35,9 @@ class CrashOnce(tune.Callback):
 
   def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
     result = trial.last_result or {}
-    if (result.get("round") == 1 and trial.config.get("server.learning_rate") == 1.0
-        and "fedavg" in trial.path.split(os.sep) and not os.path.exists(self.marker)):
+    optimizer, params = joint.split(trial.config)
+    if (result.get("round") == 1 and params.get("server.learning_rate") == 1.0
+        and optimizer == "fedavg" and not os.path.exists(self.marker)):
       with open(self.marker, "w") as f:
         f.write(f"{trial.trial_id} {result['pid']}")
       os.kill(int(result["pid"]), signal.SIGKILL)
@@ -144,22 +145,36 @@ def test_rerun_without_resume_is_refused(smoke):
 
 
 def _trial_reports(sweep_dir):
-  """Optimizer -> trial directory -> the lines of its result.json (one per report)."""
+  """Trial directory -> the lines of its result.json (one per report), of the
+  sweep's one experiment."""
+  experiment = os.path.join(sweep_dir, joint.EXPERIMENT)
   out = {}
-  for optimizer in ("fedavg", "fedadamom"):
-    experiment = os.path.join(sweep_dir, optimizer)
-    out[optimizer] = {}
-    for name in sorted(os.listdir(experiment)):
-      if name.startswith("trial_"):
-        with open(os.path.join(experiment, name, "result.json")) as f:
-          out[optimizer][name] = f.read().splitlines()
+  for name in sorted(os.listdir(experiment)):
+    if name.startswith("trial_"):
+      with open(os.path.join(experiment, name, "result.json")) as f:
+        out[name] = f.read().splitlines()
   return out
+
+
+def test_one_experiment_runs_the_planned_trials(smoke):
+  """A grid sweep is one Tune experiment holding exactly the trials
+  `joint.trial_configs` planned, interleaved across optimizers."""
+  path, result, _ = smoke
+  entries = sorted(os.listdir(result.sweep_dir))
+  assert joint.EXPERIMENT in entries and "fedavg" not in entries and "fedadamom" not in entries
+  from tuning import load_sweep
+
+  planned = joint.trial_configs(load_sweep(path))
+  assert [t["optimizer"] for t in planned] == ["fedavg", "fedadamom"] * 2
+  ran = [dict(r.config[joint.TRIAL_KEY]) for grid in result.results.values() for r in grid]
+  key = lambda t: sorted(t.items())  # noqa: E731
+  assert sorted(ran, key=key) == sorted(planned, key=key)
 
 
 def test_resume_of_a_finished_sweep_runs_nothing(smoke):
   path, result, _ = smoke
   before = _trial_reports(result.sweep_dir)
-  assert all(len(trials) == 2 for trials in before.values()), before.keys()
+  assert len(before) == 4, before.keys()
   again = run_sweep(path, resume=True, progress_interval_s=60)
   for optimizer, grid in again.results.items():
     assert len(grid) == 2 and grid.num_terminated == 2

@@ -9,6 +9,7 @@ from ray import tune
 from tests.tuning.conftest import tiny_base, write_sweep
 from tff_fedadamom.metric_names import TEST_ACCURACY, TEST_LOSS, TRAIN_ACCURACY, TRAIN_LOSS
 from tuning import run_sweep
+from tuning.joint import split
 from tuning.workers import NAMESPACE, WorkerPool, process_identity, worker_env
 
 METRICS = ["round", TRAIN_LOSS, TRAIN_ACCURACY, TEST_LOSS, TEST_ACCURACY, "objective"]
@@ -41,7 +42,7 @@ def test_a_trial_after_two_others_in_its_worker_equals_it_first(tmp_path,
   result = run_sweep(_sweep(tmp_path, "order", [0.05, 0.5, 0.2, 0.05],
                             max_concurrent_trials=1), progress_interval_s=600)
   trials = _in_start_order(result.results["fedadamom"])
-  assert [t.config["client.learning_rate"] for t in trials] == [0.05, 0.5, 0.2, 0.05]
+  assert [split(t.config)[1]["client.learning_rate"] for t in trials] == [0.05, 0.5, 0.2, 0.05]
   assert not any(t.error for t in trials)
   assert len({t.metrics["worker_pid"] for t in trials}) == 1  # one worker ran them all
   assert all(t.metrics["pid"] != t.metrics["worker_pid"] for t in trials)

@@ -1,0 +1,177 @@
+"""One Tune experiment for all the optimizers of a random or grid sweep.
+
+Why: a `Tuner` costs seconds of its own before and after its trials (Tune's
+controller, the trials' actors, the experiment state written to disk), measured
+at 4-5 s per `Tuner.fit` of two trivial trials on 2 cores. A Tuner per
+optimizer paid that ten times on the quickstart sweep, more than all the
+sweep's rounds, and left a slot idle at the end of every optimizer. One Tuner
+pays it once and runs trials of different optimizers side by side.
+
+What keeps the budget equal, the reason sweeps used a Tuner per optimizer:
+  * The trials are fixed before Tune starts: each optimizer's
+    `trials_per_optimizer` configurations, drawn from its own space with its
+    own seed (`space.sample_trials`), handed to Tune as one grid of fully
+    specified trials. No searcher trades trials between optimizers.
+  * They are interleaved (every optimizer's first trial, then every
+    optimizer's second, ...), so a time budget that ends the sweep early cuts
+    each optimizer's trials alike, within one.
+  * Early stopping compares an optimizer with itself only:
+    `PerOptimizerScheduler` keeps one ASHA per optimizer.
+Optuna proposes a trial from the ones before it, in one space: its sweeps keep
+a Tuner per optimizer (`applies`). So does a random or grid sweep run with
+`run_sweep(..., one_experiment=False)`, with the same fully specified trials.
+
+A trial's Tune config is `{"trial": {"optimizer": name, <dotted path>: value}}`
+(Optuna's, and those of experiments saved before sweeps were joint, are the
+flat dotted paths of one optimizer); `split` is the one place that reads it.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
+
+from ray.tune.schedulers import FIFOScheduler, TrialScheduler
+
+from tuning import space as space_lib
+
+# The experiment's directory under the sweep directory.
+EXPERIMENT = "trials"
+TRIAL_KEY = "trial"
+OPTIMIZER_KEY = "optimizer"
+
+
+def applies(sweep, sweep_dir: str) -> bool:
+  """Whether `sweep` runs as one joint experiment in `sweep_dir`: random and grid
+  searches do, unless the directory already holds per-optimizer experiments (a
+  sweep started before sweeps were joint keeps its layout when resumed)."""
+  if sweep.search.kind not in ("random", "grid"):
+    return False
+  return not any(os.path.isdir(os.path.join(sweep_dir, o)) for o in sweep.optimizers)
+
+
+def trial_configs(sweep, optimizers: Optional[Sequence[str]] = None) -> list[dict]:
+  """The trials of `optimizers` (default: all of the sweep's), interleaved
+  across optimizers (see the module doc)."""
+  per_optimizer = [[{OPTIMIZER_KEY: o, **params} for params in space_lib.sample_trials(sweep, o)]
+                   for o in (sweep.optimizers if optimizers is None else optimizers)]
+  longest = max((len(trials) for trials in per_optimizer), default=0)
+  return [trials[i] for i in range(longest) for trials in per_optimizer if i < len(trials)]
+
+
+def param_space(sweep, optimizers: Optional[Sequence[str]] = None) -> dict:
+  """Tune's `param_space` over `trial_configs(sweep, optimizers)`: one grid
+  point per trial, nothing left to sample."""
+  from ray import tune
+
+  return {TRIAL_KEY: tune.grid_search(trial_configs(sweep, optimizers))}
+
+
+def split(config: Mapping[str, Any], optimizer: Optional[str] = None) -> tuple[str, dict]:
+  """(optimizer, dotted path -> value) of a trial's Tune config; a flat config
+  (Optuna's) is `optimizer`'s, the optimizer of its Tuner."""
+  if TRIAL_KEY not in config:
+    return optimizer, dict(config)
+  entry = dict(config[TRIAL_KEY])
+  return entry.pop(OPTIMIZER_KEY), entry
+
+
+def optimizer_of(trial) -> str:
+  """The optimizer of a Tune `Trial` of a joint experiment."""
+  return split(trial.config)[0]
+
+
+class PerOptimizerScheduler(FIFOScheduler):
+  """One scheduler per optimizer behind Tune's single-scheduler interface.
+
+  Each trial's events go to its optimizer's scheduler, so ASHA's rung cut-offs
+  are computed among that optimizer's trials only, as with a Tuner per
+  optimizer. Trials start in the order Tune created them (FIFO, as ASHA does).
+
+  Args:
+    make: Returns a new scheduler (one per optimizer, built here).
+    optimizers: The sweep's optimizers.
+  """
+
+  def __init__(self, make: Callable[[], TrialScheduler], optimizers: Sequence[str]):
+    super().__init__()
+    self._by_optimizer = {o: make() for o in optimizers}
+
+  def set_search_properties(self, metric: Optional[str], mode: Optional[str], **spec) -> bool:
+    accepted = all([s.set_search_properties(metric, mode, **spec)
+                    for s in self._by_optimizer.values()])
+    if accepted and metric:
+      self._metric = metric
+    return accepted
+
+  def _of(self, trial) -> TrialScheduler:
+    return self._by_optimizer[optimizer_of(trial)]
+
+  def on_trial_add(self, tune_controller, trial) -> None:
+    self._of(trial).on_trial_add(tune_controller, trial)
+
+  def on_trial_error(self, tune_controller, trial) -> None:
+    self._of(trial).on_trial_error(tune_controller, trial)
+
+  def on_trial_result(self, tune_controller, trial, result) -> str:
+    return self._of(trial).on_trial_result(tune_controller, trial, result)
+
+  def on_trial_complete(self, tune_controller, trial, result) -> None:
+    self._of(trial).on_trial_complete(tune_controller, trial, result)
+
+  def on_trial_remove(self, tune_controller, trial) -> None:
+    self._of(trial).on_trial_remove(tune_controller, trial)
+
+  def debug_string(self) -> str:
+    return "\n".join(f"{o}: {s.debug_string()}" for o, s in self._by_optimizer.items())
+
+  def save(self, checkpoint_path: str) -> None:
+    with open(checkpoint_path, "wb") as f:
+      pickle.dump(self.__dict__, f)
+
+  def restore(self, checkpoint_path: str) -> None:
+    with open(checkpoint_path, "rb") as f:
+      self.__dict__.update(pickle.load(f))
+
+
+class OptimizerResults(Sequence):
+  """One optimizer's trials of a joint experiment's `ResultGrid`, with what a
+  `ResultGrid` offers for them: `len`, iteration, indexing, `errors`,
+  `num_errors` and `num_terminated` (Tune's status, read from the experiment
+  on disk)."""
+
+  def __init__(self, results: Sequence[Any], statuses: Mapping[str, str]):
+    self._results = list(results)
+    self._statuses = statuses
+
+  def __len__(self) -> int:
+    return len(self._results)
+
+  def __getitem__(self, i):
+    return self._results[i]
+
+  def __iter__(self) -> Iterator[Any]:
+    return iter(self._results)
+
+  @property
+  def errors(self) -> list:
+    return [r.error for r in self._results if r.error]
+
+  @property
+  def num_errors(self) -> int:
+    return len(self.errors)
+
+  @property
+  def num_terminated(self) -> int:
+    return sum(self._statuses.get(r.path) == "TERMINATED" for r in self._results)
+
+
+def by_optimizer(grid, optimizers: Sequence[str], experiment_dir: str) -> dict:
+  """Optimizer -> `OptimizerResults` of a joint experiment's `ResultGrid`."""
+  from ray import tune
+
+  statuses = {t.path: t.status for t in tune.ExperimentAnalysis(experiment_dir).trials}
+  results = list(grid)
+  return {o: OptimizerResults([r for r in results if split(r.config)[0] == o], statuses)
+          for o in optimizers}
