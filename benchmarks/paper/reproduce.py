@@ -1,6 +1,6 @@
 """Reproduce the FedAdamom paper's claims at laptop scale and write REPORT.md.
 
-    .venv/bin/python -m benchmarks.paper.reproduce                 # full: ~100 min on 2 cores with six methods, ~4.6 h estimated with ten
+    .venv/bin/python -m benchmarks.paper.reproduce                 # full: ~100 min on 2 cores with six methods, ~3.9 h estimated with ten
     .venv/bin/python -m benchmarks.paper.reproduce --quick --out runs/paper-quick   # minutes
     .venv/bin/python -m benchmarks.paper.reproduce --report-only   # rebuild from results.json
 
