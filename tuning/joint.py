@@ -9,9 +9,10 @@ pays it once and runs trials of different optimizers side by side.
 
 What keeps the budget equal, the reason sweeps used a Tuner per optimizer:
   * The trials are fixed before Tune starts: each optimizer's
-    `trials_per_optimizer` configurations, drawn from its own space with its
-    own seed (`space.sample_trials`), handed to Tune as one grid of fully
-    specified trials. No searcher trades trials between optimizers.
+    `trials_per_optimizer` configurations, drawn from its own space, each
+    dimension with a seed of its own (`space.sample_trials`), handed to Tune
+    as one grid of fully specified trials. No searcher trades trials between
+    optimizers.
   * They are interleaved (every optimizer's first trial, then every
     optimizer's second, ...), so a time budget that ends the sweep early cuts
     each optimizer's trials alike, within one.
@@ -42,13 +43,17 @@ TRIAL_KEY = "trial"
 OPTIMIZER_KEY = "optimizer"
 
 
-def applies(sweep, sweep_dir: str) -> bool:
-  """Whether `sweep` runs as one joint experiment in `sweep_dir`: random and grid
-  searches do, unless the directory already holds per-optimizer experiments (a
-  sweep started before sweeps were joint keeps its layout when resumed)."""
-  if sweep.search.kind not in ("random", "grid"):
+def applies(sweep, sweep_dir: str, preferred: bool = True) -> bool:
+  """Whether `sweep` runs as one joint experiment in `sweep_dir`.
+
+  A sweep directory that already holds experiments keeps the layout they have
+  (a resumed sweep, whichever layout is `preferred` now); a new one is joint
+  when `preferred` and the search is random or grid."""
+  if os.path.isdir(os.path.join(sweep_dir, EXPERIMENT)):
+    return True
+  if any(os.path.isdir(os.path.join(sweep_dir, o)) for o in sweep.optimizers):
     return False
-  return not any(os.path.isdir(os.path.join(sweep_dir, o)) for o in sweep.optimizers)
+  return preferred and sweep.search.kind in ("random", "grid")
 
 
 def trial_configs(sweep, optimizers: Optional[Sequence[str]] = None) -> list[dict]:
@@ -167,11 +172,9 @@ class OptimizerResults(Sequence):
     return sum(self._statuses.get(r.path) == "TERMINATED" for r in self._results)
 
 
-def by_optimizer(grid, optimizers: Sequence[str], experiment_dir: str) -> dict:
-  """Optimizer -> `OptimizerResults` of a joint experiment's `ResultGrid`."""
-  from ray import tune
-
-  statuses = {t.path: t.status for t in tune.ExperimentAnalysis(experiment_dir).trials}
+def by_optimizer(grid, optimizers: Sequence[str], statuses: Mapping[str, str]) -> dict:
+  """Optimizer -> `OptimizerResults` of a joint experiment's `ResultGrid`;
+  `statuses` maps a trial's path to its status as saved on disk."""
   results = list(grid)
   return {o: OptimizerResults([r for r in results if split(r.config)[0] == o], statuses)
           for o in optimizers}

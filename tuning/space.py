@@ -309,11 +309,10 @@ def dimension_seed(search_seed: int, path: str) -> int:
   return zlib.crc32(f"{int(search_seed)}:{path}".encode())
 
 
-def sample_trials(sweep: Sweep, optimizer: str, count: Optional[int] = None) -> list[dict]:
+def sample_trials(sweep: Sweep, optimizer: str) -> list[dict]:
   """`optimizer`'s trials of a random or grid sweep, each a dotted path -> value.
 
-  Random search: `count` (default `budget.trials_per_optimizer`) draws per
-  dimension from Tune's own domains (`tune_space`), each dimension with a numpy
+  Random search: `budget.trials_per_optimizer` draws per dimension from Tune's own domains (`tune_space`), each dimension with a numpy
   generator of its own, seeded by `dimension_seed(search.seed, path)`. So the
   optimizers that share a dimension draw the same values for it, trial by
   trial (common random numbers: a comparison of two optimizers is not also a
@@ -332,7 +331,7 @@ def sample_trials(sweep: Sweep, optimizer: str, count: Optional[int] = None) -> 
   if sweep.search.kind != "random":
     raise ValueError(f"sample_trials: search.kind {sweep.search.kind!r} proposes its own "
                      "trials (allowed: random, grid)")
-  count = sweep.budget.trials_per_optimizer if count is None else count
+  count = sweep.budget.trials_per_optimizer
   columns = {}
   for path, domain in tune_space(space).items():
     rng = np.random.RandomState(dimension_seed(sweep.search.seed, path))

@@ -244,15 +244,14 @@ def _new_tuner(sweep: Sweep, optimizer: Optional[str], sweep_dir: str, callbacks
                     tune_config=tune_config, run_config=run_config)
 
 
-def _interrupted(experiment_dir: str) -> bool:
-  """Whether the experiment stopped with trials left to run (Ctrl-C).
+def _saved_statuses(experiment_dir: str) -> dict[str, str]:
+  """Trial path -> status, from the experiment state Tune saved on disk.
 
-  Read from the experiment state Tune saved on disk: after an interruption Tune
-  stops the running trials, and its in-memory results then show them as
+  That, not the `ResultGrid`, tells an interrupted experiment: after Ctrl-C
+  Tune stops the running trials, and its in-memory results then show them as
   terminated, while the saved state (what `Tuner.restore` resumes) keeps them
   running or pending."""
-  analysis = tune.ExperimentAnalysis(experiment_dir)
-  return any(t.status not in ("TERMINATED", "ERROR") for t in analysis.trials)
+  return {t.path: t.status for t in tune.ExperimentAnalysis(experiment_dir).trials}
 
 
 def run_sweep(sweep, *, resume: bool = False, smoke_test: bool = False,
@@ -303,7 +302,7 @@ def run_sweep(sweep, *, resume: bool = False, smoke_test: bool = False,
         workers.worker_pool(sweep, reuse_workers) as pool:
       # (optimizer, its experiment), or (None, the joint experiment of all).
       experiments = ([(None, os.path.join(sweep_dir, joint.EXPERIMENT))]
-                     if one_experiment and joint.applies(sweep, sweep_dir) else
+                     if joint.applies(sweep, sweep_dir, preferred=one_experiment) else
                      [(o, os.path.join(sweep_dir, o)) for o in sweep.optimizers])
       for optimizer, experiment_dir in experiments:
         progress = SweepProgress(sweep_dir, optimizer, progress_interval_s)
@@ -313,8 +312,9 @@ def run_sweep(sweep, *, resume: bool = False, smoke_test: bool = False,
         else:
           tuner = _new_tuner(sweep, optimizer, sweep_dir, [progress, *callbacks], pool)
         grid = tuner.fit()
+        statuses = _saved_statuses(experiment_dir)
         ran = ({optimizer: grid} if optimizer is not None else
-               joint.by_optimizer(grid, sweep.optimizers, experiment_dir))
+               joint.by_optimizer(grid, sweep.optimizers, statuses))
         results.update(ran)
         print_progress(state)
         for name, trials in ran.items():
@@ -322,7 +322,7 @@ def run_sweep(sweep, *, resume: bool = False, smoke_test: bool = False,
             lines = str(error).strip().splitlines()
             print(f"   {name}: a trial failed: {lines[-1] if lines else error!r}",
                   file=out, flush=True)
-        if _interrupted(experiment_dir):
+        if any(status not in ("TERMINATED", "ERROR") for status in statuses.values()):
           interrupted = True
           print(f"sweep interrupted; continue it with --resume ({sweep_dir})", file=out,
                 flush=True)

@@ -103,12 +103,13 @@ def _tune_ray(sweep, raw: Mapping, log) -> dict:
     raise KeyboardInterrupt(f"sweep {sweep.name} was interrupted")
   export = result.export
   rows = {row["optimizer"]: row for row in export.rows}
+  records = _trial_records(sweep.sweep_dir, sweep.optimizers)
   best = {}
   for optimizer in sweep.optimizers:
     chosen = export.best.get(optimizer)
     row = rows.get(optimizer, {})
     trials = []
-    for record in _trial_records(sweep.sweep_dir, optimizer):
+    for record in records.get(optimizer, []):
       trials.append({"params": dict(record.params), "objective": record.objective,
                      "diverged": record.diverged, "rounds": record.rounds})
     best[optimizer] = {
@@ -120,13 +121,14 @@ def _tune_ray(sweep, raw: Mapping, log) -> dict:
   return best
 
 
-def _trial_records(sweep_dir: str, optimizer: str):
-  from tuning.export import read_trials
+def _trial_records(sweep_dir: str, optimizers: Sequence[str]) -> dict:
+  """Optimizer -> its trial records, read once for the whole sweep."""
+  from tuning.export import read_sweep_trials
 
   try:
-    return read_trials(sweep_dir, optimizer)
+    return read_sweep_trials(sweep_dir, optimizers)
   except Exception:  # noqa: BLE001 - the trial list is informative only
-    return []
+    return {}
 
 
 def tune(name: str, base: Mapping[str, Any], optimizers: Sequence[str], *, trials: int,

@@ -119,9 +119,13 @@ def test_split_reads_joint_and_flat_configs():
 
 def test_the_layout_follows_the_search_and_an_existing_directory(tmp_path):
   assert joint.applies(_sweep(), str(tmp_path))
+  assert not joint.applies(_sweep(), str(tmp_path), preferred=False)
   assert not joint.applies(_sweep(search={"kind": "optuna", "seed": 0}), str(tmp_path))
-  os.makedirs(tmp_path / "fedadam")  # a sweep started with a Tuner per optimizer
-  assert not joint.applies(_sweep(), str(tmp_path))
+  per_optimizer, one = tmp_path / "per_optimizer", tmp_path / "one"
+  os.makedirs(per_optimizer / "fedadam")  # a sweep started with a Tuner per optimizer
+  assert not joint.applies(_sweep(), str(per_optimizer))
+  os.makedirs(one / joint.EXPERIMENT)  # a sweep started as one experiment
+  assert joint.applies(_sweep(), str(one), preferred=False)
 
 
 class _Trial:
