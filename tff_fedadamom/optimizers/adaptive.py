@@ -13,7 +13,7 @@ FADAS adds a delay-adaptive learning rate (`delay_adaptive_learning_rate`).
 
 With TFF's sign convention the optimizer receives the pseudo-gradient
 `g = initial - trained = -Delta` and applies `w - lr * ...`; the papers write
-`x + eta * ...` with `Delta`, which is the same update. One round:
+`x + eta * ...` with `Delta`, which is the same update. One round t:
 
 ```
 m     = beta_1 * m + (1 - beta_1) * g
@@ -21,17 +21,31 @@ v     = (Adam or Yogi rule above)
 v_hat = max(v_hat, v)                              (AMSGrad only)
 d     = v_hat if AMSGrad else v
 lr_t  = lr                                         (FADAS: delay-adaptive)
-lr_t  = lr_t * sqrt(1 - beta_2**t) / (1 - beta_1**t)   (bias correction only)
-w     = w - lr_t * m / (sqrt(d) + epsilon)
+without bias correction:  w = w - lr_t * m / (sqrt(d) + epsilon)
+with bias correction:     w = w - lr_t / (1 - beta_1**t) * m
+                                  / (sqrt(d) / sqrt(1 - beta_2**t) + epsilon)
 ```
 
-Bias correction. Reddi et al., "Adaptive Federated Optimization" (ICLR 2021),
-Algorithm 2 (FedAdagrad, FedYogi, FedAdam) does not correct the moments'
-bias; TFF's `build_adam`/`build_yogi` do, in the form above (the learning rate
-is rescaled, epsilon is not). `bias_correction` is a build-time Python flag,
-not a state hparam: it decides whether the state has a `step` counter (a
-different state structure), and `bias_correction=True` for FedAdam/FedYogi
-is TFF's own optimizer, the state and behaviour this project always had.
+Bias correction: the convention. `bias_correction` is a build-time switch of
+every member, and its default follows the member's official code (the
+README's optimizer table lists each default and its source):
+
+- FedAdam, FedYogi: on. Reddi et al.'s code (google-research/federated,
+  `optimization/shared/optimizer_utils.py`) runs Keras' Adam and its own Yogi
+  (`utils/optimizers/yogi.py`), which both correct in the "epsilon hat" form
+  `lr * sqrt(1 - beta_2**t) / (1 - beta_1**t) * m / (sqrt(v) + epsilon)`;
+  TFF's `build_adam`/`build_yogi` are that form, and `build_fedadam`/
+  `build_fedyogi` return them. (Algorithm 2 of the paper writes no correction.)
+- FedAMSGrad, FADAS: on, in the form of their authors' code
+  (jinghuichen/FedCAMS and yujiaw98/FADAS, `update.py`, optimizer `fedams`):
+  the second block above, where epsilon is added after `sqrt(d)` is
+  rescaled. `AdaptiveOptimizer` implements that form; `v_hat` is the maximum
+  of the uncorrected `v`, as in that code.
+- Off: the first block, the FedAdamom authors' FedAdam and FedYogi
+  (Tenshawn/FedAdamom, `models/distributed_training_utils.py`).
+
+`bias_correction` is not a state hparam: it decides whether the state has a
+`step` counter (a different state structure).
 
 Every member's state is a flat OrderedDict of tensors, learning rate first
 (under `LEARNING_RATE_KEY`, so `schedule_learning_rate` works), then the
@@ -58,6 +72,24 @@ FEDADAM_NAME = 'FedAdam'
 FEDYOGI_NAME = 'FedYogi'
 FEDAMSGRAD_NAME = 'FedAMSGrad'
 
+# FedAdam and FedYogi defaults: Reddi et al.'s code (google-research/federated,
+# `optimization/docs/hyperparameters.md`): Keras' beta_1 = 0.9 and
+# beta_2 = 0.999, kept fixed in their experiments; epsilon (tau) 1e-3, their
+# recommended value; Yogi's initial accumulator 0.0, the value of their runs.
+REDDI_BETA_1 = 0.9
+REDDI_BETA_2 = 0.999
+REDDI_EPSILON = 1e-3
+REDDI_YOGI_INITIAL_PRECONDITIONER = 0.0
+# FedAMSGrad defaults: its authors' code (jinghuichen/FedCAMS, `options.py` for
+# the betas, the README's FedAMS command for the rest): beta_1 = 0.9,
+# beta_2 = 0.99, global learning rate 1.0, eps 0 and v_hat_0 = 1e-3 (`max_init`,
+# the "max stabilization" that keeps the denominator away from 0).
+FEDAMS_LEARNING_RATE = 1.0
+FEDAMS_BETA_1 = 0.9
+FEDAMS_BETA_2 = 0.99
+FEDAMS_EPSILON = 0.0
+FEDAMS_INITIAL_MAX_PRECONDITIONER = 1e-3
+
 
 def check_bias_correction(bias_correction) -> bool:
   """`bias_correction` as a Python bool; ValueError naming it otherwise."""
@@ -73,23 +105,25 @@ def delay_adaptive_learning_rate(learning_rate, max_delay, delay_threshold):
   """FADAS' server learning rate for a round whose largest staleness is `max_delay`.
 
   ```
-  eta_t = eta                      if tau_max <= tau_c
-  eta_t = min(eta, 1 / tau_max)    if tau_max >  tau_c
+  eta_t = eta              if tau_max <= tau_c
+  eta_t = eta / tau_max    if tau_max >  tau_c
   ```
 
-  With synchronous rounds `max_delay` is 0 and `eta_t = eta`. Works on Python
-  numbers and on tensors (then in `learning_rate`'s dtype).
+  The rule of the authors' code (yujiaw98/FADAS, `g_delay_adaptive.py`, which
+  multiplies the global rate by `1 / max(delay)` when `max(delay) > tauc`);
+  the paper's statement could not be read. `min(eta, 1 / tau_max)` would agree
+  only for eta = 1. Synchronous rounds have `max_delay` 0: `eta_t = eta`.
+  Works on Python numbers and on tensors (then in `learning_rate`'s dtype).
   """
   if not any(tf.is_tensor(x) for x in (learning_rate, max_delay, delay_threshold)):
     if max_delay <= delay_threshold:
       return learning_rate
-    return min(learning_rate, 1.0 / max_delay)
+    return learning_rate / max_delay
   lr = tf.convert_to_tensor(learning_rate)
   tau = tf.cast(max_delay, lr.dtype)
   late = tau > tf.cast(delay_threshold, lr.dtype)
-  # 1 / tau only where tau > tau_c >= 0; elsewhere a harmless 1.
-  inv_tau = 1.0 / tf.where(late, tau, tf.ones_like(tau))
-  return tf.where(late, tf.minimum(lr, inv_tau), lr)
+  # Divide only where tau > tau_c >= 0; elsewhere by a harmless 1.
+  return lr / tf.where(late, tau, tf.ones_like(tau))
 
 
 class AdaptiveOptimizer(tff.learning.optimizers.Optimizer):
@@ -100,8 +134,12 @@ class AdaptiveOptimizer(tff.learning.optimizers.Optimizer):
     learning_rate, beta_1, beta_2, epsilon: The shared hparams (state).
     rule: `ADAM` or `YOGI`, the second-moment update.
     amsgrad: Divide by the running maximum of `v` (slot `max_preconditioner`).
-    bias_correction: Python bool; True adds a `step` to the state.
-    initial_preconditioner: The initial `v` (and `v_hat`), >= 0.
+    bias_correction: Python bool; True adds a `step` to the state and
+      corrects in the form of the module docstring.
+    initial_preconditioner: The initial `v`, >= 0.
+    initial_max_preconditioner: The initial `v_hat` (AMSGrad only), >= 0;
+      None: `initial_preconditioner`. Above 0 it bounds the denominator away
+      from 0, so epsilon may then be 0.
     delay_threshold: None, or FADAS' tau_c: the state then also holds
       `delay_threshold` and `max_delay` (0), and the learning rate is
       `delay_adaptive_learning_rate(lr, max_delay, delay_threshold)`.
@@ -119,16 +157,26 @@ class AdaptiveOptimizer(tff.learning.optimizers.Optimizer):
       amsgrad: bool = False,
       bias_correction: bool = False,
       initial_preconditioner: float = 0.0,
+      initial_max_preconditioner=None,
       delay_threshold=None,
   ):
     check = keys.check_range
     check(name, 'learning_rate', learning_rate, lambda x: x >= 0.0, 'nonnegative')
     check(name, 'beta_1', beta_1, lambda x: 0.0 <= x <= 1.0, 'in [0.0, 1.0]')
     check(name, 'beta_2', beta_2, lambda x: 0.0 <= x <= 1.0, 'in [0.0, 1.0]')
-    # epsilon > 0: with v = 0 (a zero first update) the step would be 0 / 0.
-    check(name, 'epsilon', epsilon, lambda x: x > 0.0, 'positive')
     check(name, 'initial_preconditioner', initial_preconditioner,
           lambda x: x >= 0.0, 'nonnegative')
+    if initial_max_preconditioner is None:
+      initial_max_preconditioner = initial_preconditioner
+    check(name, 'initial_max_preconditioner', initial_max_preconditioner,
+          lambda x: x >= 0.0, 'nonnegative')
+    # The denominator must stay above 0 (a zero first update would give 0 / 0):
+    # epsilon > 0, unless AMSGrad's v_hat starts above 0.
+    if amsgrad and keys.is_concrete(initial_max_preconditioner) and initial_max_preconditioner > 0:
+      check(name, 'epsilon', epsilon, lambda x: x >= 0.0,
+            'nonnegative (initial_max_preconditioner > 0)')
+    else:
+      check(name, 'epsilon', epsilon, lambda x: x > 0.0, 'positive')
     if delay_threshold is not None:
       check(name, 'delay_threshold', delay_threshold, lambda x: x >= 0.0,
             'nonnegative')
@@ -139,6 +187,7 @@ class AdaptiveOptimizer(tff.learning.optimizers.Optimizer):
     self._amsgrad = amsgrad
     self._bias_correction = check_bias_correction(bias_correction)
     self._initial_v = initial_preconditioner
+    self._initial_v_hat = initial_max_preconditioner
     self._hparams = collections.OrderedDict([
         (keys.LEARNING_RATE_KEY, learning_rate),
         (keys.BETA_1_KEY, beta_1),
@@ -156,15 +205,15 @@ class AdaptiveOptimizer(tff.learning.optimizers.Optimizer):
 
   def initialize(self, specs: Any) -> collections.OrderedDict:
     zeros = lambda s: tf.zeros(s.shape, s.dtype)
-    initial_v = lambda s: tf.fill(s.shape, tf.cast(self._initial_v, s.dtype))
+    fill = lambda value: lambda s: tf.fill(s.shape, tf.cast(value, s.dtype))
     state = collections.OrderedDict(self._hparams)
     if self._bias_correction:
       state[keys.STEP_KEY] = 0
     state[keys.ACCUMULATOR_KEY] = tf.nest.map_structure(zeros, specs)
-    state[keys.PRECONDITIONER_KEY] = tf.nest.map_structure(initial_v, specs)
+    state[keys.PRECONDITIONER_KEY] = tf.nest.map_structure(fill(self._initial_v), specs)
     if self._amsgrad:
-      # AMSGrad's v_hat starts where v does (0 for Adam): max(v_hat_0, v_1) = v_1.
-      state[keys.MAX_PRECONDITIONER_KEY] = tf.nest.map_structure(initial_v, specs)
+      state[keys.MAX_PRECONDITIONER_KEY] = tf.nest.map_structure(
+          fill(self._initial_v_hat), specs)
     return state
 
   def _learning_rate(self, state):
@@ -186,12 +235,14 @@ class AdaptiveOptimizer(tff.learning.optimizers.Optimizer):
     lr = self._learning_rate(state)
     new_state = collections.OrderedDict(
         (k, state[k]) for k in self._hparams)
+    root_scale = 1.0  # Multiplies sqrt(d) in the denominator.
     if self._bias_correction:
+      # The authors' form (module docstring): m / (1 - beta_1**t) over
+      # sqrt(d / (1 - beta_2**t)) + epsilon.
       step = state[keys.STEP_KEY] + 1
       t = tf.cast(step, tf.float32)
-      lr = (tf.cast(lr, tf.float32)
-            * tf.math.sqrt(1.0 - tf.math.pow(tf.cast(beta_2, tf.float32), t))
-            / (1.0 - tf.math.pow(tf.cast(beta_1, tf.float32), t)))
+      lr = tf.cast(lr, tf.float32) / (1.0 - tf.math.pow(tf.cast(beta_1, tf.float32), t))
+      root_scale = tf.math.rsqrt(1.0 - tf.math.pow(tf.cast(beta_2, tf.float32), t))
       new_state[keys.STEP_KEY] = step
 
     flat_w = tf.nest.flatten(weights)
@@ -223,7 +274,7 @@ class AdaptiveOptimizer(tff.learning.optimizers.Optimizer):
       new_slots[keys.ACCUMULATOR_KEY][i] = m
       new_slots[keys.PRECONDITIONER_KEY][i] = v
       new_w[i] = flat_w[i] - tf.cast(lr, dtype) * m / (
-          tf.math.sqrt(d) + tf.cast(epsilon, dtype))
+          tf.cast(root_scale, dtype) * tf.math.sqrt(d) + tf.cast(epsilon, dtype))
 
     for s in self._slots:
       new_state[s] = tf.nest.pack_sequence_as(state[s], new_slots[s])
@@ -238,30 +289,29 @@ class AdaptiveOptimizer(tff.learning.optimizers.Optimizer):
 
 def build_fedadam(
     learning_rate,
-    beta_1=0.9,
-    beta_2=0.99,
-    epsilon=1e-3,
+    beta_1=REDDI_BETA_1,
+    beta_2=REDDI_BETA_2,
+    epsilon=REDDI_EPSILON,
     bias_correction: bool = True,
 ) -> tff.learning.optimizers.Optimizer:
   """FedAdam: Adam on the server, with or without bias correction.
 
-  `bias_correction=True` (the default) is TFF's `build_adam`:
-
   ```
-  m = beta_1 * m + (1 - beta_1) * g;   v = beta_2 * v + (1 - beta_2) * g**2
-  w = w - lr * sqrt(1 - beta_2**t) / (1 - beta_1**t) * m / (sqrt(v) + epsilon)
+  m = beta_1 * m + (1 - beta_1) * g;   v = beta_2 * v + (1 - beta_2) * g**2   (v_0 = 0)
+  w = w - lr * c_t * m / (sqrt(v) + epsilon)
   ```
 
-  `bias_correction=False` is FedAdam of Reddi et al. (ICLR 2021), Algorithm 2:
-  the same without the factor `sqrt(1 - beta_2**t) / (1 - beta_1**t)`; its
-  state has no `step`. With the same hparams the two take different early
-  steps: for beta_1 = 0.9, beta_2 = 0.99 the correction factor is 1 at t = 1,
-  0.742 at t = 2, 0.475 at t = 10, 0.796 at t = 100 and tends to 1, so the
-  corrected optimizer steps about half as far in rounds 5-30. Open in the
-  paper and fixed here: `v` starts at 0 (the paper asks `v_{-1} >= tau**2`; the
-  `epsilon` (tau) in the denominator already keeps the step finite), and
-  epsilon must be positive. Defaults: the paper's beta_1 = 0.9,
-  beta_2 = 0.99, tau = 1e-3.
+  `bias_correction=True` (the default) is TFF's `build_adam`, with
+  `c_t = sqrt(1 - beta_2**t) / (1 - beta_1**t)`: the Keras Adam that Reddi et
+  al.'s experiments ran (google-research/federated,
+  `optimization/shared/optimizer_utils.py`). `bias_correction=False` has
+  `c_t = 1` and no `step` in the state: the FedAdamom authors' FedAdam
+  (Tenshawn/FedAdamom, `models/distributed_training_utils.py`). For
+  beta_1 = 0.9, beta_2 = 0.999, c_t is 0.316 at t = 1, 0.153 at t = 10,
+  0.309 at t = 100 and 0.795 at t = 1000: the corrected optimizer steps 3-6
+  times shorter for hundreds of rounds. Defaults
+  (`REDDI_*`): google-research/federated, `optimization/docs/hyperparameters.md`
+  (Keras' betas 0.9 and 0.999, epsilon 1e-3).
 
   Raises:
     ValueError: naming an out-of-range argument or a non-bool `bias_correction`.
@@ -275,10 +325,10 @@ def build_fedadam(
 
 def build_fedyogi(
     learning_rate,
-    beta_1=0.9,
-    beta_2=0.99,
-    epsilon=1e-3,
-    initial_preconditioner=1e-6,
+    beta_1=REDDI_BETA_1,
+    beta_2=REDDI_BETA_2,
+    epsilon=REDDI_EPSILON,
+    initial_preconditioner=REDDI_YOGI_INITIAL_PRECONDITIONER,
     bias_correction: bool = True,
 ) -> tff.learning.optimizers.Optimizer:
   """FedYogi: Yogi on the server, with or without bias correction.
@@ -286,14 +336,18 @@ def build_fedyogi(
   ```
   m = beta_1 * m + (1 - beta_1) * g
   v = v - (1 - beta_2) * sign(v - g**2) * g**2        v_0 = initial_preconditioner
-  w = w - lr_t * m / (sqrt(v) + epsilon)
+  w = w - lr * c_t * m / (sqrt(v) + epsilon)
   ```
 
   `bias_correction=True` (the default) is TFF's `build_yogi`, with
-  `lr_t = lr * sqrt(1 - beta_2**t) / (1 - beta_1**t)`. `bias_correction=False`
-  is FedYogi of Reddi et al. (ICLR 2021), Algorithm 2, with `lr_t = lr` and no
-  `step` in the state. The paper's `v_{-1} >= tau**2` is met by the default
-  `initial_preconditioner = 1e-6 = tau**2` for tau = 1e-3 (TFF's default too).
+  `c_t = sqrt(1 - beta_2**t) / (1 - beta_1**t)`, the form of Reddi et al.'s
+  Yogi (google-research/federated, `utils/optimizers/yogi.py`).
+  `bias_correction=False` has `c_t = 1` and no `step` in the state: the
+  FedAdamom authors' FedYogi (Tenshawn/FedAdamom,
+  `models/distributed_training_utils.py`). `v_0 = 0` by default: the
+  `server_yogi_initial_accumulator_value=0.0` of Reddi et al.'s runs
+  (`optimization/docs/hyperparameters.md`) and the FedAdamom code's zero start
+  (TFF's own default is 1e-6). Other defaults as `build_fedadam`.
 
   Raises:
     ValueError: naming an out-of-range argument or a non-bool `bias_correction`.
@@ -307,32 +361,33 @@ def build_fedyogi(
 
 
 def build_fedamsgrad(
-    learning_rate=0.01,
-    beta_1=0.9,
-    beta_2=0.99,
-    epsilon=1e-3,
-    bias_correction: bool = False,
+    learning_rate=FEDAMS_LEARNING_RATE,
+    beta_1=FEDAMS_BETA_1,
+    beta_2=FEDAMS_BETA_2,
+    epsilon=FEDAMS_EPSILON,
+    initial_max_preconditioner=FEDAMS_INITIAL_MAX_PRECONDITIONER,
+    bias_correction: bool = True,
 ) -> tff.learning.optimizers.Optimizer:
-  """FedAMSGrad: AMSGrad on the server (synchronous FADAS, without delays).
+  """FedAMSGrad: AMSGrad on the server (FedAMS; synchronous FADAS).
 
   ```
   m     = beta_1 * m + (1 - beta_1) * g
-  v     = beta_2 * v + (1 - beta_2) * g**2
-  v_hat = max(v_hat, v)                       (elementwise, v_hat_0 = 0)
-  w     = w - lr * m / (sqrt(v_hat) + epsilon)
+  v     = beta_2 * v + (1 - beta_2) * g**2          (v_0 = 0)
+  v_hat = max(v_hat, v)                             (v_hat_0 = initial_max_preconditioner)
+  w     = w - lr / (1 - beta_1**t) * m / (sqrt(v_hat / (1 - beta_2**t)) + epsilon)
   ```
 
-  AMSGrad (Reddi, Kale, Kumar, "On the Convergence of Adam and Beyond", ICLR
-  2018) divides by the running maximum of `v`, so no coordinate's step size
-  ever grows. Its server form is the synchronous case of FADAS (Wang et al.,
-  ICML 2024; see `build_fadas`) and the FedAMSGrad baseline of Wang, Lin and
-  Chen, "Communication-Efficient Adaptive Federated Learning" (ICML 2022).
-  Conventions here are Reddi et al.'s "Adaptive Federated Optimization"
-  (ICLR 2021), as for `fedadam`: no bias correction by default, epsilon (their
-  tau) added to `sqrt(v_hat)` outside the root, defaults beta_1 = 0.9,
-  beta_2 = 0.99, tau = 1e-3. `bias_correction=True` multiplies `lr` by
-  `sqrt(1 - beta_2**t) / (1 - beta_1**t)` (TFF's form; `v_hat` is the maximum
-  of the uncorrected `v`, as in Keras' and PyTorch's AMSGrad).
+  AMSGrad (Reddi, Kale, Kumar, ICLR 2018) divides by the running maximum of
+  `v`, so no coordinate's step size ever grows; FedAMS (Wang, Lin and Chen,
+  "Communication-Efficient Adaptive Federated Learning", ICML 2022) runs it on
+  the server, and FADAS (`build_fadas`) is its asynchronous extension. Rule
+  and defaults follow the FedAMS authors' code (jinghuichen/FedCAMS,
+  `update.py`, optimizer `fedams`; `options.py`; the README's FedAMS command):
+  bias correction in the form above, epsilon outside the root, beta_1 = 0.9,
+  beta_2 = 0.99, global learning rate 1.0, and the command's "max
+  stabilization" `eps = 0`, `v_hat_0 = 1e-3` (`max_init`), which keeps the
+  denominator at least `sqrt(1e-3)`. `bias_correction=False` drops both
+  `1 - beta**t` factors and the state's `step`.
 
   The state adds `max_preconditioner` (v_hat) to Adam's slots.
 
@@ -340,4 +395,5 @@ def build_fedamsgrad(
     ValueError: naming an out-of-range argument or a non-bool `bias_correction`.
   """
   return AdaptiveOptimizer(FEDAMSGRAD_NAME, learning_rate, beta_1, beta_2, epsilon,
-                   amsgrad=True, bias_correction=bias_correction)
+                           amsgrad=True, bias_correction=bias_correction,
+                           initial_max_preconditioner=initial_max_preconditioner)

@@ -10,11 +10,14 @@ through `build_server_optimizer`; the config and sweep layers ask this module
 which names exist, which hyperparameters each one has, and which are tunable.
 
 Hyperparameter names are shared across optimizers (`learning_rate`, `beta_1`,
-`beta_2`, `epsilon`, `momentum`, `bias_correction`). Defaults of the adaptive
-baselines follow Reddi et al., "Adaptive Federated Optimization" (ICLR 2021):
-beta_1 = 0.9, beta_2 = 0.99, epsilon (their tau, the adaptivity) = 1e-3; FADAS'
-follow its authors' code. Their server learning rates must be tuned; the
-defaults here are starting points in the range where the papers found the best
+`beta_2`, `epsilon`, `momentum`, `bias_correction`). The convention: each
+entry's defaults follow its method's official code (for FedAdam, FedYogi and
+FedAdagrad, Reddi et al.'s google-research/federated `optimization/`; for
+FedAMSGrad, jinghuichen/FedCAMS; for FADAS, yujiaw98/FADAS) and, where no
+official code exists, the paper or a named public implementation; the module
+that builds each optimizer cites the file. The README's optimizer table lists
+every default with its source. Server learning rates must be tuned; their
+defaults are starting points in the range where the papers found the best
 values.
 """
 
@@ -110,6 +113,9 @@ def _fedyogi(learning_rate, beta_1, beta_2, epsilon, initial_preconditioner,
 
 
 def _fedadagrad(learning_rate, epsilon, initial_preconditioner):
+  # Keras' Adagrad, as Reddi et al.'s code runs it (google-research/federated,
+  # optimization/shared/optimizer_utils.py): no momentum, v_0 = 0 (their runs'
+  # initial accumulator, optimization/docs/hyperparameters.md), epsilon 1e-3.
   return tff.learning.optimizers.build_adagrad(
       learning_rate=learning_rate,
       initial_preconditioner_value=initial_preconditioner,
@@ -119,7 +125,8 @@ def _fedadagrad(learning_rate, epsilon, initial_preconditioner):
 
 # Search ranges from the literature. eta: Reddi et al. (2021) grid 10^-3..10^1;
 # epsilon: their tau grid 10^-5..10^-1 (FedAdamom's clip margin, reference 1e-3,
-# lies inside); Adam-family beta_2 around their fixed 0.99; FedAvgM momentum,
+# lies inside); Adam-family beta_2 around the official codes' 0.99 (FedAMS,
+# FADAS) and 0.999 (Reddi et al.); FedAvgM momentum,
 # Hsu et al. (2019) best 0.9-0.97; FedAdamom beta_2: the paper's ablation 0.01-0.3.
 # FADAS: eta log-uniform 1e-4..1e0 and epsilon 1e-8..1e-1 hold the authors'
 # settings (eta 1e-4 and 1e-3, eps 1e-8) and most of Reddi et al.'s grids.
@@ -131,10 +138,11 @@ _RANGES = {
 }
 
 
-# Reddi et al. (2021): beta_1 = 0.9, beta_2 = 0.99, tau = 1e-3; eta a starting
+# Reddi et al.'s code and notes (google-research/federated,
+# optimization/docs/hyperparameters.md; see `adaptive.REDDI_*`); eta a starting
 # point inside their best range.
-_REDDI_ADAM_DEFAULTS = {'learning_rate': 0.01, 'beta_1': 0.9, 'beta_2': 0.99,
-                        'epsilon': 1e-3}
+_REDDI_ADAM_DEFAULTS = {'learning_rate': 0.01, 'beta_1': adaptive.REDDI_BETA_1,
+                        'beta_2': adaptive.REDDI_BETA_2, 'epsilon': adaptive.REDDI_EPSILON}
 
 
 def _spec(name, display_name, builder, defaults, tunable, description, state, *,
@@ -190,7 +198,8 @@ OPTIMIZERS: Mapping[str, OptimizerSpec] = {
             'fedyogi',
             adaptive.FEDYOGI_NAME,
             _fedyogi,
-            {**_REDDI_ADAM_DEFAULTS, 'initial_preconditioner': 1e-6,
+            {**_REDDI_ADAM_DEFAULTS,
+             'initial_preconditioner': adaptive.REDDI_YOGI_INITIAL_PRECONDITIONER,
              'bias_correction': True},
             ['learning_rate', 'beta_2', 'epsilon'],
             'FedYogi (Reddi et al. 2021): Yogi on the server.',
@@ -223,9 +232,13 @@ OPTIMIZERS: Mapping[str, OptimizerSpec] = {
             'fedamsgrad',
             adaptive.FEDAMSGRAD_NAME,
             adaptive.build_fedamsgrad,
-            {**_REDDI_ADAM_DEFAULTS, 'bias_correction': False},
+            {'learning_rate': adaptive.FEDAMS_LEARNING_RATE,
+             'beta_1': adaptive.FEDAMS_BETA_1, 'beta_2': adaptive.FEDAMS_BETA_2,
+             'epsilon': adaptive.FEDAMS_EPSILON,
+             'initial_max_preconditioner': adaptive.FEDAMS_INITIAL_MAX_PRECONDITIONER,
+             'bias_correction': True},
             ['learning_rate', 'beta_2', 'epsilon'],
-            'FedAMSGrad: AMSGrad on the server (Reddi et al. 2021 conventions).',
+            'FedAMSGrad (FedAMS, Wang et al. 2022): AMSGrad on the server.',
             keys.AMSGRAD_STATE,
         ),
         _spec(
@@ -237,7 +250,7 @@ OPTIMIZERS: Mapping[str, OptimizerSpec] = {
              'beta_2': fadas.DEFAULT_BETA_2,
              'epsilon': fadas.DEFAULT_EPSILON,
              'delay_threshold': fadas.DEFAULT_DELAY_THRESHOLD,
-             'bias_correction': False},
+             'bias_correction': True},
             ['learning_rate', 'beta_2', 'epsilon'],
             'FADAS (Wang et al. 2024): AMSGrad, delay-adaptive rate; '
             'synchronous rounds only.',
