@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from tests.algorithms import linear
-from tff_fedadamom.algorithms import build_fafed
+from tff_fedadamom.algorithms import build_fafed, fafed
 
 
 def _reference(rounds, participants, *, gamma, alpha, beta, rho, eta):
@@ -77,6 +77,28 @@ def test_initialisation_round_does_not_move_the_model():
                                 state.global_model_weights['model'].trainable)
   # One batch per client, counted once despite the two gradient evaluations.
   assert output.metrics['client_work']['train']['num_examples'] == 3
+
+
+def test_first_training_step_by_hand_with_the_default_hparams():
+  # Defaults alpha = beta = rho = 0.1 (naya0000/FaFed, code/*/main.py).
+  assert (fafed.DEFAULT_ALPHA, fafed.DEFAULT_BETA_2, fafed.DEFAULT_EPSILON) == (0.1, 0.1, 0.1)
+  gamma = 0.05
+  process = build_fafed(linear.model_fn, gamma)
+  state = process.initialize()
+  # Client 2's one batch (x, y) = (2, -1); g(w) = 2 x (w x - y) = 4 (2 w + 1).
+  # Round 0 initialises at w = 0.5: u = g = 8, v = 64.
+  state = process.next(state, linear.datasets([2])).state
+  # Round 1: A = sqrt(64) + 0.1; w_1 = 0.5 - gamma 8 / 8.1; the STORM update on
+  # the same batch, u = g(w_1) + 0.9 (8 - g(0.5)) = g(w_1) (with the image
+  # script's ext = 0.95 it would be g(w_1) + 0.36); v = 0.1 * 64 + 0.9 g(w_1)**2.
+  state = process.next(state, linear.datasets([2])).state
+  w1 = 0.5 - gamma * 8 / 8.1
+  g1 = 4 * (2 * w1 + 1)
+  g = state.global_model_weights
+  np.testing.assert_allclose(linear.scalar(g['model'].trainable), w1, rtol=1e-6)
+  np.testing.assert_allclose(linear.scalar(g['accumulator']), g1, rtol=1e-6)
+  np.testing.assert_allclose(linear.scalar(g['preconditioner']), 6.4 + 0.9 * g1 * g1,
+                             rtol=1e-6)
 
 
 @pytest.mark.parametrize('kwargs, name', [

@@ -1,12 +1,14 @@
 """FAFED: momentum-based variance-reduced client steps with a shared adaptive matrix.
 
 Wu, Huang, Hu and Huang, "Faster Adaptive Federated Learning", AAAI 2023
-(arXiv:2212.00974), Algorithm 1 (FAFED). The algorithm box itself could not be
-consulted for this implementation; the rule below follows the paper's text
-(momentum-based variance reduction, cross-silo, adaptive learning rate shared
-by the workers) and a public PyTorch implementation of FAFED, which averages
-the parameters, u and v at every communication and sets H = sqrt(v) + rho from
-the averaged v. Where that implementation differs, it is said below. Each worker i keeps a STORM-type
+(arXiv:2212.00974), Algorithm 1 (FAFED). Only the paper's abstract could be
+read and no code by its authors is known; the rule below follows the abstract
+(momentum-based variance reduction, cross-silo, an adaptive matrix shared by
+the workers) and an unofficial public PyTorch implementation (naya0000/FaFed,
+`code/Image/FAFED.py` and `code/NLP/FAFED.py` with their `main.py`; the same
+files in Xiao-Chenguang/FaFed), which averages the parameters, u and v at every
+communication and sets H = sqrt(v) + rho from the averaged v. Where this
+implementation departs from it, it is said below. Each worker i keeps a STORM-type
 momentum estimator u (Cutkosky & Orabona, 2019) and an exponential average v of
 squared gradients; every q local steps (one round here) the server averages
 x, u and v over the workers, forms the adaptive matrix A = diag(sqrt(v) + rho)
@@ -35,16 +37,34 @@ evaluates one batch at x, sends u = g, v = g**2 and a zero model update (the
 same local step with gamma = 0, alpha = 1, beta_2 = 0). Training steps start
 at round 1.
 
-Choices and deviations (ours):
-- The PyTorch implementation updates u before the step (from the gradient at
-  the client's previous local iterate, which after a communication is its own
-  pre-averaging iterate) and takes one plain gradient step during
-  initialisation; here u is updated after each step from the gradients at x
-  and x_new on the same batch, and initialisation does not move the model.
-- Step size and alpha are constants (the reference implementation's practice);
-  the analysis's schedules eta_t = k / (m + t)^(1/3), alpha_{t+1} = c eta_t^2
-  are not used. gamma_r = gamma * client_lr_decay**r supports the pipeline's
-  client learning-rate decay.
+Defaults: alpha = 0.1, beta = 0.1 (`beta_2` here; v = 0.1 v + 0.9 g**2, so
+v follows the latest gradients closely) and rho = 0.1 (`epsilon` here), the
+argparse defaults of both of that implementation's `main.py` (image and NLP).
+
+Choices and deviations (ours), each where the implementation departs from the
+STORM estimator the abstract names, or where it could not be checked against
+the paper:
+- The iterate the estimator differences against. The implementation updates u
+  before each step from g(x_t) and g(x_prev), x_prev being the client's
+  iterate before its previous step, which after a communication is its own
+  pre-averaging iterate, not the averaged model it continues from; and it
+  takes one plain gradient step during initialisation. Here u is updated
+  after each step from g(x) and g(x_new) on the same batch, x being the point
+  the step started from (the averaged model at a round's start), so the
+  correction is the gradient change along the step actually taken, which is
+  what STORM's variance argument bounds (by |x_new - x|); the recursion is
+  otherwise the same. Initialisation does not move the model.
+- The old gradient's weight. The implementation scales it by `ext`:
+  u = g_new + (1 - alpha) (u - ext * g_old), with ext = 0.95 in its image
+  script and 1 in its NLP script. Here ext = 1, the STORM estimator (with
+  ext < 1 the correction no longer cancels in expectation and u keeps a
+  bias of (1 - alpha) (1 - ext) g_old).
+- Step size. The image script keeps gamma constant; the NLP script decays it
+  per epoch, gamma / (1 + epoch)^(1/3), after the analysis's schedule
+  eta_t = k / (m + t)^(1/3) (whose alpha_{t+1} = c eta_t^2 neither script
+  uses). Here gamma and alpha are constants, and
+  gamma_r = gamma * client_lr_decay**r supports the pipeline's per-round
+  client learning-rate decay; no (1 + epoch)^(-1/3) schedule is offered.
 - The paper names the adaptive constant rho; here it is the shared hparam
   `epsilon`, beta (the v decay) is `beta_2`, and alpha keeps its name.
 - Clipping and weight decay (`clip_and_decay`) are applied to both gradients.
@@ -85,8 +105,8 @@ from tff_fedadamom.algorithms import _common
 
 DEFAULT_LEARNING_RATE = 1.0
 DEFAULT_ALPHA = 0.1
-DEFAULT_BETA_2 = 0.99
-DEFAULT_EPSILON = 1e-2
+DEFAULT_BETA_2 = 0.1  # beta; naya0000/FaFed, code/Image/main.py and code/NLP/main.py
+DEFAULT_EPSILON = 0.1  # rho; the same
 _NAME = 'FAFED'
 
 

@@ -158,8 +158,9 @@ def _spec(name, display_name, builder, defaults, tunable, description, state, *,
 
 # FedCAda and FAFED: neither paper's hparam grid could be consulted (see
 # tff_fedadamom/algorithms); the ranges are the usual ones for client Adam
-# (beta_2 0.99..0.999, epsilon 1e-8..1e-3) and for a STORM weight and an
-# adaptive constant rho around the defaults.
+# (beta_2 0.99..0.999, epsilon 1e-8..1e-3) and, for FAFED, a STORM weight and
+# an adaptive constant rho spanning a decade or more around the defaults of the
+# public implementation its module cites (alpha = rho = 0.1).
 _CLIENT_ADAPTIVE_COMM = ('the model update, the first and the second moment up; the model'
                          ' and both moments down (plus a scalar step count for FedCAda)')
 
@@ -283,7 +284,7 @@ OPTIMIZERS: Mapping[str, OptimizerSpec] = {
             keys.CLIENT_ADAPTIVE_STATE,
             process=dict(check=fafed.check_hparams, communication=3.0,
                          communication_note=_CLIENT_ADAPTIVE_COMM),
-            alpha=('loguniform', 1e-2, 1.0), epsilon=('loguniform', 1e-4, 1e-1),
+            alpha=('loguniform', 1e-2, 1.0), epsilon=('loguniform', 1e-3, 1.0),
         ),
     )
 }
