@@ -35,7 +35,7 @@ README's optimizer table lists each default and its source):
   (`utils/optimizers/yogi.py`), which both correct in the "epsilon hat" form
   `lr * sqrt(1 - beta_2**t) / (1 - beta_1**t) * m / (sqrt(v) + epsilon)`;
   TFF's `build_adam`/`build_yogi` are that form, and `build_fedadam`/
-  `build_fedyogi` return them. (Algorithm 2 of the paper writes no correction.)
+  `build_fedyogi` return them.
 - FedAMSGrad, FADAS: on, in the form of their authors' code
   (jinghuichen/FedCAMS and yujiaw98/FADAS, `update.py`, optimizer `fedams`):
   the second block above, where epsilon is added after `sqrt(d)` is
