@@ -40,7 +40,7 @@ def test_every_shipped_config_validates(path):
 def test_minimal_config_gets_defaults_and_resolved_hparams():
   config = load_config(MINIMAL)
   assert config.rounds == 3
-  assert config.server.hparams == {"learning_rate": 0.03, "beta_1": 0.9, "beta_2": 0.99,
+  assert config.server.hparams == {"learning_rate": 0.03, "beta_1": 0.9, "beta_2": 0.999,
                                    "epsilon": 1e-3, "bias_correction": True}
   assert config.server.client_weighting == "uniform"
   assert config.client.learning_rate == 0.1

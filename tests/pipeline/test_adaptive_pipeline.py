@@ -19,8 +19,8 @@ from tff_fedadamom.pipeline.process import client_datasets, load_data
 NEW_RULES = [
     {"optimizer": "fadas"},
     {"optimizer": "fedamsgrad"},
-    {"optimizer": "fadas", "bias_correction": True},
-    {"optimizer": "fedamsgrad", "bias_correction": True},
+    {"optimizer": "fadas", "bias_correction": False},
+    {"optimizer": "fedamsgrad", "bias_correction": False},
     {"optimizer": "fedadam", "bias_correction": False},
     {"optimizer": "fedyogi", "bias_correction": False},
 ]
@@ -35,7 +35,7 @@ def _config(tmp_path, server, **overrides):
 def test_fadas_config_validates_with_its_defaults(tmp_path):
   config = load_config(_config(tmp_path, {"optimizer": "fadas"}))
   assert config.server.hparams == registry.default_hparams("fadas")
-  assert config.server.hparams["bias_correction"] is False
+  assert config.server.hparams["bias_correction"] is True  # as yujiaw98/FADAS' update.py
   assert config.server.hparams["delay_threshold"] == 1.0
 
 

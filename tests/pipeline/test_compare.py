@@ -27,7 +27,7 @@ def test_variant_keeps_own_hparams_and_resets_others(tmp_path):
   same = optimizer_variant(base, "fedadamom")
   other = optimizer_variant(base, "fedadam")
   assert same.server.hparams["beta_2"] == 0.2
-  assert other.server.hparams["beta_2"] == 0.99  # fedadam's own default
+  assert other.server.hparams["beta_2"] == 0.999  # fedadam's own default
   assert other.output_dir.endswith(os.path.join("v", "fedadam"))
 
 

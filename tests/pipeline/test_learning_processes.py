@@ -76,8 +76,9 @@ def test_config_errors_name_the_field(name, override, field, tmp_path):
 def test_compare_accepts_the_names_and_prints_communication(tmp_path):
   base = load_config(tiny(tmp_path / "v"))
   variant = optimizer_variant(base, "fafed")
-  assert variant.server.hparams == {"learning_rate": 1.0, "alpha": 0.1, "beta_2": 0.99,
-                                    "epsilon": 1e-2}
+  # FAFED's defaults: naya0000/FaFed's main.py (alpha = beta = rho = 0.1).
+  assert variant.server.hparams == {"learning_rate": 1.0, "alpha": 0.1, "beta_2": 0.1,
+                                    "epsilon": 0.1}
   table = compare(tiny(tmp_path / "cmp", rounds=1, client=CLIENT), ["fedavg", "fedcada"],
                   progress=False)
   header, _, *rows = table.splitlines()
