@@ -39,7 +39,8 @@ from typing import Any, Mapping, Optional, Union
 
 import yaml
 
-from tff_fedadamom.config.loader import build_section, coerce, read_yaml, reject_unknown
+from tff_fedadamom.config.loader import read_yaml
+from tff_fedadamom.config.sections import build_section, coerce, reject_unknown
 from tff_fedadamom.config.schema import (checked_field, nonnegative, positive, ray_address,
                                          ray_resource)
 from tff_fedadamom.metric_names import TEST_ACCURACY, TEST_LOSS, TRAIN_ACCURACY, TRAIN_LOSS

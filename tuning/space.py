@@ -40,7 +40,7 @@ import math
 import zlib
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Union
 
-from tff_fedadamom.config.loader import coerce, reject_numeric_string, reject_unknown
+from tff_fedadamom.config.sections import coerce, reject_numeric_string, reject_unknown
 from tff_fedadamom.naming import suggest
 from tff_fedadamom.plain import plain
 from tuning.errors import SweepConfigError

@@ -10,7 +10,7 @@ from typing import Any, Mapping
 
 from tff_fedadamom.config import schema
 from tff_fedadamom.config.errors import ConfigError
-from tff_fedadamom.config.loader import reject_unknown
+from tff_fedadamom.config.sections import reject_unknown
 from tff_fedadamom.naming import suggest
 
 
