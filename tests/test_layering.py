@@ -13,6 +13,7 @@ import ast
 import os
 import subprocess
 import sys
+import typing
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -52,16 +53,33 @@ def _modules():
           yield module.removesuffix(".__init__"), path
 
 
-def _imports(module: str, path: str):
-  """(imported module, line, inside a function) for each project import."""
+def _is_type_checking(node) -> bool:
+  """`if TYPE_CHECKING:` (or `typing.TYPE_CHECKING`): imports for annotations only."""
+  test = getattr(node, "test", None)
+  return isinstance(node, ast.If) and (
+      (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
+      or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
+
+
+class Import(typing.NamedTuple):
+  name: str  # a module, or a name in one (`from a import b` gives a and a.b)
+  line: int
+  lazy: bool  # inside a function
+  type_only: bool  # under `if TYPE_CHECKING:`, never run
+  whole: bool  # the name itself is bound (not the `a` of `from a import b`)
+
+
+def _imports(module: str, path: str) -> list[Import]:
+  """Each project import of the module at `path`."""
   with open(path) as f:
     tree = ast.parse(f.read(), path)
   package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
   found = []
 
-  def visit(node, in_function):
+  def visit(node, in_function, type_only):
     for child in ast.iter_child_nodes(node):
       lazy = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+      bases = set()
       if isinstance(child, ast.Import):
         names = [a.name for a in child.names]
       elif isinstance(child, ast.ImportFrom):
@@ -71,20 +89,26 @@ def _imports(module: str, path: str):
           base = ".".join(parts + ([child.module] if child.module else []))
         # `from a import b` may import module a.b: count both names.
         names = [base] + [f"{base}.{a.name}" for a in child.names]
+        bases = {base}
       else:
-        visit(child, lazy)
+        if _is_type_checking(child):
+          visit(ast.Module(body=child.body, type_ignores=[]), lazy, True)
+          visit(ast.Module(body=child.orelse, type_ignores=[]), lazy, type_only)
+        else:
+          visit(child, lazy, type_only)
         continue
       for name in names:
         if name.split(".")[0] in PACKAGES:
-          found.append((name, child.lineno, in_function))
-  visit(tree, False)
+          found.append(Import(name, child.lineno, in_function, type_only,
+                              name not in bases))
+  visit(tree, False, False)
   return found
 
 
 def _violations():
   out = []
   for module, path in _modules():
-    for imported, line, lazy in _imports(module, path):
+    for imported, line, lazy, _, _ in _imports(module, path):
       if _layer(imported) <= _layer(module):
         continue
       allowed = any(module == m and (imported == p or imported.startswith(p + "."))
@@ -98,10 +122,11 @@ def _violations():
 def test_the_import_scan_sees_the_known_imports():
   """The scan itself works: known imports of each kind are found."""
   imports = dict(_modules())
-  cli = {(name, lazy) for name, _, lazy in _imports("tff_fedadamom.cli",
-                                                     imports["tff_fedadamom.cli"])}
+  cli = {(i.name, i.lazy) for i in _imports("tff_fedadamom.cli", imports["tff_fedadamom.cli"])}
   assert ("tuning.cli", True) in cli  # lazy, inside build_parser
-  sweep = {name for name, _, _ in _imports("tuning.sweep", imports["tuning.sweep"])}
+  checks = {(i.name, i.type_only) for i in _imports("tuning.checks", imports["tuning.checks"])}
+  assert ("tuning.schema", True) in checks and ("tuning.space", False) in checks
+  sweep = {i.name for i in _imports("tuning.sweep", imports["tuning.sweep"])}
   assert "tff_fedadamom.pipeline.ray_session" in sweep
   assert _layer("tff_fedadamom.pipeline.runner") == 3
   assert _layer("tff_fedadamom.naming") == 0 and _layer("tuning.workers") == 4
@@ -109,6 +134,118 @@ def test_the_import_scan_sees_the_known_imports():
 
 def test_nothing_imports_upward():
   assert _violations() == []
+
+
+def _lazy_exports(path: str) -> dict[str, str]:
+  """A package's lazy exports (`_EXPORTS = {name: module}`, see
+  `tff_fedadamom.lazy`): what using each name imports."""
+  with open(path) as f:
+    tree = ast.parse(f.read(), path)
+  for node in tree.body:
+    if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == [
+        "_EXPORTS"]:
+      return ast.literal_eval(node.value)
+  return {}
+
+
+def _import_graph() -> dict[str, set]:
+  """Module -> the project modules that importing it runs, functions included,
+  `TYPE_CHECKING` blocks excluded.
+
+  Importing `a.b.c` runs the package `a.b` (its `__init__`) first, so an import
+  also points at each package above the imported module, except the packages
+  the importer itself sits in (they are already being imported). A package
+  with lazy exports imports their modules only when a name is used: `from P
+  import name` points at the module of `name`; `import P` (or `from a import
+  P`) at all of them, as any may be used.
+  """
+  paths = dict(_modules())
+  exports = {m: _lazy_exports(p) for m, p in paths.items() if p.endswith("__init__.py")}
+  graph = {}
+  for module, path in paths.items():
+    own = {module.rsplit(".", k)[0] for k in range(module.count(".") + 1)}
+    edges = set()
+    for name, _, _, type_only, whole in _imports(module, path):
+      if type_only:
+        continue
+      package, _, attribute = name.rpartition(".")
+      if attribute in exports.get(package, {}):
+        edges.add(exports[package][attribute])
+      if name not in paths:
+        continue
+      parts = name.split(".")
+      edges.update(".".join(parts[:k]) for k in range(1, len(parts) + 1))
+      if whole:
+        edges.update(exports.get(name, {}).values())
+    graph[module] = {m for m in edges if m in paths and m not in own}
+  return graph
+
+
+def import_cycles(graph: dict[str, set]) -> list[list[str]]:
+  """The import cycles of `graph`: its strongly connected components with more
+  than one module (Tarjan's algorithm), each sorted, the list sorted."""
+  index, low, stack, on_stack, out = {}, {}, [], set(), []
+
+  def connect(node):
+    index[node] = low[node] = len(index)
+    stack.append(node)
+    on_stack.add(node)
+    for nxt in sorted(graph.get(node, ())):
+      if nxt not in index:
+        connect(nxt)
+        low[node] = min(low[node], low[nxt])
+      elif nxt in on_stack:
+        low[node] = min(low[node], index[nxt])
+    if low[node] == index[node]:
+      component = []
+      while True:
+        member = stack.pop()
+        on_stack.discard(member)
+        component.append(member)
+        if member == node:
+          break
+      if len(component) > 1:
+        out.append(sorted(component))
+
+  for node in sorted(graph):
+    if node not in index:
+      connect(node)
+  return sorted(out)
+
+
+# Cycles known and being removed; delete an entry once its cycle is gone.
+KNOWN_CYCLES = [
+    # Building a process for the ray backend: process -> runtime (the backend
+    # choice) -> ray_backend -> process (each actor builds its own process).
+    ["tff_fedadamom.pipeline.process", "tff_fedadamom.pipeline.ray_backend",
+     "tff_fedadamom.pipeline.runtime"],
+]
+
+
+def test_import_cycles_are_found():
+  graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a", "e"}, "e": {"d"}, "f": {"f"}}
+  assert import_cycles(graph) == [["a", "b", "c"], ["d", "e"]]
+  assert import_cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+  graph = _import_graph()
+  # A lazy import counts, and so does the package it passes through.
+  assert "tff_fedadamom.pipeline.runtime" in graph["tff_fedadamom.pipeline.process"]
+  assert "tff_fedadamom.config" in graph["tff_fedadamom.pipeline.compare"]
+  assert "tff_fedadamom.pipeline" not in graph["tff_fedadamom.pipeline.compare"]
+  assert "tuning.schema" not in graph["tuning.checks"]  # TYPE_CHECKING only
+  # Lazy exports: a used name imports its module; a submodule, not the exports.
+  assert "tuning.sweep" in graph["tuning.cli"]  # `from tuning.sweep import run_sweep`
+  assert "tff_fedadamom.optimizers.registry" in graph["tff_fedadamom.config.validate"]
+  assert "tff_fedadamom.optimizers.registry" not in graph[
+      "tff_fedadamom.algorithms._common"]
+
+
+def test_no_import_cycles():
+  """No module imports one that imports it back, in either package, counting
+  imports inside functions (they run too, only later) but not TYPE_CHECKING
+  blocks. The root packages' exports are lazy (`__getattr__`), so they import
+  nothing and close no cycle."""
+  cycles = import_cycles(_import_graph())
+  assert [c for c in cycles if c not in KNOWN_CYCLES] == []
 
 
 def test_no_module_exceeds_the_size_limit():

@@ -32,6 +32,7 @@ import tempfile
 import uuid
 from typing import Any, Callable, Iterable, Mapping, Optional
 
+from tff_fedadamom.pipeline.loop import RoundHook
 from tff_fedadamom.plain import plain
 
 OBJECTIVE = "objective"
@@ -123,19 +124,15 @@ def eval_result(event, *, metric, node_id: str) -> tuple[dict, Optional[str]]:
   return result, event.output_dir if event.checkpoint_saved else None
 
 
-class TuneReport:
-  """The round hook (`tff_fedadamom.pipeline.loop.RoundHook`) a trial's run
-  reports through: after every evaluation, `report(make_result(event))` with
-  the round's `EvalEvent`. It runs after the run's own hooks, so the round's
+class TuneReport(RoundHook):
+  """The round hook a trial's run reports through: after every evaluation,
+  `report(make_result(event))` with the round's `EvalEvent`. It runs after the run's own hooks, so the round's
   metrics row and checkpoint are on disk when `make_result` reads them.
 
   Args:
     output_dir: The trial's run directory.
     make_result: `EvalEvent -> (result, checkpoint_dir or None)` (`eval_result`).
     report: Hands that pair to Tune (`tune.report`).
-
-  It has `RoundHook`'s methods rather than its class: importing the pipeline
-  imports TensorFlow, which a trial that only reports never loads.
   """
 
   def __init__(self, output_dir: str, make_result: Callable, report: Callable):
@@ -143,15 +140,9 @@ class TuneReport:
     self._make_result = make_result
     self._report = report
 
-  def start_round(self, round_num: int, state) -> None:
-    del round_num, state
-
   def end_round(self, end) -> None:
     if end.evaluated:
       self._report(self._make_result(end.eval_event(self._output_dir)))
-
-  def close(self) -> None:
-    pass
 
 
 def train_trial(config: dict, *, sweep, optimizer: Optional[str],
