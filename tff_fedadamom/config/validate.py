@@ -109,14 +109,13 @@ def _check_server(server: schema.ServerConfig, source: str) -> schema.ServerConf
                         allowed="a finite number")
     hparams[key] = float(value)
   try:
-    optimizers.check_hparams(server.optimizer, **hparams)
+    resolved = optimizers.check_hparams(server.optimizer, **hparams)  # defaults filled in
   except ValueError as e:
     name = _named_argument(str(e))
     field = f"server.{name}" if name else "server"
     raise ConfigError(source, field, str(e), value=hparams.get(name)) from None
   _check_schedule(server.schedule, source)
-  return dataclasses.replace(server, hparams=optimizers.resolve_hparams(server.optimizer,
-                                                                        **hparams))
+  return dataclasses.replace(server, hparams=resolved)
 
 
 def _check_schedule(schedule: Mapping[str, Any], source: str) -> None:
