@@ -10,7 +10,7 @@ import yaml
 
 from tff_fedadamom.config import (ConfigError, ExperimentConfig, ServerConfig, config_to_dict,
                                   dump_config, load_config)
-from tff_fedadamom.config import loader
+from tff_fedadamom.config import loader, schema
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
 SHIPPED = sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml")))
@@ -81,6 +81,23 @@ def test_a_changed_or_hand_built_config_is_validated():
   assert load_config(built).server.hparams == {"learning_rate": 1.0, "momentum": 0.9}
   overridden = load_config(config, ["rounds=7"])
   assert (overridden.rounds, config.rounds) == (7, 3)
+
+
+def test_a_validated_config_names_its_partition_and_schedule_kinds():
+  """The kinds YAML may leave out are named once, by validation, so nothing
+  downstream needs to know their defaults."""
+  config = load_config({**MINIMAL, "data": {**MINIMAL["data"], "partition": {"alpha": 0.5}},
+                        "server": {**MINIMAL["server"], "schedule": {}}})
+  assert config.data.partition == {"kind": "dirichlet", "alpha": 0.5}
+  assert config.server.schedule == {"kind": "constant"}
+  assert load_config(config_to_dict(config)) == config
+
+
+@pytest.mark.parametrize("backend,resolved", [("auto", "inprocess"), ("inprocess", "inprocess"),
+                                              ("tff_cpp", "tff_cpp"), ("ray", "ray")])
+def test_auto_means_the_in_process_backend(backend, resolved):
+  config = load_config(MINIMAL, [f"runtime.backend={backend}"])
+  assert schema.resolved_backend(config.runtime) == resolved
 
 
 @pytest.mark.parametrize("override,field,fragment", [
