@@ -24,7 +24,7 @@ import math
 import os
 from typing import Any, Mapping, Optional, Sequence
 
-from tff_fedadamom.metric_names import TEST_ACCURACY, TEST_LOSS, TRAIN_LOSS
+from tff_fedadamom.metric_names import ROUND, TEST_ACCURACY, TEST_LOSS, TRAIN_LOSS
 from tff_fedadamom.pipeline.outputs import rounds_to_targets
 from tff_fedadamom.pipeline.tables import csv_table, markdown_table
 from tff_fedadamom.plain import plain
@@ -229,7 +229,7 @@ def write_export(sweep: schema.Sweep, records_by_opt: Mapping[str, list[TrialRec
                    "config": os.path.relpath(b.config_path, sweep_dir),
                    "rounds_to_target": dict(b.rounds_to_target),
                    "history": [{k: v for k, v in h.items()
-                                if k in (trainable_lib.ROUND, trainable_lib.OBJECTIVE,
+                                if k in (ROUND, trainable_lib.OBJECTIVE,
                                          TEST_ACCURACY, TEST_LOSS, TRAIN_LOSS)}
                                for h in b.trial.history]}
                for o, b in best.items()},

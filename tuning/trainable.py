@@ -32,12 +32,12 @@ import tempfile
 import uuid
 from typing import Any, Callable, Iterable, Mapping, Optional
 
+from tff_fedadamom.metric_names import ROUND, evaluated
 from tff_fedadamom.pipeline.loop import RoundHook
 from tff_fedadamom.plain import plain
 
 OBJECTIVE = "objective"
 DIVERGED = "diverged"
-ROUND = "round"
 WORKER_PID = "worker_pid"
 RUN_SUBDIR = "run"
 _WORST = 1e300
@@ -61,8 +61,7 @@ def objective_from_history(history: Iterable[Mapping[str, Any]], metric: str, la
   """
   by_round = {}
   for row in history:
-    evaluated = any(key.startswith("test/") for key in row)
-    if evaluated and metric in row and (upto_round is None or row[ROUND] <= upto_round):
+    if evaluated(row) and metric in row and (upto_round is None or row[ROUND] <= upto_round):
       by_round[int(row[ROUND])] = float(row[metric])
   values = [by_round[r] for r in sorted(by_round)][-last_k:]
   if not values:
