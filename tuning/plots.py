@@ -1,7 +1,7 @@
 """The sweep export's plots: objective vs each searched hparam (over its whole
 search range) per optimizer, and the learning curves of the best trials.
 
-Drawn with matplotlib's object API (`tff_fedadamom.pipeline.outputs.new_figure`):
+Drawn with matplotlib's object API (`tff_fedadamom.figures`):
 nothing process-wide changes.
 """
 
@@ -12,7 +12,8 @@ from typing import Any, Mapping
 
 from matplotlib.ticker import NullLocator
 
-from tff_fedadamom.pipeline.outputs import new_figure, save_figure
+from tff_fedadamom.figures import new_figure, save_figure
+from tff_fedadamom.metric_names import ROUND
 from tuning import space as space_lib
 from tuning import trainable as trainable_lib
 from tuning.best import TrialRecord
@@ -85,8 +86,8 @@ def plot_sweep(records_by_opt: Mapping[str, list[TrialRecord]], best: Mapping[st
 
   fig, ax = new_figure(figsize=(7, 4.2))
   for optimizer, chosen in best.items():
-    points = [(r[trainable_lib.ROUND], r[sweep.metric.name]) for r in chosen.trial.history
-              if r.get(sweep.metric.name) is not None and trainable_lib.ROUND in r]
+    points = [(r[ROUND], r[sweep.metric.name]) for r in chosen.trial.history
+              if r.get(sweep.metric.name) is not None and ROUND in r]
     if points:
       ax.plot(*zip(*points), marker="o", markersize=3, label=optimizer)
   ax.set(xlabel="round", ylabel=sweep.metric.name,
