@@ -7,10 +7,13 @@ the CLI), then the sweep layer `tuning`. A module may import its own layer and
 those below it, never one above. The CLI alone may reach `tuning`, and only
 inside a function (it adds the `tune`/`export` subcommands when it runs).
 Imports are read with `ast`, so a lazy import inside a function counts too.
+docs/DESIGN.md lists the layers and each concept's home; the tests below hold
+the code to it.
 """
 
 import ast
 import os
+import re
 import subprocess
 import sys
 import typing
@@ -246,6 +249,78 @@ def test_no_import_cycles():
   nothing and close no cycle."""
   cycles = import_cycles(_import_graph())
   assert [c for c in cycles if c not in KNOWN_CYCLES] == []
+
+
+DESIGN = os.path.join(REPO, "docs", "DESIGN.md")
+# Second homes in files being changed elsewhere; delete an entry once its module
+# imports the name from its home.
+PENDING_SECOND_HOMES = {
+    ("tff_fedadamom.pipeline.runtime", "INPROCESS"),  # -> config.schema
+    ("tff_fedadamom.pipeline.runtime", "TFF_CPP"),
+    ("tff_fedadamom.pipeline.runtime", "RAY"),
+    ("tff_fedadamom.pipeline.outputs", "new_figure"),  # -> tff_fedadamom.figures
+    ("tff_fedadamom.pipeline.outputs", "save_figure"),
+}
+
+
+def _design_rows(heading: str) -> list[list[str]]:
+  """The cells of the table under `## heading` in docs/DESIGN.md."""
+  with open(DESIGN, encoding="utf-8") as f:
+    section = f.read().split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
+  rows = [line.strip().strip("|").split("|") for line in section.splitlines()
+          if line.startswith("|")]
+  return [[cell.strip() for cell in row] for row in rows[2:]]  # after header and rule
+
+
+def _ticked(cell: str) -> list[str]:
+  return re.findall(r"`([^`]+)`", cell)
+
+
+def _definitions(path: str) -> dict[str, bool]:
+  """Top-level names the module at `path` defines -> whether the definition is
+  its own (a def, a class, a computed value) rather than an alias of a name
+  defined elsewhere."""
+  with open(path) as f:
+    tree = ast.parse(f.read(), path)
+  out = {}
+  for node in tree.body:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+      out[node.name] = True
+    elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+      own = not isinstance(node.value, (ast.Name, ast.Attribute))  # `X = other.X` aliases
+      for target in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+        for name in ast.walk(target):
+          if isinstance(name, ast.Name):
+            out[name.id] = own
+  return out
+
+
+def test_the_design_notes_list_the_layers():
+  documented = {}
+  for layer, modules in _design_rows("Layers"):
+    for module in _ticked(modules):
+      documented[module] = int(layer)
+  assert documented == LAYERS
+
+
+def test_each_concept_has_the_one_home_the_design_notes_name():
+  modules = dict(_modules())
+  definitions = {m: _definitions(p) for m, p in modules.items()}
+  rows = _design_rows("Where each concept lives")
+  assert len(rows) >= 10
+  problems = []
+  for _, home, names in rows:
+    (path,) = _ticked(home)
+    module = path[:-3].replace("/", ".")
+    assert module in modules, path
+    for name in _ticked(names):
+      if not definitions[module].get(name):
+        problems.append(f"{path} does not define {name}")
+      problems += [f"{other} defines {name} again (home: {path})"
+                   for other, names_there in definitions.items()
+                   if other != module and names_there.get(name)
+                   and (other, name) not in PENDING_SECOND_HOMES]
+  assert problems == []
 
 
 def test_no_module_exceeds_the_size_limit():
