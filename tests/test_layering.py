@@ -38,6 +38,10 @@ LAYERS = {
 # (importer, imported prefix): allowed upward, only from inside a function.
 LAZY_UPWARD = {("tff_fedadamom.cli", "tuning")}
 MAX_LINES = 400
+MAX_FUNCTION_LINES = 60  # docstring excluded
+# Functions over the limit in files being changed elsewhere; delete an entry
+# once its function is split.
+LONG_FUNCTIONS_PENDING = {("tff_fedadamom.pipeline.runner", "run_experiment")}
 
 
 def _layer(module: str) -> int:
@@ -326,6 +330,25 @@ def test_each_concept_has_the_one_home_the_design_notes_name():
 def test_no_module_exceeds_the_size_limit():
   sizes = {m: sum(1 for _ in open(p)) for m, p in _modules()}
   assert {m: n for m, n in sizes.items() if n > MAX_LINES} == {}
+
+
+def _function_lengths(path: str):
+  """(name, lines without the docstring) of every function in the file."""
+  with open(path) as f:
+    tree = ast.parse(f.read(), path)
+  for node in ast.walk(tree):
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+      first = node.body[0]
+      docstring = (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+                   and isinstance(first.value.value, str))
+      skipped = first.end_lineno - first.lineno + 1 if docstring else 0
+      yield node.name, node.end_lineno - node.lineno + 1 - skipped
+
+
+def test_no_function_exceeds_the_length_limit():
+  long = {(m, name): n for m, p in _modules() for name, n in _function_lengths(p)
+          if n > MAX_FUNCTION_LINES and (m, name) not in LONG_FUNCTIONS_PENDING}
+  assert long == {}
 
 
 def _run(code: str) -> str:

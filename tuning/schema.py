@@ -24,8 +24,8 @@ what is allowed.
                 max_failures: 1}
 
 Space entries are merged in this order, later winning: the defaults from the
-literature (the optimizer registry's search ranges and `tuning.space.DEFAULT_SPACE`), the top-level entries, the entries
-under the optimizer's name. Server hparams (`server.<name>`) apply only to the
+literature (the optimizer registry's search ranges and `tuning.space.DEFAULT_SPACE`),
+the top-level entries, the entries under the optimizer's name. Server hparams (`server.<name>`) apply only to the
 optimizers whose registry entry lists them as tunable. A scalar instead of a
 distribution fixes the value for every trial; `null` removes the entry.
 """

@@ -125,13 +125,14 @@ def eval_result(event, *, metric, node_id: str) -> tuple[dict, Optional[str]]:
 
 class TuneReport(RoundHook):
   """The round hook a trial's run reports through: after every evaluation,
-  `report(make_result(event))` with the round's `EvalEvent`. It runs after the run's own hooks, so the round's
-  metrics row and checkpoint are on disk when `make_result` reads them.
+  `report(make_result(event))` with the round's `EvalEvent`. It runs after the
+  run's own hooks, so the round's metrics row and checkpoint are on disk when
+  `make_result` reads them.
 
   Args:
     output_dir: The trial's run directory.
     make_result: `EvalEvent -> (result, checkpoint_dir or None)` (`eval_result`).
-    report: Hands that pair to Tune (`tune.report`).
+    report: Hands that pair to Tune (`_report_to_tune`).
   """
 
   def __init__(self, output_dir: str, make_result: Callable, report: Callable):
@@ -142,6 +143,17 @@ class TuneReport(RoundHook):
   def end_round(self, end) -> None:
     if end.evaluated:
       self._report(self._make_result(end.eval_event(self._output_dir)))
+
+
+def _report_to_tune(payload) -> None:
+  """Hands `eval_result`'s (result, checkpoint directory or None) to Tune."""
+  from ray import tune
+
+  result, checkpoint_dir = payload
+  if checkpoint_dir is not None:
+    tune.report(result, checkpoint=tune.Checkpoint.from_directory(checkpoint_dir))
+  else:
+    tune.report(result)
 
 
 def train_trial(config: dict, *, sweep, optimizer: Optional[str],
@@ -184,19 +196,11 @@ def train_trial(config: dict, *, sweep, optimizer: Optional[str],
       threads=threads, name=f"{sweep.name}/{optimizer}/{context.get_trial_name()}")
   make_result = functools.partial(eval_result, metric=sweep.metric,
                                   node_id=ray.get_runtime_context().get_node_id())
-
-  def report(payload) -> None:
-    result, checkpoint_dir = payload
-    if checkpoint_dir is not None:
-      tune.report(result, checkpoint=tune.Checkpoint.from_directory(checkpoint_dir))
-    else:
-      tune.report(result)
-
   try:
     if pool is not None:
       from tuning import workers
 
-      workers.run_trial(pool, make_experiment, make_result, report, threads=threads,
+      workers.run_trial(pool, make_experiment, make_result, _report_to_tune, threads=threads,
                         gpu_ids=gpu_ids, scratch=scratch)
       return
     _limit_threads(threads, gpu=bool(gpu_ids))
@@ -205,7 +209,8 @@ def train_trial(config: dict, *, sweep, optimizer: Optional[str],
     runtime.install_worker_cleanup()
     runtime.configure_threads(threads)  # before TensorFlow runs anything
     try:
-      run_experiment(make_experiment(), hooks=[TuneReport(output_dir, make_result, report)],
+      run_experiment(make_experiment(),
+                     hooks=[TuneReport(output_dir, make_result, _report_to_tune)],
                      progress=False)
     finally:
       # This trial owns its process: end TFF's worker_binary (tff_cpp backend)

@@ -167,8 +167,9 @@ class RuntimeConfig:
   `cpus_per_worker` CPUs and `gpus_per_worker` GPUs (fractions allowed), on a
   local Ray bound to 127.0.0.1 or on the cluster at `address`; those four
   fields belong to the ray backend only (null: `RAY_WORKERS` workers,
-  `RAY_CPUS_PER_WORKER` CPUs and `RAY_GPUS_PER_WORKER` GPUs each, a local Ray). With `ray`, `threads` and `max_concurrent_clients` apply to each
-  actor (default threads: its whole CPUs).
+  `RAY_CPUS_PER_WORKER` CPUs and `RAY_GPUS_PER_WORKER` GPUs each, a local
+  Ray). With `ray`, `threads` and `max_concurrent_clients` apply to each actor
+  (default threads: its whole CPUs).
   """
 
   threads: Optional[int] = _field(None, check=positive, allowed="an integer >= 1 or null (all)")
