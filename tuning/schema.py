@@ -47,9 +47,9 @@ from tff_fedadamom.metric_names import TEST_ACCURACY, TEST_LOSS, TRAIN_ACCURACY,
 from tff_fedadamom.naming import suggest
 from tuning.checks import check_sweep
 from tuning.errors import SweepConfigError
-from tuning.space import DISTRIBUTIONS, Distribution, SpaceEntry, parse_distribution
+from tuning.space import Distribution, SpaceEntry, parse_distribution
 
-__all__ = ["Budget", "DISTRIBUTIONS", "Distribution", "Metric", "Resources", "SWEEP_FILE",
+__all__ = ["Budget", "Distribution", "Metric", "Resources", "SWEEP_FILE",
            "Scheduler", "Search", "SpaceEntry", "Sweep", "SweepConfigError", "dump_sweep",
            "load_sweep", "num_evaluations", "parse_sweep", "read_sweep_yaml",
            "sweep_to_dict"]
