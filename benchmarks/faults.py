@@ -27,7 +27,7 @@ sys.path.insert(0, ROOT)
 import numpy as np  # noqa: E402
 import yaml  # noqa: E402
 
-from tff_fedadamom import processes  # noqa: E402
+from tests import process_table as processes  # noqa: E402
 from tff_fedadamom.config import ConfigError, load_config  # noqa: E402
 from tff_fedadamom.pipeline import outputs, run_experiment, runtime  # noqa: E402
 

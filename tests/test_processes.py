@@ -5,7 +5,7 @@ import subprocess
 import sys
 import time
 
-from tff_fedadamom import processes
+from tests import process_table as processes
 
 # A child that starts a grandchild, prints the grandchild's pid, then waits.
 _TREE = ("import subprocess, sys, time\n"

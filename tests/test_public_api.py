@@ -22,3 +22,13 @@ def test_import_does_not_load_tensorflow():
   code = "import sys, tff_fedadamom; print('tensorflow' in sys.modules)"
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
   assert out.stdout.strip() == "False"
+
+
+def test_light_modules_do_not_load_tensorflow():
+  """The pipeline and optimizer packages import lazily: the sweep export and
+  plots, the trainable's report hook and the optimizer names' package load no
+  TensorFlow."""
+  code = ("import sys, tff_fedadamom.pipeline, tff_fedadamom.optimizers, tuning.export, "
+          "tuning.plots, tuning.trainable; print('tensorflow' in sys.modules)")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+  assert out.stdout.strip() == "False"

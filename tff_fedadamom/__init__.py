@@ -11,7 +11,7 @@ itself; a program that wants the same sets, before TensorFlow is imported,
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 """
 
-import importlib
+from tff_fedadamom.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -26,13 +26,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name):
-  if name in _EXPORTS:
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
-  raise AttributeError(f"module 'tff_fedadamom' has no attribute {name!r}")
-
-
-def __dir__():
-  return sorted(list(globals()) + list(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -1,19 +1,19 @@
-"""Reading Linux's process table (`/proc`): which processes run, their parents,
-start times, command lines and environments.
+"""Reading Linux's process table (`/proc`): which processes run, their parents
+and start times.
 
-The one home of the project's /proc walk: the runtime finds the workers TFF
-started, a sweep worker checks that its trial's owner still runs, and the tests
-find what a run left behind, all through these functions. Nothing here signals,
-waits for or otherwise changes a process; callers decide what to do with pids.
+The one home of the project's /proc walk: the runtime finds which workers TFF
+started still run, and a sweep worker checks that its trial's owner still runs
+(the tests' walks, over command lines, environments, descendants and sockets,
+build on these in `tests/process_table.py`). Nothing here signals, waits for or
+otherwise changes a process; callers decide what to do with pids.
 
 A process that ends while it is being read is simply not reported; off Linux
-(no /proc) every walk is empty.
+(no /proc) none is.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Iterable, Optional
 
 
@@ -52,62 +52,6 @@ def stat(pid: int) -> Optional[Stat]:
     return None
 
 
-def pids() -> list[int]:
-  """The pids in the process table now (empty without /proc)."""
-  try:
-    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
-  except OSError:
-    return []
-
-
-def cmdline(pid: int) -> Optional[bytes]:
-  """Process `pid`'s command line, arguments separated by NUL bytes; None if unreadable."""
-  return _read(pid, "cmdline")
-
-
-def environ(pid: int) -> Optional[list[bytes]]:
-  """Process `pid`'s environment as `NAME=value` byte strings; None if it cannot be
-  read (another user's process, or one that has ended)."""
-  raw = _read(pid, "environ")
-  return None if raw is None else [item for item in raw.split(b"\0") if item]
-
-
-def _read(pid: int, name: str) -> Optional[bytes]:
-  try:
-    with open(f"/proc/{pid}/{name}", "rb") as f:
-      return f.read()
-  except OSError:
-    return None
-
-
-def stats() -> list[Stat]:
-  """The `Stat` of every process that could be read."""
-  return [s for s in map(stat, pids()) if s is not None]
-
-
-def descendants(roots: int | Iterable[int], table: Optional[Iterable[Stat]] = None) -> list[int]:
-  """Every descendant of `roots` (one pid or several), in walk order, without
-  the roots themselves.
-
-  Args:
-    roots: A pid or an iterable of pids.
-    table: The processes to walk (default: `stats()` now); pass one table to
-      several walks to see a single moment of the process table.
-  """
-  roots = [roots] if isinstance(roots, int) else list(roots)
-  children: dict[int, list[int]] = {}
-  for s in (stats() if table is None else table):
-    children.setdefault(s.ppid, []).append(s.pid)
-  found, seen, stack = [], set(roots), list(roots)
-  while stack:
-    for child in children.get(stack.pop(), []):
-      if child not in seen:
-        seen.add(child)
-        found.append(child)
-        stack.append(child)
-  return found
-
-
 def still_running(pids_: Iterable[int]) -> list[int]:
   """The pids among `pids_` that still run (a zombie counts as ended)."""
   alive = []
@@ -123,39 +67,3 @@ def identity(pid: int) -> Optional[tuple[int, int]]:
   the start time tells a reused pid apart."""
   s = stat(pid)
   return (pid, s.start_time) if s is not None and s.running else None
-
-
-# TCP's LISTEN state as /proc/net/tcp{,6} spell it.
-_TCP_LISTEN = "0A"
-
-
-def listening(pids_: Iterable[int], tables: Iterable[str] = ("tcp", "tcp6", "udp", "udp6")
-              ) -> list[tuple[str, str]]:
-  """The sockets of processes `pids_` that accept connections: TCP sockets in
-  the LISTEN state and bound UDP sockets, as (table, local address) pairs, the
-  address in /proc/net's hex form ('0100007F:1F90' is 127.0.0.1:8080)."""
-  inodes = set()
-  for pid in pids_:
-    try:
-      fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-      continue
-    for fd in fds:
-      try:
-        target = os.readlink(f"/proc/{pid}/fd/{fd}")
-      except OSError:
-        continue
-      if target.startswith("socket:["):
-        inodes.add(target[8:-1])
-  found = []
-  for table in tables:
-    try:
-      with open(f"/proc/net/{table}") as f:
-        lines = f.readlines()[1:]
-    except OSError:
-      continue
-    for line in lines:
-      fields = line.split()
-      if fields[9] in inodes and (table.startswith("udp") or fields[3] == _TCP_LISTEN):
-        found.append((table, fields[1]))
-  return found

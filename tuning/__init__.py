@@ -8,7 +8,7 @@ Names are imported lazily: `import tuning` (and the CLI's parser) pulls in
 neither Ray nor TensorFlow.
 """
 
-import importlib
+from tff_fedadamom.lazy import lazy_exports
 
 _EXPORTS = {
     "load_sweep": "tuning.schema",
@@ -22,13 +22,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name):
-  if name in _EXPORTS:
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
-  raise AttributeError(f"module 'tuning' has no attribute {name!r}")
-
-
-def __dir__():
-  return sorted(list(globals()) + list(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -14,6 +14,7 @@ import dataclasses
 import math
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, TypeVar
 
+from tff_fedadamom.metric_names import ROUND
 from tuning import trainable as trainable_lib
 
 T = TypeVar("T")
@@ -45,7 +46,7 @@ class TrialRecord:
 
   @property
   def rounds(self) -> int:
-    return int(self.last.get(trainable_lib.ROUND, 0) or 0)
+    return int(self.last.get(ROUND, 0) or 0)
 
   @property
   def objective(self) -> Optional[float]:

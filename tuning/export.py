@@ -24,7 +24,8 @@ import math
 import os
 from typing import Any, Mapping, Optional, Sequence
 
-from tff_fedadamom.metric_names import TEST_ACCURACY, TEST_LOSS, TRAIN_LOSS
+from tff_fedadamom.atomic_io import atomic_write_json, atomic_write_text
+from tff_fedadamom.metric_names import ROUND, TEST_ACCURACY, TEST_LOSS, TRAIN_LOSS
 from tff_fedadamom.pipeline.outputs import rounds_to_targets
 from tff_fedadamom.pipeline.tables import csv_table, markdown_table
 from tff_fedadamom.plain import plain
@@ -166,53 +167,80 @@ def _markdown(rows: Sequence[Mapping[str, Any]], sweep: schema.Sweep) -> str:
   return text
 
 
+def _best_config(sweep: schema.Sweep, optimizer: str, chosen: TrialRecord,
+                 sweep_dir: str) -> str:
+  """Writes the best trial's experiment config, runnable as it is; returns its path."""
+  from tff_fedadamom.config import dump_config, load_config
+
+  config = load_config(best_config_dict(sweep, optimizer, chosen.params))
+  config_path = os.path.join(sweep_dir, BEST_DIR, f"{optimizer}.yaml")
+  header = (f"# Best {optimizer} trial of sweep {sweep.name!r} (trial {chosen.trial_id}):"
+            f"\n# {sweep.metric.name} mean of last {sweep.metric.last_k} = "
+            f"{chosen.objective!r} over {chosen.rounds} rounds, seed {config.seed}.\n"
+            f"# Run it with: tff-fedadamom run {os.path.relpath(config_path)}\n")
+  atomic_write_text(config_path, header + dump_config(config))
+  return config_path
+
+
+def _optimizer_row(sweep: schema.Sweep, optimizer: str, records: list[TrialRecord],
+                   sweep_dir: str) -> tuple[dict, Optional[BestTrial]]:
+  """The leaderboard row of `optimizer`, and its best trial (None if none ran
+  to an objective), whose config it writes."""
+  chosen, complete = choose_best(records, mode=sweep.metric.mode, rounds=sweep.budget.rounds)
+  ran = [r for r in records if r.ran]
+  stopped_early = [r for r in ran if not r.diverged and r.status == "TERMINATED"
+                   and r.rounds < sweep.budget.rounds]
+  row: dict[str, Any] = {"optimizer": optimizer, "objective": None, "final_metric": None,
+                         "best_hparams": "", "complete": None}
+  best = None
+  if chosen is not None:
+    config_path = _best_config(sweep, optimizer, chosen, sweep_dir)
+    targets = rounds_to_targets(chosen.history, sweep.base.targets)
+    best = BestTrial(optimizer, chosen, complete, config_path, targets,
+                     chosen.last.get(sweep.metric.name))
+    row.update(objective=chosen.objective, final_metric=chosen.last.get(sweep.metric.name),
+               best_hparams=" ".join(f"{k}={_fmt(v)}" for k, v in chosen.params.items()),
+               complete=complete, trial_id=chosen.trial_id)
+    row.update({f"rounds_to_{t}": r for t, r in targets.items()})
+    row.update({f"hparam/{k}": v for k, v in chosen.params.items()})
+  else:
+    row.update({f"rounds_to_{t:g}": None for t in sweep.base.targets})
+  row.update(trials_run=len(ran), trials_diverged=sum(r.diverged for r in ran),
+             trials_stopped_early=len(stopped_early),
+             trials_errored=sum(r.status == "ERROR" for r in records))
+  return row, best
+
+
+def _trial_row(optimizer: str, r: TrialRecord) -> dict:
+  return {"optimizer": optimizer, "trial_id": r.trial_id, "status": r.status,
+          "rounds": r.rounds, "objective": r.objective, "diverged": int(r.diverged),
+          **{f"hparam/{k}": v for k, v in r.params.items()},
+          "node_id": r.node_id, "hostname": r.hostname, "pid": r.pid}
+
+
+def _best_json(best: BestTrial, sweep_dir: str) -> dict:
+  """A best trial in export.json: its result, config and objective history."""
+  kept = (ROUND, trainable_lib.OBJECTIVE, TEST_ACCURACY, TEST_LOSS, TRAIN_LOSS)
+  return {"trial_id": best.trial.trial_id, "objective": best.trial.objective,
+          "complete": best.complete, "params": dict(best.trial.params),
+          "config": os.path.relpath(best.config_path, sweep_dir),
+          "rounds_to_target": dict(best.rounds_to_target),
+          "history": [{k: v for k, v in h.items() if k in kept} for h in best.trial.history]}
+
+
 def write_export(sweep: schema.Sweep, records_by_opt: Mapping[str, list[TrialRecord]],
                  sweep_dir: str, plots: bool = True) -> ExportResult:
   """Writes best configs, leaderboard, trial table and plots from trial records."""
-  from tff_fedadamom.atomic_io import atomic_write_json, atomic_write_text
-  from tff_fedadamom.config import dump_config, load_config
-
   best: dict[str, BestTrial] = {}
-  rows, trial_rows, files = [], [], []
+  rows, trial_rows = [], []
   for optimizer in sweep.optimizers:
     records = records_by_opt.get(optimizer, [])
-    chosen, complete = choose_best(records, mode=sweep.metric.mode,
-                                   rounds=sweep.budget.rounds)
-    ran = [r for r in records if r.ran]
-    stopped_early = [r for r in ran if not r.diverged and r.status == "TERMINATED"
-                     and r.rounds < sweep.budget.rounds]
-    row: dict[str, Any] = {"optimizer": optimizer, "objective": None, "final_metric": None,
-                           "best_hparams": "", "complete": None}
-    if chosen is not None:
-      config = load_config(best_config_dict(sweep, optimizer, chosen.params))
-      config_path = os.path.join(sweep_dir, BEST_DIR, f"{optimizer}.yaml")
-      header = (f"# Best {optimizer} trial of sweep {sweep.name!r} (trial {chosen.trial_id}):"
-                f"\n# {sweep.metric.name} mean of last {sweep.metric.last_k} = "
-                f"{chosen.objective!r} over {chosen.rounds} rounds, seed {config.seed}.\n"
-                f"# Run it with: tff-fedadamom run {os.path.relpath(config_path)}\n")
-      atomic_write_text(config_path, header + dump_config(config))
-      files.append(config_path)
-      targets = rounds_to_targets(chosen.history, sweep.base.targets)
-      best[optimizer] = BestTrial(optimizer, chosen, complete, config_path, targets,
-                                  chosen.last.get(sweep.metric.name))
-      row.update(objective=chosen.objective, final_metric=chosen.last.get(sweep.metric.name),
-                 best_hparams=" ".join(f"{k}={_fmt(v)}" for k, v in chosen.params.items()),
-                 complete=complete, trial_id=chosen.trial_id)
-      row.update({f"rounds_to_{t}": r for t, r in targets.items()})
-      row.update({f"hparam/{k}": v for k, v in chosen.params.items()})
-    else:
-      row.update({f"rounds_to_{t:g}": None for t in sweep.base.targets})
-    row.update(trials_run=len(ran), trials_diverged=sum(r.diverged for r in ran),
-               trials_stopped_early=len(stopped_early),
-               trials_errored=sum(r.status == "ERROR" for r in records))
+    row, chosen = _optimizer_row(sweep, optimizer, records, sweep_dir)
     rows.append(row)
-    for r in records:
-      trial_rows.append({
-          "optimizer": optimizer, "trial_id": r.trial_id, "status": r.status,
-          "rounds": r.rounds, "objective": r.objective, "diverged": int(r.diverged),
-          **{f"hparam/{k}": v for k, v in r.params.items()},
-          "node_id": r.node_id, "hostname": r.hostname, "pid": r.pid})
-
+    if chosen is not None:
+      best[optimizer] = chosen
+    trial_rows += [_trial_row(optimizer, r) for r in records]
+  files = [b.config_path for b in best.values()]
   markdown = _markdown(rows, sweep)
   for name, text in (("leaderboard.csv", csv_table(rows, lineterminator="\n")),
                      ("leaderboard.md", markdown),
@@ -224,15 +252,7 @@ def write_export(sweep: schema.Sweep, records_by_opt: Mapping[str, list[TrialRec
       "metric": dataclasses.asdict(sweep.metric),
       "budget": dataclasses.asdict(sweep.budget),
       "leaderboard": rows,
-      "best": {o: {"trial_id": b.trial.trial_id, "objective": b.trial.objective,
-                   "complete": b.complete, "params": dict(b.trial.params),
-                   "config": os.path.relpath(b.config_path, sweep_dir),
-                   "rounds_to_target": dict(b.rounds_to_target),
-                   "history": [{k: v for k, v in h.items()
-                                if k in (trainable_lib.ROUND, trainable_lib.OBJECTIVE,
-                                         TEST_ACCURACY, TEST_LOSS, TRAIN_LOSS)}
-                               for h in b.trial.history]}
-               for o, b in best.items()},
+      "best": {o: _best_json(b, sweep_dir) for o, b in best.items()},
       "trials": trial_rows,
   })
   files.append(os.path.join(sweep_dir, "export.json"))

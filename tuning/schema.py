@@ -24,8 +24,8 @@ what is allowed.
                 max_failures: 1}
 
 Space entries are merged in this order, later winning: the defaults from the
-literature (the optimizer registry's search ranges and `tuning.space.DEFAULT_SPACE`), the top-level entries, the entries
-under the optimizer's name. Server hparams (`server.<name>`) apply only to the
+literature (the optimizer registry's search ranges and `tuning.space.DEFAULT_SPACE`),
+the top-level entries, the entries under the optimizer's name. Server hparams (`server.<name>`) apply only to the
 optimizers whose registry entry lists them as tunable. A scalar instead of a
 distribution fixes the value for every trial; `null` removes the entry.
 """
@@ -39,16 +39,17 @@ from typing import Any, Mapping, Optional, Union
 
 import yaml
 
-from tff_fedadamom.config.loader import build_section, coerce, read_yaml, reject_unknown
+from tff_fedadamom.config.loader import read_yaml
+from tff_fedadamom.config.sections import build_section, coerce, reject_unknown
 from tff_fedadamom.config.schema import (checked_field, nonnegative, positive, ray_address,
                                          ray_resource)
 from tff_fedadamom.metric_names import TEST_ACCURACY, TEST_LOSS, TRAIN_ACCURACY, TRAIN_LOSS
 from tff_fedadamom.naming import suggest
 from tuning.checks import check_sweep
 from tuning.errors import SweepConfigError
-from tuning.space import DISTRIBUTIONS, Distribution, SpaceEntry, parse_distribution
+from tuning.space import Distribution, SpaceEntry, parse_distribution
 
-__all__ = ["Budget", "DISTRIBUTIONS", "Distribution", "Metric", "Resources", "SWEEP_FILE",
+__all__ = ["Budget", "Distribution", "Metric", "Resources", "SWEEP_FILE",
            "Scheduler", "Search", "SpaceEntry", "Sweep", "SweepConfigError", "dump_sweep",
            "load_sweep", "num_evaluations", "parse_sweep", "read_sweep_yaml",
            "sweep_to_dict"]

@@ -40,7 +40,7 @@ import math
 import zlib
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Union
 
-from tff_fedadamom.config.loader import coerce, reject_numeric_string, reject_unknown
+from tff_fedadamom.config.sections import coerce, reject_numeric_string, reject_unknown
 from tff_fedadamom.naming import suggest
 from tff_fedadamom.plain import plain
 from tuning.errors import SweepConfigError
@@ -312,14 +312,15 @@ def dimension_seed(search_seed: int, path: str) -> int:
 def sample_trials(sweep: Sweep, optimizer: str) -> list[dict]:
   """`optimizer`'s trials of a random or grid sweep, each a dotted path -> value.
 
-  Random search: `budget.trials_per_optimizer` draws per dimension from Tune's own domains (`tune_space`), each dimension with a numpy
-  generator of its own, seeded by `dimension_seed(search.seed, path)`. So the
-  optimizers that share a dimension draw the same values for it, trial by
-  trial (common random numbers: a comparison of two optimizers is not also a
-  comparison of their luck), the same values whatever else the sweep holds,
-  in any process; dimensions are independent of each other. Grid search:
-  every point of the grid (the sweep checks that there are exactly
-  `trials_per_optimizer`), the last dimension varying fastest.
+  Random search: `budget.trials_per_optimizer` draws per dimension from Tune's
+  own domains (`tune_space`), each dimension with a numpy generator of its own,
+  seeded by `dimension_seed(search.seed, path)`. So the optimizers that share a
+  dimension draw the same values for it, trial by trial (common random numbers:
+  a comparison of two optimizers is not also a comparison of their luck), the
+  same values whatever else the sweep holds, in any process; dimensions are
+  independent of each other. Grid search: every point of the grid (the sweep
+  checks that there are exactly `trials_per_optimizer`), the last dimension
+  varying fastest.
   """
   import numpy as np
 

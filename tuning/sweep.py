@@ -37,6 +37,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from ray import tune
 
+from tff_fedadamom.metric_names import ROUND
 from tff_fedadamom.config.loader import first_difference
 from tff_fedadamom.pipeline.ray_session import ray_session
 from tuning import joint
@@ -182,7 +183,7 @@ def _searcher(sweep: Sweep):
 def _asha(sweep: Sweep):
   from ray.tune.schedulers import ASHAScheduler
 
-  return ASHAScheduler(time_attr=trainable_lib.ROUND, max_t=sweep.budget.rounds,
+  return ASHAScheduler(time_attr=ROUND, max_t=sweep.budget.rounds,
                        grace_period=sweep.scheduler.grace_period,
                        reduction_factor=sweep.scheduler.reduction_factor)
 

@@ -32,11 +32,12 @@ import tempfile
 import uuid
 from typing import Any, Callable, Iterable, Mapping, Optional
 
+from tff_fedadamom.metric_names import ROUND, evaluated
+from tff_fedadamom.pipeline.loop import RoundHook
 from tff_fedadamom.plain import plain
 
 OBJECTIVE = "objective"
 DIVERGED = "diverged"
-ROUND = "round"
 WORKER_PID = "worker_pid"
 RUN_SUBDIR = "run"
 _WORST = 1e300
@@ -60,8 +61,7 @@ def objective_from_history(history: Iterable[Mapping[str, Any]], metric: str, la
   """
   by_round = {}
   for row in history:
-    evaluated = any(key.startswith("test/") for key in row)
-    if evaluated and metric in row and (upto_round is None or row[ROUND] <= upto_round):
+    if evaluated(row) and metric in row and (upto_round is None or row[ROUND] <= upto_round):
       by_round[int(row[ROUND])] = float(row[metric])
   values = [by_round[r] for r in sorted(by_round)][-last_k:]
   if not values:
@@ -123,19 +123,16 @@ def eval_result(event, *, metric, node_id: str) -> tuple[dict, Optional[str]]:
   return result, event.output_dir if event.checkpoint_saved else None
 
 
-class TuneReport:
-  """The round hook (`tff_fedadamom.pipeline.loop.RoundHook`) a trial's run
-  reports through: after every evaluation, `report(make_result(event))` with
-  the round's `EvalEvent`. It runs after the run's own hooks, so the round's
-  metrics row and checkpoint are on disk when `make_result` reads them.
+class TuneReport(RoundHook):
+  """The round hook a trial's run reports through: after every evaluation,
+  `report(make_result(event))` with the round's `EvalEvent`. It runs after the
+  run's own hooks, so the round's metrics row and checkpoint are on disk when
+  `make_result` reads them.
 
   Args:
     output_dir: The trial's run directory.
     make_result: `EvalEvent -> (result, checkpoint_dir or None)` (`eval_result`).
-    report: Hands that pair to Tune (`tune.report`).
-
-  It has `RoundHook`'s methods rather than its class: importing the pipeline
-  imports TensorFlow, which a trial that only reports never loads.
+    report: Hands that pair to Tune (`_report_to_tune`).
   """
 
   def __init__(self, output_dir: str, make_result: Callable, report: Callable):
@@ -143,15 +140,20 @@ class TuneReport:
     self._make_result = make_result
     self._report = report
 
-  def start_round(self, round_num: int, state) -> None:
-    del round_num, state
-
   def end_round(self, end) -> None:
     if end.evaluated:
       self._report(self._make_result(end.eval_event(self._output_dir)))
 
-  def close(self) -> None:
-    pass
+
+def _report_to_tune(payload) -> None:
+  """Hands `eval_result`'s (result, checkpoint directory or None) to Tune."""
+  from ray import tune
+
+  result, checkpoint_dir = payload
+  if checkpoint_dir is not None:
+    tune.report(result, checkpoint=tune.Checkpoint.from_directory(checkpoint_dir))
+  else:
+    tune.report(result)
 
 
 def train_trial(config: dict, *, sweep, optimizer: Optional[str],
@@ -194,19 +196,11 @@ def train_trial(config: dict, *, sweep, optimizer: Optional[str],
       threads=threads, name=f"{sweep.name}/{optimizer}/{context.get_trial_name()}")
   make_result = functools.partial(eval_result, metric=sweep.metric,
                                   node_id=ray.get_runtime_context().get_node_id())
-
-  def report(payload) -> None:
-    result, checkpoint_dir = payload
-    if checkpoint_dir is not None:
-      tune.report(result, checkpoint=tune.Checkpoint.from_directory(checkpoint_dir))
-    else:
-      tune.report(result)
-
   try:
     if pool is not None:
       from tuning import workers
 
-      workers.run_trial(pool, make_experiment, make_result, report, threads=threads,
+      workers.run_trial(pool, make_experiment, make_result, _report_to_tune, threads=threads,
                         gpu_ids=gpu_ids, scratch=scratch)
       return
     _limit_threads(threads, gpu=bool(gpu_ids))
@@ -215,7 +209,8 @@ def train_trial(config: dict, *, sweep, optimizer: Optional[str],
     runtime.install_worker_cleanup()
     runtime.configure_threads(threads)  # before TensorFlow runs anything
     try:
-      run_experiment(make_experiment(), hooks=[TuneReport(output_dir, make_result, report)],
+      run_experiment(make_experiment(),
+                     hooks=[TuneReport(output_dir, make_result, _report_to_tune)],
                      progress=False)
     finally:
       # This trial owns its process: end TFF's worker_binary (tff_cpp backend)

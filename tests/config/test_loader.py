@@ -1,13 +1,16 @@
 """Config loading: schema, registries, errors that name the field, overrides."""
 
+import dataclasses
 import glob
 import os
+import pickle
 
 import pytest
 import yaml
 
-from tff_fedadamom.config import (ConfigError, ExperimentConfig, config_to_dict, dump_config,
-                                  load_config)
+from tff_fedadamom.config import (ConfigError, ExperimentConfig, ServerConfig, config_to_dict,
+                                  dump_config, load_config)
+from tff_fedadamom.config import loader, schema
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
 SHIPPED = sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml")))
@@ -52,6 +55,49 @@ def test_dump_and_load_round_trip(tmp_path):
   dump_config(config, str(path))
   assert load_config(str(path)) == config
   assert config_to_dict(config)["server"]["learning_rate"] == 0.03
+
+
+def test_a_validated_config_comes_back_unchanged(monkeypatch):
+  """Validation runs once: a config `load_config` returned (or a pickled copy,
+  as an actor receives it) is returned as it is, without asking the registries."""
+  config = load_config(MINIMAL)
+
+  def refuse(*args):
+    raise AssertionError("validated again")
+
+  monkeypatch.setattr(loader, "check_registries", refuse)
+  assert load_config(config) is config
+  copy = pickle.loads(pickle.dumps(config))
+  assert load_config(copy) is copy
+
+
+def test_a_changed_or_hand_built_config_is_validated():
+  config = load_config(MINIMAL)
+  changed = dataclasses.replace(config, server=ServerConfig(optimizer="fedadamm"))
+  with pytest.raises(ConfigError, match="server.optimizer.*did you mean 'fedadamom'"):
+    load_config(changed)
+  built = ExperimentConfig(server=ServerConfig(optimizer="fedavgm"))
+  assert built.server.hparams == {}
+  assert load_config(built).server.hparams == {"learning_rate": 1.0, "momentum": 0.9}
+  overridden = load_config(config, ["rounds=7"])
+  assert (overridden.rounds, config.rounds) == (7, 3)
+
+
+def test_a_validated_config_names_its_partition_and_schedule_kinds():
+  """The kinds YAML may leave out are named once, by validation, so nothing
+  downstream needs to know their defaults."""
+  config = load_config({**MINIMAL, "data": {**MINIMAL["data"], "partition": {"alpha": 0.5}},
+                        "server": {**MINIMAL["server"], "schedule": {}}})
+  assert config.data.partition == {"kind": "dirichlet", "alpha": 0.5}
+  assert config.server.schedule == {"kind": "constant"}
+  assert load_config(config_to_dict(config)) == config
+
+
+@pytest.mark.parametrize("backend,resolved", [("auto", "inprocess"), ("inprocess", "inprocess"),
+                                              ("tff_cpp", "tff_cpp"), ("ray", "ray")])
+def test_auto_means_the_in_process_backend(backend, resolved):
+  config = load_config(MINIMAL, [f"runtime.backend={backend}"])
+  assert schema.resolved_backend(config.runtime) == resolved
 
 
 @pytest.mark.parametrize("override,field,fragment", [

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 import yaml
 
-from tff_fedadamom import processes
+from tests import process_table as processes
 from tff_fedadamom.pipeline import outputs, run_experiment
 from tests.pipeline.test_runner import tiny
 

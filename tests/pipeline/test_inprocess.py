@@ -179,7 +179,7 @@ def test_hparams_round_trip(tmp_path):
 _ISOLATION = textwrap.dedent("""
     import json, os, subprocess, sys
     import tensorflow_federated
-    from tff_fedadamom import processes
+    from tests import process_table as processes
     from tff_fedadamom.pipeline import run_experiment
     started = []
     _Popen = subprocess.Popen

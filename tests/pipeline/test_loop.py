@@ -6,10 +6,10 @@ import types
 import numpy as np
 import pytest
 
-from tff_fedadamom.metric_names import TEST_ACCURACY, TRAIN_ACCURACY, TRAIN_LOSS
-from tff_fedadamom.metric_names import TRAIN_NUM_EXAMPLES
+from tff_fedadamom.metric_names import NONFINITE_UPDATES, ROUND, TEST_ACCURACY, TRAIN_ACCURACY
+from tff_fedadamom.metric_names import TRAIN_LOSS, TRAIN_NUM_EXAMPLES
 from tff_fedadamom.pipeline import hooks
-from tff_fedadamom.pipeline.loop import NONFINITE_UPDATES, ROUND, RoundHook, run_rounds
+from tff_fedadamom.pipeline.loop import RoundHook, run_rounds
 
 # What every round's metrics start with (`flatten_round_metrics`).
 ROUND_METRICS = [ROUND, TRAIN_LOSS, TRAIN_ACCURACY, TRAIN_NUM_EXAMPLES, NONFINITE_UPDATES]

@@ -20,7 +20,7 @@ import yaml
 
 from tests.pipeline.test_runner import ROOT, _weights, tiny
 from tests.tuning.test_cluster import two_node_cluster  # noqa: F401 - a fixture
-from tff_fedadamom import processes
+from tests import process_table as processes
 from tff_fedadamom.config import ConfigError, load_config
 from tff_fedadamom.data.sampling import sample_clients
 from tff_fedadamom.pipeline import inprocess, ray_backend, run_experiment, runtime
@@ -217,7 +217,7 @@ def test_an_actor_dying_in_the_fold_is_replaced_with_the_same_result(tmp_path, m
 # it waits to be killed.
 _CHILD = textwrap.dedent("""
     import json, os, sys, time
-    from tff_fedadamom import processes
+    from tests import process_table as processes
     from tff_fedadamom.pipeline import run_experiment
 
     def listeners(pids):  # TCP listeners' addresses, without the port

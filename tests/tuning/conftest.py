@@ -12,7 +12,7 @@ import uuid
 import pytest
 import yaml
 
-from tff_fedadamom import processes
+from tests import process_table as processes
 
 TOKEN = f"tuning-test-{uuid.uuid4().hex[:12]}"
 os.environ["TUNING_TEST_TOKEN"] = TOKEN

@@ -19,7 +19,7 @@ import time
 import pytest
 
 from tests.tuning.conftest import tiny_base, write_sweep
-from tff_fedadamom import processes
+from tests import process_table as processes
 from tuning import run_sweep
 
 RAY = os.path.join(os.path.dirname(sys.executable), "ray")

@@ -6,10 +6,10 @@ import types
 
 from tests.pipeline.test_loop import CountingProcess, evaluator, sampler
 from tests.tuning.conftest import tiny_base
-from tff_fedadamom.metric_names import TEST_ACCURACY
+from tff_fedadamom.metric_names import ROUND, TEST_ACCURACY
 from tff_fedadamom.pipeline import hooks, run_experiment
 from tff_fedadamom.pipeline.loop import run_rounds
-from tuning.trainable import DIVERGED, OBJECTIVE, ROUND, TuneReport, eval_result
+from tuning.trainable import DIVERGED, OBJECTIVE, TuneReport, eval_result
 
 
 def test_tune_report_reports_evaluated_rounds_only():

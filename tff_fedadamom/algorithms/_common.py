@@ -39,11 +39,12 @@ import tensorflow_federated as tff
 # The training loop over a client's dataset that TFF's own client works use.
 from tensorflow_federated.python.learning import loop_builder
 
-MODEL_KEY = 'model'
-ACCUMULATOR_KEY = 'accumulator'
-PRECONDITIONER_KEY = 'preconditioner'
-ROUND_KEY = 'round_num'
-LEARNING_RATE_KEY = 'learning_rate'
+from tff_fedadamom.optimizers.client import clip_and_decay
+# The state vocabulary's one home (the algorithms use these names as `_common.*`).
+from tff_fedadamom.optimizers.state import ACCUMULATOR_KEY, LEARNING_RATE_KEY  # noqa: F401
+from tff_fedadamom.optimizers.state import MODEL_KEY, PRECONDITIONER_KEY  # noqa: F401
+
+ROUND_KEY = 'round_num'  # The round number in the client work's server state.
 
 
 def check_positive(name: str, value, *, algorithm: str) -> None:
@@ -260,10 +261,6 @@ def client_update_builder(model_fn, local_rule, weighting, weight_decay, clip_no
   returns `(statistics, num_examples)`; `transform(trainable, gradients)` is the
   clients' clip-and-decay. This wrapper loads the global model and packs the result.
   """
-  # Imported here: the optimizer registry imports this package, and importing
-  # any module of `tff_fedadamom.optimizers` runs the registry first.
-  from tff_fedadamom.optimizers.client import clip_and_decay
-
   def transform(trainable, gradients):
     return clip_and_decay(trainable, gradients, weight_decay, clip_norm)
 

@@ -53,19 +53,33 @@ def finite(x) -> bool:
   return math.isfinite(x)
 
 
+# The `kind` a partition or schedule mapping means when it names none (a
+# validated config always names it).
+DEFAULT_PARTITION_KIND = "dirichlet"
+DEFAULT_SCHEDULE_KIND = "constant"
+
+
+def split_kind(options, default: str) -> tuple[str, dict]:
+  """(kind, the other entries) of a `{kind: <name>, <its options>...}` mapping,
+  `default` when it names no kind."""
+  rest = dict(options)
+  return rest.pop("kind", default), rest
+
+
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
   """Which data, and how it is split over clients.
 
-  `partition` is `{kind: <partitioner>, <its options>...}` (ignored for data
-  sets with natural clients); `options` are the data set's own options.
+  `partition` is `{kind: <partitioner>, <its options>...}`, kind
+  `DEFAULT_PARTITION_KIND` when omitted (ignored for data sets with natural
+  clients); `options` are the data set's own options.
   """
 
   name: str = "fashion_mnist"
   path: Optional[str] = None
   num_clients: Optional[int] = _field(None, check=positive, allowed="an integer >= 1 or null")
   seed: int = _field(0, check=nonnegative, allowed="an integer >= 0")
-  partition: dict = _field(factory=lambda: {"kind": "dirichlet", "alpha": 0.3})
+  partition: dict = _field(factory=lambda: {"kind": DEFAULT_PARTITION_KIND, "alpha": 0.3})
   options: dict = _field(factory=dict)
   augment: Optional[str] = _field(None, check=lambda s: s in ("crop_flip",),
                                   allowed="null or 'crop_flip'")
@@ -101,17 +115,22 @@ class ClientConfig:
 class ServerConfig:
   """The server optimizer. Its hparams sit flat beside `optimizer` in YAML
   (`server.learning_rate`, `server.beta_2`, ...) and are kept in `hparams`,
-  resolved against the optimizer registry's defaults."""
+  resolved against the optimizer registry's defaults. `schedule` is `{kind:
+  <schedule>, <its options>...}`, kind `DEFAULT_SCHEDULE_KIND` when omitted."""
 
   optimizer: str = "fedadamom"
   hparams: dict = _field(factory=dict)
   client_weighting: str = _field(
       "uniform", check=lambda s: s in ("uniform", "num_examples"),
       allowed="'uniform' (the paper) or 'num_examples' (TFF's default)")
-  schedule: dict = _field(factory=lambda: {"kind": "constant"})
+  schedule: dict = _field(factory=lambda: {"kind": DEFAULT_SCHEDULE_KIND})
 
 
-BACKENDS = ("auto", "inprocess", "tff_cpp", "ray")
+# Where rounds run (`RuntimeConfig.backend`); `auto` means INPROCESS.
+AUTO, INPROCESS, TFF_CPP, RAY = "auto", "inprocess", "tff_cpp", "ray"
+BACKENDS = (AUTO, INPROCESS, TFF_CPP, RAY)
+# The ray backend's settings when left null.
+RAY_WORKERS, RAY_CPUS_PER_WORKER, RAY_GPUS_PER_WORKER = 2, 1.0, 0.0
 # A Ray cluster to join: 'auto' (the one this machine belongs to) or a head's host:port.
 RAY_ADDRESS = re.compile(r"^(auto|(ray://)?[A-Za-z0-9_.\-\[\]:]+:\d+)$")
 _DEVICE = re.compile(r"^/?(device:)?(CPU|GPU):\d+$", re.IGNORECASE)
@@ -130,6 +149,11 @@ def ray_address(s) -> bool:
   return bool(RAY_ADDRESS.match(s))
 
 
+def resolved_backend(runtime: RuntimeConfig) -> str:
+  """INPROCESS, TFF_CPP or RAY: the backend `runtime` runs rounds on."""
+  return INPROCESS if runtime.backend == AUTO else runtime.backend
+
+
 @dataclasses.dataclass(frozen=True)
 class RuntimeConfig:
   """How the process uses this machine.
@@ -142,29 +166,33 @@ class RuntimeConfig:
   the CPU). `ray` runs each round's clients on `workers` Ray actors, each with
   `cpus_per_worker` CPUs and `gpus_per_worker` GPUs (fractions allowed), on a
   local Ray bound to 127.0.0.1 or on the cluster at `address`; those four
-  fields belong to the ray backend only (null: 2 workers, 1 CPU, no GPU, a
-  local Ray). With `ray`, `threads` and `max_concurrent_clients` apply to each
-  actor (default threads: its whole CPUs).
+  fields belong to the ray backend only (null: `RAY_WORKERS` workers,
+  `RAY_CPUS_PER_WORKER` CPUs and `RAY_GPUS_PER_WORKER` GPUs each, a local
+  Ray). With `ray`, `threads` and `max_concurrent_clients` apply to each actor
+  (default threads: its whole CPUs).
   """
 
   threads: Optional[int] = _field(None, check=positive, allowed="an integer >= 1 or null (all)")
   max_concurrent_clients: Optional[int] = _field(
       None, check=positive,
       allowed="an integer >= 1 or null (one per device; two on a lone CPU)")
-  backend: str = _field("auto", check=lambda s: s in BACKENDS,
+  backend: str = _field(AUTO, check=lambda s: s in BACKENDS,
                         allowed="'auto' (= 'inprocess'), 'inprocess', 'tff_cpp' or 'ray'")
   devices: Optional[tuple] = _field(
       None, check=device_names,
       allowed="null (every GPU, else the CPU) or a non-empty list of TensorFlow devices "
       "such as ['GPU:0', 'GPU:1'] or ['CPU:0']")
   workers: Optional[int] = _field(
-      None, check=positive, allowed="an integer >= 1, or null (2 with backend 'ray')")
+      None, check=positive,
+      allowed=f"an integer >= 1, or null ({RAY_WORKERS} with backend 'ray')")
   cpus_per_worker: Optional[float] = _field(
       None, check=lambda x: x > 0 and ray_resource(x),
-      allowed="a number > 0: a fraction of one CPU or whole CPUs; null (1 with backend 'ray')")
+      allowed="a number > 0: a fraction of one CPU or whole CPUs; null "
+      f"({RAY_CPUS_PER_WORKER:g} with backend 'ray')")
   gpus_per_worker: Optional[float] = _field(
       None, check=ray_resource,
-      allowed="0, a fraction of one GPU or whole GPUs; null (0 with backend 'ray')")
+      allowed="0, a fraction of one GPU or whole GPUs; null "
+      f"({RAY_GPUS_PER_WORKER:g} with backend 'ray')")
   address: Optional[str] = _field(
       None, check=ray_address,
       allowed="null (a new local Ray on 127.0.0.1), 'auto' (the cluster this machine "

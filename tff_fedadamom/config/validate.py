@@ -10,7 +10,7 @@ from typing import Any, Mapping
 
 from tff_fedadamom.config import schema
 from tff_fedadamom.config.errors import ConfigError
-from tff_fedadamom.config.loader import reject_unknown
+from tff_fedadamom.config.sections import reject_unknown
 from tff_fedadamom.naming import suggest
 
 
@@ -47,7 +47,8 @@ def _check_options(options: Mapping, defaults: Mapping, source: str, prefix: str
                         allowed=f"a list like the default {list(default)!r}")
 
 
-def _check_data(data: schema.DataConfig, source: str) -> None:
+def _check_data(data: schema.DataConfig, source: str) -> schema.DataConfig:
+  """Checks the data section; returns it with the partition's kind named."""
   from tff_fedadamom.data import DATASETS, PARTITIONERS
 
   _check_name(data.name, DATASETS, source, "data.name")
@@ -56,16 +57,17 @@ def _check_data(data: schema.DataConfig, source: str) -> None:
   if spec.needs_path and not data.path:
     raise ConfigError(source, "data.path", f"data set {data.name!r} needs local files",
                       allowed=f"the directory holding them ({spec.source})")
-  partition = dict(data.partition)
-  kind = partition.pop("kind", "dirichlet")
+  kind, partition = schema.split_kind(data.partition, schema.DEFAULT_PARTITION_KIND)
+  data = dataclasses.replace(data, partition={"kind": kind, **partition})
   if spec.natural_clients:
-    return
+    return data
   _check_name(kind, PARTITIONERS, source, "data.partition.kind")
   _check_options(partition, PARTITIONERS[kind].options, source, "data.partition.")
   for key, value in partition.items():
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:
       raise ConfigError(source, f"data.partition.{key}", "out of range", value=value,
                         allowed="a number > 0")
+  return data
 
 
 def _check_model(model: schema.ModelConfig, source: str) -> None:
@@ -109,21 +111,20 @@ def _check_server(server: schema.ServerConfig, source: str) -> schema.ServerConf
                         allowed="a finite number")
     hparams[key] = float(value)
   try:
-    optimizers.check_hparams(server.optimizer, **hparams)
+    resolved = optimizers.check_hparams(server.optimizer, **hparams)  # defaults filled in
   except ValueError as e:
     name = _named_argument(str(e))
     field = f"server.{name}" if name else "server"
     raise ConfigError(source, field, str(e), value=hparams.get(name)) from None
-  _check_schedule(server.schedule, source)
-  return dataclasses.replace(server, hparams=optimizers.resolve_hparams(server.optimizer,
-                                                                        **hparams))
+  return dataclasses.replace(server, hparams=resolved,
+                             schedule=_check_schedule(server.schedule, source))
 
 
-def _check_schedule(schedule: Mapping[str, Any], source: str) -> None:
+def _check_schedule(schedule: Mapping[str, Any], source: str) -> dict:
+  """Checks the schedule; returns it with its kind named."""
   from tff_fedadamom.optimizers import schedules
 
-  params = dict(schedule)
-  kind = params.pop("kind", "constant")
+  kind, params = schema.split_kind(schedule, schema.DEFAULT_SCHEDULE_KIND)
   _check_name(kind, schedules.SCHEDULES, source, "server.schedule.kind")
   _check_options(params, schedules.SCHEDULES[kind].defaults, source, "server.schedule.")
   try:
@@ -132,6 +133,7 @@ def _check_schedule(schedule: Mapping[str, Any], source: str) -> None:
     name = _named_argument(str(e))
     raise ConfigError(source, f"server.schedule.{name}" if name else "server.schedule",
                       str(e), value=params.get(name)) from None
+  return {"kind": kind, **params}
 
 
 def _check_learning_process(config: schema.ExperimentConfig, source: str) -> None:
@@ -145,28 +147,30 @@ def _check_learning_process(config: schema.ExperimentConfig, source: str) -> Non
     raise ConfigError(source, "client.momentum",
                       f"{name!r} runs its own client rule (no client SGD momentum)",
                       value=config.client.momentum, allowed="0")
-  if dict(config.server.schedule).get("kind", "constant") != "constant":
+  constant = schema.DEFAULT_SCHEDULE_KIND
+  if schema.split_kind(config.server.schedule, constant)[0] != constant:
     raise ConfigError(source, "server.schedule",
                       f"{name!r} has no server optimizer to schedule",
-                      value=dict(config.server.schedule), allowed="{kind: constant}")
+                      value=dict(config.server.schedule), allowed=f"{{kind: {constant}}}")
 
 
 RAY_FIELDS = ("workers", "cpus_per_worker", "gpus_per_worker", "address")
 
 
 def _check_runtime(runtime: schema.RuntimeConfig, source: str) -> None:
-  if runtime.backend == "tff_cpp" and runtime.devices is not None:
+  backend = schema.resolved_backend(runtime)
+  if backend == schema.TFF_CPP and runtime.devices is not None:
     raise ConfigError(source, "runtime.devices",
                       "the tff_cpp backend runs every round in TFF's worker_binary, on its CPU",
                       value=list(runtime.devices),
                       allowed="null with backend 'tff_cpp', or backend 'inprocess'")
-  if runtime.backend == "ray" and runtime.devices is not None:
+  if backend == schema.RAY and runtime.devices is not None:
     raise ConfigError(source, "runtime.devices",
                       "the ray backend's actors use the devices Ray gives them "
                       "(runtime.gpus_per_worker)",
                       value=list(runtime.devices),
                       allowed="null with backend 'ray', or backend 'inprocess'")
-  if runtime.backend != "ray":
+  if backend != schema.RAY:
     for name in RAY_FIELDS:
       if getattr(runtime, name) is not None:
         raise ConfigError(source, f"runtime.{name}", "belongs to the ray backend",
@@ -176,8 +180,9 @@ def _check_runtime(runtime: schema.RuntimeConfig, source: str) -> None:
 
 def check_registries(config: schema.ExperimentConfig, source: str) -> schema.ExperimentConfig:
   """Validates every registry name and option; returns the config with the
-  server hparams resolved against the optimizer's defaults."""
-  _check_data(config.data, source)
+  server hparams resolved against the optimizer's defaults and the partition's
+  and schedule's kinds named."""
+  data = _check_data(config.data, source)
   _check_model(config.model, source)
   server = _check_server(config.server, source)
   _check_learning_process(config, source)
@@ -186,4 +191,4 @@ def check_registries(config: schema.ExperimentConfig, source: str) -> schema.Exp
     raise ConfigError(source, "clients_per_round", "more than data.num_clients",
                       value=config.clients_per_round,
                       allowed=f"an integer in [1, {config.data.num_clients}]")
-  return dataclasses.replace(config, server=server)
+  return dataclasses.replace(config, data=data, server=server)

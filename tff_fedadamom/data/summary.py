@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Sequence
 
 import numpy as np
+
+from tff_fedadamom.atomic_io import atomic_write_text
+from tff_fedadamom.figures import new_figure, save_figure
 
 
 def partition_summary(labels: np.ndarray, parts: Sequence[np.ndarray],
@@ -60,43 +62,26 @@ def summary_from_client_labels(client_labels: Sequence[np.ndarray], num_classes:
 
 
 def save_partition_summary(summary: dict, path_json: str | os.PathLike) -> str:
-  """Writes the summary as JSON atomically (temp file in the same folder, then rename),
-  so a reader never sees half a file. Returns the path written."""
+  """Writes the summary as JSON atomically (`atomic_io`), so a reader never sees
+  half a file. Returns the path written."""
   path_json = os.fspath(path_json)
-  folder = os.path.dirname(os.path.abspath(path_json))
-  os.makedirs(folder, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(prefix=".summary-", suffix=".json.tmp", dir=folder)
-  try:
-    with os.fdopen(fd, "w") as f:
-      json.dump(summary, f, indent=1)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path_json)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
-    raise
+  atomic_write_text(path_json, json.dumps(summary, indent=1))
   return path_json
 
 
 def plot_partition_summary(summary: dict, path_png: str | os.PathLike) -> str:
   """Plots client sizes and per-client label proportions to a PNG.
 
-  Uses matplotlib's object API with the Agg canvas directly, so it never switches the
-  caller's global pyplot backend and works without a display.
+  Drawn and saved (atomically) through `tff_fedadamom.figures`, so it never
+  switches the caller's pyplot backend and works without a display.
   """
-  from matplotlib.backends.backend_agg import FigureCanvasAgg
-  from matplotlib.figure import Figure
-
-  path_png = os.fspath(path_png)
   sizes = np.asarray(summary["client_sizes"])
   hist = np.asarray(summary["label_histograms"], dtype=np.float64)
   props = hist / np.maximum(hist.sum(axis=1, keepdims=True), 1)
   order = np.argsort(-sizes, kind="stable")
 
-  fig = Figure(figsize=(11, 4), dpi=100)
-  FigureCanvasAgg(fig)
-  ax_sizes, ax_labels = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1, 1.4]})
+  fig, (ax_sizes, ax_labels) = new_figure(figsize=(11, 4), ncols=2,
+                                          gridspec_kw={"width_ratios": [1, 1.4]})
   ax_sizes.bar(np.arange(len(sizes)), sizes[order], width=1.0, color="tab:blue")
   ax_sizes.set_xlabel("client (sorted by size)")
   ax_sizes.set_ylabel("examples")
@@ -110,7 +95,4 @@ def plot_partition_summary(summary: dict, path_png: str | os.PathLike) -> str:
                       f"{het.get('mean_tv_distance', float('nan')):.3f}")
   fig.colorbar(image, ax=ax_labels)
   fig.tight_layout()
-  folder = os.path.dirname(os.path.abspath(path_png))
-  os.makedirs(folder, exist_ok=True)
-  fig.savefig(path_png)
-  return path_png
+  return save_figure(fig, path_png, dpi=100)

@@ -1,46 +1,35 @@
 """Server optimizers: FedAdamom and the registry of its baselines (server optimizers and
-the client-adaptive learning processes of `tff_fedadamom.algorithms`)."""
+the client-adaptive learning processes of `tff_fedadamom.algorithms`).
 
-from tff_fedadamom.optimizers.adaptive import build_fedadam
-from tff_fedadamom.optimizers.adaptive import build_fedamsgrad
-from tff_fedadamom.optimizers.adaptive import build_fedyogi
-from tff_fedadamom.optimizers.fadas import build_fadas
-from tff_fedadamom.optimizers.fedadamom import build_fedadamom
-from tff_fedadamom.optimizers.registry import (
-    LEARNING_PROCESS,
-    OPTIMIZERS,
-    SERVER_OPTIMIZER,
-    OptimizerSpec,
-    build_server_optimizer,
-    check_hparams,
-    default_hparams,
-    get_spec,
-    is_learning_process,
-    list_optimizers,
-    resolve_hparams,
-    search_ranges,
-    sweepable_hparams,
-    tunable_hparams,
-)
+Names are imported lazily (`tff_fedadamom.lazy`): importing a module of this
+package, such as the state vocabulary `optimizers.state`, does not run the
+registry, which imports `tff_fedadamom.algorithms`, which imports that
+vocabulary.
+"""
 
-__all__ = [
-    "LEARNING_PROCESS",
-    "OPTIMIZERS",
-    "SERVER_OPTIMIZER",
-    "OptimizerSpec",
-    "build_fadas",
-    "build_fedadam",
-    "build_fedadamom",
-    "build_fedamsgrad",
-    "build_fedyogi",
-    "build_server_optimizer",
-    "check_hparams",
-    "default_hparams",
-    "get_spec",
-    "is_learning_process",
-    "list_optimizers",
-    "resolve_hparams",
-    "search_ranges",
-    "sweepable_hparams",
-    "tunable_hparams",
-]
+from tff_fedadamom.lazy import lazy_exports
+
+_EXPORTS = {
+    "build_fedadam": "tff_fedadamom.optimizers.adaptive",
+    "build_fedamsgrad": "tff_fedadamom.optimizers.adaptive",
+    "build_fedyogi": "tff_fedadamom.optimizers.adaptive",
+    "build_fadas": "tff_fedadamom.optimizers.fadas",
+    "build_fedadamom": "tff_fedadamom.optimizers.fedadamom",
+    "LEARNING_PROCESS": "tff_fedadamom.optimizers.registry",
+    "OPTIMIZERS": "tff_fedadamom.optimizers.registry",
+    "SERVER_OPTIMIZER": "tff_fedadamom.optimizers.registry",
+    "OptimizerSpec": "tff_fedadamom.optimizers.registry",
+    "build_server_optimizer": "tff_fedadamom.optimizers.registry",
+    "check_hparams": "tff_fedadamom.optimizers.registry",
+    "default_hparams": "tff_fedadamom.optimizers.registry",
+    "get_spec": "tff_fedadamom.optimizers.registry",
+    "is_learning_process": "tff_fedadamom.optimizers.registry",
+    "list_optimizers": "tff_fedadamom.optimizers.registry",
+    "resolve_hparams": "tff_fedadamom.optimizers.registry",
+    "search_ranges": "tff_fedadamom.optimizers.registry",
+    "sweepable_hparams": "tff_fedadamom.optimizers.registry",
+    "tunable_hparams": "tff_fedadamom.optimizers.registry",
+}
+
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

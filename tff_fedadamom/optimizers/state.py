@@ -21,7 +21,6 @@ from typing import Any, Iterable, Mapping
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_fedadamom.algorithms import _common as process_state
 from tff_fedadamom.naming import did_you_mean
 
 LEARNING_RATE_KEY = tff.learning.optimizers.LEARNING_RATE_KEY
@@ -35,6 +34,9 @@ PRECONDITIONER_KEY = 'preconditioner'  # v, the second moment.
 MAX_PRECONDITIONER_KEY = 'max_preconditioner'  # v_hat = running max of v (AMSGrad).
 DELAY_THRESHOLD_KEY = 'delay_threshold'  # FADAS' tau_c.
 MAX_DELAY_KEY = 'max_delay'  # FADAS' tau_t^max, the round's largest staleness.
+# The model in the global state of a client-adaptive process (FedCAda, FAFED),
+# beside the averaged moments (`process_moments`).
+MODEL_KEY = 'model'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,7 +147,7 @@ def process_moments(global_state) -> dict[str, Any]:
   """The moments a client-adaptive process' global state carries beside the
   model (FedCAda, FAFED: {model, accumulator, preconditioner, ...}), keyed as in
   an optimizer state; {} for any other global state (a plain `ModelWeights`)."""
-  if not isinstance(global_state, Mapping) or process_state.MODEL_KEY not in global_state:
+  if not isinstance(global_state, Mapping) or MODEL_KEY not in global_state:
     return {}
   moments = (ACCUMULATOR_KEY, PRECONDITIONER_KEY)
   return {k: v for k, v in global_state.items() if k in moments}

@@ -1,6 +1,18 @@
-"""The TFF pipeline: config -> learning process -> rounds, checkpoints and outputs."""
+"""The TFF pipeline: config -> learning process -> rounds, checkpoints and outputs.
 
-from tff_fedadamom.pipeline.process import build_process
-from tff_fedadamom.pipeline.runner import EvalEvent, RunResult, run_experiment
+Names are imported lazily (`tff_fedadamom.lazy`), like the root package's:
+importing a light module of the pipeline (`outputs`, `tables`, `loop`) does not
+import TensorFlow.
+"""
 
-__all__ = ["EvalEvent", "RunResult", "build_process", "run_experiment"]
+from tff_fedadamom.lazy import lazy_exports
+
+_EXPORTS = {
+    "EvalEvent": "tff_fedadamom.pipeline.loop",
+    "RunResult": "tff_fedadamom.pipeline.runner",
+    "build_process": "tff_fedadamom.pipeline.process",
+    "run_experiment": "tff_fedadamom.pipeline.runner",
+}
+
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

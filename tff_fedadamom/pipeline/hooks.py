@@ -26,8 +26,8 @@ from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from tff_fedadamom.metric_names import TEST_ACCURACY, TRAIN_LOSS
-from tff_fedadamom.pipeline.loop import NONFINITE_UPDATES, ROUND, EvalEvent, RoundEnd, RoundHook
+from tff_fedadamom.metric_names import NONFINITE_UPDATES, ROUND, TEST_ACCURACY, TRAIN_LOSS
+from tff_fedadamom.pipeline.loop import EvalEvent, RoundEnd, RoundHook
 
 
 def _all_finite(structure) -> bool:

@@ -22,13 +22,10 @@ import logging
 import math
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
-from tff_fedadamom.metric_names import TEST_ACCURACY, TRAIN_ACCURACY, TRAIN_LOSS
-from tff_fedadamom.metric_names import TRAIN_NUM_EXAMPLES
+from tff_fedadamom.metric_names import NONFINITE_UPDATES, ROUND, TEST_ACCURACY, TRAIN_ACCURACY
+from tff_fedadamom.metric_names import TRAIN_LOSS, TRAIN_NUM_EXAMPLES
 
 logger = logging.getLogger("tff_fedadamom")
-
-ROUND = "round"
-NONFINITE_UPDATES = "nonfinite_updates"
 
 
 @dataclasses.dataclass(frozen=True)

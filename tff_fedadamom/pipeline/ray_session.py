@@ -8,7 +8,6 @@ experiment (`ray_backend`). Ray is imported only when a session starts, so
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import warnings
 from typing import Any, Optional
@@ -28,7 +27,8 @@ def connect(address: Optional[str]) -> bool:
   """Connects this process to Ray as `address` says; True if it started a session.
 
   `None` starts a new local Ray bound to 127.0.0.1 with the dashboard off;
-  `auto` or host:port joins an existing cluster. An already initialised Ray
+  `auto` or host:port joins an existing cluster. The process' logging is left
+  as it is. An already initialised Ray
   (a test, a notebook, a sweep) is used as it is, and False is returned: the
   caller must then not shut it down.
   """
@@ -37,9 +37,11 @@ def connect(address: Optional[str]) -> bool:
   if ray.is_initialized():
     return False
   env = {"TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
+  # configure_logging=False: Ray leaves this process' loggers alone (its own
+  # would get a handler and a level for good); its warnings still reach stderr
+  # through Python's last-resort handler, or through the caller's logging set-up.
   kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False,
-                                configure_logging=True, logging_level=logging.WARNING,
-                                runtime_env={"env_vars": env})
+                                configure_logging=False, runtime_env={"env_vars": env})
   if address is None:
     # "local": a new instance even if RAY_ADDRESS is set or a `ray start`
     # cluster runs on this machine (ray.init() would silently join those).

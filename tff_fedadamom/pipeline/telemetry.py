@@ -79,11 +79,6 @@ def unwrap_optimizer_state(state: Any) -> Mapping[str, Any]:
   return state
 
 
-def is_fedadamom_state(state: Mapping[str, Any]) -> bool:
-  """True for a FedAdamom state (the registry's vocabulary of its keys)."""
-  return registry.optimizers_of_state(state) == ['fedadamom']
-
-
 def _leaves(tree) -> list[np.ndarray]:
   return [np.asarray(x) for x in tf.nest.flatten(tree)]
 

@@ -1,0 +1,37 @@
+"""Figures: matplotlib's object API, saved atomically. The one way the project
+draws (run curves and telemetry, partition summaries, sweep plots).
+
+No pyplot and no backend switch: a `Figure` renders with Agg when saved, so
+drawing changes nothing process-wide and needs no display. Saving writes the
+whole image to a temporary file and renames it (`atomic_io`), so a reader never
+sees half a PNG.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from typing import Optional
+
+from tff_fedadamom.atomic_io import atomic_write_bytes
+
+DPI = 110
+
+
+def new_figure(*, figsize, ncols: int = 1, nrows: int = 1, squeeze: bool = True,
+               gridspec_kw: Optional[dict] = None):
+  """A matplotlib `Figure` and its axes (`Figure.subplots`)."""
+  from matplotlib.figure import Figure
+
+  fig = Figure(figsize=figsize)
+  return fig, fig.subplots(nrows, ncols, squeeze=squeeze, gridspec_kw=gridspec_kw)
+
+
+def save_figure(fig, path: str | os.PathLike, dpi: float = DPI) -> str:
+  """Saves `fig` atomically, in the format of `path`'s extension (png without
+  one); returns the path."""
+  path = os.fspath(path)
+  buffer = io.BytesIO()
+  fig.savefig(buffer, format=os.path.splitext(path)[1].lstrip(".") or "png", dpi=dpi)
+  atomic_write_bytes(path, buffer.getvalue())
+  return path
