@@ -23,6 +23,7 @@ _EXPORTS = {
     "build_process": "tff_fedadamom.pipeline",
     "run_experiment": "tff_fedadamom.pipeline",
     "InProcessLearningProcess": "tff_fedadamom.pipeline.inprocess",
+    "Session": "tff_fedadamom.session",
 }
 
 __all__ = sorted(_EXPORTS)

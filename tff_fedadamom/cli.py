@@ -53,10 +53,21 @@ def _fmt(value) -> str:
   return "n/a" if value is None else f"{value:.4f}"
 
 
+def _start_session(config) -> None:
+  """TensorFlow's threads for this command's process (see `session`), sized by the
+  config's `runtime.threads`, before TensorFlow runs anything."""
+  from tff_fedadamom.session import Session
+
+  Session(threads=config.runtime.threads).apply()
+
+
 def _cmd_run(args) -> int:
+  from tff_fedadamom.config import load_config
   from tff_fedadamom.pipeline import run_experiment
 
-  result = run_experiment(args.config, overrides=args.overrides, progress=not args.quiet)
+  config = load_config(args.config, args.overrides)
+  _start_session(config)
+  result = run_experiment(config, progress=not args.quiet)
   _print_summary(result.summary, result.output_dir)
   return 0 if result.summary["status"] == "completed" else 3
 
@@ -64,8 +75,12 @@ def _cmd_run(args) -> int:
 def _cmd_compare(args) -> int:
   from tff_fedadamom.pipeline.compare import compare
 
+  from tff_fedadamom.config import load_config
+
   names = [n.strip() for n in args.optimizers.split(",") if n.strip()]
-  table = compare(args.config, names, overrides=args.overrides, progress=not args.quiet)
+  config = load_config(args.config, args.overrides)
+  _start_session(config)
+  table = compare(config, names, progress=not args.quiet)
   print(table)
   return 0
 

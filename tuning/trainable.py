@@ -83,7 +83,7 @@ def trial_threads() -> int:
 def _limit_threads(threads: int, gpu: bool) -> None:
   """Sizes this trial's thread pools to its CPUs, before TensorFlow is imported.
 
-  The environment reaches what `runtime.configure_threads` cannot: TFF's
+  The environment reaches what `Session.apply` cannot: TFF's
   worker_binary, a child process with its own TensorFlow runtime, where the
   federated computations run. A trial without a GPU is kept off the node's
   GPUs whatever Ray's default for zero-GPU tasks is (it is changing).
@@ -205,9 +205,10 @@ def train_trial(config: dict, *, sweep, optimizer: Optional[str],
       return
     _limit_threads(threads, gpu=bool(gpu_ids))
     from tff_fedadamom.pipeline import run_experiment, runtime
+    from tff_fedadamom.session import Session
 
     runtime.install_worker_cleanup()
-    runtime.configure_threads(threads)  # before TensorFlow runs anything
+    Session(threads=threads).apply()  # the trial's process: before TensorFlow runs anything
     try:
       run_experiment(make_experiment(),
                      hooks=[TuneReport(output_dir, make_result, _report_to_tune)],

@@ -77,9 +77,10 @@ def worker_env(threads: int, gpu_ids: Sequence[str]) -> dict[str, str]:
   """The environment that sizes a trial's TensorFlow (and TFF's worker_binary)
   to its CPUs and shows it its GPUs, set before TensorFlow is imported."""
   return {
-      "TF_NUM_INTRAOP_THREADS": str(threads),
-      "TF_NUM_INTEROP_THREADS": str(max(1, min(threads, 2))),
-      "OMP_NUM_THREADS": str(threads),
+      # Kernels single-threaded, clients side by side (see tff_fedadamom.session).
+      "TF_NUM_INTRAOP_THREADS": "1",
+      "TF_NUM_INTEROP_THREADS": str(threads),
+      "OMP_NUM_THREADS": "1",
       "CUDA_VISIBLE_DEVICES": ",".join(gpu_ids),
   }
 
@@ -211,11 +212,14 @@ class TrialWorker:
     from tff_fedadamom.config import load_config
     from tff_fedadamom.pipeline import runtime
     from tff_fedadamom.pipeline.parts import PartsCache
+    from tff_fedadamom.session import Session
 
     runtime.install_worker_cleanup()
     if self._cache is None:
       self._cache = PartsCache(self._parts_per_worker)
     config = load_config(make_experiment())
+    # The worker is its process's entry point; its trials share one thread count.
+    Session(threads=config.runtime.threads).apply()
     return config, self._cache.get(config)
 
   def _warm_up(self, make_experiment) -> None:

@@ -46,10 +46,13 @@ def _converted_dtype(dtype: np.dtype) -> tf.DType:
 
 
 def arrays_to_dataset(arrays: Mapping[str, np.ndarray]) -> tf.data.Dataset:
-  """An unbatched dataset of ``OrderedDict`` elements, with the uint8 -> float32 map."""
+  """An unbatched dataset of ``OrderedDict`` elements, with the uint8 -> float32 map.
+
+  The values may be numpy arrays or tensors (graph inputs too).
+  """
   arrays = collections.OrderedDict(arrays)
   ds = tf.data.Dataset.from_tensor_slices(arrays)
-  if any(np.dtype(a.dtype) != np.dtype(_converted_dtype(a.dtype).as_numpy_dtype)
+  if any(tf.as_dtype(a.dtype) != _converted_dtype(tf.as_dtype(a.dtype).as_numpy_dtype)
          for a in arrays.values()):
     ds = ds.map(_convert, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   return ds

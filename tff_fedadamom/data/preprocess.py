@@ -45,20 +45,28 @@ def _augment(ds: tf.data.Dataset, augment: str, seed: int) -> tf.data.Dataset:
   if x_spec.shape.rank != 3 or not x_spec.dtype.is_floating:
     raise ValueError(f"augment={augment!r} needs float images of shape (H, W, C); "
                      f"got x {x_spec}.")
-  base = int(seed) & 0x7FFF_FFFF_FFFF_FFFF
+  if tf.is_tensor(seed):
+    base = seed  # a graph input, captured by the map function
+
+    def base_seed():
+      return base
+  else:
+    python_base = int(seed) & 0x7FFF_FFFF_FFFF_FFFF
+
+    def base_seed():  # made inside, so nothing is captured from the caller's graph
+      return tf.constant(python_base, tf.int64)
 
   def apply(index, element):
-    # One stateless seed per element position: same seed -> same augmentation. The
-    # constant is made inside, so nothing is captured from the caller's graph.
+    # One stateless seed per element position: same seed -> same augmentation.
     out = collections.OrderedDict(element)
-    out["x"] = _crop_flip(out["x"], tf.stack([tf.constant(base, tf.int64), index]))
+    out["x"] = _crop_flip(out["x"], tf.stack([base_seed(), index]))
     return out
 
   return ds.enumerate().map(apply, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
-def client_dataset(ds: tf.data.Dataset, *, batch_size: int, local_epochs: int, seed: int,
-                   shuffle_buffer: Optional[int] = None, augment: Optional[str] = None,
+def client_dataset(ds: tf.data.Dataset, *, batch_size: int, local_epochs: int, seed,
+                   shuffle_buffer=None, augment: Optional[str] = None,
                    drop_remainder: bool = False) -> tf.data.Dataset:
   """Shuffle, repeat for ``local_epochs``, (augment,) batch and prefetch one client's data.
 
@@ -67,8 +75,10 @@ def client_dataset(ds: tf.data.Dataset, *, batch_size: int, local_epochs: int, s
     batch_size: Examples per batch.
     local_epochs: Passes over the client's data; every pass is shuffled anew, in an
       order fixed by ``seed``.
-    seed: Seed of this client in this round, e.g. from :func:`client_round_seed`.
-    shuffle_buffer: Defaults to the client's size when known (a full shuffle), else 1024.
+    seed: Seed of this client in this round, e.g. from :func:`client_round_seed`: a
+      Python int, or an int64 scalar tensor (the same value gives the same order).
+    shuffle_buffer: Defaults to the client's size when known (a full shuffle), else
+      1024; an int or an int64 scalar tensor.
     augment: None, or ``"crop_flip"`` (random crop with 4-pixel zero padding plus
       horizontal flip, for CIFAR-like images), seeded with stateless ops.
     drop_remainder: Drop a last incomplete batch.
@@ -83,8 +93,11 @@ def client_dataset(ds: tf.data.Dataset, *, batch_size: int, local_epochs: int, s
   if local_epochs > 1:
     # Converting (or reading and parsing) once instead of once per epoch pays for itself.
     ds = ds.cache()
-  ds = ds.shuffle(max(int(shuffle_buffer), 1), seed=int(seed) & 0x7FFF_FFFF_FFFF_FFFF,
-                  reshuffle_each_iteration=True)
+  if not tf.is_tensor(seed):
+    seed = int(seed) & 0x7FFF_FFFF_FFFF_FFFF
+  if not tf.is_tensor(shuffle_buffer):
+    shuffle_buffer = max(int(shuffle_buffer), 1)
+  ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
   ds = ds.repeat(local_epochs)
   if augment is not None:
     ds = _augment(ds, augment, seed)

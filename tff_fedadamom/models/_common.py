@@ -107,3 +107,53 @@ def image_input(input_shape: tuple[int, ...]):
   if len(input_shape) == 2:
     x = tf.keras.layers.Reshape((*input_shape, 1))(x)
   return inputs, x
+
+
+
+@tf.keras.utils.register_keras_serializable(package="tff_fedadamom")
+class SeededDropout(tf.keras.layers.Layer):
+  """Dropout with masks from a stateless random op, keyed by (seed, training step).
+
+  Keras' seeded dropout is a stateful random op: its place in the mask
+  sequence lives in the op's kernel. A client computation compiled once and
+  called for client after client (TFF's iterator loop, which is what lets a
+  round run without re-instantiating the training step for every client)
+  would then continue the sequence from whatever ran before it on the same
+  compiled copy, and a run's masks would depend on how clients were spread
+  over copies and threads. Here the step is a non-trainable variable of the
+  model: every client starts from the server's value (0: the server never
+  changes it) and counts its own local steps, so each client's masks are a
+  function of `seed` and its step alone, and differ from batch to batch.
+  """
+
+  def __init__(self, rate: float, seed: int, **kwargs):
+    super().__init__(**kwargs)
+    self.rate = float(rate)
+    self.seed = int(seed)
+
+  def build(self, input_shape):
+    self.step = self.add_weight(name="step", shape=(), dtype=tf.int64,
+                                initializer="zeros", trainable=False)
+    super().build(input_shape)
+
+  def call(self, inputs, training=None):
+    if training is None:
+      training = tf.keras.backend.learning_phase()
+
+    def dropped():
+      step = self.step.assign_add(1)
+      seed = tf.stack([tf.constant(self.seed, tf.int64), step])
+      return tf.nn.experimental.stateless_dropout(inputs, rate=self.rate, seed=seed)
+
+    return tf.__internal__.smart_cond.smart_cond(training, dropped,
+                                                 lambda: tf.identity(inputs))
+
+  def get_config(self):
+    return {**super().get_config(), "rate": self.rate, "seed": self.seed}
+
+
+def seeded_dropout(rate: float, seed: Optional[int]) -> tf.keras.layers.Layer:
+  """`SeededDropout` for a seeded model, Keras' own dropout for an unseeded one."""
+  if seed is None:
+    return tf.keras.layers.Dropout(rate)
+  return SeededDropout(rate, seed)

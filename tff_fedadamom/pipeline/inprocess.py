@@ -40,8 +40,8 @@ from typing import Any, Optional, Sequence
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_fedadamom.pipeline.tf_computation import (TFComputation, flatten_value, to_python,
-                                                   type_leaves)
+from tff_fedadamom.pipeline.tf_computation import (Feed, TFComputation, flatten_value,
+                                                   to_python, type_leaves)
 
 
 def visible_devices() -> list[str]:
@@ -76,6 +76,13 @@ def resolve_devices(devices: Optional[Sequence[str]]) -> list[str]:
   return out
 
 
+def _cpu_threads() -> int:
+  """TensorFlow's inter-op threads: how many clients' kernels can run side by side."""
+  from tff_fedadamom.session import cpu_count
+
+  return tf.config.threading.get_inter_op_parallelism_threads() or cpu_count()
+
+
 class ClientFold:
   """`work` on each client, concurrently, folded by `zero`/`accumulate` in client order.
 
@@ -88,41 +95,45 @@ class ClientFold:
     devices: Full TensorFlow device names; client i runs on
       `devices[i % len(devices)]`, `zero`/`accumulate` on the first.
     max_concurrent_clients: How many clients run at once (at least one per
-      device). Default: one per device, two on a lone CPU (the CPU's thread
-      pools then have two clients' ops to interleave).
+      device). Default: one per device; on a lone CPU, as many as TensorFlow's
+      inter-op threads (each client's kernels run on one thread; see
+      `tff_fedadamom.session`).
+    feed: A `tf_computation.Feed` that `work` takes in place of its dataset
+      (the client's example tensors and round seed; see `ClientTensors`), or
+      None for a dataset.
   """
 
   def __init__(self, work, zero, accumulate, devices: Sequence[str],
-               max_concurrent_clients: Optional[int] = None):
+               max_concurrent_clients: Optional[int] = None, feed: Optional[Feed] = None):
     if max_concurrent_clients is not None and max_concurrent_clients < 1:
       raise ValueError(
           f"max_concurrent_clients must be an integer >= 1 or None, found {max_concurrent_clients!r}")
     devices = list(devices)
     if max_concurrent_clients is None:
-      max_concurrent_clients = 2 if devices[0].endswith("CPU:0") and len(devices) == 1 \
-          else len(devices)
+      max_concurrent_clients = (_cpu_threads() if devices[0].endswith("CPU:0") and len(devices) == 1
+                                else len(devices))
     self.max_concurrent_clients = max(max_concurrent_clients, len(devices))
     slots = -(-self.max_concurrent_clients // len(devices))
-    self.work = TFComputation(work, devices, slots_per_device=slots)
+    self.work = TFComputation(work, devices, slots_per_device=slots, feed=feed)
     self._zero = TFComputation(zero, devices[:1])
     self._accumulate = TFComputation(accumulate, devices[:1])
     self._pool = concurrent.futures.ThreadPoolExecutor(
         self.max_concurrent_clients, thread_name_prefix="tff-client")
 
-  def __call__(self, client_data: Sequence[Any], broadcast: Sequence[Any]) -> list:
-    """The accumulator (flat tensors) of `client_data`'s datasets, given the
-    broadcast's flat leaves."""
-    futures = self._submit(client_data, broadcast)
+  def __call__(self, client_args: Sequence[Sequence[Any]], broadcast: Sequence[Any]) -> list:
+    """The accumulator (flat tensors) of the clients whose leading `work`
+    arguments are `client_args` (see `client_leaves`), given the broadcast's
+    flat leaves."""
+    futures = self._submit(client_args, broadcast)
     return self.fold(future.result() for future in futures)  # accumulates as they finish
 
-  def _submit(self, client_data, broadcast):
-    return [self._pool.submit(self.work.call_flat_leaves,
-                              [dataset._variant_tensor, *broadcast], i)  # noqa: SLF001
-            for i, dataset in enumerate(client_data)]
+  def _submit(self, client_args, broadcast):
+    return [self._pool.submit(self.work.call_flat_leaves, [*args, *broadcast], i)
+            for i, args in enumerate(client_args)]
 
-  def work_outputs(self, client_data: Sequence[Any], broadcast: Sequence[Any]) -> list:
+  def work_outputs(self, client_args: Sequence[Sequence[Any]], broadcast: Sequence[Any]) -> list:
     """`work`'s flat outputs per client, in client order (run concurrently)."""
-    return [future.result() for future in self._submit(client_data, broadcast)]
+    return [future.result() for future in self._submit(client_args, broadcast)]
 
   def fold(self, outputs, accumulator: Optional[Sequence[Any]] = None) -> list:
     """`accumulator` (default: `zero`) with `outputs` accumulated onto it, in order."""
@@ -139,6 +150,15 @@ class ClientFold:
     pool = getattr(self, "_pool", None)
     if pool is not None:
       pool.shutdown(wait=False)
+
+
+def client_feed(client_tensors) -> Optional[Feed]:
+  """The `Feed` that builds a client's dataset inside its `work` call from
+  `client_tensors.args(...)` (None: `work` takes a dataset)."""
+  if client_tensors is None:
+    return None
+  return Feed(client_tensors.signature, 1,
+              lambda *args: [client_tensors.dataset(*args)._variant_tensor])  # noqa: SLF001
 
 
 class InProcessLearningProcess:
@@ -166,13 +186,18 @@ class InProcessLearningProcess:
       (client i of a round runs on `devices[i % len(devices)]`); server-side
       parts run on the first. Default: every visible GPU, else the CPU.
     max_concurrent_clients: How many clients run at once (at least one per
-      device). Default: one per device, two on a lone CPU (the CPU's thread
-      pools then have two clients' ops to interleave).
+      device). Default: one per device; on a lone CPU, as many as TensorFlow's
+      inter-op threads.
+    client_tensors: A `data.client_tensors.ClientTensors` of the training set:
+      rounds are then `next_for_clients(state, client_ids, round_num)`, and
+      each client's dataset is built inside its `work` call, from its example
+      tensors and round seed (no Python per client beyond the call).
   """
 
   def __init__(self, process, devices: Optional[Sequence[str]] = None,
-               max_concurrent_clients: Optional[int] = None):
+               max_concurrent_clients: Optional[int] = None, client_tensors=None):
     self._process = process
+    self._client_tensors = client_tensors
     self.devices = resolve_devices(devices)
     mrf = tff.backends.mapreduce.get_map_reduce_form_for_computation(process.next)
     for name in ("secure_sum_bitwidth", "secure_sum_max_input", "secure_modular_sum_modulus"):
@@ -193,7 +218,8 @@ class InProcessLearningProcess:
 
   def _client_fold(self, mrf, max_concurrent_clients):
     """What runs the round's clients: here, one `ClientFold` on this process's devices."""
-    fold = ClientFold(mrf.work, mrf.zero, mrf.accumulate, self.devices, max_concurrent_clients)
+    fold = ClientFold(mrf.work, mrf.zero, mrf.accumulate, self.devices, max_concurrent_clients,
+                      feed=client_feed(self._client_tensors))
     self.max_concurrent_clients = fold.max_concurrent_clients
     self._work = fold.work
     return fold
@@ -213,9 +239,21 @@ class InProcessLearningProcess:
   def next(self, state, client_data: Sequence[Any]):
     """One round: `prepare`, `work` per client (concurrently), `accumulate` in
     client order, `report`, `update`."""
+    if self._client_tensors is not None:
+      raise TypeError("this process builds client datasets itself: call "
+                      "next_for_clients(state, client_ids, round_num)")
+    return self._round(state, [[dataset._variant_tensor] for dataset in client_data])  # noqa: SLF001
+
+  def next_for_clients(self, state, client_ids: Sequence[Any], round_num: int):
+    """One round over `client_ids`, their datasets built in their `work` calls."""
+    if self._client_tensors is None:
+      raise TypeError("next_for_clients needs client_tensors=...; call next(state, datasets)")
+    return self._round(state, [self._client_tensors.args(cid, round_num) for cid in client_ids])
+
+  def _round(self, state, client_args):
     state_leaves = flatten_value(state, self._state_type)
     broadcast = self._prepare.call_flat_leaves(state_leaves)
-    return self._finish(state_leaves, self._clients(client_data, broadcast))
+    return self._finish(state_leaves, self._clients(client_args, broadcast))
 
   def _finish(self, state_leaves, accumulator):
     """`report` on the round's accumulator, then `update`: the new state and metrics."""

@@ -165,7 +165,8 @@ def build_parts(config: ExperimentConfig, data=None) -> ExperimentParts:
   devices = runtime.round_devices(config.runtime)
   process = runtime.executable(
       process_lib.build_process(config, data, runtime.training_loop(devices)),
-      config.runtime, devices, experiment=config)
+      config.runtime, devices, experiment=config,
+      client_tensors=process_lib.make_client_tensors(config, data))
   keras_model = process_lib.make_keras_model(config, data)
   return ExperimentParts(
       key=structure_key(config), data=data, process=process, keras_model=keras_model,

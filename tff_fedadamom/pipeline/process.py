@@ -16,7 +16,7 @@ import tensorflow_federated as tff
 
 from tff_fedadamom import models, optimizers
 from tff_fedadamom.config import ExperimentConfig
-from tff_fedadamom.data import FederatedData, client_dataset, load_federated_data
+from tff_fedadamom.data import FederatedData, load_federated_data
 from tff_fedadamom.optimizers.client import build_client_sgd
 
 
@@ -37,24 +37,27 @@ def load_data(config: ExperimentConfig) -> FederatedData:
   return load_federated_data(data.name, **kwargs)
 
 
+def make_client_tensors(config: ExperimentConfig, data: FederatedData):
+  """The training clients as tensors, with the config's batching (`ClientTensors`)."""
+  from tff_fedadamom.data.client_tensors import ClientTensors
+
+  client = config.client
+  return ClientTensors(data.train, seed=config.seed, batch_size=client.batch_size,
+                       local_epochs=client.local_epochs, augment=config.data.augment,
+                       max_examples=client.max_examples)
+
+
 def client_datasets(config: ExperimentConfig, data: FederatedData, client_ids,
-                    round_num: int) -> list[tf.data.Dataset]:
+                    round_num: int, client_tensors=None) -> list[tf.data.Dataset]:
   """The batched datasets of `client_ids` for round `round_num`.
 
   The shuffle order is a function of (seed, round, client), so that a resumed
-  run feeds exactly the batches an uninterrupted one would.
+  run feeds exactly the batches an uninterrupted one would. Pass the run's
+  `client_tensors` (`make_client_tensors`) to reuse its tensors.
   """
-  from tff_fedadamom.data import client_round_seed
-
-  out = []
-  for cid in client_ids:
-    ds = data.train.create_tf_dataset_for_client(cid)
-    if config.client.max_examples is not None:
-      ds = ds.take(config.client.max_examples)
-    out.append(client_dataset(
-        ds, batch_size=config.client.batch_size, local_epochs=config.client.local_epochs,
-        seed=client_round_seed(config.seed, round_num, cid), augment=config.data.augment))
-  return out
+  if client_tensors is None:
+    client_tensors = make_client_tensors(config, data)
+  return client_tensors.datasets(client_ids, round_num)
 
 
 def next_round(process, state, config: ExperimentConfig, data: FederatedData, client_ids,

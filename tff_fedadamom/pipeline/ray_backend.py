@@ -62,6 +62,7 @@ import numpy as np
 import tensorflow as tf
 
 from tff_fedadamom.pipeline import inprocess
+from tff_fedadamom.session import Session
 from tff_fedadamom.pipeline import ray_session
 from tff_fedadamom.pipeline.tf_computation import deserialize, serialize
 
@@ -124,23 +125,23 @@ class ClientWorker:
                threads: int, max_concurrent_clients: Optional[int] = None):
     from tff_fedadamom.config import load_config
     from tff_fedadamom.pipeline import process as process_lib
-    from tff_fedadamom.pipeline import runtime
-
     _exit_with_parent()
-    runtime.configure_threads(threads)
-    self._config = load_config(dict(experiment))
-    self._data = process_lib.load_data(self._config)
-    self._client_datasets = process_lib.client_datasets
+    Session(threads=threads).apply()  # the actor is its process's entry point
+    config = load_config(dict(experiment))
+    self._client_tensors = process_lib.make_client_tensors(
+        config, process_lib.load_data(config))
     self._outputs: list = []
     # Ray exposes to an actor only the GPUs it was given.
     self._fold = inprocess.ClientFold(*(deserialize(parts[name]) for name in WORKER_PARTS),
-                                      inprocess.visible_devices(), max_concurrent_clients)
+                                      inprocess.visible_devices(), max_concurrent_clients,
+                                      feed=inprocess.client_feed(self._client_tensors))
 
   def work(self, client_ids: Sequence[Any], round_num: int,
            broadcast: Sequence[np.ndarray]) -> int:
     """Runs `work` for `client_ids` in round `round_num`; keeps the outputs for `fold`."""
-    datasets = self._client_datasets(self._config, self._data, list(client_ids), round_num)
-    self._outputs = self._fold.work_outputs(datasets, [tf.convert_to_tensor(b) for b in broadcast])
+    client_args = [self._client_tensors.args(cid, round_num) for cid in client_ids]
+    self._outputs = self._fold.work_outputs(client_args,
+                                            [tf.convert_to_tensor(b) for b in broadcast])
     return len(self._outputs)
 
   def fold(self, accumulator: Optional[Sequence[np.ndarray]]) -> list:

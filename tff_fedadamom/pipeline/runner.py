@@ -19,6 +19,7 @@ import os
 import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from tff_fedadamom import session
 from tff_fedadamom.config import ConfigError, dump_config, load_config
 from tff_fedadamom.pipeline import hooks as hooks_lib
 from tff_fedadamom.pipeline import outputs, resume, runtime
@@ -94,7 +95,7 @@ def run_experiment(config, *, overrides=(), on_eval: Optional[Callable[[EvalEven
   output_dir = config.output_dir
   outputs.check_writable(output_dir)
   resuming = resume.check_resumable(config, output_dir)
-  runtime.configure_threads(config.runtime.threads)
+  session.require_applied(config.runtime.threads)
   devices = runtime.round_devices(config.runtime)
 
   import tensorflow as tf

@@ -114,9 +114,13 @@ def shutdown(timeout_s: float = RELEASE_TIMEOUT_S) -> None:
   kill_workers()
 
 
+# What sizes the worker_binary's own TensorFlow: one thread per kernel.
+WORKER_THREADS_ENV = {"TF_NUM_INTRAOP_THREADS": "1", "OMP_NUM_THREADS": "1"}
+
+
 def _track_workers() -> None:
   """Records the pid of every worker_binary TFF starts, under `setpriv --pdeathsig KILL`
-  when util-linux has it.
+  when util-linux has it, with single-threaded kernels (`WORKER_THREADS_ENV`).
 
   TFF starts the worker with `subprocess.Popen` from its `executor_factory`
   module; that module alone gets a `Popen` that records (and prefixes) it.
@@ -136,6 +140,9 @@ def _track_workers() -> None:
                 and str(args[0]).endswith("worker_binary"))
       if worker and setpriv is not None:
         args = [setpriv, "--pdeathsig", "KILL", "--", *args]
+      if worker:
+        # Its kernels single-threaded too, like this process's (see session.py).
+        kwargs["env"] = {**(kwargs.get("env") or os.environ), **WORKER_THREADS_ENV}
       super().__init__(args, *rest, **kwargs)
       if worker:
         _WORKERS.add(self.pid)
@@ -173,30 +180,6 @@ def use_tff_cpp(max_concurrent_clients: Optional[int] = None) -> None:
       max_concurrent_computation_calls=max_concurrent_clients or -1)
 
 
-def configure_threads(threads: int | None) -> None:
-  """Sizes TensorFlow's thread pools (must run before TensorFlow starts work)."""
-  if not threads:
-    return
-  import tensorflow as tf
-
-  try:
-    tf.config.threading.set_intra_op_parallelism_threads(threads)
-    tf.config.threading.set_inter_op_parallelism_threads(max(1, min(threads, 2)))
-  except RuntimeError:  # TensorFlow already initialized: keep its pools.
-    pass
-
-
-def configure_gpus() -> None:
-  """Turns on memory growth for every GPU, so that concurrent trials can share one."""
-  import tensorflow as tf
-
-  for gpu in tf.config.list_physical_devices("GPU"):
-    try:
-      tf.config.experimental.set_memory_growth(gpu, True)
-    except RuntimeError:  # TensorFlow already initialized
-      pass
-
-
 def round_devices(runtime_config, source: str = "<config>") -> list[str]:
   """The TensorFlow devices the rounds of a run will use (tff_cpp: the worker's CPU;
   ray: one label per actor, 'ray worker K (CPU|GPU)').
@@ -213,7 +196,6 @@ def round_devices(runtime_config, source: str = "<config>") -> list[str]:
   from tff_fedadamom.config import ConfigError
   from tff_fedadamom.pipeline import inprocess
 
-  configure_gpus()
   try:
     return inprocess.resolve_devices(runtime_config.devices)
   except ValueError as e:
@@ -223,21 +205,26 @@ def round_devices(runtime_config, source: str = "<config>") -> list[str]:
 
 
 def training_loop(devices: Sequence[str]):
-  """TFF's loop over a client's data for rounds on `devices`.
+  """TFF's loop over a client's data for rounds on `devices`: the iterator loop.
 
-  The iterator loop (TFF's "simulation loop") lets the training ops follow the
-  model onto a GPU; inside `dataset.reduce` TensorFlow keeps them on the
-  dataset's device, the CPU. On CPUs `dataset.reduce` is kept: same arithmetic,
-  and seeded dropout restarts with every client, as it always has.
+  TFF's other loop, `dataset.reduce`, instantiates (and optimizes with
+  Grappler) its training step afresh on every call: on a small model that is
+  most of a client's time (digits/logistic: about 5x its training). The
+  iterator loop is part of the client computation's own graph, optimized once
+  when that is first called, and it lets the training ops follow the model
+  onto a GPU. Both run the same arithmetic on the same batches (a run's
+  weights are bit-identical either way on the CPU); seeded dropout keeps its
+  step in a model variable (`models._common.SeededDropout`), so its masks do
+  not depend on which compiled copy ran the client.
   """
+  del devices  # the same loop everywhere
   import tensorflow_federated as tff
 
-  if any("GPU" in d.upper() for d in devices):
-    return tff.learning.LoopImplementation.DATASET_ITERATOR
-  return tff.learning.LoopImplementation.DATASET_REDUCE
+  return tff.learning.LoopImplementation.DATASET_ITERATOR
 
 
-def executable(process, runtime_config, devices: Sequence[str], experiment=None):
+def executable(process, runtime_config, devices: Sequence[str], experiment=None,
+               client_tensors=None):
   """The object whose `initialize`/`next`/`get_model_weights`/... the runner calls.
 
   `inprocess`: the process compiled to run here, on `devices`; `tff_cpp`: the
@@ -257,4 +244,5 @@ def executable(process, runtime_config, devices: Sequence[str], experiment=None)
   from tff_fedadamom.pipeline import inprocess
 
   return inprocess.InProcessLearningProcess(
-      process, devices=devices, max_concurrent_clients=runtime_config.max_concurrent_clients)
+      process, devices=devices, max_concurrent_clients=runtime_config.max_concurrent_clients,
+      client_tensors=client_tensors)

@@ -185,11 +185,45 @@ def needs_fresh_kernels(graph_def) -> bool:
   return False
 
 
+class Feed:
+  """What turns a slot's own arguments into the computation's leading parameters.
+
+  A client's `work` takes its data as a dataset; building that dataset in
+  Python for every client and round costs more than a small model's training.
+  With a feed, the slot takes the client's example tensors and its round seed
+  instead, and `to_params` builds the dataset inside the same graph, so a
+  client's round is one TensorFlow call.
+
+  Attributes:
+    signature: `tf.TensorSpec`s of the arguments that replace the parameters.
+    replaces: How many leading parameter leaves they replace.
+    to_params: `(*feed_args) -> list` of those `replaces` parameter tensors,
+      called once, while the slot's graph is built.
+  """
+
+  def __init__(self, signature: Sequence[tf.TensorSpec], replaces: int, to_params):
+    self.signature = list(signature)
+    self.replaces = replaces
+    self.to_params = to_params
+
+
+def _flat_call(function, args) -> list:
+  """Calls a concrete function through its flat signature.
+
+  `ConcreteFunction.__call__` binds its arguments to the structured signature,
+  and TensorFlow 2.14 formats every argument tensor as text on that path
+  (`bind_function_inputs` -> `Tensor.__repr__`): milliseconds a call, more
+  than a small graph's whole run. The graph's inputs are already flat and
+  typed here, so the call goes straight to the function's flat entry point.
+  """
+  return function._call_flat(args, function.captured_inputs)  # noqa: SLF001
+
+
 class _Slot:
   """One import of a TensorFlow computation: an initializer and a body sharing
   variables (by the import's own shared names), on one device."""
 
-  def __init__(self, proto, param_leaves, device: Optional[str]):
+  def __init__(self, proto, param_leaves, device: Optional[str], feed: Optional[Feed] = None):
     tf_proto = proto.tensorflow
     suffix = _unique_suffix()
     graph_def = serialization_utils.unpack_graph_def(tf_proto.graph_def)
@@ -203,14 +237,20 @@ class _Slot:
     token_name = tf_proto.session_token_tensor_name
     signature = [tf.TensorSpec([], tf.variant) if isinstance(t, computation_types.SequenceType)
                  else tf.TensorSpec(t.shape, t.dtype) for t in param_leaves]
+    replaced = 0
+    if feed is not None:
+      signature = feed.signature + signature[feed.replaces:]
+      replaced = len(feed.signature)
     traced = {}
 
     def body(*args):
-      input_map = dict(zip(in_names, args))
-      if token_name:
-        input_map[token_name] = tf.constant("inprocess")
-      wanted = [name for _, name in out_names] + ([init_name] if init_name else [])
       with tf.device(device):
+        if feed is not None:
+          args = [*feed.to_params(*args[:replaced]), *args[replaced:]]
+        input_map = dict(zip(in_names, args))
+        if token_name:
+          input_map[token_name] = tf.constant("inprocess")
+        wanted = [name for _, name in out_names] + ([init_name] if init_name else [])
         imported = tf.graph_util.import_graph_def(
             graph_def, input_map=input_map, return_elements=wanted, name=suffix)
       traced["outputs"] = list(imported[:len(out_names)])
@@ -226,8 +266,8 @@ class _Slot:
 
   def __call__(self, flat_args):
     if self._init is not None:
-      self._init()
-    return self._call(*flat_args)
+      _flat_call(self._init, [])
+    return _flat_call(self._call, list(flat_args))
 
 
 class _Serialized:
@@ -258,7 +298,7 @@ class TFComputation:
   """
 
   def __init__(self, computation, devices: Sequence[Optional[str]] = (None,),
-               slots_per_device: int = 1, result_type=None):
+               slots_per_device: int = 1, result_type=None, feed: Optional[Feed] = None):
     proto = computation._computation_proto  # noqa: SLF001
     if proto.WhichOneof("computation") != "tensorflow":
       raise TypeError(f"not a TensorFlow computation: {computation.type_signature}")
@@ -273,6 +313,7 @@ class TFComputation:
     self.fresh_kernels = needs_fresh_kernels(
         serialization_utils.unpack_graph_def(proto.tensorflow.graph_def))
     self._proto = proto
+    self._feed = feed
     # The containers of the results (TFF's compiler drops the Python container
     # types of the computations it derives; the caller may know them).
     self.result_type = result_type if result_type is not None else self.type_signature.result
@@ -286,7 +327,7 @@ class TFComputation:
     for device in self._devices:
       pool = queue.SimpleQueue()
       for _ in range(0 if self.fresh_kernels else slots_per_device):
-        pool.put(_Slot(proto, self._param_leaves, device))
+        pool.put(_Slot(proto, self._param_leaves, device, feed))
       self._pools.append(pool)
 
   @property
@@ -300,7 +341,7 @@ class TFComputation:
     with self._lock:
       self.calls[device] = self.calls.get(device, 0) + 1
     if self.fresh_kernels:
-      return _Slot(self._proto, self._param_leaves, device)(leaves)
+      return _Slot(self._proto, self._param_leaves, device, self._feed)(leaves)
     pool = self._pools[device_index % len(self._pools)]
     slot = pool.get()
     try:

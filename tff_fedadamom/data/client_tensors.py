@@ -1,0 +1,108 @@
+"""Each client's examples as tensors, made once; its round's batches built in-graph.
+
+A round used to build one `tf.data` pipeline per sampled client in Python:
+milliseconds per client, more than a small model's local training, and every
+pipeline traced new dataset functions into TensorFlow's eager context, which
+kept growing. Here a client's examples become tensors the first time it is
+sampled, and `ClientTensors.dataset` builds its round's dataset from those
+tensors and a round seed with graph ops alone, so it can run inside the same
+TensorFlow call as the client's training (`tf_computation.Feed`).
+
+The batches are exactly those of `preprocess.client_dataset` over the client's
+`create_tf_dataset_for_client` dataset (it is the same function, given tensors):
+the shuffle seed is a tensor here, and TensorFlow derives the shuffle op's seed
+pair from a tensor op seed as it does from a Python int
+(`random_seed.get_seed`: the default graph seed and `seed % (2**31 - 1)`), so a
+run keeps its data order and a resumed run stays exact.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Optional
+
+import numpy as np
+import tensorflow as tf
+
+from tff_fedadamom.data.client_data import ArrayClientData, arrays_to_dataset
+from tff_fedadamom.data.preprocess import client_dataset, client_round_seed
+
+
+def _materialize(dataset: tf.data.Dataset) -> collections.OrderedDict:
+  """A finite dataset of dict elements as one numpy array per key."""
+  elements = list(dataset.as_numpy_iterator())
+  if not elements:
+    raise ValueError("a client has no examples")
+  return collections.OrderedDict(
+      (key, np.stack([e[key] for e in elements])) for key in elements[0])
+
+
+class ClientTensors:
+  """A federated training set's clients as tensors, and their round datasets.
+
+  Args:
+    client_data: The training `ClientData` (an `ArrayClientData` gives its
+      arrays directly; any other is read once per client, on first use).
+    seed: The experiment seed; a client's round seed is
+      `client_round_seed(seed, round, client)`.
+    batch_size, local_epochs, augment: As in `preprocess.client_dataset`.
+    max_examples: Keep only a client's first `max_examples` examples.
+  """
+
+  def __init__(self, client_data, *, seed: int, batch_size: int, local_epochs: int,
+               augment: Optional[str] = None, max_examples: Optional[int] = None):
+    self._client_data = client_data
+    self._seed = int(seed)
+    self._batch_size = batch_size
+    self._local_epochs = local_epochs
+    self._augment = augment
+    self._max_examples = max_examples
+    self._tensors: dict[str, list[tf.Tensor]] = {}
+    self._lock = threading.Lock()
+    first = self._arrays(client_data.client_ids[0])
+    self.keys = list(first)
+    self.signature = [tf.TensorSpec([None, *a.shape[1:]], tf.as_dtype(a.dtype))
+                      for a in first.values()] + [tf.TensorSpec([], tf.int64)]
+
+  def _arrays(self, client_id: str) -> collections.OrderedDict:
+    if isinstance(self._client_data, ArrayClientData):
+      arrays = self._client_data.client_arrays(client_id)
+    else:
+      arrays = _materialize(self._client_data.create_tf_dataset_for_client(client_id))
+    if self._max_examples is not None:
+      arrays = collections.OrderedDict((k, v[:self._max_examples]) for k, v in arrays.items())
+    return arrays
+
+  def examples(self, client_id: str) -> list[tf.Tensor]:
+    """The client's example tensors (made on first use, on the CPU, then kept)."""
+    with self._lock:
+      tensors = self._tensors.get(client_id)
+    if tensors is None:
+      with tf.device("CPU:0"):
+        tensors = [tf.constant(a) for a in self._arrays(client_id).values()]
+      with self._lock:
+        tensors = self._tensors.setdefault(client_id, tensors)
+    return tensors
+
+  def args(self, client_id: str, round_num: int) -> list[tf.Tensor]:
+    """What `dataset` takes for this client in round `round_num`: its examples
+    and its round seed."""
+    seed = client_round_seed(self._seed, round_num, client_id)
+    return [*self.examples(client_id), tf.constant(seed, tf.int64)]
+
+  def dataset(self, *args) -> tf.data.Dataset:
+    """The client's round dataset from `args(...)`'s tensors (or graph inputs of
+    `signature`): shuffled, repeated, augmented and batched as
+    `preprocess.client_dataset` does."""
+    *examples, seed = args
+    arrays = collections.OrderedDict(zip(self.keys, examples))
+    size = tf.shape(examples[0], out_type=tf.int64)[0]
+    return client_dataset(arrays_to_dataset(arrays), batch_size=self._batch_size,
+                          local_epochs=self._local_epochs, seed=seed,
+                          shuffle_buffer=tf.maximum(size, 1), augment=self._augment)
+
+  def datasets(self, client_ids, round_num: int) -> list[tf.data.Dataset]:
+    """Round `round_num`'s datasets of `client_ids`, built eagerly (for runtimes
+    that take datasets, such as TFF's own)."""
+    return [self.dataset(*self.args(cid, round_num)) for cid in client_ids]

@@ -1,0 +1,104 @@
+"""Process-wide TensorFlow settings, owned by an entry point.
+
+TensorFlow's thread pools are sized once per process, before it runs its first
+op, and every later request is refused or ignored. So they are not a run's
+settings but the process's: the entry points (the `tff-fedadamom` command, a
+sweep's trial worker, a Ray actor, a test session) apply them once with
+`Session(...).apply()`, and library calls only check them (`require_applied`).
+
+Why kernels run single-threaded: a multi-threaded kernel splits its reductions
+by the thread count, so float round-off, amplified by training, made a run's
+numbers depend on the machine's cores (quickstart CNN: test accuracy 0.5827
+with 2 threads, 0.5912 with 1). With one intra-op thread per kernel and the
+cores spent on running clients side by side (the natural parallel unit of
+federated learning), a run is a function of its config on any CPU machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Optional
+
+
+def cpu_count() -> int:
+  """The CPUs this process may run on."""
+  try:
+    return len(os.sched_getaffinity(0))
+  except AttributeError:  # not on Linux
+    return os.cpu_count() or 1
+
+
+class SessionError(RuntimeError):
+  """TensorFlow's process-wide settings are not (or can no longer be) what a run needs."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Session:
+  """What an entry point sets for its whole process.
+
+  Attributes:
+    threads: Threads that run ops of different clients side by side
+      (TensorFlow's inter-op pool); None: every CPU of the process. Each
+      kernel itself runs on one thread.
+    gpu_memory_growth: Let concurrent processes share a GPU.
+  """
+
+  threads: Optional[int] = None
+  gpu_memory_growth: bool = True
+
+  @property
+  def inter_op_threads(self) -> int:
+    return self.threads or cpu_count()
+
+  def apply(self) -> "Session":
+    """Sizes TensorFlow's thread pools (and GPU memory growth) for this process.
+
+    Idempotent for the same settings. Raises:
+      SessionError: TensorFlow has started with other settings; it cannot
+        change them any more, so the process must apply its session first.
+    """
+    import tensorflow as tf
+
+    threading = tf.config.threading
+    want = (1, self.inter_op_threads)
+    have = (threading.get_intra_op_parallelism_threads(),
+            threading.get_inter_op_parallelism_threads())
+    if have == want:
+      return self
+    try:
+      threading.set_intra_op_parallelism_threads(want[0])
+      threading.set_inter_op_parallelism_threads(want[1])
+    except RuntimeError:
+      raise SessionError(
+          f"TensorFlow already runs with {have[0] or 'all'} intra-op and {have[1] or 'default'} "
+          f"inter-op threads; the run needs 1 and {want[1]}. Apply "
+          "tff_fedadamom.Session(threads=...).apply() at the start of the program, before "
+          "TensorFlow runs anything") from None
+    if self.gpu_memory_growth:
+      for gpu in tf.config.list_physical_devices("GPU"):
+        try:
+          tf.config.experimental.set_memory_growth(gpu, True)
+        except RuntimeError:  # TensorFlow already initialized its GPUs: keep them as they are
+          pass
+    return self
+
+
+def require_applied(threads: Optional[int] = None) -> None:
+  """Raises `SessionError` unless this process's kernels run single-threaded and,
+  when `threads` is given, its inter-op pool has that size.
+
+  A library call cannot size TensorFlow's pools itself (they belong to the
+  process): it checks, so that a run never silently depends on the cores.
+  """
+  import tensorflow as tf
+
+  intra = tf.config.threading.get_intra_op_parallelism_threads()
+  inter = tf.config.threading.get_inter_op_parallelism_threads()
+  if intra != 1 or (threads is not None and inter != threads):
+    wanted = f"Session(threads={threads})" if threads is not None else "Session()"
+    raise SessionError(
+        f"TensorFlow runs with {intra or 'all'} intra-op and {inter or 'default'} inter-op "
+        f"threads, so the run's numbers would depend on this machine's cores. Call "
+        f"tff_fedadamom.{wanted}.apply() at the start of the program, before TensorFlow "
+        "runs anything (the tff-fedadamom command does it for you)")
