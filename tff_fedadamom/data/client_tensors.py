@@ -29,6 +29,22 @@ from tff_fedadamom.data.client_data import ArrayClientData, arrays_to_dataset
 from tff_fedadamom.data.preprocess import client_dataset, client_round_seed
 
 
+def _static_options() -> tf.data.Options:
+  """No graph rewrites and no autotuning for a client's small pipeline.
+
+  tf.data rewrites and autotunes a pipeline each time an iterator is made over
+  it, which is once per client and round here: that costs more than reading a
+  small client's batches, and changes none of them.
+  """
+  options = tf.data.Options()
+  options.experimental_optimization.apply_default_optimizations = False
+  options.autotune.enabled = False
+  return options
+
+
+_STATIC_OPTIONS = _static_options()
+
+
 def _materialize(dataset: tf.data.Dataset) -> collections.OrderedDict:
   """A finite dataset of dict elements as one numpy array per key."""
   elements = list(dataset.as_numpy_iterator())
@@ -98,9 +114,10 @@ class ClientTensors:
     *examples, seed = args
     arrays = collections.OrderedDict(zip(self.keys, examples))
     size = tf.shape(examples[0], out_type=tf.int64)[0]
-    return client_dataset(arrays_to_dataset(arrays), batch_size=self._batch_size,
-                          local_epochs=self._local_epochs, seed=seed,
-                          shuffle_buffer=tf.maximum(size, 1), augment=self._augment)
+    ds = client_dataset(arrays_to_dataset(arrays), batch_size=self._batch_size,
+                        local_epochs=self._local_epochs, seed=seed,
+                        shuffle_buffer=tf.maximum(size, 1), augment=self._augment)
+    return ds.with_options(_STATIC_OPTIONS)
 
   def datasets(self, client_ids, round_num: int) -> list[tf.data.Dataset]:
     """Round `round_num`'s datasets of `client_ids`, built eagerly (for runtimes

@@ -95,7 +95,9 @@ def run_experiment(config, *, overrides=(), on_eval: Optional[Callable[[EvalEven
   output_dir = config.output_dir
   outputs.check_writable(output_dir)
   resuming = resume.check_resumable(config, output_dir)
-  session.require_applied(config.runtime.threads)
+  # With `ray`, `runtime.threads` sizes each actor (its own process), not this one.
+  session.require_applied(
+      None if runtime.backend(config.runtime) == runtime.RAY else config.runtime.threads)
   devices = runtime.round_devices(config.runtime)
 
   import tensorflow as tf

@@ -1,0 +1,142 @@
+"""A round's cost against its floor: in-process, TFF's C++ runtime, and the same
+arithmetic in one `tf.function`.
+
+For each config, the same sampled clients train from the same global weights:
+
+* `inprocess`: the pipeline's round (`next_round` on the in-process backend);
+* `tff_cpp`: TFF's own runtime on the same learning process and batches;
+* `floor`: the clients' SGD steps over the same batches, materialized
+  beforehand, plus the mean of their deltas, in one `tf.function` (the
+  arithmetic of a FedAvg round with nothing around it).
+
+Prints ms per round (median of the timed rounds, after warm-up) and the ratios
+measured in this run. Every timed round starts from the same state, so all
+three do the same work each time.
+
+    .venv/bin/python benchmarks/round_floor.py [--rounds 10] [--configs logistic,mlp,cnn,char_lstm]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+from tff_fedadamom.session import Session  # noqa: E402
+
+Session().apply()  # this script is its process's entry point
+
+import tensorflow as tf  # noqa: E402
+
+from tff_fedadamom import models  # noqa: E402
+from tff_fedadamom.config import load_config  # noqa: E402
+from tff_fedadamom.data.sampling import UniformSampler  # noqa: E402
+from tff_fedadamom.pipeline import parts as parts_lib  # noqa: E402
+from tff_fedadamom.pipeline import process as process_lib  # noqa: E402
+from tff_fedadamom.pipeline import runtime  # noqa: E402
+
+# The four configs of the round-speed goals: the quickstart sweep's trials, the
+# paper study's two models, and the quickstart CNN.
+CONFIGS = {
+    "logistic": dict(clients_per_round=5, data={"name": "digits", "num_clients": 20},
+                     model={"name": "logistic"},
+                     client={"learning_rate": 0.1, "batch_size": 20}),
+    "mlp": dict(clients_per_round=5, data={"name": "fashion_mnist", "num_clients": 100},
+                model={"name": "mlp", "options": {"hidden": [64]}},
+                client={"learning_rate": 0.05, "batch_size": 20}),
+    "cnn": dict(clients_per_round=10, data={"name": "fashion_mnist", "num_clients": 100},
+                model={"name": "cnn"},
+                client={"learning_rate": 0.05, "batch_size": 32, "max_examples": 200}),
+    "char_lstm": dict(clients_per_round=5,
+                      data={"name": "shakespeare",
+                            "options": {"max_clients": 100, "seq_length": 20}},
+                      model={"name": "char_lstm",
+                             "options": {"embedding_dim": 8, "lstm_units": 64}},
+                      client={"learning_rate": 1.0, "batch_size": 10, "max_examples": 200,
+                              "local_epochs": 2, "clip_norm": 10.0}),
+}
+
+
+def _config(name: str, backend: str, output_dir: str):
+  raw = {"seed": 0, "rounds": 1, "output_dir": output_dir, "telemetry": False,
+         "server": {"optimizer": "fedavg", "learning_rate": 1.0,
+                    "client_weighting": "uniform"},
+         "runtime": {"backend": backend}, **CONFIGS[name]}
+  return load_config(raw)
+
+
+def _timed(fn, rounds: int) -> float:
+  fn()  # warm-up: compiles what the first call compiles
+  times = []
+  for _ in range(rounds):
+    start = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - start)
+  return 1000 * statistics.median(times)
+
+
+def _floor(config, data, clients):
+  """A callable running the round's arithmetic in one `tf.function`."""
+  model = process_lib.make_keras_model(config, data)
+  loss_fn = models.loss_and_metrics(models.MODELS[config.model.name].task)[0]()
+  tensors = process_lib.make_client_tensors(config, data)
+  batches = [[(b["x"], b["y"]) for b in ds] for ds in tensors.datasets(clients, 1)]
+  lr = config.client.learning_rate
+  start = [tf.identity(v) for v in model.trainable_variables]
+
+  @tf.function
+  def round_fn():
+    deltas = [tf.zeros_like(v) for v in start]
+    for client in batches:
+      for var, value in zip(model.trainable_variables, start):
+        var.assign(value)
+      for x, y in client:
+        with tf.GradientTape() as tape:
+          loss = loss_fn(y, model(x, training=True))
+        for var, grad in zip(model.trainable_variables,
+                             tape.gradient(loss, model.trainable_variables)):
+          var.assign_sub(lr * grad)
+      deltas = [d + v - s for d, v, s in zip(deltas, model.trainable_variables, start)]
+    return [s + d / len(batches) for s, d in zip(start, deltas)]
+
+  return round_fn
+
+
+def _backend_round(config, data, clients):
+  parts = parts_lib.build_parts(config, data=data)
+  state = parts_lib.initial_state(config, parts.process)
+  return lambda: process_lib.next_round(parts.process, state, config, data, clients, 1)
+
+
+def measure(name: str, rounds: int) -> dict[str, float]:
+  with tempfile.TemporaryDirectory() as tmp:
+    config = _config(name, runtime.INPROCESS, tmp)
+    data = process_lib.load_data(config)
+    clients = UniformSampler(data.train.client_ids, config.clients_per_round, config.seed)(1)
+    out = {"floor": _timed(_floor(config, data, clients), rounds)}
+    for backend in (runtime.INPROCESS, runtime.TFF_CPP):
+      out[backend] = _timed(_backend_round(_config(name, backend, tmp), data, clients), rounds)
+  return out
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--rounds", type=int, default=10, help="timed rounds per measurement")
+  parser.add_argument("--configs", default=",".join(CONFIGS))
+  args = parser.parse_args(argv)
+  print(f"{'config':<10} {'inprocess ms':>13} {'tff_cpp ms':>11} {'floor ms':>9} "
+        f"{'inproc/floor':>13} {'cpp/inproc':>11}")
+  for name in args.configs.split(","):
+    m = measure(name, args.rounds)
+    print(f"{name:<10} {m['inprocess']:>13.1f} {m['tff_cpp']:>11.1f} {m['floor']:>9.1f} "
+          f"{m['inprocess'] / m['floor']:>13.2f} {m['tff_cpp'] / m['inprocess']:>11.2f}",
+          flush=True)
+  runtime.shutdown()
+
+
+if __name__ == "__main__":
+  main()
