@@ -1,7 +1,8 @@
 """Stage 0 of the reproduction: two short runs measure this machine, and the time
 a run from scratch would take is estimated from them (`reproduce` prints it
 before any training). The calibration runs describe the machine, not the
-study: they live in the local cache, never among the committed units.
+study: they live in the local cache, never among the committed units. The quick
+run has none: it estimates from its own units, after running them.
 """
 
 from __future__ import annotations
@@ -30,22 +31,20 @@ def calibration_units(b: plan.Budget, cache: runs_lib.Cache) -> list:
   runs everything), each evaluated once, at its last round, each after a warm-up
   run in its worker (see runs.calibration_unit). They measure this machine, so
   they live in the local cache, not in the study's committed units."""
-  quick = b.mode == "quick"
   fm = plan.fmnist_base(b, plan.PARTITIONS["dir0.3"])
-  fm.update(rounds=3 if quick else 10, seed=0)
+  fm.update(rounds=10, seed=0)
   fm["server"] = {"optimizer": "fedadamom", "learning_rate": 1.0,
                   "client_weighting": "uniform"}
   fm["client"]["learning_rate"] = 0.1
   sh = plan.shakespeare_base(b)
-  sh.update(rounds=3 if quick else 6, seed=0)
+  sh.update(rounds=6, seed=0)
   units = []
   for name, config in (("calibration/fmnist", fm), ("calibration/shakespeare", sh)):
     config.update(eval_every=config["rounds"], checkpoint_every=config["rounds"], name=name)
     digest = units_lib.spec_hash(units_lib.spec_of_config(config))
     config["output_dir"] = os.path.join(cache.root, "runs", f"{name}-{digest}")
-    # The quick run skips the warm-up: its estimate is not worth the seconds.
     units.append(units_lib.Unit(name, fn="benchmarks.paper.runs:calibration_unit",
-                                kwargs={"config": config, "warm_up": not quick}))
+                                kwargs={"config": config}))
   return units
 
 
@@ -117,13 +116,33 @@ def minutes(seconds: float) -> str:
 
 
 def calibrate(ctx) -> Optional[dict]:
-  """Runs (or reuses) the calibration runs and logs the estimate; its timing line."""
-  b, log = ctx.budget, ctx.log
-  calib = runs_lib.run_units(calibration_units(b, ctx.cache), ctx.cache.store(), ctx.cache,
-                             ctx.pool, log=log, label="calibration")
+  """Runs (or reuses) the calibration runs and logs the estimate; its timing line.
+  The quick run has none: its estimate comes from its own units (`from_units`)."""
+  if ctx.budget.mode == "quick":
+    return None
+  calib = runs_lib.run_units(calibration_units(ctx.budget, ctx.cache), ctx.cache.store(),
+                             ctx.cache, ctx.pool, log=ctx.log, label="calibration")
+  return _log_estimate(ctx, calib)
+
+
+def from_units(ctx) -> Optional[dict]:
+  """The estimate from the first stored Fashion-MNIST and Shakespeare units (the
+  quick run's, whose tiny budget is not worth two extra runs)."""
+  calib = {}
+  for record in ctx.store.records():
+    spec = record["spec"]
+    data = spec.get("data", {}).get("name") if record["kind"] == "experiment" else None
+    name = {"fashion_mnist": "calibration/fmnist", "shakespeare": "calibration/shakespeare"}
+    if data in name and name[data] not in calib:
+      calib[name[data]] = record["result"]
+  return _log_estimate(ctx, calib)
+
+
+def _log_estimate(ctx, calib: Mapping) -> Optional[dict]:
   if len(calib) != 2:
     return None
-  est = estimate(b, calib, ctx.backend)
+  est = estimate(ctx.budget, calib, ctx.backend)
+  log = ctx.log
   log(f"measured: Fashion-MNIST {est['seconds_per_round']['fashion_mnist']:.2f} s/round "
       f"(+{est['start_up_s']['fashion_mnist']:.1f} s start-up per run), Shakespeare "
       f"{est['seconds_per_round']['shakespeare']:.2f} s/round "
@@ -133,5 +152,3 @@ def calibrate(ctx) -> Optional[dict]:
       f"escape simulation {minutes(est['escape_s'])} of one worker); stored units "
       "are skipped")
   return {"estimate from calibration (from scratch)": minutes(est["total_s"])}
-
-

@@ -71,14 +71,15 @@ def collect(ctx: studies.Context, b: plan.Budget, log) -> dict:
   """Tunes, runs (or, with ctx.execute False, reads the stored units) and summarizes."""
   results: dict[str, Any] = {}
   log("tuning (equal budget per optimizer)")
-  fmnist_cmp = {}
-  for part, partition in b.partition_items().items():
-    cmp = studies.compare(ctx, f"fmnist-{part}", plan.fmnist_base(b, partition), b.fmnist,
-                          plan.FMNIST_CLIENT_LR)
-    if cmp is not None:
-      fmnist_cmp[part] = cmp
-  shakes_cmp = studies.compare(ctx, "shakespeare", plan.shakespeare_base(b), b.shakespeare,
-                               plan.SHAKESPEARE_CLIENT_LR)
+  requests = {f"fmnist-{part}": (plan.fmnist_base(b, partition), b.fmnist,
+                                 plan.FMNIST_CLIENT_LR)
+              for part, partition in b.partition_items().items()}
+  requests["shakespeare"] = (plan.shakespeare_base(b), b.shakespeare,
+                             plan.SHAKESPEARE_CLIENT_LR)
+  compared = studies.compare(ctx, requests)
+  fmnist_cmp = {part: compared[f"fmnist-{part}"] for part in b.partitions
+                if f"fmnist-{part}" in compared}
+  shakes_cmp = compared.get("shakespeare")
 
   log("runs: best configs x seeds, beta_2 grid, heterogeneity, escape simulation")
   escape_unit = studies.escape_unit(ctx)
@@ -261,9 +262,14 @@ def run(ctx: studies.Context, out: str, command: str, estimate_only: bool) -> in
                                        else ""))
   timings: dict[str, Any] = dict(calibration.calibrate(ctx) or {})
   if estimate_only:
+    if b.mode == "quick":
+      log("--estimate-only: the quick run has no calibration runs; it estimates from its "
+          "own units after running them")
     return 0
   results = collect(ctx, b, log)
   ctx.pool.shutdown()
+  if b.mode == "quick":
+    timings.update(calibration.from_units(ctx) or {})
   walls = _wall_times(ctx.cache, time.perf_counter() - started)
   timings.update({
       "mode": b.mode, "tuning backend": ctx.backend, "workers": b.workers,

@@ -116,17 +116,17 @@ def _hparams(entry: Mapping) -> dict:
 # ---------------------------------------------------------------------------- studies 1, 2
 
 
-def compare(ctx: Context, name: str, base: dict, data_budget: plan.DataBudget,
-            client_lr: tuple) -> dict:
-  """Equal-budget tuning of every optimizer on `base`, then each best config with
-  every seed. Returns tuning outcome, per-optimizer seed summaries and curves."""
-  b = ctx.budget
-  tuned = tune_lib.tune(ctx, name, base, plan.OPTIMIZERS, trials=data_budget.tune_trials,
-                        rounds=data_budget.tune_rounds, space=plan.search_space(client_lr),
-                        seed=b.tune_seed)
-  if tuned is None:
-    return None
-  return {"tuning": tuned, "base": base}
+def compare(ctx: Context, requests: Mapping[str, tuple]) -> dict:
+  """Equal-budget tuning of every optimizer on each base of `requests` (name ->
+  (base, data budget, client learning-rate range)), all trials in one batch.
+  Returns {name: {"tuning": outcome, "base": base}} for the sweeps that ran."""
+  tuned = tune_lib.tune(ctx, {
+      name: {"base": base, "trials": db.tune_trials, "rounds": db.tune_rounds,
+             "space": plan.search_space(client_lr)}
+      for name, (base, db, client_lr) in requests.items()},
+      plan.OPTIMIZERS, seed=ctx.budget.tune_seed)
+  return {name: {"tuning": outcome, "base": requests[name][0]}
+          for name, outcome in tuned.items() if outcome is not None}
 
 
 def finals_units(ctx: Context, name: str, comparison: Mapping,

@@ -138,42 +138,58 @@ def _trial_records(sweep_dir: str, optimizers: Sequence[str]) -> dict:
     return {}
 
 
-def tune(ctx, name: str, base: Mapping[str, Any], optimizers: Sequence[str], *,
-         trials: int, rounds: int, space: Mapping[str, Any], seed: int) -> Optional[dict]:
-  """Tunes every optimizer with the same budget; returns, per optimizer, the best
-  params, its objective, the trial list and the best trial's experiment config.
+def tune(ctx, requests: Mapping[str, Mapping[str, Any]], optimizers: Sequence[str],
+         seed: int) -> dict:
+  """Tunes every optimizer with the same budget on each requested base; returns
+  {name: outcome or None}, an outcome holding, per optimizer, the best params,
+  its objective, the trial list and the best trial's experiment config.
 
-  In process, every trial is a unit of `ctx.store` (stored, and committed with
-  --commit-units, as it completes; a rerun runs only the trials not stored).
-  Through Ray, the sweep is one entry of the local cache (Tune resumes its own
-  interrupted sweep on the same machine). With `ctx.execute` False, nothing
-  runs: the outcome of the stored trials, or None when there is none.
+  `requests` maps a sweep name to its `base`, `trials`, `rounds` and `space`.
+  In process, every trial of every sweep is a unit of `ctx.store`, all run as
+  one batch (stored, and committed with --commit-units, as each completes; a
+  rerun runs only the trials not stored). Through Ray, each sweep is one entry
+  of the local cache (Tune resumes its own interrupted sweep on the same
+  machine). With `ctx.execute` False, nothing runs: the outcome of the stored
+  trials, or None for a sweep without any.
   """
   from tuning import load_sweep
-  from tuning.export import best_config_dict
 
-  raw = sweep_dict(name, base, optimizers, trials, rounds, space, seed, ctx.pool.workers,
-                   os.path.join(ctx.cache.root, "sweeps"))
-  sweep_spec = {k: v for k, v in raw.items() if k not in ("resources", "name")}
-  raw["name"] = f"{name}-{units_lib.spec_hash(sweep_spec)}"
-  sweep = load_sweep(raw)
+  sweeps = {}
+  for name, r in requests.items():
+    raw = sweep_dict(name, r["base"], optimizers, r["trials"], r["rounds"], r["space"], seed,
+                     ctx.pool.workers, os.path.join(ctx.cache.root, "sweeps"))
+    spec = {k: v for k, v in raw.items() if k not in ("resources", "name")}
+    raw["name"] = f"{name}-{units_lib.spec_hash(spec)}"
+    sweeps[name] = (load_sweep(raw), raw, spec)
   if ctx.backend == "ray":
-    best = _tune_ray_cached(ctx, sweep, name, sweep_spec)
+    bests = {name: _tune_ray_cached(ctx, sweep, name, spec)
+             for name, (sweep, _, spec) in sweeps.items()}
   elif ctx.backend == "inprocess":
-    planned = trial_units(sweep, name)
-    results = ctx.run([u for u, _, _ in planned], f"tuning {name}")
-    best = _outcomes(sweep, planned, results) if results else None
+    planned = {name: trial_units(sweep, name) for name, (sweep, _, _) in sweeps.items()}
+    results = ctx.run([u for trials in planned.values() for u, _, _ in trials],
+                      "tuning " + ", ".join(sweeps))
+    bests = {name: _outcomes(sweeps[name][0], trials, results)
+             if any(u.name in results for u, _, _ in trials) else None
+             for name, trials in planned.items()}
   else:
     raise ValueError(f"tuner: unknown backend {ctx.backend!r}; use 'ray' or 'inprocess'")
+  return {name: _outcome(ctx, sweep, raw, bests[name], seed)
+          for name, (sweep, raw, _) in sweeps.items()}
+
+
+def _outcome(ctx, sweep, raw: Mapping, best: Optional[dict], seed: int) -> Optional[dict]:
+  """The tuning outcome of one sweep from its per-optimizer bests."""
+  from tuning.export import best_config_dict
+
   if best is None:
-    ctx.log(f"  tuning {name}: not run yet")
+    ctx.log(f"  tuning {raw['name']}: not run yet")
     return None
   for optimizer, entry in best.items():
     entry["config"] = best_config_dict(sweep, optimizer, entry["params"] or {})
     entry["fallback_defaults"] = entry["params"] is None
   return {"backend": ctx.backend, "sweep_name": sweep.name,
-          "budget": {"trials_per_optimizer": trials, "rounds": rounds},
-          "metric": raw["metric"], "seed": seed, "space": raw["space"], "best": best}
+          "budget": dict(raw["budget"]), "metric": raw["metric"], "seed": seed,
+          "space": raw["space"], "best": best}
 
 
 def _tune_ray_cached(ctx, sweep, name: str, sweep_spec: Mapping) -> Optional[dict]:
