@@ -118,16 +118,22 @@ def _client_datasets() -> list:
 def learning_process_fingerprint(name: str, client_learning_rate: float = 0.05,
                                  **hparams) -> str:
   """The fingerprint of learning process `name` (FedCAda, FAFED): `ROUNDS` rounds
-  of the registry's process, defaults overridden by `hparams`."""
+  of the registry's process, defaults overridden by `hparams`.
+
+  The rounds run as the study's experiments run them, in this Python process
+  (`pipeline.inprocess`, one client at a time, accumulated in client order):
+  TFF's default context would start a `worker_binary` that outlives the caller.
+  """
   from tff_fedadamom.optimizers import get_spec, resolve_hparams
+  from tff_fedadamom.pipeline.inprocess import InProcessLearningProcess
 
   spec = get_spec(name)
-  process = spec.builder(_linear_model_fn, client_learning_rate,
-                         **resolve_hparams(name, **hparams))
+  process = InProcessLearningProcess(
+      spec.builder(_linear_model_fn, client_learning_rate, **resolve_hparams(name, **hparams)),
+      devices=["CPU:0"], max_concurrent_clients=1)
   state = process.initialize()
-  data = _client_datasets()
   for _ in range(ROUNDS):
-    state = process.next(state, data).state
+    state = process.next(state, _client_datasets()).state
   return _digest(_numeric_leaves(state.global_model_weights)
                  + _numeric_leaves(process.get_hparams(state)))
 

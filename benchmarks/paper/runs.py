@@ -28,11 +28,6 @@ from tff_fedadamom.metric_names import TEST_ACCURACY
 from benchmarks.paper.units import Store, Unit
 
 CACHE_DIR = "cache"
-# Built parts (data, learning process, evaluator) kept by each pool worker for
-# the next experiment of the same structure (`PartsCache`: the results are the
-# same as with parts built afresh). Set in the worker's initializer only.
-_WORKER_PARTS = None
-PARTS_PER_WORKER = 2
 
 
 class Cache:
@@ -70,23 +65,19 @@ def _init_worker(log_dir: str) -> None:
   # Imported once per worker, so that no unit's time includes it.
   import tensorflow_federated  # noqa: F401
   import tff_fedadamom.pipeline  # noqa: F401
-  from tff_fedadamom.pipeline.parts import PartsCache
-
-  global _WORKER_PARTS
-  _WORKER_PARTS = PartsCache(PARTS_PER_WORKER)
 
 
-def run_experiment_unit(config: Mapping[str, Any], reuse_parts: bool = True) -> dict:
+def run_experiment_unit(config: Mapping[str, Any]) -> dict:
   """One experiment in this process; returns what the report needs from it.
-  With `reuse_parts` (and in a pool worker) it runs on the worker's cached parts
-  for its structure, built on a miss."""
-  from tff_fedadamom.config import load_config
+
+  Its parts (data, process, evaluator) are built for it and dropped with it: a
+  process kept beyond the unit (in a worker-wide cache) keeps TFF's executor
+  service alive until interpreter exit, whose teardown then fails to end it,
+  leaving an orphaned `worker_binary` that holds the run's output pipes."""
   from tff_fedadamom.pipeline import outputs, run_experiment
 
   started = time.perf_counter()
-  loaded = load_config(dict(config))
-  parts = _WORKER_PARTS.get(loaded) if reuse_parts and _WORKER_PARTS is not None else None
-  result = run_experiment(loaded, progress=False, parts=parts)
+  result = run_experiment(dict(config), progress=False)
   summary = result.summary
   rows = outputs.read_metrics(result.output_dir)
   elapsed = [float(r["time/elapsed_s"]) for r in rows if "time/elapsed_s" in r]
@@ -118,9 +109,8 @@ def calibration_unit(config: Mapping[str, Any], warm_up: bool = True) -> dict:
   if warm_up:
     warm = dict(config, rounds=2, eval_every=2, checkpoint_every=2,
                 output_dir=config["output_dir"] + "-warmup", name="warmup")
-    run_experiment_unit(warm, reuse_parts=False)
-  # Built afresh: the estimate must include what a unit of a new structure pays.
-  return run_experiment_unit(config, reuse_parts=False)
+    run_experiment_unit(warm)
+  return run_experiment_unit(config)
 
 
 def call_unit(fn_path: str, kwargs: Mapping[str, Any]) -> Any:
