@@ -58,6 +58,10 @@ from typing import Mapping, Sequence
 import numpy as np
 
 OPTIMIZERS = ("fedavgm", "fedadam", "fedadamom")
+# The version of this simulation's own numerics (landscape, noise, step matching):
+# part of the escape unit's key beside the optimizers' fingerprints. Bump it
+# when a change here changes the study's numbers.
+VERSION = 1
 
 
 def _root(coeffs, near: float) -> float:

@@ -1,23 +1,29 @@
 """Reproduce the FedAdamom paper's claims at laptop scale and write REPORT.md.
 
     .venv/bin/python -m benchmarks.paper.reproduce                 # full: ~100 min on 2 cores with six methods, ~3.9 h estimated with ten
-    .venv/bin/python -m benchmarks.paper.reproduce --quick --out runs/paper-quick   # minutes
-    .venv/bin/python -m benchmarks.paper.reproduce --report-only   # rebuild from results.json
+    .venv/bin/python -m benchmarks.paper.reproduce --quick --out runs/paper-quick   # under a minute
+    .venv/bin/python -m benchmarks.paper.reproduce --report-only   # rebuild from the stored units
+    .venv/bin/python -m benchmarks.paper.reproduce --verify 3      # re-run 3 stored units
 
 Stages (see plan.py for every budget):
   0. calibration: one short Fashion-MNIST and one Shakespeare run measure round and
      start-up times on this machine; the time estimate is printed from them;
   1. equal-budget tuning of every method of `plan.OPTIMIZERS` (Fashion-MNIST
-     Dir(0.3) and i.i.d., Shakespeare) through tuning/ (Ray Tune) or the
-     in-process backend;
+     Dir(0.3) and i.i.d., Shakespeare), in process (every trial a unit) or
+     through tuning/ (Ray Tune);
   2. every other run, in a pool of worker processes: the best configs with several
      seeds (studies 1, 2), FedAdamom's beta_2 grid (3), the escape simulation (4),
      FedAdam/FedAdamom across Dirichlet alphas (5);
   3. results.json (every number of the report, the command and the run's timings),
      then REPORT.md and plots/ rendered from it, in the output directory.
 
-Everything completed is cached under <out>/cache/ (JSON per unit, run directories
-with checkpoints), so rerunning after an interruption continues where it stopped.
+Every completed unit (a tuning trial, a final run, the escape simulation) is
+written to <out>/results/ as it completes (units.py; committed to git with
+--commit-units), keyed by its config and the numerics fingerprint of its
+methods: rerunning after an interruption, on this machine or any other with
+those files, runs only the units not stored. Run directories with checkpoints
+(an interrupted experiment resumes from its last one on the same machine), the
+calibration runs and the logs are in the local <out>/cache/.
 A unit that failed, or a study that could not run, leaves the report incomplete:
 its cells say how many seeds they got, REPORT.md lists every shortfall and the
 command exits with status 1.
@@ -34,24 +40,17 @@ import sys
 import time
 from typing import Any, Mapping, Optional
 
+from benchmarks.paper import calibration
 from benchmarks.paper import plan
 from benchmarks.paper import report as report_lib
 from benchmarks.paper import runs as runs_lib
 from benchmarks.paper import studies
+from benchmarks.paper import units as units_lib
+from benchmarks.paper import verify as verify_lib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_OUT = {"full": HERE, "quick": os.path.join("runs", "paper-quick")}
 RESULTS_FILE = "results.json"
-
-# What one Ray Tune trial costs besides its rounds (Tune's bookkeeping and
-# checkpoints, the trial's share of building each optimizer's process in the
-# sweep's long-lived workers): the median trial of the quickstart sweep,
-# measured by benchmarks/sweep_scaling.py on the development machine (5.8 s).
-RAY_TRIAL_OVERHEAD_S = 6.0
-RAY_SWEEP_OVERHEAD_S = 15.0 + 5.0   # ray.init + the sweep's one Tune experiment
-# Escape simulation: seconds per particle-round of the vectorized FedAdamom step
-# (the slowest of the three), measured on the development machine.
-ESCAPE_S_PER_PARTICLE_ROUND = 2.2e-7
 
 
 class Logger:
@@ -65,114 +64,22 @@ class Logger:
     self._file.write(f"[{stamp}] {line}\n")
 
 
-# ---------------------------------------------------------------------------- calibration
-
-
-def calibration_units(b: plan.Budget, cache: runs_lib.Cache) -> list:
-  """A short Fashion-MNIST and a short Shakespeare run (side by side, as the pool
-  runs everything), each evaluated once, at its last round, each after a warm-up
-  run in its worker (see runs.calibration_unit)."""
-  quick = b.mode == "quick"
-  fm = plan.fmnist_base(b, plan.PARTITIONS["dir0.3"])
-  fm.update(rounds=3 if quick else 10, seed=0)
-  fm["server"] = {"optimizer": "fedadamom", "learning_rate": 1.0,
-                  "client_weighting": "uniform"}
-  fm["client"]["learning_rate"] = 0.1
-  sh = plan.shakespeare_base(b)
-  sh.update(rounds=3 if quick else 6, seed=0)
-  units = []
-  for key, config in (("calibration/fmnist", fm), ("calibration/shakespeare", sh)):
-    config.update(eval_every=config["rounds"], checkpoint_every=config["rounds"],
-                  name=key)
-    unit = runs_lib.Unit(key, fn="benchmarks.paper.runs:calibration_unit", hash_of=config)
-    # The quick run skips the warm-up: its estimate is not worth the seconds.
-    unit.kwargs = {"config": config, "output_dir": cache.run_dir(key, unit.digest),
-                   "warm_up": not quick}
-    units.append(unit)
-  return units
-
-
-def per_round(result: Mapping) -> tuple:
-  """(seconds per round, extra seconds per evaluation, fixed seconds per run) of a
-  calibration run: the median round without an evaluation, the median extra of the
-  rounds with one, and the rest of the run's time (process start, data, the first
-  round's tracing, saving)."""
-  seconds = result.get("round_seconds") or []
-  evals = set(result.get("eval_rounds") or [])
-  plain = [s for i, s in enumerate(seconds, 1) if i not in evals and i > 1]
-  with_eval = [s for i, s in enumerate(seconds, 1) if i in evals and i > 1]
-  total = float(result.get("total_s") or 0.0)
-  if not plain:
-    rounds = max(1, len(seconds))
-    return total / rounds, 0.0, 0.0
-  step = float(sorted(plain)[len(plain) // 2])
-  extra = max(0.0, float(sorted(with_eval)[len(with_eval) // 2]) - step) if with_eval else 0.0
-  fixed = max(0.0, total - step * len(seconds) - extra * len(evals))
-  return step, extra, fixed
-
-
-def estimate(b: plan.Budget, calib: Mapping, backend: str) -> dict:
-  """Seconds per stage, from the calibration runs (cached units are not subtracted:
-  this is the cost of a run from scratch)."""
-  f_round, f_eval, f_start = per_round(calib["calibration/fmnist"])
-  s_round, s_eval, s_start = per_round(calib["calibration/shakespeare"])
-  # Evaluation cost folded into the per-round cost at each data set's eval_every.
-  f_round += f_eval / b.fmnist.eval_every
-  s_round += s_eval / b.shakespeare.eval_every
-  n_opt = len(plan.OPTIMIZERS)
-  w = b.workers
-
-  def runs(n, rounds, spr, start):
-    return n * (rounds * spr + start)
-
-  tune_f = runs(len(b.partitions) * n_opt * b.fmnist.tune_trials, b.fmnist.tune_rounds,
-                f_round, f_start)
-  tune_s = runs(n_opt * b.shakespeare.tune_trials, b.shakespeare.tune_rounds, s_round, s_start)
-  n_trials = (len(b.partitions) * b.fmnist.tune_trials + b.shakespeare.tune_trials) * n_opt
-  if backend == "ray":
-    tuning = (tune_f + tune_s + n_trials * RAY_TRIAL_OVERHEAD_S) / w \
-        + 3 * RAY_SWEEP_OVERHEAD_S
-  else:
-    tuning = (tune_f + tune_s) / w
-  finals_f = runs(len(b.partitions) * n_opt * len(b.fmnist.seeds), b.fmnist.rounds,
-                  f_round, f_start)
-  finals_s = runs(n_opt * len(b.shakespeare.seeds), b.shakespeare.rounds, s_round, s_start)
-  beta2 = runs(len(b.partitions) * len(b.beta2_grid) * len(b.beta2_seeds),
-               b.fmnist.rounds, f_round, f_start)
-  new_hetero = [a for a in b.heterogeneity if a != "0.3"]
-  hetero = runs(len(new_hetero) * 2 * len(b.hetero_seeds), b.fmnist.rounds, f_round, f_start)
-  e = b.escape
-  escape = 1.25 * ESCAPE_S_PER_PARTICLE_ROUND * e.max_rounds * e.particles * len(e.ks) + 20
-  pool = (finals_f + finals_s + beta2 + hetero + escape) / w
-  return {
-      "seconds_per_round": {"fashion_mnist": f_round, "shakespeare": s_round},
-      "start_up_s": {"fashion_mnist": f_start, "shakespeare": s_start},
-      "tuning_s": tuning,
-      "runs_s": pool,
-      "escape_s": escape,
-      "total_s": tuning + pool + 60.0,
-  }
-
-
-def _minutes(seconds: float) -> str:
-  return f"{seconds / 60:.1f} min"
-
-
 # ---------------------------------------------------------------------------- the run
 
 
 def collect(ctx: studies.Context, b: plan.Budget, log) -> dict:
-  """Tunes, runs (or, with ctx.execute False, reads from the cache) and summarizes."""
+  """Tunes, runs (or, with ctx.execute False, reads the stored units) and summarizes."""
   results: dict[str, Any] = {}
   log("tuning (equal budget per optimizer)")
-  fmnist_cmp = {}
-  for part, partition in b.partition_items().items():
-    cmp = studies.compare(ctx, f"fmnist-{part}", plan.fmnist_base(b, partition), b.fmnist,
-                          plan.FMNIST_CLIENT_LR)
-    if cmp is not None:
-      fmnist_cmp[part] = cmp
-  shakes_cmp = studies.compare(ctx, "shakespeare", plan.shakespeare_base(b), b.shakespeare,
-                               plan.SHAKESPEARE_CLIENT_LR)
+  requests = {f"fmnist-{part}": (plan.fmnist_base(b, partition), b.fmnist,
+                                 plan.FMNIST_CLIENT_LR)
+              for part, partition in b.partition_items().items()}
+  requests["shakespeare"] = (plan.shakespeare_base(b), b.shakespeare,
+                             plan.SHAKESPEARE_CLIENT_LR)
+  compared = studies.compare(ctx, requests)
+  fmnist_cmp = {part: compared[f"fmnist-{part}"] for part in b.partitions
+                if f"fmnist-{part}" in compared}
+  shakes_cmp = compared.get("shakespeare")
 
   log("runs: best configs x seeds, beta_2 grid, heterogeneity, escape simulation")
   escape_unit = studies.escape_unit(ctx)
@@ -188,11 +95,10 @@ def collect(ctx: studies.Context, b: plan.Budget, log) -> dict:
   ordered = [escape_unit] + [u for units in groups.values() for u in units]
   unique, seen = [], set()
   for unit in ordered:
-    if unit.key not in seen:
-      seen.add(unit.key)
+    if unit.name not in seen:
+      seen.add(unit.name)
       unique.append(unit)
-  done = runs_lib.run_units(unique, ctx.cache, ctx.pool, log=log, label="runs",
-                            execute=ctx.execute)
+  done = ctx.run(unique, "runs")
 
   if fmnist_cmp:
     results["fmnist"] = {
@@ -206,25 +112,25 @@ def collect(ctx: studies.Context, b: plan.Budget, log) -> dict:
     results["beta2"] = studies.summarize_beta2(ctx, fmnist_cmp, done, groups["beta2"])
   if "hetero" in groups:
     results["hetero"] = studies.summarize_hetero(ctx, done, groups["hetero"])
-  if escape_unit.key in done:
-    results["escape"] = studies.summarize_escape(done[escape_unit.key],
+  if escape_unit.name in done:
+    results["escape"] = studies.summarize_escape(done[escape_unit.name],
                                                  bootstrap=200 if b.mode == "full" else 30)
   return results
 
 
-def compute_seconds(cache: runs_lib.Cache) -> float:
-  """Sum of the recorded durations of every cached experiment unit."""
-  total = 0.0
-  for root, _, files in os.walk(os.path.join(cache.root, "units")):
-    for name in files:
-      try:
-        with open(os.path.join(root, name)) as f:
-          result = json.load(f).get("result")
-      except (OSError, ValueError):
-        continue
-      if isinstance(result, Mapping):
-        total += float(result.get("total_s") or result.get("seconds") or 0.0)
-  return total
+def compute_seconds(store: units_lib.Store) -> float:
+  """Sum of the wall seconds of every stored unit (over workers)."""
+  return sum(float(r.get("wall_time_s") or 0.0) for r in store.records())
+
+
+def unit_commits(store: units_lib.Store) -> str:
+  """The commits the stored units were computed from, with their unit counts."""
+  counts: dict[str, int] = {}
+  for r in store.records():
+    commit = (r.get("source_commit") or "unknown")[:10]
+    commit += " (uncommitted changes)" if r.get("source_dirty") else ""
+    counts[commit] = counts.get(commit, 0) + 1
+  return ", ".join(f"{c}: {n} unit(s)" for c, n in sorted(counts.items())) or "-"
 
 
 def _wall_times(cache: runs_lib.Cache, elapsed: Optional[float]) -> list:
@@ -248,22 +154,35 @@ def parse_args(argv=None):
       prog="python -m benchmarks.paper.reproduce",
       description="Reproduce the FedAdamom paper's claims at laptop scale; write REPORT.md.")
   parser.add_argument("--quick", action="store_true",
-                      help="tiny budgets (a few minutes): checks the whole pipeline, "
+                      help="tiny budgets (under a minute): checks the whole pipeline, "
                       "no conclusions")
   parser.add_argument("--out", default=None,
                       help="output directory (default: benchmarks/paper for the full run, "
-                      "runs/paper-quick with --quick)")
+                      "runs/paper-quick with --quick); units go to <out>/results/")
   parser.add_argument("--tuner", choices=("ray", "inprocess"), default=None,
-                      help="tuning backend: 'ray' (tuning/, Ray Tune; the full run's "
-                      "default) or 'inprocess' (same sweep without Ray; --quick's default)")
+                      help="tuning backend: 'inprocess' (the default: every trial a unit, "
+                      "stored as it completes) or 'ray' (tuning/, Ray Tune; the sweep is "
+                      "cached locally as a whole)")
   parser.add_argument("--workers", type=int, default=None,
                       help="experiments in parallel (default 2)")
+  parser.add_argument("--commit-units", action="store_true",
+                      help="git-commit each unit file as it is written (the output "
+                      "directory must be inside a git work tree; nothing is pushed)")
   parser.add_argument("--report-only", action="store_true",
-                      help="rebuild REPORT.md and plots/ from <out>/results.json; run nothing")
+                      help="rebuild results.json, REPORT.md and plots/ from the stored "
+                      "units (from <out>/results.json when there are none); run nothing")
+  parser.add_argument("--verify", type=int, default=None, metavar="K",
+                      help="run K stored units again (chosen by --verify-seed) and exit "
+                      "non-zero unless every result is identical")
+  parser.add_argument("--verify-seed", type=int, default=0,
+                      help="seed that chooses the units of --verify (default 0)")
   parser.add_argument("--estimate-only", action="store_true",
                       help="run (or reuse) the two calibration runs, print the time "
                       "estimate and stop")
-  return parser.parse_args(argv)
+  args = parser.parse_args(argv)
+  if args.verify is not None and args.verify < 1:
+    parser.error(f"--verify: K must be a positive number of units, got {args.verify}")
+  return args
 
 
 def methods() -> list:
@@ -286,78 +205,121 @@ def _finish(out: str, doc: Mapping, log) -> int:
   return 0
 
 
-def report_only(out: str, log) -> int:
-  """REPORT.md and plots from `<out>/results.json`."""
+def _read_results(out: str, log) -> Optional[dict]:
+  path = os.path.join(out, RESULTS_FILE)
   try:
-    with open(os.path.join(out, RESULTS_FILE)) as f:
-      doc = json.load(f)
+    with open(path) as f:
+      return json.load(f)
+  except FileNotFoundError:
+    return None
   except (OSError, ValueError) as e:
-    log(f"--report-only: cannot read {os.path.join(out, RESULTS_FILE)}: {e}")
-    return 2
+    log(f"cannot read {path}: {e}")
+    return None
+
+
+def stored_timings(store: units_lib.Store) -> dict:
+  return {"compute in all stored units (sum over workers)": calibration.minutes(compute_seconds(store)),
+          "units (stored in results/) by the commit they were computed from":
+              unit_commits(store)}
+
+
+def _write_doc(ctx: studies.Context, out: str, command: str, results: Mapping,
+               timings: Mapping, log) -> int:
+  """results.json, then REPORT.md and plots from it; the exit status."""
+  from tff_fedadamom.atomic_io import atomic_write_json
+
+  doc = {"mode": ctx.budget.mode, "backend": ctx.backend, "command": command,
+         "methods": methods(), "results": results, "budget": dataclasses.asdict(ctx.budget),
+         "timings": dict(timings)}
+  atomic_write_json(os.path.join(out, RESULTS_FILE), doc)
+  log(f"wrote {os.path.join(out, RESULTS_FILE)}")
   return _finish(out, doc, log)
+
+
+def report_only(ctx: studies.Context, out: str, command: str, log) -> int:
+  """results.json, REPORT.md and plots from the stored units, running nothing (a
+  unit not stored is missing from the report, which says so); without stored
+  units, REPORT.md and plots from `<out>/results.json` as it is. The run's
+  timings that no unit holds (wall time, estimate) are kept from results.json."""
+  previous = _read_results(out, log)
+  if not ctx.store.records():
+    if previous is None:
+      log(f"--report-only: no units in {ctx.store.root} and no {RESULTS_FILE} in {out}")
+      return 2
+    return _finish(out, previous, log)
+  results = collect(ctx, ctx.budget, log)
+  timings = dict((previous or {}).get("timings") or {})
+  timings.update(stored_timings(ctx.store))
+  return _write_doc(ctx, out, command, results, timings, log)
+
+
+def run(ctx: studies.Context, out: str, command: str, estimate_only: bool) -> int:
+  """Calibration, the studies, results.json and the report."""
+  b, log = ctx.budget, ctx.log
+  started = time.perf_counter()
+  log(f"reproduce ({b.mode}, tuner {ctx.backend}, {b.workers} workers) -> {out}; "
+      f"units in {ctx.store.root}" + (", committed as they complete" if ctx.store.commit
+                                       else ""))
+  timings: dict[str, Any] = dict(calibration.calibrate(ctx) or {})
+  if estimate_only:
+    if b.mode == "quick":
+      log("--estimate-only: the quick run has no calibration runs; it estimates from its "
+          "own units after running them")
+    return 0
+  results = collect(ctx, b, log)
+  ctx.pool.shutdown()
+  if b.mode == "quick":
+    timings.update(calibration.from_units(ctx) or {})
+  walls = _wall_times(ctx.cache, time.perf_counter() - started)
+  timings.update({
+      "mode": b.mode, "tuning backend": ctx.backend, "workers": b.workers,
+      "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python "
+                 f"{platform.python_version()}",
+      "wall time": (f"{calibration.minutes(sum(walls))} over {len(walls)} invocation(s) that ran "
+                    f"units (the last: {calibration.minutes(walls[-1])})"),
+      **stored_timings(ctx.store),
+      "budget": json.dumps({k: v for k, v in dataclasses.asdict(b).items()
+                            if k not in ("escape",)}, default=str),
+  })
+  return _write_doc(ctx, out, command, results, timings, log)
+
+
+def _command(args) -> str:
+  return (".venv/bin/python -m benchmarks.paper.reproduce" + (" --quick" if args.quick else "")
+          + (f" --out {args.out}" if args.out else "")
+          + (f" --tuner {args.tuner}" if args.tuner else ""))
 
 
 def main(argv=None) -> int:
   args = parse_args(argv)
   mode = "quick" if args.quick else "full"
   b = plan.budget(mode, args.workers)
-  backend = args.tuner or ("inprocess" if mode == "quick" else "ray")
   out = os.path.abspath(args.out or DEFAULT_OUT[mode])
   os.makedirs(out, exist_ok=True)
   cache = runs_lib.Cache(out)
   log = Logger(os.path.join(cache.root, "reproduce.log"))
-  if args.report_only:
-    return report_only(out, log)
-  pool = runs_lib.Pool(b.workers, os.path.join(cache.root, "logs"))
-  command = ".venv/bin/python -m benchmarks.paper.reproduce" + \
-      (" --quick" if args.quick else "") + (f" --out {args.out}" if args.out else "") + \
-      (f" --tuner {args.tuner}" if args.tuner else "")
-  started = time.perf_counter()
-  log(f"reproduce ({mode}, tuner {backend}, {b.workers} workers) -> {out}")
-  ctx = studies.Context(b, cache, pool, backend, log=log)
-  timings: dict[str, Any] = {}
+  results_dir = os.path.join(out, units_lib.RESULTS_DIR)
   try:
-    calib = runs_lib.run_units(calibration_units(b, cache), cache, pool, log=log,
-                               label="calibration")
-    if len(calib) == 2:
-      est = estimate(b, calib, backend)
-      log(f"measured: Fashion-MNIST {est['seconds_per_round']['fashion_mnist']:.2f} s/round "
-          f"(+{est['start_up_s']['fashion_mnist']:.1f} s start-up per run), Shakespeare "
-          f"{est['seconds_per_round']['shakespeare']:.2f} s/round "
-          f"(+{est['start_up_s']['shakespeare']:.1f} s)")
-      log(f"ESTIMATE for a run from scratch: {_minutes(est['total_s'])} (tuning "
-          f"{_minutes(est['tuning_s'])}, other runs {_minutes(est['runs_s'])} incl. "
-          f"escape simulation {_minutes(est['escape_s'])} of one worker); cached units "
-          "are skipped")
-      timings["estimate from calibration (from scratch)"] = _minutes(est["total_s"])
-    if args.estimate_only:
-      return 0
-    results = collect(ctx, b, log)
+    store = units_lib.Store(results_dir, commit=args.commit_units,
+                            source=units_lib.source_commit(HERE, exclude=results_dir))
+  except ValueError as e:
+    log(f"--commit-units: {e}")
+    return 2
+  pool = runs_lib.Pool(b.workers, os.path.join(cache.root, "logs"))
+  ctx = studies.Context(b, store, cache, pool, args.tuner or "inprocess", log=log,
+                        execute=not args.report_only)
+  try:
+    if args.verify is not None:
+      return verify_lib.verify(store, args.verify, args.verify_seed, cache, pool, log)
+    if args.report_only:
+      return report_only(ctx, out, _command(args), log)
+    return run(ctx, out, _command(args), args.estimate_only)
   except KeyboardInterrupt:
-    log("interrupted: rerun the same command to continue (completed units are cached)")
+    log("interrupted: rerun the same command to continue (completed units are stored)")
     pool.shutdown(cancel=True)
     return 130
   finally:
     pool.shutdown()
-  elapsed = time.perf_counter() - started
-  walls = _wall_times(cache, elapsed)
-  timings.update({
-      "mode": mode, "tuning backend": backend, "workers": b.workers,
-      "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python "
-                 f"{platform.python_version()}",
-      "wall time": (f"{_minutes(sum(walls))} over {len(walls)} invocation(s) that ran "
-                    f"units (the last: {_minutes(walls[-1])})" if walls else "-"),
-      "compute in all cached units (sum over workers)": _minutes(compute_seconds(cache)),
-      "budget": json.dumps({k: v for k, v in dataclasses.asdict(b).items()
-                            if k not in ("escape",)}, default=str),
-  })
-  from tff_fedadamom.atomic_io import atomic_write_json
-
-  doc = {"mode": mode, "backend": backend, "command": command, "methods": methods(),
-         "results": results, "budget": dataclasses.asdict(b), "timings": timings}
-  atomic_write_json(os.path.join(out, RESULTS_FILE), doc)
-  log(f"wrote {os.path.join(out, RESULTS_FILE)} ({_minutes(elapsed)})")
-  return _finish(out, doc, log)
 
 
 if __name__ == "__main__":

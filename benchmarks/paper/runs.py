@@ -1,14 +1,14 @@
-"""Units of work, their JSON cache, and the worker pool that runs them.
+"""The worker pool that runs the study's units, and the local cache beside it.
 
-A unit is one experiment (`run_experiment` on a config) or one function call
-(the escape study), named `<study>/<label>`. When it completes, its result is
-written atomically to `<out>/cache/units/<study>/<label>.json` together with a
-hash of what it ran and of the code that ran it (`code_version`: the bytes of
-every source file a unit executes); a rerun skips every unit whose file holds
-the same hash, so changed code runs its units again.
-An experiment interrupted half-way resumes from its own checkpoints (its run
-directory is `<out>/cache/runs/<study>/<label>-<hash>`), so an interrupted
-reproduction loses at most the rounds since a unit's last checkpoint.
+A unit (`units.Unit`) is one experiment (`run_experiment` on a config) or one
+function call (the escape study). `run_units` loads every unit whose key has a
+file in the store (`units.Store`, `<out>/results/`), runs the others in the
+pool, and stores each as it completes, so an interrupted study loses only the
+units in flight. An experiment interrupted half-way also resumes from its own
+checkpoints when rerun on the same machine: its run directory is
+`<out>/cache/runs/<name>-<key>`. The cache (`<out>/cache/`: run directories,
+worker logs, the calibration runs, the log of wall times) is local and never
+committed.
 
 Experiments run in a pool of spawned worker processes (one TensorFlow thread
 each); each worker's TensorFlow/TFF logging goes to `<out>/cache/logs/`.
@@ -17,90 +17,33 @@ each); each worker's TensorFlow/TFF logging goes to `<out>/cache/logs/`.
 from __future__ import annotations
 
 import concurrent.futures as futures
-import functools
-import glob
-import hashlib
-import json
 import multiprocessing
 import os
 import sys
 import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from tff_fedadamom.atomic_io import atomic_write_json
 from tff_fedadamom.metric_names import TEST_ACCURACY
 
+from benchmarks.paper.units import Store, Unit
+
 CACHE_DIR = "cache"
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# What a unit executes: the library and the sweep layer (every experiment and
-# tuning trial), and the modules of this package that define a unit's work
-# (experiment records, tuning outcomes, the escape simulation). Glob patterns
-# relative to the repository root.
-UNIT_SOURCES = ("tff_fedadamom/**/*.py", "tuning/**/*.py", "benchmarks/paper/runs.py",
-                "benchmarks/paper/tune.py", "benchmarks/paper/escape.py")
-
-
-def code_version(root: str = REPO, patterns: Sequence[str] = UNIT_SOURCES) -> str:
-  """A short hash of the bytes (and repository paths) of every file matching
-  `patterns` under `root`: a unit cached by other code does not match."""
-  paths = sorted({os.path.relpath(p, root) for pattern in patterns
-                  for p in glob.glob(os.path.join(root, pattern), recursive=True)})
-  digest = hashlib.sha1()
-  for rel in paths:
-    digest.update(rel.replace(os.sep, "/").encode() + b"\0")
-    with open(os.path.join(root, rel), "rb") as f:
-      digest.update(f.read())
-    digest.update(b"\0")
-  return digest.hexdigest()[:10]
-
-
-@functools.lru_cache(maxsize=None)
-def this_code_version() -> str:
-  """`code_version()` of this checkout, computed once per process."""
-  return code_version()
-
-
-def config_hash(value: Any) -> str:
-  """A short stable hash of a JSON-able value (output_dir and name excluded)."""
-  if isinstance(value, Mapping):
-    value = {k: v for k, v in value.items() if k not in ("output_dir", "name")}
-  text = json.dumps(value, sort_keys=True, default=str)
-  return hashlib.sha1(text.encode()).hexdigest()[:10]
-
-
-def unit_hash(value: Any) -> str:
-  """`config_hash` of what a unit runs, together with the code that runs it."""
-  if isinstance(value, Mapping):
-    value = {k: v for k, v in value.items() if k not in ("output_dir", "name")}
-  return config_hash({"unit": value, "code": this_code_version()})
 
 
 class Cache:
-  """JSON results of completed units under `<out>/cache/`."""
+  """Local, uncommitted state of a run under `<out>/cache/`."""
 
   def __init__(self, out_dir: str):
     self.root = os.path.join(os.path.abspath(out_dir), CACHE_DIR)
     os.makedirs(self.root, exist_ok=True)
 
-  def path(self, key: str) -> str:
-    return os.path.join(self.root, "units", key + ".json")
+  def run_dir(self, unit: Unit) -> str:
+    """Where an experiment unit keeps its checkpoints and metrics."""
+    return os.path.join(self.root, "runs", f"{unit.name}-{unit.key}")
 
-  def run_dir(self, key: str, digest: str) -> str:
-    return os.path.join(self.root, "runs", f"{key}-{digest}")
-
-  def get(self, key: str, digest: str) -> Optional[dict]:
-    try:
-      with open(self.path(key)) as f:
-        stored = json.load(f)
-    except (OSError, ValueError):
-      return None
-    if stored.get("hash") != digest:
-      return None
-    return stored.get("result")
-
-  def put(self, key: str, digest: str, result: Any) -> None:
-    atomic_write_json(self.path(key), {"key": key, "hash": digest, "result": result,
-                                       "written": time.strftime("%Y-%m-%d %H:%M:%S")})
+  def store(self) -> Store:
+    """Units that describe this machine only (the calibration runs)."""
+    return Store(os.path.join(self.root, "units"))
 
 
 # ---------------------------------------------------------------------------- workers
@@ -125,7 +68,12 @@ def _init_worker(log_dir: str) -> None:
 
 
 def run_experiment_unit(config: Mapping[str, Any]) -> dict:
-  """One experiment in this process; returns what the report needs from it."""
+  """One experiment in this process; returns what the report needs from it.
+
+  Its parts (data, process, evaluator) are built for it and dropped with it: a
+  process kept beyond the unit (in a worker-wide cache) keeps TFF's executor
+  service alive until interpreter exit, whose teardown then fails to end it,
+  leaving an orphaned `worker_binary` that holds the run's output pipes."""
   from tff_fedadamom.pipeline import outputs, run_experiment
 
   started = time.perf_counter()
@@ -155,14 +103,14 @@ def run_experiment_unit(config: Mapping[str, Any]) -> dict:
   return record
 
 
-def calibration_unit(config: Mapping[str, Any], output_dir: str, warm_up: bool = True) -> dict:
+def calibration_unit(config: Mapping[str, Any], warm_up: bool = True) -> dict:
   """`run_experiment_unit` after a 2-round warm-up run in the same process, so that
   the measured run pays only what every later run in a worker pays."""
   if warm_up:
     warm = dict(config, rounds=2, eval_every=2, checkpoint_every=2,
-                output_dir=output_dir + "-warmup", name="warmup")
+                output_dir=config["output_dir"] + "-warmup", name="warmup")
     run_experiment_unit(warm)
-  return run_experiment_unit(dict(config, output_dir=output_dir))
+  return run_experiment_unit(config)
 
 
 def call_unit(fn_path: str, kwargs: Mapping[str, Any]) -> Any:
@@ -201,37 +149,63 @@ class Pool:
     self._executor = None
 
 
-class Unit:
-  """One unit of work: an experiment config, or a function with keyword args."""
+def timed_unit(config: Optional[Mapping[str, Any]], fn: Optional[str],
+               kwargs: Mapping[str, Any], methods: Sequence[str]) -> tuple:
+  """Runs one unit in a worker: (its result, its wall seconds, the fingerprints
+  of its methods, computed here once per worker and method)."""
+  from benchmarks.paper import fingerprint
 
-  def __init__(self, key: str, *, config: Optional[dict] = None,
-               fn: Optional[str] = None, kwargs: Optional[dict] = None,
-               hash_of: Any = None):
-    self.key = key
-    self.config = config
-    self.fn = fn
-    self.kwargs = kwargs or {}
-    self.digest = unit_hash(hash_of if hash_of is not None else
-                            (config if config is not None else {"fn": fn, **self.kwargs}))
+  started = time.perf_counter()
+  if config is not None:
+    result = run_experiment_unit(config)
+  else:
+    result = call_unit(fn, kwargs)
+  seconds = time.perf_counter() - started
+  return result, seconds, dict(fingerprint.fingerprints(methods))
 
 
-def run_units(units: Sequence[Unit], cache: Cache, pool: Pool, *,
+def submit(units: Sequence[Unit], pool: Pool, run_dir: Callable[[Unit], str]) -> dict:
+  """Starts every unit in the pool, an experiment writing to `run_dir(unit)`;
+  {future: unit}."""
+  if not units:
+    return {}
+  executor = pool.executor()
+  pending = {}
+  for unit in units:
+    config = None
+    if unit.config is not None:
+      config = dict(unit.config, output_dir=run_dir(unit), name=unit.name)
+    pending[executor.submit(timed_unit, config, unit.fn, unit.kwargs, unit.methods)] = unit
+  return pending
+
+
+def _done_line(unit: Unit, result: Any) -> str:
+  extra = ""
+  if isinstance(result, Mapping) and "final_test_accuracy" in result:
+    acc = result.get("final_test_accuracy")
+    extra = (f" final acc {acc:.4f}" if isinstance(acc, (int, float)) else "") + \
+        f" ({result.get('status')}, {result.get('total_s', 0):.0f}s)"
+  return f"{unit.name}{extra}"
+
+
+def run_units(units: Sequence[Unit], store: Store, cache: Cache, pool: Pool, *,
               log: Callable[[str], None] = print, label: str = "",
               execute: bool = True) -> dict:
-  """Runs every unit not in the cache (in parallel), caching each as it completes.
+  """Runs every unit whose key has no file in `store` (in parallel), storing
+  each as it completes.
 
-  Returns {key: result} for all units. A unit that raises is logged and left out:
-  its result is missing, the studies' summaries count the seeds they got, the
-  report marks every cell with fewer seeds than planned, and `reproduce` exits
-  non-zero; a rerun tries the unit again. With `execute=False` only the cached
-  results are returned.
+  Returns {name: result} for all units. A unit that raises is logged and left
+  out: its result is missing, the studies' summaries count the seeds they got,
+  the report marks every cell with fewer seeds than planned, and `reproduce`
+  exits non-zero; a rerun tries the unit again. With `execute=False` only the
+  stored results are returned.
   """
   results: dict[str, Any] = {}
   todo = []
   for unit in units:
-    cached = cache.get(unit.key, unit.digest)
-    if cached is not None:
-      results[unit.key] = cached
+    stored = store.get(unit)
+    if stored is not None:
+      results[unit.name] = stored
     else:
       todo.append(unit)
   if not execute:
@@ -240,39 +214,23 @@ def run_units(units: Sequence[Unit], cache: Cache, pool: Pool, *,
     return results
   if not todo:
     if units:
-      log(f"  {label}: all {len(units)} units cached")
+      log(f"  {label}: all {len(units)} units stored")
     return results
   log(f"  {label}: {len(todo)} of {len(units)} units to run "
-      f"({len(units) - len(todo)} cached)")
-  executor = pool.executor()
-  pending = {}
-  for unit in todo:
-    if unit.config is not None:
-      config = dict(unit.config)
-      config["output_dir"] = cache.run_dir(unit.key, unit.digest)
-      config["name"] = unit.key
-      future = executor.submit(run_experiment_unit, config)
-    else:
-      future = executor.submit(call_unit, unit.fn, unit.kwargs)
-    pending[future] = unit
+      f"({len(units) - len(todo)} stored)")
   started = time.perf_counter()
-  done = 0
-  for future in futures.as_completed(pending):
+  pending = submit(todo, pool, cache.run_dir)
+  for done, future in enumerate(futures.as_completed(pending), 1):
     unit = pending[future]
-    done += 1
     try:
-      result = future.result()
+      result, seconds, fingerprints = future.result()
+      unit.adopt_fingerprints(fingerprints)
     except Exception as e:  # noqa: BLE001 - reported, the rest continues
-      log(f"    [{done}/{len(todo)}] {unit.key}: FAILED: {type(e).__name__}: "
+      log(f"    [{done}/{len(todo)}] {unit.name}: FAILED: {type(e).__name__}: "
           f"{str(e).splitlines()[0] if str(e) else ''}")
       continue
-    cache.put(unit.key, unit.digest, result)
-    results[unit.key] = result
-    extra = ""
-    if isinstance(result, Mapping) and "final_test_accuracy" in result:
-      acc = result.get("final_test_accuracy")
-      extra = (f" final acc {acc:.4f}" if isinstance(acc, (int, float)) else "") + \
-          f" ({result.get('status')}, {result.get('total_s', 0):.0f}s)"
-    log(f"    [{done}/{len(todo)}] {unit.key}{extra}; "
+    store.put(unit, result, seconds)
+    results[unit.name] = result
+    log(f"    [{done}/{len(todo)}] {_done_line(unit, result)}; "
         f"{time.perf_counter() - started:.0f}s elapsed")
   return results

@@ -14,29 +14,37 @@ import numpy as np
 
 from tff_fedadamom.metric_names import TEST_ACCURACY
 
+from benchmarks.paper import escape
 from benchmarks.paper import escape_fit
 from benchmarks.paper import plan
 from benchmarks.paper import runs as runs_lib
 from benchmarks.paper import tune as tune_lib
+from benchmarks.paper import units as units_lib
 
 
 class Context:
-  """What every study needs: budget, cache, pool, tuning backend, log, and the
-  units already planned (identical experiments share one key and one run)."""
+  """What every study needs: budget, unit store, local cache, pool, tuning
+  backend, log, and the units already planned (identical experiments share one
+  name and one run)."""
 
-  def __init__(self, budget: plan.Budget, cache: runs_lib.Cache, pool: runs_lib.Pool,
-               backend: str, log: Callable[[str], None] = print, execute: bool = True):
-    self.budget, self.cache, self.pool, self.backend, self.log = (
-        budget, cache, pool, backend, log)
+  def __init__(self, budget: plan.Budget, store: units_lib.Store, cache: runs_lib.Cache,
+               pool: runs_lib.Pool, backend: str, log: Callable[[str], None] = print,
+               execute: bool = True):
+    self.budget, self.store, self.cache, self.pool, self.backend, self.log = (
+        budget, store, cache, pool, backend, log)
     self.execute = execute
-    self._keys: dict[str, str] = {}
+    self._names: dict[str, str] = {}
 
-  def unit(self, key: str, config: dict) -> runs_lib.Unit:
-    unit = runs_lib.Unit(key, config=config)
-    known = self._keys.setdefault(unit.digest, key)
-    if known != key:
-      unit.key = known
+  def unit(self, name: str, config: dict) -> units_lib.Unit:
+    unit = units_lib.Unit(name, config=config)
+    unit.name = self._names.setdefault(units_lib.spec_hash(unit.spec), name)
     return unit
+
+  def run(self, units: Sequence[units_lib.Unit], label: str) -> dict:
+    """{name: result} of `units`: stored ones loaded, the others run (see
+    runs.run_units)."""
+    return runs_lib.run_units(units, self.store, self.cache, self.pool, log=self.log,
+                              label=label, execute=self.execute)
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -90,7 +98,9 @@ def _final_config(tuned_config: Mapping, *, seed: int, rounds: int, base: Mappin
   config.update(seed=seed, rounds=rounds, eval_every=base["eval_every"],
                 checkpoint_every=base["checkpoint_every"], targets=list(base["targets"]),
                 telemetry=False)
-  config["runtime"] = {"threads": 1}
+  # One thread; the rest of the runtime section stays the tuned trial's, so a
+  # final run with the trial's seed and rounds is the trial's unit.
+  config.setdefault("runtime", {})["threads"] = 1
   return config
 
 
@@ -106,18 +116,17 @@ def _hparams(entry: Mapping) -> dict:
 # ---------------------------------------------------------------------------- studies 1, 2
 
 
-def compare(ctx: Context, name: str, base: dict, data_budget: plan.DataBudget,
-            client_lr: tuple) -> dict:
-  """Equal-budget tuning of every optimizer on `base`, then each best config with
-  every seed. Returns tuning outcome, per-optimizer seed summaries and curves."""
-  b = ctx.budget
-  tuned = tune_lib.tune(name, base, plan.OPTIMIZERS, trials=data_budget.tune_trials,
-                        rounds=data_budget.tune_rounds, space=plan.search_space(client_lr),
-                        seed=b.tune_seed, backend=ctx.backend, cache=ctx.cache,
-                        pool=ctx.pool, log=ctx.log, execute=ctx.execute)
-  if tuned is None:
-    return None
-  return {"tuning": tuned, "base": base}
+def compare(ctx: Context, requests: Mapping[str, tuple]) -> dict:
+  """Equal-budget tuning of every optimizer on each base of `requests` (name ->
+  (base, data budget, client learning-rate range)), all trials in one batch.
+  Returns {name: {"tuning": outcome, "base": base}} for the sweeps that ran."""
+  tuned = tune_lib.tune(ctx, {
+      name: {"base": base, "trials": db.tune_trials, "rounds": db.tune_rounds,
+             "space": plan.search_space(client_lr)}
+      for name, (base, db, client_lr) in requests.items()},
+      plan.OPTIMIZERS, seed=ctx.budget.tune_seed)
+  return {name: {"tuning": outcome, "base": requests[name][0]}
+          for name, outcome in tuned.items() if outcome is not None}
 
 
 def finals_units(ctx: Context, name: str, comparison: Mapping,
@@ -137,8 +146,8 @@ def summarize_comparison(name: str, comparison: Mapping, data_budget: plan.DataB
   by_opt: dict[str, list] = {o: [] for o in plan.OPTIMIZERS}
   for unit in units:
     opt = unit.config["server"]["optimizer"]
-    if unit.key in results:
-      by_opt[opt].append(results[unit.key])
+    if unit.name in results:
+      by_opt[opt].append(results[unit.name])
   table = {}
   for opt, records in by_opt.items():
     entry = comparison["tuning"]["best"][opt]
@@ -192,9 +201,9 @@ def summarize_beta2(ctx: Context, fmnist: Mapping, results: Mapping, units) -> d
   for part in fmnist:
     table[part] = {}
     for beta2 in b.beta2_grid:
-      records = [results[u.key] for u in units
+      records = [results[u.name] for u in units
                  if u.config["data"]["partition"] == plan.PARTITIONS[part]
-                 and u.config["server"]["beta_2"] == beta2 and u.key in results]
+                 and u.config["server"]["beta_2"] == beta2 and u.name in results]
       table[part][f"{beta2:g}"] = seed_summary(records, b.fmnist.target)
   fixed = {part: {k: v for k, v in _hparams(c["tuning"]["best"]["fedadamom"]).items()
                   if k != "server.beta_2"} for part, c in fmnist.items()}
@@ -226,8 +235,8 @@ def summarize_hetero(ctx: Context, results: Mapping, units) -> dict:
   for label, partition in b.heterogeneity_items():
     per_opt = {}
     for opt in ("fedadam", "fedadamom"):
-      per_opt[opt] = {str(u.config["seed"]): results[u.key] for u in units
-                      if u.key in results and u.config["server"]["optimizer"] == opt
+      per_opt[opt] = {str(u.config["seed"]): results[u.name] for u in units
+                      if u.name in results and u.config["server"]["optimizer"] == opt
                       and u.config["data"]["partition"] == partition}
     seeds = sorted(set(per_opt["fedadam"]) & set(per_opt["fedadamom"]))
     diffs = [per_opt["fedadamom"][s]["final_test_accuracy"]
@@ -246,10 +255,11 @@ def summarize_hetero(ctx: Context, results: Mapping, units) -> dict:
 # ---------------------------------------------------------------------------- study 4
 
 
-def escape_unit(ctx: Context) -> runs_lib.Unit:
+def escape_unit(ctx: Context) -> units_lib.Unit:
   setup = dataclasses.asdict(ctx.budget.escape)
-  return runs_lib.Unit("escape/study", fn="benchmarks.paper.escape:run_study_dict",
-                       kwargs={"setup": setup}, hash_of={"escape": setup, "v": 1})
+  return units_lib.Unit("escape/study", fn="benchmarks.paper.escape:run_study_dict",
+                        kwargs={"setup": setup}, methods=escape.OPTIMIZERS,
+                        version=escape.VERSION)
 
 
 def summarize_escape(raw: Mapping, bootstrap: int) -> dict:

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from tff_fedadamom.metric_names import TEST_ACCURACY
 
-from benchmarks.paper import runs as runs_lib
+from benchmarks.paper import units as units_lib
 
 LAST_K = 3
 
@@ -51,28 +52,34 @@ def sweep_dict(name: str, base: Mapping[str, Any], optimizers: Sequence[str], tr
   }
 
 
-def _tune_inprocess(sweep, raw: Mapping, cache, pool, log) -> dict:
+def trial_units(sweep, name: str) -> list:
+  """One unit per trial of every optimizer: `tune/<name>/<optimizer>/trial<i>`,
+  with the parameters it samples (`tuning.space.sample_trials`)."""
   from tuning import space as space_lib
-  from tuning import trainable as trainable_lib
-  from tuning.best import choose_best
 
-  units, meta = [], {}
+  out = []
   for optimizer in sweep.optimizers:
     space = space_lib.resolve(sweep, optimizer)
     for trial, params in enumerate(space_lib.sample_trials(sweep, optimizer)):
       config = space_lib.experiment_dict(sweep, optimizer, params, output_dir="unused",
                                          threads=1, space=space)
-      key = f"tune/{sweep.name}/{optimizer}/trial{trial}"
-      units.append(runs_lib.Unit(key, config=config))
-      meta[key] = (optimizer, params)
-  results = runs_lib.run_units(units, cache, pool, log=log, label=f"tuning {sweep.name}")
+      out.append((units_lib.Unit(f"tune/{name}/{optimizer}/trial{trial}", config=config),
+                  optimizer, params))
+  return out
+
+
+def _outcomes(sweep, planned: Sequence, results: Mapping) -> dict:
+  """Per optimizer: the best of its completed trials (`tuning.best.choose_best`)."""
+  from tuning import trainable as trainable_lib
+  from tuning.best import choose_best
+
   best: dict[str, Any] = {}
   for optimizer in sweep.optimizers:
     trials = []
-    for key, (opt, params) in meta.items():
-      if opt != optimizer or key not in results:
+    for unit, opt, params in planned:
+      if opt != optimizer or unit.name not in results:
         continue
-      r = results[key]
+      r = results[unit.name]
       objective = trainable_lib.objective_from_history(
           r["history"] or [], sweep.metric.name, sweep.metric.last_k)
       diverged = (r["status"] != "completed" or objective is None
@@ -91,7 +98,7 @@ def _tune_inprocess(sweep, raw: Mapping, cache, pool, log) -> dict:
   return best
 
 
-def _tune_ray(sweep, raw: Mapping, log) -> dict:
+def _tune_ray(sweep, log) -> dict:
   from tuning import run_sweep
   from tuning.sweep import SWEEP_FILE
 
@@ -131,52 +138,75 @@ def _trial_records(sweep_dir: str, optimizers: Sequence[str]) -> dict:
     return {}
 
 
-def tune(name: str, base: Mapping[str, Any], optimizers: Sequence[str], *, trials: int,
-         rounds: int, space: Mapping[str, Any], seed: int, backend: str, cache, pool,
-         log: Callable[[str], None] = print, execute: bool = True) -> Optional[dict]:
-  """Tunes every optimizer with the same budget; returns, per optimizer, the best
-  params, its objective, the trial list and the best trial's experiment config.
+def tune(ctx, requests: Mapping[str, Mapping[str, Any]], optimizers: Sequence[str],
+         seed: int) -> dict:
+  """Tunes every optimizer with the same budget on each requested base; returns
+  {name: outcome or None}, an outcome holding, per optimizer, the best params,
+  its objective, the trial list and the best trial's experiment config.
 
-  Cached as unit `tune/<name>`: a rerun with the same sweep and backend reuses it.
-  With `execute=False`, returns the cached outcome or None.
+  `requests` maps a sweep name to its `base`, `trials`, `rounds` and `space`.
+  In process, every trial of every sweep is a unit of `ctx.store`, all run as
+  one batch (stored, and committed with --commit-units, as each completes; a
+  rerun runs only the trials not stored). Through Ray, each sweep is one entry
+  of the local cache (Tune resumes its own interrupted sweep on the same
+  machine). With `ctx.execute` False, nothing runs: the outcome of the stored
+  trials, or None for a sweep without any.
   """
   from tuning import load_sweep
+
+  sweeps = {}
+  for name, r in requests.items():
+    raw = sweep_dict(name, r["base"], optimizers, r["trials"], r["rounds"], r["space"], seed,
+                     ctx.pool.workers, os.path.join(ctx.cache.root, "sweeps"))
+    spec = {k: v for k, v in raw.items() if k not in ("resources", "name")}
+    raw["name"] = f"{name}-{units_lib.spec_hash(spec)}"
+    sweeps[name] = (load_sweep(raw), raw, spec)
+  if ctx.backend == "ray":
+    bests = {name: _tune_ray_cached(ctx, sweep, name, spec)
+             for name, (sweep, _, spec) in sweeps.items()}
+  elif ctx.backend == "inprocess":
+    planned = {name: trial_units(sweep, name) for name, (sweep, _, _) in sweeps.items()}
+    results = ctx.run([u for trials in planned.values() for u, _, _ in trials],
+                      "tuning " + ", ".join(sweeps))
+    bests = {name: _outcomes(sweeps[name][0], trials, results)
+             if any(u.name in results for u, _, _ in trials) else None
+             for name, trials in planned.items()}
+  else:
+    raise ValueError(f"tuner: unknown backend {ctx.backend!r}; use 'ray' or 'inprocess'")
+  return {name: _outcome(ctx, sweep, raw, bests[name], seed)
+          for name, (sweep, raw, _) in sweeps.items()}
+
+
+def _outcome(ctx, sweep, raw: Mapping, best: Optional[dict], seed: int) -> Optional[dict]:
+  """The tuning outcome of one sweep from its per-optimizer bests."""
   from tuning.export import best_config_dict
 
-  storage = os.path.join(cache.root, "sweeps")
-  raw = sweep_dict(name, base, optimizers, trials, rounds, space, seed, pool.workers,
-                   storage)
-  digest = runs_lib.unit_hash({"sweep": {k: v for k, v in raw.items()
-                                           if k not in ("resources", "name")},
-                                 "backend": backend})
-  raw["name"] = f"{name}-{digest}"
-  key = f"tune/{name}"
-  cached = cache.get(key, digest)
-  if cached is not None:
-    log(f"  tuning {name}: cached ({backend})")
-    return cached
-  if not execute:
-    log(f"  tuning {name}: not run yet")
+  if best is None:
+    ctx.log(f"  tuning {raw['name']}: not run yet")
     return None
-  sweep = load_sweep(raw)
-  if backend == "ray":
-    pool.shutdown()  # give Ray the CPUs
-    best = _tune_ray(sweep, raw, log)
-  elif backend == "inprocess":
-    best = _tune_inprocess(sweep, raw, cache, pool, log)
-  else:
-    raise ValueError(f"unknown tuning backend {backend!r}; use 'ray' or 'inprocess'")
   for optimizer, entry in best.items():
-    params = entry["params"] or {}
-    entry["config"] = best_config_dict(sweep, optimizer, params)
+    entry["config"] = best_config_dict(sweep, optimizer, entry["params"] or {})
     entry["fallback_defaults"] = entry["params"] is None
-  out = {"backend": backend, "sweep_name": sweep.name,
-         "budget": {"trials_per_optimizer": trials, "rounds": rounds},
-         "metric": raw["metric"], "seed": seed, "space": raw["space"], "best": best}
-  expected = trials * len(optimizers)
+  return {"backend": ctx.backend, "sweep_name": sweep.name,
+          "budget": dict(raw["budget"]), "metric": raw["metric"], "seed": seed,
+          "space": raw["space"], "best": best}
+
+
+def _tune_ray_cached(ctx, sweep, name: str, sweep_spec: Mapping) -> Optional[dict]:
+  """The Ray sweep's per-optimizer outcome, from the local cache or run now."""
+  unit = units_lib.Unit(f"tune/{name}", fn="ray-sweep", kwargs={"sweep": dict(sweep_spec)},
+                        methods=sweep.optimizers)
+  store = ctx.cache.store()
+  cached = store.get(unit)
+  if cached is not None or not ctx.execute:
+    return cached
+  ctx.pool.shutdown()  # give Ray the CPUs
+  started = time.perf_counter()
+  best = _tune_ray(sweep, ctx.log)
+  expected = sweep.budget.trials_per_optimizer * len(sweep.optimizers)
   ran = sum(int(e.get("trials_run") or 0) for e in best.values())
   if ran >= expected:
-    cache.put(key, digest, out)
+    store.put(unit, best, time.perf_counter() - started)
   else:
-    log(f"  tuning {name}: only {ran} of {expected} trials finished; not cached")
-  return out
+    ctx.log(f"  tuning {name}: only {ran} of {expected} trials finished; not cached")
+  return best

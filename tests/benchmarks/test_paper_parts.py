@@ -11,7 +11,7 @@ import pytest
 
 from tff_fedadamom.metric_names import TEST_ACCURACY
 
-from benchmarks.paper import escape, escape_fit, plan, report, reproduce, runs, studies, tune
+from benchmarks.paper import escape, escape_fit, plan, report, reproduce, studies, tune
 
 PAPER_DIR = os.path.dirname(os.path.abspath(reproduce.__file__))
 
@@ -115,39 +115,6 @@ def test_draws_are_common_across_optimizers():
   assert "server.epsilon" not in draws["fedadamom"][0]  # fixed at the clip margin
 
 
-def test_cache_round_trip(tmp_path):
-  cache = runs.Cache(str(tmp_path))
-  assert cache.get("a/b", "h1") is None
-  cache.put("a/b", "h1", {"x": 1})
-  assert cache.get("a/b", "h1") == {"x": 1}
-  assert cache.get("a/b", "h2") is None  # another config: run again
-  assert runs.config_hash({"a": 1, "output_dir": "x"}) == runs.config_hash(
-      {"a": 1, "output_dir": "y"})
-
-
-def test_code_version_follows_the_sources(tmp_path):
-  """A unit's cache key changes with the bytes of the code that runs it."""
-  (tmp_path / "pkg" / "sub").mkdir(parents=True)
-  (tmp_path / "pkg" / "a.py").write_text("x = 1\n")
-  (tmp_path / "pkg" / "sub" / "b.py").write_text("y = 2\n")
-  (tmp_path / "notes.txt").write_text("not code")
-  patterns = ("pkg/**/*.py",)
-  before = runs.code_version(str(tmp_path), patterns)
-  assert runs.code_version(str(tmp_path), patterns) == before
-  (tmp_path / "notes.txt").write_text("changed, but not a unit's source")
-  assert runs.code_version(str(tmp_path), patterns) == before
-  (tmp_path / "pkg" / "sub" / "b.py").write_text("y = 3\n")
-  changed = runs.code_version(str(tmp_path), patterns)
-  assert changed != before
-  (tmp_path / "pkg" / "sub" / "c.py").write_text("")
-  assert runs.code_version(str(tmp_path), patterns) != changed
-  # This checkout's version covers the library, the sweep layer and the unit modules.
-  for pattern in ("tff_fedadamom/**/*.py", "tuning/**/*.py", "benchmarks/paper/runs.py"):
-    assert pattern in runs.UNIT_SOURCES
-  assert runs.Unit("k", config={"a": 1}).digest == runs.config_hash(
-      {"unit": {"a": 1}, "code": runs.this_code_version()})
-
-
 def _committed():
   with open(os.path.join(PAPER_DIR, reproduce.RESULTS_FILE)) as f:
     doc = json.load(f)
@@ -175,8 +142,8 @@ def test_committed_report_names_every_method_and_its_communication():
     assert rows["FedAdamom"].startswith("| FedAdamom | 1x |")
 
 
-def _unit(key, opt):
-  return types.SimpleNamespace(key=key, config={"server": {"optimizer": opt}})
+def _unit(name, opt):
+  return types.SimpleNamespace(name=name, config={"server": {"optimizer": opt}})
 
 
 def test_a_missing_seed_is_marked_and_fails_the_command(tmp_path):
@@ -197,7 +164,7 @@ def test_a_missing_seed_is_marked_and_fails_the_command(tmp_path):
   record = lambda acc: {"status": "completed", "final_test_accuracy": acc,
                         "best_test_accuracy": acc, "rounds_to_target": {"0.5": 1},
                         "history": [{"round": 1, TEST_ACCURACY: acc}], "seed": 1}
-  results = {u.key: record(0.6 if u.key.endswith("1") else 0.8) for u in units}
+  results = {u.name: record(0.6 if u.name.endswith("1") else 0.8) for u in units}
   del results["s/fedadam/seed2"]  # this unit failed
   table = studies.summarize_comparison("s", comparison, budget, results, units)["table"]
   assert table["fedadam"]["seeds"] == 1 and table["fedadam"]["final"]["mean"] == 0.6

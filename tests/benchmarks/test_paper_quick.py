@@ -1,5 +1,7 @@
-"""End to end: `python -m benchmarks.paper.reproduce --quick` writes a report whose
-tables hold numbers, its plots, and results.json; a rerun reuses the cache."""
+"""End to end: `python -m benchmarks.paper.reproduce --quick` writes a unit file per
+trial and run, a report whose tables hold numbers, its plots, and results.json; a
+rerun loads the stored units and runs only a missing one; --report-only rebuilds
+the report from the units."""
 
 import json
 import os
@@ -28,13 +30,14 @@ NUMBER = re.compile(r"[-+]?\d+(\.\d+)?(e[-+]?\d+)?")
 TIMEOUT_S = float(os.environ.get("PAPER_QUICK_TIMEOUT_S", "600"))
 
 
-def _run(out_dir, timeout):
+def _run(out_dir, timeout, *extra):
   """Runs the quick reproduction in its own process group: on a timeout the whole
   group is killed, the pool workers it spawned included (killing `reproduce`
   alone would leave them running)."""
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
   proc = subprocess.Popen(
-      [sys.executable, "-m", "benchmarks.paper.reproduce", "--quick", "--out", str(out_dir)],
+      [sys.executable, "-m", "benchmarks.paper.reproduce", "--quick", "--out", str(out_dir),
+       *extra],
       cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
       start_new_session=True)
   try:
@@ -120,13 +123,46 @@ def test_every_table_holds_numbers(quick_run):
       assert re.match(r"^\d+\.\d+( ± \d+\.\d+)?$", row[col]), row
 
 
-def test_rerun_uses_the_cache(quick_run):
+def test_every_method_has_its_unit_files(quick_run):
+  out, _, _ = quick_run
+  for sweep in [f"fmnist-{p}" for p in plan.QUICK.partitions] + ["shakespeare"]:
+    for opt in plan.OPTIMIZERS:
+      record = json.loads((out / "results" / "tune" / sweep / opt / "trial0.json").read_text())
+      assert record["spec"]["server"]["optimizer"] == opt
+      assert set(record["fingerprints"]) == {opt} and record["wall_time_s"] > 0
+      assert record["result"]["status"] == "completed"
+  escape = json.loads((out / "results" / "escape" / "study.json").read_text())
+  assert set(escape["fingerprints"]) == {"fedavgm", "fedadam", "fedadamom"}
+
+
+def test_rerun_runs_only_the_missing_unit(quick_run):
   out, _, elapsed = quick_run
   before = (out / "results.json").read_text()
+  missing = out / "results" / "hetero" / "aiid" / "fedadam" / "seed0.json"
+  stored = json.loads(missing.read_text())
+  missing.unlink()
   started = time.monotonic()
-  proc = _run(out, timeout=TIMEOUT_S / 2)
+  proc = _run(out, TIMEOUT_S / 2)
   assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-  assert "units to run" not in proc.stdout  # everything came from the cache
-  assert time.monotonic() - started < max(60.0, 0.5 * elapsed)
+  assert "tuning fmnist-dir0.3, shakespeare: all 20 units stored" in proc.stdout
+  assert re.search(r"runs: 1 of \d+ units to run", proc.stdout), proc.stdout[-3000:]
+  assert time.monotonic() - started < max(120.0, 0.75 * elapsed)
+  rerun = json.loads(missing.read_text())
+  assert rerun["key"] == stored["key"] and rerun["result"]["final_test_accuracy"] == \
+      stored["result"]["final_test_accuracy"]
   after = json.loads((out / "results.json").read_text())
   assert after["results"] == json.loads(before)["results"]
+
+
+def test_report_only_reads_the_units(quick_run):
+  out, _, _ = quick_run
+  before = json.loads((out / "results.json").read_text())
+  (out / "REPORT.md").unlink()
+  proc = _run(out, TIMEOUT_S / 2, "--report-only")
+  assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+  assert "units to run" not in proc.stdout
+  after = json.loads((out / "results.json").read_text())
+  assert after["results"] == before["results"]
+  from benchmarks.paper import report as report_lib
+
+  assert (out / "REPORT.md").read_text() == report_lib.render(after)
