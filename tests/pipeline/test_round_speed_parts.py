@@ -32,15 +32,20 @@ def _assert_same_batches(expected, actual):
       np.testing.assert_array_equal(e[key], a[key])
 
 
-@pytest.mark.parametrize("client", [
-    {"batch_size": 16},
-    {"batch_size": 7, "local_epochs": 2, "max_examples": 30},
+@pytest.mark.parametrize("client,data", [
+    ({"batch_size": 16}, None),
+    ({"batch_size": 7, "local_epochs": 2, "max_examples": 30}, None),
+    # uint8 images, converted to float32 in one op rather than per example.
+    ({"batch_size": 16, "max_examples": 40}, {"name": "fashion_mnist", "num_clients": 100}),
 ])
-def test_client_tensors_give_the_batches_of_the_client_dataset(tmp_path, client):
+def test_client_tensors_give_the_batches_of_the_client_dataset(tmp_path, client, data):
   """Eagerly and inside a graph, a client's round batches are those of
   `client_dataset` over its `create_tf_dataset_for_client` dataset."""
-  config = load_config(tiny(tmp_path, client={"learning_rate": 0.1, **client}))
+  overrides = {"data": data} if data else {}
+  config = load_config(tiny(tmp_path, client={"learning_rate": 0.1, **client}, **overrides))
   data = load_data(config)
+  if overrides:
+    assert data.train.client_arrays(data.train.client_ids[0])["x"].dtype == np.uint8
   tensors = ClientTensors(data.train, seed=config.seed, batch_size=config.client.batch_size,
                           local_epochs=config.client.local_epochs,
                           max_examples=config.client.max_examples)

@@ -170,9 +170,16 @@ class RuntimeConfig:
   `RAY_CPUS_PER_WORKER` CPUs and `RAY_GPUS_PER_WORKER` GPUs each, a local
   Ray). With `ray`, `threads` and `max_concurrent_clients` apply to each actor
   (default threads: its whole CPUs).
+
+  `threads` sizes the process's TensorFlow pool that runs clients side by
+  side; every kernel runs on one thread, so no thread count changes a number
+  (`tff_fedadamom.session`). It is the process's setting, applied by the
+  entry point (the `tff-fedadamom` command, a trial worker, an actor); a
+  library run whose process has another pool size fails with a `SessionError`.
   """
 
-  threads: Optional[int] = _field(None, check=positive, allowed="an integer >= 1 or null (all)")
+  threads: Optional[int] = _field(None, check=positive,
+                                  allowed="an integer >= 1 or null (every CPU)")
   max_concurrent_clients: Optional[int] = _field(
       None, check=positive,
       allowed="an integer >= 1 or null (one per device; two on a lone CPU)")

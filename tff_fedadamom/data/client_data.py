@@ -24,7 +24,7 @@ def client_id_strings(num_clients: int, prefix: str = "c") -> list[str]:
   return [f"{prefix}{i:0{width}d}" for i in range(num_clients)]
 
 
-def _convert(element):
+def convert_elements(element):
   """uint8 images become float32 in [0, 1]; labels become int32; the rest is kept."""
   out = collections.OrderedDict()
   for key, value in element.items():
@@ -54,7 +54,7 @@ def arrays_to_dataset(arrays: Mapping[str, np.ndarray]) -> tf.data.Dataset:
   ds = tf.data.Dataset.from_tensor_slices(arrays)
   if any(tf.as_dtype(a.dtype) != _converted_dtype(tf.as_dtype(a.dtype).as_numpy_dtype)
          for a in arrays.values()):
-    ds = ds.map(_convert, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    ds = ds.map(convert_elements, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   return ds
 
 
@@ -154,6 +154,6 @@ class ArrayClientData(tff.simulation.datasets.ClientData):
       start, stop = bounds[index], bounds[index + 1]
       ds = tf.data.Dataset.from_tensor_slices(collections.OrderedDict(
           (k, tf.constant(columns[k])[start:stop]) for k in keys))
-      return ds.map(_convert) if needs_map else ds
+      return ds.map(convert_elements) if needs_map else ds
 
     return dataset_fn

@@ -25,7 +25,7 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
-from tff_fedadamom.data.client_data import ArrayClientData, arrays_to_dataset
+from tff_fedadamom.data.client_data import ArrayClientData, convert_elements
 from tff_fedadamom.data.preprocess import client_dataset, client_round_seed
 
 
@@ -112,9 +112,12 @@ class ClientTensors:
     `signature`): shuffled, repeated, augmented and batched as
     `preprocess.client_dataset` does."""
     *examples, seed = args
-    arrays = collections.OrderedDict(zip(self.keys, examples))
+    # The element conversion (uint8 images to float32 in [0, 1], integer labels to
+    # int32) is elementwise: applied to the whole client at once it gives the values
+    # a per-example map gives, in one op instead of one function call per example.
+    arrays = convert_elements(collections.OrderedDict(zip(self.keys, examples)))
     size = tf.shape(examples[0], out_type=tf.int64)[0]
-    ds = client_dataset(arrays_to_dataset(arrays), batch_size=self._batch_size,
+    ds = client_dataset(tf.data.Dataset.from_tensor_slices(arrays), batch_size=self._batch_size,
                         local_epochs=self._local_epochs, seed=seed,
                         shuffle_buffer=tf.maximum(size, 1), augment=self._augment)
     return ds.with_options(_STATIC_OPTIONS)
