@@ -99,7 +99,7 @@ def _floor(config, data, clients):
           loss = loss_fn(y, model(x, training=True))
         for var, grad in zip(model.trainable_variables,
                              tape.gradient(loss, model.trainable_variables)):
-          var.assign_sub(lr * grad)
+          var.assign_sub(lr * tf.convert_to_tensor(grad))
       deltas = [d + v - s for d, v, s in zip(deltas, model.trainable_variables, start)]
     return [s + d / len(batches) for s, d in zip(start, deltas)]
 
