@@ -1,9 +1,12 @@
-"""Shared test set-up: quiet TensorFlow, and no TFF worker_binary left behind."""
+"""Shared test set-up: quiet TensorFlow, no TFF worker_binary left behind, and
+experiment parts (data, built process, Keras model) shared by the session."""
 
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+
+import pytest  # noqa: E402
 
 from tff_fedadamom.pipeline import runtime  # noqa: E402
 from tff_fedadamom.session import Session  # noqa: E402
@@ -16,3 +19,32 @@ Session().apply()
 def pytest_sessionfinish(session, exitstatus):
   del session, exitstatus
   runtime.shutdown()
+
+
+@pytest.fixture(scope="session")
+def run_shared():
+  """`run_shared(raw, **kwargs)`: `run_experiment(raw, progress=False, **kwargs)`
+  with parts built once per structure key for the whole session.
+
+  Building a learning process costs seconds; a run on shared parts equals a run
+  with its own (tests/pipeline/test_parts.py), so tests whose subject is what
+  happens across runs (resume, faults, outputs) share them. Only in-process
+  runs: Ray's parts hold actors and TFF's C++ runtime's a global context.
+  """
+  from tff_fedadamom.config import load_config
+  from tff_fedadamom.pipeline import parts as parts_lib
+  from tff_fedadamom.pipeline import run_experiment
+
+  cache = parts_lib.PartsCache(max_size=6)
+  used = {}
+
+  def run(raw, **kwargs):
+    config = load_config(raw)
+    assert runtime.backend(config.runtime) == runtime.INPROCESS, config.runtime
+    parts = cache.get(config)
+    used[id(parts.process)] = parts.process
+    return run_experiment(config, progress=False, parts=parts, **kwargs)
+
+  yield run
+  for process in used.values():
+    process.close()

@@ -78,14 +78,26 @@ def _run(out, backend, **overrides):
 
 
 @pytest.fixture(scope="module")
-def references(tmp_path_factory):
+def run_on(run_shared):
+  """`run_on(backend, raw)`: the in-process runs share the session's parts."""
+
+  def run(backend, raw):
+    if backend == "inprocess":
+      return run_shared(raw)
+    return run_experiment(raw, progress=False)
+
+  return run
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory, run_on):
   """An uninterrupted 5-round run per backend, made when first asked for."""
   made = {}
 
   def get(backend):
     if backend not in made:
       out = tmp_path_factory.mktemp(f"ref_{backend}") / "run"
-      made[backend] = run_experiment(_run(out, backend, rounds=5), progress=False)
+      made[backend] = run_on(backend, _run(out, backend, rounds=5))
     return made[backend]
 
   return get
@@ -105,7 +117,7 @@ def _check_children(children, backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_kill_9_then_rerun_finishes_identically(tmp_path, references, backend):
+def test_kill_9_then_rerun_finishes_identically(tmp_path, references, run_on, backend):
   out = tmp_path / "run"
   config = tmp_path / "c.yaml"
   config.write_text(yaml.safe_dump(_run(out, backend, rounds=5)))
@@ -118,10 +130,10 @@ def test_kill_9_then_rerun_finishes_identically(tmp_path, references, backend):
   # A worker was tied to its parent: it died with it.
   assert _alive(children) == []
   reference = references(backend)
-  result = run_experiment(_run(out, backend, rounds=5), progress=False)
+  result = run_on(backend, _run(out, backend, rounds=5))
   assert result.summary["status"] == "completed"
   assert result.summary["final_test_accuracy"] == reference.summary["final_test_accuracy"]
-  for a, b in zip(_weights(out), _weights(reference.output_dir)):
+  for a, b in zip(_weights(out), _weights(reference.output_dir), strict=True):
     np.testing.assert_array_equal(a, b)
   assert [r["round"] for r in outputs.read_metrics(out)] == [1, 2, 3, 4, 5]
 
@@ -142,40 +154,40 @@ def test_signals_mid_run_leave_no_child(tmp_path, sig, backend):
   assert _alive(children) == []
 
 
-def test_corrupt_latest_checkpoint_falls_back_to_previous(tmp_path, reference):
+def test_corrupt_latest_checkpoint_falls_back_to_previous(tmp_path, run_shared, reference):
   out = tmp_path / "run"
-  run_experiment(tiny(out, rounds=3), progress=False)
+  run_shared(_run(out, "inprocess", rounds=3))
   latest = out / outputs.CHECKPOINT_DIR / "round_3"
   assert latest.is_dir()
   for root, _, files in os.walk(latest):
     for name in files:
       with open(os.path.join(root, name), "r+b") as f:
         f.truncate(7)
-  result = run_experiment(tiny(out, rounds=5), progress=False)
+  result = run_shared(_run(out, "inprocess", rounds=5))
   assert result.summary["resumed_from_round"] == 2
-  for a, b in zip(_weights(out), _weights(reference.output_dir)):
+  for a, b in zip(_weights(out), _weights(reference.output_dir), strict=True):
     np.testing.assert_array_equal(a, b)
 
 
-def test_every_checkpoint_corrupt_is_a_clear_error(tmp_path):
+def test_every_checkpoint_corrupt_is_a_clear_error(tmp_path, run_shared):
   out = tmp_path / "run"
-  run_experiment(tiny(out, rounds=2), progress=False)
+  run_shared(_run(out, "inprocess", rounds=2))
   for root, _, files in os.walk(out / outputs.CHECKPOINT_DIR):
     for name in files:
       open(os.path.join(root, name), "wb").close()
   with pytest.raises(RuntimeError, match="every checkpoint .* is unreadable"):
-    run_experiment(tiny(out, rounds=3), progress=False)
+    run_shared(_run(out, "inprocess", rounds=3))
 
 
-def test_truncated_metrics_file_is_repaired(tmp_path, reference):
+def test_truncated_metrics_file_is_repaired(tmp_path, run_shared, reference):
   out = tmp_path / "run"
-  run_experiment(tiny(out, rounds=3), progress=False)
+  run_shared(_run(out, "inprocess", rounds=3))
   path = out / outputs.METRICS_FILE
   text = path.read_text()
   path.write_text(text[: len(text) - 25])  # the last row cut short, as by a kill
   assert outputs.repair_metrics(str(out), 3) == 2
   path.write_text(text[: len(text) - 25])
-  result = run_experiment(tiny(out, rounds=5), progress=False)
+  result = run_shared(_run(out, "inprocess", rounds=5))
   assert result.summary["resumed_from_round"] == 2  # the checkpoint its rows cover
   assert [r["round"] for r in outputs.read_metrics(out)] == [1, 2, 3, 4, 5]
   assert result.summary["final_test_accuracy"] == reference.summary["final_test_accuracy"]

@@ -38,7 +38,7 @@ _STATE_TOLERANCE = 1e-4
 
 def _relative_errors(a, b) -> list[float]:
   out = []
-  for x, y in zip(tf.nest.flatten(a), tf.nest.flatten(b)):
+  for x, y in zip(tf.nest.flatten(a), tf.nest.flatten(b), strict=True):
     x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
     scale = np.linalg.norm(x)
     out.append(float(np.linalg.norm(x - y) / scale) if scale else float(np.abs(y).max(initial=0)))
@@ -49,7 +49,11 @@ def _three_rounds(raw, loop=_REDUCE, state_tolerance=_STATE_TOLERANCE):
   """States after 3 rounds on TFF's runtime and in-process, from one initial state."""
   config = load_config(raw)
   data = load_data(config)
-  process = build_process(config, data, loop)
+  return _three_rounds_of(config, data, build_process(config, data, loop), state_tolerance)
+
+
+def _three_rounds_of(config, data, process, state_tolerance=_STATE_TOLERANCE):
+  """`_three_rounds` of an already built process."""
   local = inprocess.InProcessLearningProcess(process)
   ids = list(data.train.client_ids)
   reference = process.initialize()
@@ -104,10 +108,21 @@ def test_weighting_and_client_lr_decay_match(tmp_path, weighting, lr_decay):
 _CNN_TFF_CPP_TOLERANCE = 2e-2
 
 
-def test_cnn_with_dropout_matches(tmp_path):
-  raw = _few_steps(tiny(tmp_path, model={"name": "cnn"},
-                        data={"name": "mnist5k", "num_clients": 20}))
-  reference, ours = _three_rounds(raw, state_tolerance=_CNN_TFF_CPP_TOLERANCE)
+@pytest.fixture(scope="module")
+def cnn(tmp_path_factory):
+  """The CNN (dropout) on MNIST digits, few local steps: config, data, and its
+  process built for each loop implementation, shared by the module's tests."""
+  config = load_config(_few_steps(tiny(tmp_path_factory.mktemp("cnn"), model={"name": "cnn"},
+                                       data={"name": "mnist5k", "num_clients": 20})))
+  data = load_data(config)
+  processes = {loop: build_process(config, data, loop) for loop in (_REDUCE, _ITERATOR)}
+  return config, data, processes
+
+
+def test_cnn_with_dropout_matches(cnn):
+  config, data, processes = cnn
+  reference, ours = _three_rounds_of(config, data, processes[_REDUCE],
+                                     state_tolerance=_CNN_TFF_CPP_TOLERANCE)
   assert max(_relative_errors(reference, ours)) <= _CNN_TFF_CPP_TOLERANCE
 
 
@@ -120,18 +135,15 @@ def test_char_lstm_matches(tmp_path):
   assert max(_relative_errors(reference, ours)) <= _TOLERANCE
 
 
-def test_seeded_dropout_needs_no_fresh_kernels_and_restarts_per_client(tmp_path):
+def test_seeded_dropout_needs_no_fresh_kernels_and_restarts_per_client(cnn):
   """The CNN's seeded dropout keeps its step in a model variable, so TFF's
   iterator loop (compiled once, called for client after client) gives exactly
   the rounds of `dataset.reduce` (which instantiates its body per client), and
   they do not depend on how many clients run at once."""
-  raw = _few_steps(tiny(tmp_path, model={"name": "cnn"},
-                        data={"name": "mnist5k", "num_clients": 20}))
-  config = load_config(raw)
-  data = load_data(config)
+  config, data, processes = cnn
   states = {}
   for loop, concurrency in ((_ITERATOR, 1), (_ITERATOR, 3), (_REDUCE, 1)):
-    local = inprocess.InProcessLearningProcess(build_process(config, data, loop),
+    local = inprocess.InProcessLearningProcess(processes[loop],
                                                max_concurrent_clients=concurrency)
     assert not local._work.fresh_kernels  # noqa: SLF001
     state = local.initialize()
@@ -141,9 +153,25 @@ def test_seeded_dropout_needs_no_fresh_kernels_and_restarts_per_client(tmp_path)
     states[loop, concurrency] = tf.nest.flatten(state)
     local.close()
   for other in ((_ITERATOR, 3), (_REDUCE, 1)):
-    assert len(states[other]) == len(states[_ITERATOR, 1])
-    for a, b in zip(states[_ITERATOR, 1], states[other]):
+    for a, b in zip(states[_ITERATOR, 1], states[other], strict=True):
       np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("model,loop", [
+    ("logistic", _ITERATOR),  # no random op
+    ("cnn", _REDUCE),         # dropout inside dataset.reduce: restarts by itself
+    ("cnn", _ITERATOR),       # SeededDropout: its step is a model variable
+])
+def test_no_fresh_kernels_for_the_zoo_models(tmp_path, cnn, model, loop):
+  if model == "cnn":
+    process = cnn[2][loop]
+  else:
+    config = load_config(tiny(tmp_path, model={"name": model},
+                              data={"name": "mnist5k", "num_clients": 20}))
+    process = build_process(config, load_data(config), loop)
+  local = inprocess.InProcessLearningProcess(process)
+  assert local._work.fresh_kernels is False  # noqa: SLF001
+  local.close()
 
 
 @pytest.mark.parametrize("seeded_op,fresh", [(True, True), (False, False)])
@@ -175,15 +203,26 @@ def test_hparams_round_trip(tmp_path):
   local.close()
 
 
-# Runs a whole experiment in a fresh interpreter that records every process it
-# starts; then reports its children and its listening sockets. The recording
-# starts after the imports: importing TensorFlow runs two short probes of other
-# libraries (`uname -p` from Python's `platform`, `lscpu` from numpy.testing).
-_ISOLATION = textwrap.dedent("""
+# In a fresh interpreter whose CPU TensorFlow splits into two logical devices:
+# (1) a whole experiment, recording every process it starts; then its children
+# and listening sockets. The recording starts after the imports: importing
+# TensorFlow runs two short probes of other libraries (`uname -p` from Python's
+# `platform`, `lscpu` from numpy.testing). (2) Two rounds of the same config's
+# process on one device and on both: the states, and where the clients ran.
+_CHILD = textwrap.dedent("""
     import json, os, subprocess, sys
+    import numpy as np
+    import tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     import tensorflow_federated
+    from tff_fedadamom.session import Session
+    Session().apply()
     from tests import process_table as processes
-    from tff_fedadamom.pipeline import run_experiment
+    from tff_fedadamom.config import load_config
+    from tff_fedadamom.pipeline import inprocess, run_experiment
+    from tff_fedadamom.pipeline.process import build_process, client_datasets, load_data
     started = []
     _Popen = subprocess.Popen
     class Recording(_Popen):
@@ -192,21 +231,42 @@ _ISOLATION = textwrap.dedent("""
         super().__init__(args, *rest, **kwargs)
     subprocess.Popen = Recording
     result = run_experiment(json.loads(sys.argv[1]), progress=False)
+    isolation = {"started": started, "children": processes.descendants(os.getpid()),
+                 "listening": processes.listening([os.getpid()]),
+                 "backend": result.summary["backend"], "devices": result.summary["devices"]}
 
-    listening = processes.listening([os.getpid()])
-    print(json.dumps({"started": started, "children": processes.descendants(os.getpid()),
-                      "listening": listening, "backend": result.summary["backend"],
-                      "devices": result.summary["devices"]}))
+    config = load_config(json.loads(sys.argv[1]))
+    data = load_data(config)
+    process = build_process(config, data)
+    states, used = {}, {}
+    for devices in (["CPU:0"], ["CPU:0", "CPU:1"]):
+      local = inprocess.InProcessLearningProcess(process, devices=devices)
+      state = local.initialize()
+      for round_num in (1, 2):
+        clients = list(data.train.client_ids)[:4]
+        state = local.next(state, client_datasets(config, data, clients, round_num)).state
+      states[len(devices)] = [np.asarray(x) for x in tf.nest.flatten(state)]
+      used[len(devices)] = local._work.calls
+      local.close()
+    equal = len(states[1]) == len(states[2]) and all(
+        np.array_equal(a, b) for a, b in zip(states[1], states[2]))
+    print(json.dumps({"isolation": isolation, "equal": equal, "used": used}))
 """)
 
 
-def test_inprocess_run_starts_no_process_and_opens_no_port(tmp_path):
-  raw = tiny(tmp_path / "run", rounds=2)
-  done = subprocess.run([sys.executable, "-c", _ISOLATION, json.dumps(raw)],
+@pytest.fixture(scope="module")
+def child_report(tmp_path_factory):
+  """The report of one `_CHILD` run (one interpreter start for two tests)."""
+  raw = tiny(tmp_path_factory.mktemp("child") / "run", rounds=2)
+  done = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(raw)],
                         capture_output=True, text=True, timeout=600,
                         env={**os.environ, "PYTHONPATH": ROOT})
   assert done.returncode == 0, done.stderr[-3000:]
-  report = json.loads(done.stdout.strip().splitlines()[-1])
+  return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_inprocess_run_starts_no_process_and_opens_no_port(child_report):
+  report = child_report["isolation"]
   assert report["backend"] == "inprocess"
   assert report["devices"] and all("device:" in d for d in report["devices"])
   assert report["started"] == []
@@ -239,46 +299,12 @@ def test_invisible_device_fails_before_any_round(tmp_path):
   assert not os.path.exists(tmp_path / "run" / "metrics.csv")
 
 
-_TWO_CPUS = textwrap.dedent("""
-    import json, sys
-    import numpy as np
-    import tensorflow as tf
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(
-        cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-    from tff_fedadamom.config import load_config
-    from tff_fedadamom.pipeline import inprocess
-    from tff_fedadamom.pipeline.process import build_process, client_datasets, load_data
-    config = load_config(json.loads(sys.argv[1]))
-    data = load_data(config)
-    process = build_process(config, data)
-    states, used = {}, {}
-    for devices in (["CPU:0"], ["CPU:0", "CPU:1"]):
-      local = inprocess.InProcessLearningProcess(process, devices=devices)
-      state = local.initialize()
-      for round_num in (1, 2):
-        clients = list(data.train.client_ids)[:4]
-        state = local.next(state, client_datasets(config, data, clients, round_num)).state
-      states[len(devices)] = [np.asarray(x) for x in tf.nest.flatten(state)]
-      used[len(devices)] = local._work.calls
-      local.close()
-    equal = all(np.array_equal(a, b) for a, b in zip(states[1], states[2]))
-    print(json.dumps({"equal": equal, "used": used}))
-""")
-
-
-def test_clients_spread_over_two_logical_devices(tmp_path):
-  raw = tiny(tmp_path / "run")
-  done = subprocess.run([sys.executable, "-c", _TWO_CPUS, json.dumps(raw)],
-                        capture_output=True, text=True, timeout=600,
-                        env={**os.environ, "PYTHONPATH": ROOT})
-  assert done.returncode == 0, done.stderr[-3000:]
-  report = json.loads(done.stdout.strip().splitlines()[-1])
+def test_clients_spread_over_two_logical_devices(child_report):
   # 4 clients a round, 2 rounds: round-robin puts 4 on each of two devices.
-  assert {d.split("device:")[-1]: n for d, n in report["used"]["2"].items()} == {
+  assert {d.split("device:")[-1]: n for d, n in child_report["used"]["2"].items()} == {
       "CPU:0": 4, "CPU:1": 4}
-  assert {d.split("device:")[-1]: n for d, n in report["used"]["1"].items()} == {"CPU:0": 8}
-  assert report["equal"]
+  assert {d.split("device:")[-1]: n for d, n in child_report["used"]["1"].items()} == {"CPU:0": 8}
+  assert child_report["equal"]
 
 
 @pytest.mark.skipif(not tf.config.list_physical_devices("GPU"),

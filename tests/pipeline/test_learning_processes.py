@@ -9,7 +9,7 @@ import pytest
 
 from tests.pipeline.test_runner import _weights, tiny
 from tff_fedadamom.config import ConfigError, load_config
-from tff_fedadamom.pipeline import build_process, outputs, run_experiment
+from tff_fedadamom.pipeline import build_process, outputs
 from tff_fedadamom.pipeline.compare import compare, optimizer_variant
 
 # Adam-like client steps want a smaller client learning rate than SGD's 0.1.
@@ -26,8 +26,8 @@ def _config(name, output_dir, **overrides):
 
 
 @pytest.mark.parametrize("name", sorted(SERVER))
-def test_trains_records_telemetry_and_resumes_bit_identically(name, tmp_path):
-  full = run_experiment(_config(name, tmp_path / "full"), progress=False)
+def test_trains_records_telemetry_and_resumes_bit_identically(name, tmp_path, run_shared):
+  full = run_shared(_config(name, tmp_path / "full"))
   assert full.summary["status"] == "completed"
   rows = outputs.read_metrics(full.output_dir)
   assert rows[-1]["train/loss"] < rows[0]["train/loss"]
@@ -38,12 +38,12 @@ def test_trains_records_telemetry_and_resumes_bit_identically(name, tmp_path):
   assert rows[-1]["opt/update_norm"] > 0
   assert "opt/beta1_mean" not in rows[-1]
 
-  run_experiment(_config(name, tmp_path / "split", rounds=2), progress=False)
-  resumed = run_experiment(_config(name, tmp_path / "split"), progress=False)
+  run_shared(_config(name, tmp_path / "split", rounds=2))
+  resumed = run_shared(_config(name, tmp_path / "split"))
   assert resumed.summary["resumed_from_round"] == 2
   assert resumed.summary["final_train_loss"] == full.summary["final_train_loss"]
   assert resumed.summary["final_test_accuracy"] == full.summary["final_test_accuracy"]
-  for a, b in zip(_weights(full.output_dir), _weights(resumed.output_dir)):
+  for a, b in zip(_weights(full.output_dir), _weights(resumed.output_dir), strict=True):
     np.testing.assert_array_equal(a, b)
   for key in ("opt/v_median", "opt/momentum_norm"):
     assert outputs.read_metrics(resumed.output_dir)[-1][key] == rows[-1][key]

@@ -169,18 +169,14 @@ def test_a_run_with_reused_parts_equals_a_run_with_its_own(tmp_path):
   assert rows == _rows(again.output_dir) == _rows(own.output_dir)
 
 
-def test_parts_of_another_structure_are_refused(tmp_path):
-  parts = parts_lib.PartsCache().get(tiny())
-  with pytest.raises(ValueError, match="another structure"):
-    run_experiment(tiny(tmp_path / "r", client={"batch_size": 8}), progress=False,
-                   parts=parts)
-
-
-def test_cache_keeps_at_most_max_size():
+def test_cache_keeps_at_most_max_size_and_parts_serve_their_structure_only(tmp_path):
   cache = parts_lib.PartsCache(max_size=1)
   cache.get(tiny())
   cache.get(tiny(client={"batch_size": 8}))
-  cache.get(tiny())
+  parts = cache.get(tiny())
   assert len(cache) == 1 and cache.misses == 3
+  with pytest.raises(ValueError, match="another structure"):
+    run_experiment(tiny(tmp_path / "r", client={"batch_size": 8}), progress=False,
+                   parts=parts)
   with pytest.raises(ValueError, match="max_size"):
     parts_lib.PartsCache(max_size=0)

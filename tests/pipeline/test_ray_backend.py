@@ -24,6 +24,7 @@ from tests import process_table as processes
 from tff_fedadamom.config import ConfigError, load_config
 from tff_fedadamom.data.sampling import sample_clients
 from tff_fedadamom.pipeline import inprocess, ray_backend, run_experiment, runtime
+from tff_fedadamom.pipeline import parts as parts_lib
 from tff_fedadamom.pipeline.process import build_process, load_data, next_round
 
 # Two threads per actor, as this 2-core machine's in-process runs have: the
@@ -59,155 +60,6 @@ def test_assignment_is_contiguous_blocks_in_order():
   assert sum(blocks, []) == ids and [len(b) for b in blocks] == [3, 3, 2, 2]
   with pytest.raises(ValueError, match="workers"):
     ray_backend.assign_clients(ids, 0)
-
-
-# ------------------------------------------------------------------ parity
-
-
-def test_quickstart_matches_inprocess_with_two_actors(tmp_path):
-  import ray
-
-  with open(os.path.join(ROOT, "configs", "quickstart.yaml")) as f:
-    raw = yaml.safe_load(f)
-  raw.update(rounds=3, eval_every=3, checkpoint_every=3)
-  run_experiment({**raw, "output_dir": str(tmp_path / "inprocess")}, progress=False)
-  result = run_experiment({**raw, "output_dir": str(tmp_path / "ray"), "runtime": RAY},
-                          progress=False)
-  assert result.summary["backend"] == "ray"
-  assert result.summary["devices"] == ["ray worker 0 (CPU)", "ray worker 1 (CPU)"]
-  _assert_close(_weights(tmp_path / "inprocess"), _weights(tmp_path / "ray"))
-  # The local Ray the run started is gone with it.
-  assert not ray.is_initialized()
-  deadline = time.monotonic() + 20
-  while _ray_processes_of(os.getpid()) and time.monotonic() < deadline:
-    time.sleep(0.5)
-  assert not _ray_processes_of(os.getpid())
-
-
-def _rounds(executable, config, data, rounds):
-  """`rounds` rounds of the runner's sampling; the final trainable weights."""
-  state = executable.initialize()
-  ids = list(data.train.client_ids)
-  for round_num in range(1, rounds + 1):
-    sampled = sample_clients(ids, config.clients_per_round, config.seed, round_num)
-    state = next_round(executable, state, config, data, sampled, round_num).state
-  return [np.asarray(w) for w in executable.get_model_weights(state).trainable]
-
-
-def test_two_node_cluster_matches_inprocess(tmp_path, two_node_cluster):  # noqa: F811
-  import ray
-
-  # 4 clients over 2 actors: the partial sums are (u1 + u2) + (u3 + u4).
-  config = load_config(tiny(tmp_path, clients_per_round=4, runtime={
-      **RAY, "address": two_node_cluster}))
-  data = load_data(config)
-  process = build_process(config, data)
-  local = inprocess.InProcessLearningProcess(process)
-  expected = _rounds(local, config, data, 3)
-  local.close()
-  remote = runtime.executable(process, config.runtime, runtime.round_devices(config.runtime),
-                              experiment=config)
-  try:
-    nodes = ray.get([a.node.remote() for a in remote.actors])
-    assert len(set(nodes)) == 2, nodes
-    actual = _rounds(remote, config, data, 3)
-  finally:
-    remote.close()
-  assert not ray.is_initialized()  # disconnected; the cluster itself stays up
-  _assert_close(expected, actual)
-
-
-def test_resume_on_the_ray_backend_is_exact(tmp_path):
-  run_experiment(tiny(tmp_path / "resumed", rounds=2, runtime=RAY), progress=False)
-  resumed = run_experiment(tiny(tmp_path / "resumed", rounds=3, runtime=RAY), progress=False)
-  assert resumed.summary["resumed_from_round"] == 2
-  run_experiment(tiny(tmp_path / "straight", rounds=3, runtime=RAY), progress=False)
-  for a, b in zip(_weights(tmp_path / "straight"), _weights(tmp_path / "resumed")):
-    np.testing.assert_array_equal(a, b)
-
-
-# ------------------------------------------------------------------ failure
-
-
-def _claims_the_arm() -> bool:
-  """Whether this actor removed the file at $RAY_TEST_ARM (only one actor can)."""
-  try:
-    os.remove(os.environ.get("RAY_TEST_ARM"))
-  except (OSError, TypeError):
-    return False
-  return True
-
-
-class DyingWorker(ray_backend.ClientWorker):
-  """Ends its own process after its clients' work, once per file at the arm."""
-
-  def work(self, client_ids, round_num, broadcast):
-    result = super().work(client_ids, round_num, broadcast)
-    if _claims_the_arm():
-      os._exit(1)
-    return result
-
-
-class FoldDyingWorker(ray_backend.ClientWorker):
-  """Ends its own process when asked to fold, once per file at the arm."""
-
-  def fold(self, accumulator):
-    if _claims_the_arm():
-      os._exit(1)
-    return super().fold(accumulator)
-
-
-def _armed_remote(tmp_path, monkeypatch, worker_class):
-  """2 actors of `worker_class` on the tiny config with 4 clients a round, and
-  the path of the arm file (the local Ray's actors inherit $RAY_TEST_ARM)."""
-  arm = str(tmp_path / "arm")
-  monkeypatch.setenv("RAY_TEST_ARM", arm)
-  config = load_config(tiny(tmp_path, clients_per_round=4, runtime=RAY))
-  data = load_data(config)
-  remote = ray_backend.RayLearningProcess(build_process(config, data), config, workers=2,
-                                          worker_class=worker_class)
-  return remote, config, data, arm
-
-
-def _assert_one_death_changes_nothing(remote, config, data, arm):
-  """Round 1 undisturbed, then again with the arm set (one actor dies and is
-  replaced): the same weights and metrics. Returns the disturbed round's output
-  and its clients."""
-  state = remote.initialize()
-  sampled = sample_clients(list(data.train.client_ids), 4, config.seed, 1)
-  undisturbed = remote.next_for_clients(state, sampled, 1)
-  open(arm, "w").close()
-  disturbed = remote.next_for_clients(state, sampled, 1)
-  assert not os.path.exists(arm) and remote.replacements == 1
-  for a, b in zip(remote.get_model_weights(undisturbed.state).trainable,
-                  remote.get_model_weights(disturbed.state).trainable):
-    np.testing.assert_array_equal(a, b)
-  assert undisturbed.metrics == disturbed.metrics
-  return disturbed, sampled
-
-
-def test_an_actor_killed_mid_round_is_replaced_with_the_same_result(tmp_path, monkeypatch):
-  import ray
-
-  remote, config, data, arm = _armed_remote(tmp_path, monkeypatch, DyingWorker)
-  try:
-    pids = ray.get([a.pid.remote() for a in remote.actors])
-    disturbed, sampled = _assert_one_death_changes_nothing(remote, config, data, arm)
-    after = ray.get([a.pid.remote() for a in remote.actors])
-    assert len(set(after) - set(pids)) == 1  # one new actor process, in place
-    remote.next_for_clients(disturbed.state, sampled, 2)  # the new actor works on
-  finally:
-    remote.close()
-  assert not ray.is_initialized()
-
-
-def test_an_actor_dying_in_the_fold_is_replaced_with_the_same_result(tmp_path, monkeypatch):
-  remote, config, data, arm = _armed_remote(tmp_path, monkeypatch, FoldDyingWorker)
-  try:
-    assert remote.max_concurrent_clients == 1  # an actor of one CPU runs one client at a time
-    _assert_one_death_changes_nothing(remote, config, data, arm)
-  finally:
-    remote.close()
 
 
 # ------------------------------------------------------------------ processes and ports
@@ -266,23 +118,179 @@ def _wait_gone(pids, timeout_s=30.0):
   return processes.still_running(pids)
 
 
-def test_loopback_only_and_nothing_left_when_the_driver_is_killed(tmp_path):
-  """The listeners of a local run are on loopback; SIGKILL of the driver in the
-  middle of a run ends every process it started (Ray's own cleanup: its
-  agents notice their raylet is gone, which takes them a minute or two)."""
-  raw = tiny(tmp_path / "run", rounds=3, runtime=RAY)
+@pytest.fixture(scope="module")
+def killed_driver(tmp_path_factory):
+  """A ray-backend run in a child driver, SIGKILLed in round 2: its first
+  report (processes and listeners after round 1) and when it was killed.
+
+  Ray's own cleanup after such a kill takes a minute or two (its agents notice
+  their raylet is gone), so the test that waits for it comes last in this
+  module: the module's other tests run meanwhile."""
+  raw = tiny(tmp_path_factory.mktemp("killed") / "run", rounds=3, runtime=RAY)
   child = _start_child(raw, pause=2)
   try:
     first = json.loads(child.stdout.readline())
-    assert len(first["pids"]) > 3  # the driver, Ray's services and its 2 actors
-    assert first["listening"], "Ray's services listen on TCP"
-    assert {address for _, address in first["listening"]} <= _LOOPBACK, first["listening"]
-    assert json.loads(child.stdout.readline()) == {"paused": True}
+    paused = json.loads(child.stdout.readline())
   finally:
     _end(child, signal.SIGKILL)
-  started = time.monotonic()
-  left = _wait_gone(first["pids"], timeout_s=240)
-  assert not left, f"still running {time.monotonic() - started:.0f} s after the kill: {left}"
+  return first, paused, time.monotonic()
+
+
+def test_a_local_run_listens_on_loopback_only(killed_driver):
+  first, paused, _ = killed_driver
+  assert len(first["pids"]) > 3  # the driver, Ray's services and its 2 actors
+  assert first["listening"], "Ray's services listen on TCP"
+  assert {address for _, address in first["listening"]} <= _LOOPBACK, first["listening"]
+  assert paused == {"paused": True}
+
+
+# ------------------------------------------------------------------ parity
+
+
+def test_quickstart_matches_inprocess_with_two_actors(tmp_path):
+  import ray
+
+  with open(os.path.join(ROOT, "configs", "quickstart.yaml")) as f:
+    raw = yaml.safe_load(f)
+  raw.update(rounds=2, eval_every=2, checkpoint_every=2)  # round 2 starts from round 1's state
+  run_experiment({**raw, "output_dir": str(tmp_path / "inprocess")}, progress=False)
+  result = run_experiment({**raw, "output_dir": str(tmp_path / "ray"), "runtime": RAY},
+                          progress=False)
+  assert result.summary["backend"] == "ray"
+  assert result.summary["devices"] == ["ray worker 0 (CPU)", "ray worker 1 (CPU)"]
+  _assert_close(_weights(tmp_path / "inprocess"), _weights(tmp_path / "ray"))
+  # The local Ray the run started is gone with it.
+  assert not ray.is_initialized()
+  deadline = time.monotonic() + 20
+  while _ray_processes_of(os.getpid()) and time.monotonic() < deadline:
+    time.sleep(0.5)
+  assert not _ray_processes_of(os.getpid())
+
+
+def _rounds(executable, config, data, rounds):
+  """`rounds` rounds of the runner's sampling; the final trainable weights."""
+  state = executable.initialize()
+  ids = list(data.train.client_ids)
+  for round_num in range(1, rounds + 1):
+    sampled = sample_clients(ids, config.clients_per_round, config.seed, round_num)
+    state = next_round(executable, state, config, data, sampled, round_num).state
+  return [np.asarray(w) for w in executable.get_model_weights(state).trainable]
+
+
+def test_two_node_cluster_matches_inprocess(tmp_path, two_node_cluster):  # noqa: F811
+  import ray
+
+  # 4 clients over 2 actors: the partial sums are (u1 + u2) + (u3 + u4).
+  config = load_config(tiny(tmp_path, clients_per_round=4, runtime={
+      **RAY, "address": two_node_cluster}))
+  data = load_data(config)
+  process = build_process(config, data)
+  local = inprocess.InProcessLearningProcess(process)
+  expected = _rounds(local, config, data, 3)
+  local.close()
+  remote = runtime.executable(process, config.runtime, runtime.round_devices(config.runtime),
+                              experiment=config)
+  try:
+    nodes = ray.get([a.node.remote() for a in remote.actors])
+    assert len(set(nodes)) == 2, nodes
+    actual = _rounds(remote, config, data, 3)
+  finally:
+    remote.close()
+  assert not ray.is_initialized()  # disconnected; the cluster itself stays up
+  _assert_close(expected, actual)
+
+
+def test_resume_on_the_ray_backend_is_exact(tmp_path):
+  """The three runs share one set of parts (one local Ray, the same 2 actors):
+  a run with shared parts equals one with its own (tests/pipeline/test_parts.py)."""
+  import ray
+
+  def run(name, rounds):
+    raw = tiny(tmp_path / name, rounds=rounds, runtime=RAY)
+    return run_experiment(raw, progress=False, parts=parts)
+
+  parts = parts_lib.build_parts(load_config(tiny(tmp_path, runtime=RAY)))
+  try:
+    run("resumed", 2)
+    resumed = run("resumed", 3)
+    assert resumed.summary["resumed_from_round"] == 2
+    run("straight", 3)
+  finally:
+    parts.process.close()
+  assert not ray.is_initialized()
+  for a, b in zip(_weights(tmp_path / "straight"), _weights(tmp_path / "resumed"), strict=True):
+    np.testing.assert_array_equal(a, b)
+
+
+# ------------------------------------------------------------------ failure
+
+
+def _claims_the_arm(point: str) -> bool:
+  """Whether this actor removed the file at $RAY_TEST_ARM, which names `point`
+  (only one actor can remove it)."""
+  try:
+    with open(os.environ.get("RAY_TEST_ARM")) as f:
+      if f.read() != point:
+        return False
+    os.remove(os.environ.get("RAY_TEST_ARM"))
+  except (OSError, TypeError):
+    return False
+  return True
+
+
+class DyingWorker(ray_backend.ClientWorker):
+  """Ends its own process once per file at the arm: after its clients' work
+  when the file says 'work', when asked to fold when it says 'fold'."""
+
+  def work(self, client_ids, round_num, broadcast):
+    result = super().work(client_ids, round_num, broadcast)
+    if _claims_the_arm("work"):
+      os._exit(1)
+    return result
+
+  def fold(self, accumulator):
+    if _claims_the_arm("fold"):
+      os._exit(1)
+    return super().fold(accumulator)
+
+
+def test_an_actor_dying_in_work_or_in_the_fold_is_replaced_with_the_same_result(
+    tmp_path, monkeypatch):
+  """Round 1 undisturbed, then again with an actor dying after its work, then
+  with one dying in the fold: each time one actor process is replaced, in place,
+  and the weights and metrics are those of the undisturbed round."""
+  import ray
+
+  arm = str(tmp_path / "arm")
+  monkeypatch.setenv("RAY_TEST_ARM", arm)  # the local Ray's actors inherit it
+  config = load_config(tiny(tmp_path, clients_per_round=4, runtime=RAY))
+  data = load_data(config)
+  remote = ray_backend.RayLearningProcess(build_process(config, data), config, workers=2,
+                                          worker_class=DyingWorker)
+  try:
+    assert remote.max_concurrent_clients == 1  # an actor of one CPU runs one client at a time
+    state = remote.initialize()
+    sampled = sample_clients(list(data.train.client_ids), 4, config.seed, 1)
+    undisturbed = remote.next_for_clients(state, sampled, 1)
+    for replacements, point in enumerate(("work", "fold"), start=1):
+      pids = ray.get([a.pid.remote() for a in remote.actors])
+      with open(arm, "w") as f:
+        f.write(point)
+      disturbed = remote.next_for_clients(state, sampled, 1)
+      assert not os.path.exists(arm) and remote.replacements == replacements, point
+      for a, b in zip(remote.get_model_weights(undisturbed.state).trainable,
+                      remote.get_model_weights(disturbed.state).trainable, strict=True):
+        np.testing.assert_array_equal(a, b)
+      assert undisturbed.metrics == disturbed.metrics, point
+      after = ray.get([a.pid.remote() for a in remote.actors])
+      assert len(set(after) - set(pids)) == 1, point  # one new actor process, in place
+    remote.next_for_clients(disturbed.state, sampled, 2)  # the new actors work on
+  finally:
+    remote.close()
+  assert not ray.is_initialized()
+
+
+# ------------------------------------------------------------------ busy actors
 
 
 class SlowWorker(ray_backend.ClientWorker):
@@ -389,3 +397,14 @@ def test_sweeps_reject_the_ray_backend_in_trials(tmp_path):
                  "budget": {"trials_per_optimizer": 1, "rounds": 1}})
   assert raised.value.field == "base.runtime.backend"
   assert "not run inside sweep trials yet" in str(raised.value)
+
+
+# ------------------------------------------------------------------ after the kill
+
+
+def test_nothing_left_when_the_driver_is_killed(killed_driver):
+  """SIGKILL of the driver in the middle of a run ends every process it started,
+  within 4 minutes of the kill."""
+  first, _, killed_at = killed_driver
+  left = _wait_gone(first["pids"], timeout_s=max(0.0, killed_at + 240 - time.monotonic()))
+  assert not left, f"still running {time.monotonic() - killed_at:.0f} s after the kill: {left}"

@@ -70,29 +70,29 @@ def test_run_writes_every_output(tmp_path):
   assert load_config(os.path.join(out, outputs.CONFIG_FILE)).rounds == 4
 
 
-def test_resumed_run_equals_uninterrupted_run(tmp_path):
-  full = run_experiment(tiny(tmp_path / "full"), progress=False)
-  run_experiment(tiny(tmp_path / "split", rounds=2), progress=False)
-  resumed = run_experiment(tiny(tmp_path / "split"), progress=False)
+def test_resumed_run_equals_uninterrupted_run(tmp_path, run_shared):
+  full = run_shared(tiny(tmp_path / "full"))
+  run_shared(tiny(tmp_path / "split", rounds=2))
+  resumed = run_shared(tiny(tmp_path / "split"))
   assert resumed.summary["resumed_from_round"] == 2
   assert resumed.summary["final_test_accuracy"] == full.summary["final_test_accuracy"]
   assert resumed.summary["final_train_loss"] == full.summary["final_train_loss"]
-  for a, b in zip(_weights(full.output_dir), _weights(resumed.output_dir)):
+  for a, b in zip(_weights(full.output_dir), _weights(resumed.output_dir), strict=True):
     np.testing.assert_array_equal(a, b)
   rows = outputs.read_metrics(resumed.output_dir)
   assert [r["round"] for r in rows] == [1, 2, 3, 4]
 
 
-def test_rerunning_a_finished_run_changes_nothing(tmp_path):
-  first = run_experiment(tiny(tmp_path / "run", rounds=2), progress=False)
-  again = run_experiment(tiny(tmp_path / "run", rounds=2), progress=False)
+def test_rerunning_a_finished_run_changes_nothing(tmp_path, run_shared):
+  first = run_shared(tiny(tmp_path / "run", rounds=2))
+  again = run_shared(tiny(tmp_path / "run", rounds=2))
   assert again.summary == first.summary
 
 
-def test_other_config_in_same_output_dir_is_refused(tmp_path):
-  run_experiment(tiny(tmp_path / "run", rounds=1), progress=False)
+def test_other_config_in_same_output_dir_is_refused(tmp_path, run_shared):
+  run_shared(tiny(tmp_path / "run", rounds=1))
   with pytest.raises(ConfigError, match="server.beta_2.*different config"):
-    run_experiment(tiny(tmp_path / "run", rounds=1, server__beta_2=0.2), progress=False)
+    run_shared(tiny(tmp_path / "run", rounds=1, server__beta_2=0.2))
 
 
 def test_diverging_learning_rate_stops_with_status(tmp_path):
@@ -118,13 +118,13 @@ def _one_round(config):
   state = process.initialize()
   datasets = client_datasets(config, data, data.train.client_ids[:3], 1)
   state = process.next(state, datasets).state
-  return process, [np.asarray(w) for w in process.get_model_weights(state).trainable]
+  return [np.asarray(w) for w in process.get_model_weights(state).trainable]
 
 
 def test_client_weighting_is_honoured(tmp_path):
   base = tiny(tmp_path, data__partition={"kind": "dirichlet", "alpha": 0.1})
-  _, uniform = _one_round(load_config(base))
-  _, weighted = _one_round(load_config(base, ["server.client_weighting=num_examples"]))
+  uniform = _one_round(load_config(base))
+  weighted = _one_round(load_config(base, ["server.client_weighting=num_examples"]))
   assert not np.allclose(uniform[0], weighted[0])
 
 
@@ -146,11 +146,6 @@ def _round_deltas(config, rounds):
 
 
 def test_client_lr_decay_uses_the_schedule_variant(tmp_path):
-  config = load_config(tiny(tmp_path), ["client.lr_decay=0.5", "client.weight_decay=0.001",
-                                        "client.clip_norm=1.0", "client.momentum=0.5"])
-  process, weights = _one_round(config)
-  assert isinstance(process, tff.learning.templates.LearningProcess)
-  assert all(np.all(np.isfinite(w)) for w in weights)
   # The client learning rate of round r (counted from 0) is eta_l * lr_decay ** r:
   # 0.1, 0.05, 0.025. One local step per client (one batch, SGD's first step is
   # plain with momentum too; clipping and coupled weight decay act on the gradient)
@@ -161,11 +156,13 @@ def test_client_lr_decay_uses_the_schedule_variant(tmp_path):
               "client.weight_decay=0.001", "client.clip_norm=1.0", "client.momentum=0.5"]
   raw = tiny(tmp_path, server__beta_2=None)
   expected_lrs = [0.1, 0.05, 0.025]
-  _, decayed = _round_deltas(load_config(raw, one_step + ["client.lr_decay=0.5"]), 3)
+  process, decayed = _round_deltas(load_config(raw, one_step + ["client.lr_decay=0.5"]), 3)
+  assert isinstance(process, tff.learning.templates.LearningProcess)
+  assert all(np.all(np.isfinite(d)) for delta in decayed for d in delta)
   _, constant = _round_deltas(load_config(raw, one_step), 1)
   assert np.abs(constant[0][0]).max() > 1e-3  # the round moves the weights
-  for lr, delta in zip(expected_lrs, decayed):
-    for got, reference in zip(delta, constant[0]):
+  for lr, delta in zip(expected_lrs, decayed, strict=True):
+    for got, reference in zip(delta, constant[0], strict=True):
       np.testing.assert_allclose(got, lr / 0.1 * reference, rtol=1e-3, atol=1e-6)
 
 

@@ -13,6 +13,7 @@ def test_default_devices_shapes_and_pooled_test_set():
   assert fd.num_classes == 10
   devices = synthetic.generate(30, 1.0, 1.0, False, seed=0)
   sizes = fd.train.client_sizes
+  assert len(devices) == 30
   for cid, (x, y) in zip(fd.train.client_ids, devices):
     assert len(y) >= 50
     assert sizes[cid] == int(len(y) * 0.9)
@@ -26,7 +27,10 @@ def test_seeded_and_num_clients():
   a = synthetic.generate(5, 1.0, 1.0, False, seed=3)
   b = synthetic.generate(5, 1.0, 1.0, False, seed=3)
   c = synthetic.generate(5, 1.0, 1.0, False, seed=4)
-  assert all(np.array_equal(xa, xb) for (xa, _), (xb, _) in zip(a, b))
+  assert len(a) == len(b) == 5
+  for (xa, ya), (xb, yb) in zip(a, b):
+    np.testing.assert_array_equal(xa, xb)
+    np.testing.assert_array_equal(ya, yb)
   assert not np.array_equal(a[0][0][:10], c[0][0][:10])
   fd = load_federated_data("synthetic", num_clients=7, seed=0, alpha=0.5, beta=0.5)
   assert len(fd.train.client_ids) == 7
