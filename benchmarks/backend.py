@@ -171,6 +171,9 @@ def _paper_scale(data_root: str, rounds: int, warmup: int, tiny: bool = False) -
 
 
 def main(argv=None):
+  from tff_fedadamom.session import Session
+
+  Session().apply()  # this command is its process's entry point
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--rounds", type=int, default=None,
                       help="timed rounds per case (default: a 8, b 4, paper scale 1)")

@@ -162,6 +162,9 @@ def leftovers(tmp):
 
 
 def main(argv=None):
+  from tff_fedadamom.session import Session
+
+  Session().apply()  # this command is its process's entry point
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--kills", type=int, default=5)
   parser.add_argument("--configs", type=int, default=2000)

@@ -69,6 +69,9 @@ def _measure(config, data, process, rounds):
 
 
 def main(argv=None):
+  from tff_fedadamom.session import Session
+
+  Session().apply()  # this command is its process's entry point
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--rounds", type=int, default=3, help="timed rounds per configuration")
   parser.add_argument("--clients", type=int, default=10)

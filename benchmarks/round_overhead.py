@@ -67,6 +67,9 @@ def _train_client(model, loss_fn, ds, lr):
 
 
 def main(argv=None):
+  from tff_fedadamom.session import Session
+
+  Session().apply()  # this command is its process's entry point
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--rounds", type=int, default=6)
   parser.add_argument("--clients", type=int, default=10)

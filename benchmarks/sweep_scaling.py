@@ -191,6 +191,9 @@ def asha(root: str, trials: int, rounds: int, optimizers: list[str]) -> None:
 
 
 def main(argv=None) -> int:
+  from tff_fedadamom.session import Session
+
+  Session().apply()  # this command is its process's entry point
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--skip-quickstart", action="store_true")
   parser.add_argument("--skip-scaling", action="store_true")

@@ -12,6 +12,7 @@ import tff_fedadamom
 # package root).
 HOMES = {
     "InProcessLearningProcess": "tff_fedadamom.pipeline.inprocess",
+    "Session": "tff_fedadamom.session",
     "build_fedadamom": "tff_fedadamom.optimizers",
     "build_process": "tff_fedadamom.pipeline",
     "build_server_optimizer": "tff_fedadamom.optimizers",

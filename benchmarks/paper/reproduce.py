@@ -291,6 +291,9 @@ def _command(args) -> str:
 
 
 def main(argv=None) -> int:
+  from tff_fedadamom.session import Session
+
+  Session().apply()  # this command is its process's entry point
   args = parse_args(argv)
   mode = "quick" if args.quick else "full"
   b = plan.budget(mode, args.workers)

@@ -62,6 +62,10 @@ def _init_worker(log_dir: str) -> None:
   import logging
 
   logging.getLogger("tensorflow").setLevel(logging.ERROR)
+  # The worker is its process's entry point: one thread per kernel, one unit at a time.
+  from tff_fedadamom.session import Session
+
+  Session(threads=1).apply()
   # Imported once per worker, so that no unit's time includes it.
   import tensorflow_federated  # noqa: F401
   import tff_fedadamom.pipeline  # noqa: F401

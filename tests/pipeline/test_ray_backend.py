@@ -71,6 +71,8 @@ _CHILD = textwrap.dedent("""
     import json, os, sys, time
     from tests import process_table as processes
     from tff_fedadamom.pipeline import run_experiment
+    from tff_fedadamom.session import Session
+    Session().apply()  # the driver is its process's entry point
 
     def listeners(pids):  # TCP listeners' addresses, without the port
       return [(table, address.rsplit(":", 1)[0])
