@@ -117,7 +117,8 @@ def test_a_worker_sees_the_gpus_of_its_trial_and_ray_leaves_them_alone(monkeypat
     cpu = ray.get(pool.acquire.remote(node, 2, [], "b", owner))
     assert ray.get(gpu.environ.remote("CUDA_VISIBLE_DEVICES")) == "0"
     assert ray.get(cpu.environ.remote("CUDA_VISIBLE_DEVICES")) == ""
-    assert ray.get(cpu.environ.remote("TF_NUM_INTRAOP_THREADS")) == "2"
+    assert ray.get(cpu.environ.remote("TF_NUM_INTEROP_THREADS")) == "2"
+    assert ray.get(cpu.environ.remote("TF_NUM_INTRAOP_THREADS")) == "1"
     # A busy worker is not handed out again: another trial of its key gets a new one.
     again = ray.get(pool.acquire.remote(node, 1, ["0"], "c", owner))
     assert ray.get(again.pid.remote()) != ray.get(gpu.pid.remote())

@@ -244,6 +244,12 @@ class InProcessLearningProcess:
                       "next_for_clients(state, client_ids, round_num)")
     return self._round(state, [[dataset._variant_tensor] for dataset in client_data])  # noqa: SLF001
 
+  @property
+  def takes_client_ids(self) -> bool:
+    """Whether rounds are `next_for_clients(state, client_ids, round_num)` (the
+    process builds its clients' data) rather than `next(state, datasets)`."""
+    return self._client_tensors is not None
+
   def next_for_clients(self, state, client_ids: Sequence[Any], round_num: int):
     """One round over `client_ids`, their datasets built in their `work` calls."""
     if self._client_tensors is None:

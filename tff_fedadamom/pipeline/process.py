@@ -64,10 +64,11 @@ def next_round(process, state, config: ExperimentConfig, data: FederatedData, cl
                round_num: int):
   """One round of an executable process (`runtime.executable`) over `client_ids`.
 
-  The ray backend builds the client datasets on its actors
-  (`next_for_clients`); the others take them built here.
+  A process that builds its clients' data itself (`takes_client_ids`: the
+  in-process backend from each client's tensors, the ray backend on its
+  actors) takes their ids; TFF's own runtime takes datasets built here.
   """
-  if hasattr(process, "next_for_clients"):
+  if getattr(process, "takes_client_ids", False):
     return process.next_for_clients(state, client_ids, round_num)
   return process.next(state, client_datasets(config, data, client_ids, round_num))
 

@@ -229,6 +229,10 @@ class RayLearningProcess(inprocess.InProcessLearningProcess):
     """The current actor handles, in fold order."""
     return list(self._actors)
 
+  @property
+  def takes_client_ids(self) -> bool:
+    return True
+
   def next(self, state, client_data):
     raise TypeError("the ray backend builds client datasets on its actors: call "
                     "next_for_clients(state, client_ids, round_num)")
