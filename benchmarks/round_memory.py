@@ -34,6 +34,8 @@ def rss_mb() -> float:
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--rounds", type=int, default=1000)
+  parser.add_argument("--no-telemetry", action="store_true",
+                      help="turn telemetry off, to see how much of the growth is its")
   args = parser.parse_args(argv)
   marks: dict[int, float] = {}
 
@@ -45,7 +47,7 @@ def main(argv=None) -> None:
   with tempfile.TemporaryDirectory() as tmp:
     run_experiment({
         "seed": 0, "rounds": args.rounds, "clients_per_round": 5, "eval_every": 20,
-        "checkpoint_every": 50, "output_dir": tmp, "telemetry": True,
+        "checkpoint_every": 50, "output_dir": tmp, "telemetry": not args.no_telemetry,
         "data": {"name": "digits", "num_clients": 20},
         "model": {"name": "logistic"},
         "client": {"learning_rate": 0.1, "batch_size": 20},
