@@ -223,18 +223,40 @@ def training_loop(devices: Sequence[str]):
   return tff.learning.LoopImplementation.DATASET_ITERATOR
 
 
+class TffCppRounds:
+  """A TFF learning process on TFF's own runtime whose rounds take client ids.
+
+  TFF's runtime takes datasets; they are built from the run's `ClientTensors`,
+  whose example tensors are made once per client, rather than anew each round.
+  Every other attribute is the process's own.
+  """
+
+  takes_client_ids = True
+
+  def __init__(self, process, client_tensors):
+    self._process = process
+    self._client_tensors = client_tensors
+
+  def next_for_clients(self, state, client_ids: Sequence, round_num: int):
+    return self._process.next(state, self._client_tensors.datasets(client_ids, round_num))
+
+  def __getattr__(self, name):
+    return getattr(self._process, name)
+
+
 def executable(process, runtime_config, devices: Sequence[str], experiment=None,
                client_tensors=None):
   """The object whose `initialize`/`next`/`get_model_weights`/... the runner calls.
 
   `inprocess`: the process compiled to run here, on `devices`; `tff_cpp`: the
-  process itself, with TFF's C++ context installed; `ray`: the process compiled
+  process itself, with TFF's C++ context installed (with `client_tensors`,
+  wrapped so that its rounds take client ids too); `ray`: the process compiled
   here, its clients on Ray actors that load `experiment`'s data (its rounds
   are `next_for_clients(state, client_ids, round_num)`).
   """
   if backend(runtime_config) == TFF_CPP:
     use_tff_cpp(runtime_config.max_concurrent_clients)
-    return process
+    return process if client_tensors is None else TffCppRounds(process, client_tensors)
   if backend(runtime_config) == RAY:
     from tff_fedadamom.pipeline import ray_backend
 
