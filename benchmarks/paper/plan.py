@@ -251,6 +251,13 @@ SERVER_LR = {
 # rho)). Their step does not scale with the gradient, so the SGD clients' range
 # does not apply; this one spans Adam's usual 1e-3 to 1e-1.
 ADAPTIVE_CLIENTS = ("fedcada", "fafed")
+
+# The FedAdamom authors' code (Tenshawn/FedAdamom, models/distributed_training_utils.py),
+# whose runs gave the paper's numbers, steps FedAdam and FedYogi without bias
+# correction (v starts at 0, epsilon outside the root). The registry follows Reddi
+# et al.'s code (corrected); the study follows the paper's authors. Both are TFF's
+# Adam/Yogi rules, so only the switch differs.
+AUTHORS_UNCORRECTED = ("fedadam", "fedyogi")
 ADAPTIVE_CLIENT_LR = (1e-3, 0.1)
 
 
@@ -265,7 +272,8 @@ def search_space(client_lr: tuple) -> dict:
   ranges (0.9..0.999 for FedAdam/FedYogi/FedAMSGrad/FADAS, 0.99..0.999 for
   FedCAda, 0.01..0.3 for FedAdamom). FedAdamom's epsilon is its clip margin, not
   an adaptivity constant: it stays at the reference 1e-3. FedCAda's epsilon is
-  Adam's on the clients: it keeps the registry's 1e-8..1e-3.
+  Adam's on the clients: it keeps the registry's 1e-8..1e-3. FedAdam and FedYogi
+  run without bias correction (AUTHORS_UNCORRECTED).
   """
   from tff_fedadamom.optimizers import search_ranges
 
@@ -277,6 +285,8 @@ def search_space(client_lr: tuple) -> dict:
   per_opt = _server_lr_space(SERVER_LR)
   per_opt["fedavgm"]["server.momentum"] = {"dist": "uniform", "low": 0.5, "high": 0.95}
   per_opt["fedadamom"]["server.epsilon"] = 1e-3
+  for opt in AUTHORS_UNCORRECTED:
+    per_opt[opt]["server.bias_correction"] = False
   for opt in ADAPTIVE_CLIENTS:
     per_opt.setdefault(opt, {})["client.learning_rate"] = {
         "dist": "loguniform", "low": ADAPTIVE_CLIENT_LR[0], "high": ADAPTIVE_CLIENT_LR[1]}

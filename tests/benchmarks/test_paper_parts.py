@@ -115,6 +115,25 @@ def test_draws_are_common_across_optimizers():
   assert "server.epsilon" not in draws["fedadamom"][0]  # fixed at the clip margin
 
 
+def test_study_runs_fedadam_and_fedyogi_uncorrected_like_the_authors():
+  """The study's FedAdam/FedYogi trials build without bias correction; the others keep
+  the registry's switch."""
+  from tuning import load_sweep
+
+  raw = tune.sweep_dict("s", plan.fmnist_base(plan.QUICK, plan.PARTITIONS["iid"]),
+                        plan.OPTIMIZERS, 1, 1, plan.search_space((0.01, 0.5)), 7, 1, "/tmp")
+  sweep = load_sweep(raw)
+  servers = {unit.name.split("/")[2]: unit.config["server"]
+             for unit, _, _ in tune.trial_units(sweep, "s")}
+  assert set(servers) == set(plan.OPTIMIZERS)
+  for opt, server in servers.items():
+    if opt in plan.AUTHORS_UNCORRECTED:
+      assert server["bias_correction"] is False, opt
+    else:
+      assert "bias_correction" not in server, opt
+  assert set(plan.AUTHORS_UNCORRECTED) == {"fedadam", "fedyogi"}
+
+
 def _committed():
   with open(os.path.join(PAPER_DIR, reproduce.RESULTS_FILE)) as f:
     doc = json.load(f)
