@@ -1,7 +1,15 @@
 """Sweep throughput, overhead, concurrency scaling and ASHA savings on this machine.
 
-    python benchmarks/sweep_scaling.py [--skip-quickstart] [--skip-scaling] [--skip-asha]
-        [--fmnist-trials 4] [--fmnist-rounds 20] [--fmnist-optimizers fedadamom]
+    python benchmarks/sweep_scaling.py [--skip-cache] [--skip-quickstart] [--skip-scaling]
+        [--skip-asha] [--fmnist-trials 4] [--fmnist-rounds 20] [--fmnist-optimizers fedadamom]
+
+0. The process cache (`tff_fedadamom.pipeline.process_cache`): the quickstart
+   sweep's wall time with a cold cache and again with the warm one; the same
+   20 trials (each optimizer's two sampled configs, all rounds) as separate
+   `tff-fedadamom run` commands, two at a time, on the warm cache; the ratio
+   of the two (the sweep's speed-up over a shell loop); and the time from
+   starting `tff-fedadamom run configs/quickstart.yaml` to its first row of
+   metrics (after round 1), with a cold and with a warm cache.
 
 1. `configs/sweeps/quickstart.yaml` (20 trials x 6 rounds, 2 at a time), the
    same trials three ways, one after the other in this run: the "before" (a
@@ -114,6 +122,88 @@ class _Run:
     return 1 - self.round_seconds / self.trial_seconds, 1 - self.round_seconds / slots
 
 
+def _first_round_s(config_path: str, output_dir: str, overrides: list) -> float:
+  """Seconds from starting `tff-fedadamom run` to its first metrics row (round 1)."""
+  import subprocess
+
+  metrics = os.path.join(output_dir, "metrics.csv")
+  start = time.perf_counter()
+  proc = subprocess.Popen([sys.executable, "-m", "tff_fedadamom", "run", config_path, "--quiet",
+                           "--set", f"output_dir={output_dir}", *overrides],
+                          cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  try:
+    while proc.poll() is None:
+      if os.path.exists(metrics) and sum(1 for _ in open(metrics)) >= 2:
+        return time.perf_counter() - start
+      time.sleep(0.02)
+    raise RuntimeError(f"run of {config_path} ended (status {proc.returncode}) before round 1")
+  finally:
+    proc.kill()
+    proc.wait()
+
+
+def _cli_loop(raw: dict, root: str, concurrent: int) -> tuple[int, float]:
+  """The sweep's trials (every optimizer's sampled configs, all rounds) as separate
+  `tff-fedadamom run` commands, `concurrent` at a time: (runs, wall seconds)."""
+  import subprocess
+
+  import yaml
+
+  from tuning import schema
+  from tuning import space as space_lib
+
+  sweep = schema.load_sweep(raw)
+  commands = []
+  for optimizer in sweep.optimizers:
+    for i, params in enumerate(space_lib.sample_trials(sweep, optimizer)):
+      name = f"{optimizer}_{i}"
+      path = os.path.join(root, "loop", f"{name}.yaml")
+      os.makedirs(os.path.dirname(path), exist_ok=True)
+      config = space_lib.experiment_dict(sweep, optimizer, params, threads=1, name=name,
+                                         output_dir=os.path.join(root, "loop", name))
+      with open(path, "w") as f:
+        yaml.safe_dump(config, f)
+      commands.append([sys.executable, "-m", "tff_fedadamom", "run", path, "--quiet"])
+  start, procs = time.perf_counter(), []
+  for command in commands:
+    while sum(p.poll() is None for p in procs) >= concurrent:
+      time.sleep(0.05)
+    procs.append(subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL))
+  failed = sum(p.wait() != 0 for p in procs)
+  if failed:
+    print(f"  ({failed} of the runs failed)", flush=True)
+  return len(commands), time.perf_counter() - start
+
+
+def process_cache(root: str) -> None:
+  raw = _sweep_file("quickstart")
+  raw["resources"]["storage_path"] = root
+  cache_dir = os.path.join(root, "process-cache")
+  raw["base"].setdefault("runtime", {})["cache_dir"] = cache_dir
+  concurrent = raw["resources"]["max_concurrent_trials"]
+  print("0. process cache: quickstart sweep, cold then warm; its trials as separate runs; "
+        "time to a run's first round", flush=True)
+  walls = {}
+  for label in ("cold", "warm"):
+    run = _Run({**copy.deepcopy(raw), "name": f"cache_{label}"})
+    walls[label] = run.wall
+    print(f"  sweep, {label} cache: {run.trials} trials ({run.errors} errored), "
+          f"{run.rounds} trial-rounds in {run.wall:6.1f} s", flush=True)
+  runs, loop_wall = _cli_loop(raw, root, concurrent)
+  print(f"  the same trials as {runs} separate runs ({raw['budget']['rounds']} rounds each), "
+        f"{concurrent} at a time, warm cache: {loop_wall:6.1f} s", flush=True)
+  print(f"  sweep speed-up over the shell loop: {loop_wall / walls['warm']:.2f}x (warm), "
+        f"{loop_wall / walls['cold']:.2f}x (cold sweep)", flush=True)
+  quick = os.path.join(ROOT, "configs", "quickstart.yaml")
+  fresh = os.path.join(root, "first-round-cache")
+  for label in ("cold", "warm"):
+    seconds = _first_round_s(quick, os.path.join(root, f"first_{label}"),
+                             ["--set", f"runtime.cache_dir={fresh}"])
+    print(f"  tff-fedadamom run configs/quickstart.yaml, {label} cache: first round after "
+          f"{seconds:5.2f} s", flush=True)
+
+
 def quickstart(root: str) -> None:
   raw = _sweep_file("quickstart")
   raw["resources"]["storage_path"] = root
@@ -195,6 +285,7 @@ def main(argv=None) -> int:
 
   Session().apply()  # this command is its process's entry point
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--skip-cache", action="store_true")
   parser.add_argument("--skip-quickstart", action="store_true")
   parser.add_argument("--skip-scaling", action="store_true")
   parser.add_argument("--skip-asha", action="store_true")
@@ -221,6 +312,8 @@ def main(argv=None) -> int:
   try:
     print(f"machine: {os.cpu_count()} CPUs, Ray given 2; load average at start "
           f"{os.getloadavg()[0]:.2f}", flush=True)
+    if not args.skip_cache:
+      process_cache(root)
     if not args.skip_quickstart:
       quickstart(root)
     if not args.skip_scaling:

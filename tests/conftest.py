@@ -1,10 +1,17 @@
-"""Shared test set-up: quiet TensorFlow, no TFF worker_binary left behind, and
-experiment parts (data, built process, Keras model) shared by the session."""
+"""Shared test set-up: quiet TensorFlow, no TFF worker_binary left behind, a
+process cache of the session's own, and experiment parts (data, built process,
+Keras model) shared by the session."""
 
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+# Compiled learning processes are cached for this test session only (every run,
+# trial and subprocess of the session shares it; the user's cache is not touched).
+_PROCESS_CACHE = tempfile.mkdtemp(prefix="tff-fedadamom-test-cache-")
+os.environ["TFF_FEDADAMOM_CACHE_DIR"] = _PROCESS_CACHE
 
 import pytest  # noqa: E402
 
@@ -19,6 +26,7 @@ Session().apply()
 def pytest_sessionfinish(session, exitstatus):
   del session, exitstatus
   runtime.shutdown()
+  shutil.rmtree(_PROCESS_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -28,6 +28,16 @@ def _add_set(parser):
                       help="override a config value by dotted key, e.g. server.learning_rate=0.5")
 
 
+# What `--no-cache` overrides: the machine-wide cache of compiled processes.
+NO_CACHE = "runtime.cache=false"
+
+
+def _add_cache(parser):
+  parser.add_argument("--no-cache", dest="overrides", action="append_const", const=NO_CACHE,
+                      help="build the learning process instead of loading it from the "
+                      "machine's cache of compiled processes (runtime.cache: false)")
+
+
 def _cmd_validate(args) -> int:
   from tff_fedadamom.config import dump_config, load_config
 
@@ -102,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
   p = sub.add_parser("run", help="run (or resume) one experiment")
   p.add_argument("config")
   _add_set(p)
+  _add_cache(p)
   p.add_argument("--quiet", action="store_true", help="no progress bar")
   p.set_defaults(fn=_cmd_run)
 
@@ -110,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--optimizers", required=True,
                  help="comma-separated names, e.g. fedadamom,fedadam,fedavgm")
   _add_set(p)
+  _add_cache(p)
   p.add_argument("--quiet", action="store_true")
   p.set_defaults(fn=_cmd_compare)
 

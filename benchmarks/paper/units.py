@@ -36,9 +36,19 @@ RESULTS_DIR = "results"
 TIMING_KEYS = frozenset({"total_s", "wall_time_s", "round_seconds", "seconds"})
 
 
+# Runtime settings that change no result: whether and where compiled processes
+# are cached (keys of units stored before these settings existed stay the same).
+RESULT_FREE_RUNTIME = ("cache", "cache_dir")
+
+
 def spec_of_config(config: Mapping[str, Any]) -> dict:
-  """The part of an experiment config a unit's key covers (not where it writes)."""
-  return {k: v for k, v in config.items() if k not in ("output_dir", "name")}
+  """The part of an experiment config a unit's key covers (not where it writes,
+  nor `RESULT_FREE_RUNTIME`)."""
+  spec = {k: v for k, v in config.items() if k not in ("output_dir", "name")}
+  if isinstance(spec.get("runtime"), Mapping):
+    spec["runtime"] = {k: v for k, v in spec["runtime"].items()
+                       if k not in RESULT_FREE_RUNTIME}
+  return spec
 
 
 def spec_hash(spec: Any) -> str:

@@ -208,3 +208,16 @@ def test_a_missing_seed_is_marked_and_fails_the_command(tmp_path):
   assert (tmp_path / report.REPORT_FILE).read_text(encoding="utf-8") == text
   for name in ("fmnist_curves.png", "escape.png"):
     assert (tmp_path / "plots" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_units_key_ignores_whether_processes_are_cached():
+  from benchmarks.paper import units as units_lib
+
+  config = plan.fmnist_base(plan.QUICK, plan.PARTITIONS["iid"])
+  cached = copy.deepcopy(config)
+  cached["runtime"].update(cache=False, cache_dir="/elsewhere")
+  other = copy.deepcopy(config)
+  other["runtime"]["threads"] = 2
+  key = units_lib.Unit("u", config=config).key
+  assert units_lib.Unit("u", config=cached).key == key
+  assert units_lib.Unit("u", config=other).key != key

@@ -176,6 +176,11 @@ class RuntimeConfig:
   (`tff_fedadamom.session`). It is the process's setting, applied by the
   entry point (the `tff-fedadamom` command, a trial worker, an actor); a
   library run whose process has another pool size fails with a `SessionError`.
+
+  `cache` keeps the compiled learning process of the in-process and ray
+  backends in a machine-wide cache (`pipeline.process_cache`) at `cache_dir`,
+  so that every later run, trial or actor of the same structure loads it
+  instead of building it; results are identical either way.
   """
 
   threads: Optional[int] = _field(None, check=positive,
@@ -204,6 +209,11 @@ class RuntimeConfig:
       None, check=ray_address,
       allowed="null (a new local Ray on 127.0.0.1), 'auto' (the cluster this machine "
       "belongs to) or host:port of a cluster's head")
+  cache: bool = True
+  cache_dir: Optional[str] = _field(
+      None, check=lambda s: bool(s.strip()),
+      allowed="null ($TFF_FEDADAMOM_CACHE_DIR, else $XDG_CACHE_HOME/tff-fedadamom/processes, "
+      "else ~/.cache/tff-fedadamom/processes) or a directory path")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -38,10 +38,9 @@ import concurrent.futures
 from typing import Any, Optional, Sequence
 
 import tensorflow as tf
-import tensorflow_federated as tff
 
 from tff_fedadamom.pipeline.tf_computation import (Feed, TFComputation, flatten_value,
-                                                   to_python, type_leaves)
+                                                   to_python)
 
 
 def visible_devices() -> list[str]:
@@ -196,38 +195,42 @@ class InProcessLearningProcess:
 
   def __init__(self, process, devices: Optional[Sequence[str]] = None,
                max_concurrent_clients: Optional[int] = None, client_tensors=None):
-    self._process = process
+    from tff_fedadamom.pipeline.compiled import CompiledProcess, compile_process
+
+    compiled = process if isinstance(process, CompiledProcess) else compile_process(process)
+    self._process = None if process is compiled else process
+    self._compiled = compiled
     self._client_tensors = client_tensors
     self.devices = resolve_devices(devices)
-    mrf = tff.backends.mapreduce.get_map_reduce_form_for_computation(process.next)
-    for name in ("secure_sum_bitwidth", "secure_sum_max_input", "secure_modular_sum_modulus"):
-      if type_leaves(getattr(mrf, name).type_signature.result):
-        raise NotImplementedError(
-            f"the process uses secure aggregation ({name}); the in-process backend "
-            "runs plain sums only: use runtime.backend: tff_cpp")
     server = [self.devices[0]]
-    init = tff.backends.mapreduce.get_state_initialization_computation(process.initialize)
-    self._initialize = TFComputation(init, server, result_type=process.initialize.type_signature.result)
-    self._prepare = TFComputation(mrf.prepare, server)
-    self._report = TFComputation(mrf.report, server)
-    self._update = TFComputation(mrf.update, server, result_type=process.next.type_signature.result)
-    self._state_type = process.next.type_signature.parameter[0]
+    types = compiled.result_types
+    self._initialize = TFComputation(compiled.computation("initialize"), server,
+                                     result_type=types["initialize"])
+    self._prepare = TFComputation(compiled.computation("prepare"), server)
+    self._report = TFComputation(compiled.computation("report"), server)
+    self._update = TFComputation(compiled.computation("update"), server,
+                                 result_type=types["next"])
+    self._state_type = compiled.state_type
     self._extra: dict[str, TFComputation] = {}
-    self._mrf = mrf
-    self._clients = self._client_fold(mrf, max_concurrent_clients)
+    self._clients = self._client_fold(compiled, max_concurrent_clients)
 
-  def _client_fold(self, mrf, max_concurrent_clients):
+  def _client_fold(self, compiled, max_concurrent_clients):
     """What runs the round's clients: here, one `ClientFold` on this process's devices."""
-    fold = ClientFold(mrf.work, mrf.zero, mrf.accumulate, self.devices, max_concurrent_clients,
-                      feed=client_feed(self._client_tensors))
+    fold = ClientFold(*(compiled.computation(name) for name in ("work", "zero", "accumulate")),
+                      self.devices, max_concurrent_clients, feed=client_feed(self._client_tensors))
     self.max_concurrent_clients = fold.max_concurrent_clients
     self._work = fold.work
     return fold
 
   @property
   def process(self):
-    """The wrapped TFF learning process."""
+    """The wrapped TFF learning process (None when built from a `CompiledProcess`)."""
     return self._process
+
+  @property
+  def compiled(self):
+    """The `compiled.CompiledProcess` this runs."""
+    return self._compiled
 
   @property
   def state_type(self):
@@ -269,10 +272,8 @@ class InProcessLearningProcess:
 
   def _tf_computation(self, name: str) -> TFComputation:
     if name not in self._extra:
-      computation = getattr(self._process, name, None)
-      if computation is None:
-        raise AttributeError(f"the learning process has no {name!r}")
-      self._extra[name] = TFComputation(computation, [self.devices[0]])
+      self._extra[name] = TFComputation(self._compiled.computation(name), [self.devices[0]],
+                                        result_type=self._compiled.result_types[name])
     return self._extra[name]
 
   def get_model_weights(self, state):

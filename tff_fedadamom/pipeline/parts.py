@@ -34,10 +34,11 @@ from tff_fedadamom.config import ExperimentConfig, config_to_dict
 from tff_fedadamom.metric_names import TEST_ACCURACY, TEST_LOSS
 
 # Settings of a run that no part depends on: where it writes, what it is called,
-# how long it runs, and TensorFlow's thread count (set once per process, before
-# TensorFlow starts). The rest of `runtime` (backend, devices, concurrent
+# how long it runs, TensorFlow's thread count (set once per process, before
+# TensorFlow starts), and whether and where compiled processes are cached. The rest of `runtime` (backend, devices, concurrent
 # clients) shapes the executable process, so it keys the structure.
-RUN_ONLY_FIELDS = ("output_dir", "name", "rounds", "runtime.threads")
+RUN_ONLY_FIELDS = ("output_dir", "name", "rounds", "runtime.threads", "runtime.cache",
+                   "runtime.cache_dir")
 
 
 class Evaluator:
@@ -164,14 +165,34 @@ def build_parts(config: ExperimentConfig, data=None) -> ExperimentParts:
   data = data if data is not None else process_lib.load_data(config)
   devices = runtime.round_devices(config.runtime)
   process = runtime.executable(
-      process_lib.build_process(config, data, runtime.training_loop(devices)),
-      config.runtime, devices, experiment=config,
+      learning_process(config, data, devices), config.runtime, devices, experiment=config,
       client_tensors=process_lib.make_client_tensors(config, data))
   keras_model = process_lib.make_keras_model(config, data)
   return ExperimentParts(
       key=structure_key(config), data=data, process=process, keras_model=keras_model,
       layer_names=tuple(layer_labels(keras_model)),
       evaluator=Evaluator(config, data, keras_model))
+
+
+def learning_process(config: ExperimentConfig, data, devices):
+  """What `runtime.executable` runs for `config`: TFF's process for `tff_cpp`; for
+  the in-process and ray backends its `CompiledProcess`, from the machine's
+  process cache when `runtime.cache` is on (built and stored on a miss)."""
+  from tff_fedadamom.pipeline import process as process_lib
+  from tff_fedadamom.pipeline import runtime
+  from tff_fedadamom.pipeline.compiled import compile_process
+
+  def build():
+    return process_lib.build_process(config, data, runtime.training_loop(devices))
+
+  if runtime.backend(config.runtime) == runtime.TFF_CPP:
+    return build()
+  if not config.runtime.cache:
+    return compile_process(build())
+  from tff_fedadamom.pipeline.process_cache import ProcessCache, process_key
+
+  return ProcessCache(config.runtime.cache_dir).get_or_build(
+      process_key(structure_key(config)), lambda: compile_process(build()))
 
 
 def initial_state(config: ExperimentConfig, process):

@@ -64,7 +64,7 @@ import tensorflow as tf
 from tff_fedadamom.pipeline import inprocess
 from tff_fedadamom.session import Session
 from tff_fedadamom.pipeline import ray_session
-from tff_fedadamom.pipeline.tf_computation import deserialize, serialize
+from tff_fedadamom.pipeline.tf_computation import deserialize
 
 # Replacements of one actor within one round before the round fails.
 MAX_REPLACEMENTS = 3
@@ -169,7 +169,8 @@ class RayLearningProcess(inprocess.InProcessLearningProcess):
   actors, from the data each loaded itself.
 
   Args:
-    process: The TFF learning process (compiled to MapReduceForm here).
+    process: The TFF learning process (compiled to MapReduceForm here), or
+      its `compiled.CompiledProcess`.
     experiment: The `ExperimentConfig` whose data the actors load.
     workers: Number of actors.
     cpus_per_worker, gpus_per_worker: Ray resources of each actor.
@@ -209,12 +210,12 @@ class RayLearningProcess(inprocess.InProcessLearningProcess):
     self.round_times: dict[str, float] = {}
     super().__init__(process, devices=None, max_concurrent_clients=max_concurrent_clients)
 
-  def _client_fold(self, mrf, max_concurrent_clients):
+  def _client_fold(self, compiled, max_concurrent_clients):
     """No clients run here: the actors get the client parts' bytes."""
     import ray
 
     self.max_concurrent_clients = max_concurrent_clients
-    self._parts = {name: serialize(getattr(mrf, name)) for name in WORKER_PARTS}
+    self._parts = {name: compiled.parts[name] for name in WORKER_PARTS}
     self._started_ray = ray_session.connect(self._address)
     self._remote = ray.remote(self._worker_class).options(**self._options)
     self._actors = [self._start_actor() for _ in range(self.workers)]
