@@ -262,8 +262,6 @@ PENDING_SECOND_HOMES = {
     ("tff_fedadamom.pipeline.runtime", "INPROCESS"),  # -> config.schema
     ("tff_fedadamom.pipeline.runtime", "TFF_CPP"),
     ("tff_fedadamom.pipeline.runtime", "RAY"),
-    ("tff_fedadamom.pipeline.outputs", "new_figure"),  # -> tff_fedadamom.figures
-    ("tff_fedadamom.pipeline.outputs", "save_figure"),
 }
 
 

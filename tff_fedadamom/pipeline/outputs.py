@@ -15,13 +15,13 @@ Every file this module writes itself is written atomically.
 from __future__ import annotations
 
 import csv
-import io
 import logging
 import math
 import os
 from typing import Any, Iterable, Mapping, Optional
 
-from tff_fedadamom.atomic_io import atomic_write_bytes, atomic_write_json, atomic_write_text
+from tff_fedadamom.atomic_io import atomic_write_json, atomic_write_text
+from tff_fedadamom.figures import new_figure, save_figure
 from tff_fedadamom.metric_names import TEST_ACCURACY, TEST_LOSS, TRAIN_LOSS
 from tff_fedadamom.pipeline import tables
 
@@ -154,15 +154,6 @@ def write_summary(output_dir: str, summary: Mapping[str, Any]) -> None:
   atomic_write_json(os.path.join(output_dir, SUMMARY_FILE), dict(summary))
 
 
-def new_figure(*, figsize, ncols: int = 1, nrows: int = 1, squeeze: bool = True):
-  """A matplotlib `Figure` and its axes, drawn with the object API: no pyplot, no
-  backend switch, nothing process-wide (`Figure.savefig` renders with Agg)."""
-  from matplotlib.figure import Figure
-
-  fig = Figure(figsize=figsize)
-  return fig, fig.subplots(nrows, ncols, squeeze=squeeze)
-
-
 def plot_curves(runs: Mapping[str, list[Mapping[str, Any]]], path: str,
                 title: Optional[str] = None) -> None:
   """Train loss and test accuracy vs round, one line per run, saved atomically."""
@@ -184,13 +175,6 @@ def plot_curves(runs: Mapping[str, list[Mapping[str, Any]]], path: str,
     fig.suptitle(title)
   fig.tight_layout()
   save_figure(fig, path)
-
-
-def save_figure(fig, path: str) -> None:
-  """Saves a matplotlib figure atomically (temp file + rename)."""
-  buffer = io.BytesIO()
-  fig.savefig(buffer, format=os.path.splitext(path)[1].lstrip(".") or "png", dpi=110)
-  atomic_write_bytes(path, buffer.getvalue())
 
 
 def plot_telemetry(runs: Mapping[str, list[Mapping[str, Any]]], path: str) -> bool:
