@@ -326,11 +326,6 @@ def default_hparams(name: str) -> dict[str, Any]:
   return dict(get_spec(name).defaults)
 
 
-def tunable_hparams(name: str) -> tuple[str, ...]:
-  """The hparams of optimizer `name` that a sweep may vary."""
-  return get_spec(name).tunable
-
-
 def sweepable_hparams(name: str) -> tuple[str, ...]:
   """The hparams a sweep may vary: the tunable ones, then the bool switches.
 
