@@ -428,3 +428,60 @@ def test_metric_names_are_spelled_only_in_their_home(tmp_path):
   found = {os.path.relpath(p, REPO): lines for _, p in _modules() if p != home
            for lines in [_metric_literals(p, names, prefixes)] if lines}
   assert found == {}
+
+
+# Where the library may write the environment: the session object an entry
+# point applies, and the command's own main (it quiets TensorFlow for itself).
+ENVIRONMENT_WRITERS = {("tff_fedadamom.session", "apply"), ("tff_fedadamom.cli", "main")}
+_ENVIRON_METHODS = {"update", "setdefault", "pop", "popitem", "clear", "__setitem__",
+                    "__delitem__"}
+
+
+def _is_environ(node) -> bool:
+  """`os.environ` (or a bare `environ`)."""
+  return ((isinstance(node, ast.Attribute) and node.attr == "environ")
+          or (isinstance(node, ast.Name) and node.id == "environ"))
+
+
+def _environment_writes(path: str) -> list[tuple[str, int]]:
+  """(enclosing function, line) of each write to the environment in the file:
+  `os.environ[k] = v`, `del os.environ[k]`, `os.environ.update(...)` and the
+  like, `os.putenv`, `os.unsetenv`."""
+  with open(path) as f:
+    tree = ast.parse(f.read(), path)
+  found = []
+
+  def writes(node) -> bool:
+    if isinstance(node, (ast.Assign, ast.AugAssign, ast.Delete)):
+      targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+      return any(isinstance(t, ast.Subscript) and _is_environ(t.value) for t in targets)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+      func = node.func
+      return ((func.attr in _ENVIRON_METHODS and _is_environ(func.value))
+              or func.attr in ("putenv", "unsetenv"))
+    return False
+
+  def visit(node, function):
+    for child in ast.iter_child_nodes(node):
+      inner = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+          else function
+      if writes(child):
+        found.append((function, child.lineno))
+      visit(child, inner)
+
+  visit(tree, "<module>")
+  return found
+
+
+def test_only_entry_points_write_the_environment(tmp_path):
+  sample = tmp_path / "sample.py"
+  sample.write_text("import os\n"
+                    "os.environ['A'] = '1'\n"
+                    "def f():\n"
+                    "  os.environ.update(B='2'); os.environ.get('C'); del os.environ['D']\n"
+                    "  os.putenv('E', '5'); env = dict(os.environ); env['F'] = '6'\n")
+  assert _environment_writes(str(sample)) == [("<module>", 2), ("f", 4), ("f", 4), ("f", 5)]
+  found = {(m, function, line) for m, p in _modules()
+           for function, line in _environment_writes(p)}
+  assert {(m, f) for m, f, _ in found} <= ENVIRONMENT_WRITERS, sorted(found)
+  assert {(m, f) for m, f, _ in found} == ENVIRONMENT_WRITERS  # the scan sees both
