@@ -50,7 +50,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tff_fedadamom.metric_names import TEST_ACCURACY  # noqa: E402 - after the path
+from tff_fedadamom.metric_names import ELAPSED_S, ROUND, TEST_ACCURACY  # noqa: E402 - after the path
 
 
 def _sweep_file(name: str) -> dict:
@@ -96,9 +96,9 @@ class _Run:
       self.wall = time.perf_counter() - start
     trials = [r for grid in result.results.values() for r in grid]
     self.trials = len(trials)
-    self.rounds = sum(int(r.metrics.get("round", 0)) for r in trials)
+    self.rounds = sum(int(r.metrics.get(ROUND, 0)) for r in trials)
     totals = [float(r.metrics.get("time_total_s", 0.0)) for r in trials]
-    rounds = [float(r.metrics.get("time/elapsed_s", 0.0)) for r in trials]
+    rounds = [float(r.metrics.get(ELAPSED_S, 0.0)) for r in trials]
     self.trial_seconds, self.round_seconds = sum(totals), sum(rounds)
     # What a trial pays besides its rounds, median over the trials (so without
     # the few that waited for a worker to start).
@@ -110,7 +110,7 @@ class _Run:
     for optimizer, grid in result.results.items():
       self.best[optimizer] = max(
           (r.metrics["objective"] for r in grid
-           if not r.metrics.get("diverged") and int(r.metrics["round"]) == full),
+           if not r.metrics.get("diverged") and int(r.metrics[ROUND]) == full),
           default=float("nan"))
 
   def per_hour(self) -> float:

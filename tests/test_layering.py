@@ -262,8 +262,6 @@ PENDING_SECOND_HOMES = {
     ("tff_fedadamom.pipeline.runtime", "INPROCESS"),  # -> config.schema
     ("tff_fedadamom.pipeline.runtime", "TFF_CPP"),
     ("tff_fedadamom.pipeline.runtime", "RAY"),
-    ("tff_fedadamom.pipeline.outputs", "new_figure"),  # -> tff_fedadamom.figures
-    ("tff_fedadamom.pipeline.outputs", "save_figure"),
 }
 
 
@@ -382,3 +380,108 @@ def test_the_command_quiets_tensorflow_for_itself():
              "assert cli.main(['validate', '/nonexistent/config.yaml']) == 2\n"
              "print(os.environ.get('TF_CPP_MIN_LOG_LEVEL'))\n")
   assert out.splitlines()[-1] == "3"
+
+
+def _metric_names() -> tuple[set, tuple]:
+  """The metric names `tff_fedadamom.metric_names` defines, and their prefixes
+  (`train/`, `test/`, `opt/`, `time/`)."""
+  from tff_fedadamom import metric_names
+
+  names = {v for k, v in vars(metric_names).items() if k.isupper() and isinstance(v, str)}
+  return names, tuple(sorted({n.split("/")[0] + "/" for n in names if "/" in n}))
+
+
+def _keyed(node, parent) -> bool:
+  """Whether `node` is used as a key of a metrics row: `row[node]`, `node in
+  row`, `x == node`, `row.get(node)` (also `pop`, `setdefault`)."""
+  if isinstance(parent, ast.Subscript):
+    return parent.slice is node
+  if isinstance(parent, ast.Compare):
+    return parent.left is node or any(c is node for c in parent.comparators)
+  return (isinstance(parent, ast.Call) and isinstance(parent.func, ast.Attribute)
+          and parent.func.attr in ("get", "pop", "setdefault") and node in parent.args[:1])
+
+
+def _metric_literals(path: str, names: set, prefixes: tuple) -> list[int]:
+  """Lines of the module at `path` that spell a metric name: a string that is
+  one and is used as a row's key, or any string under a metric prefix. (Axis
+  labels and summary.json's own fields may read like a name; they are not keys.)"""
+  with open(path) as f:
+    tree = ast.parse(f.read(), path)
+  parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+  return sorted(node.lineno for node in ast.walk(tree)
+                if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                and (node.value.startswith(prefixes)
+                     or node.value in names and _keyed(node, parents.get(node))))
+
+
+def test_metric_names_are_spelled_only_in_their_home(tmp_path):
+  names, prefixes = _metric_names()
+  assert {"round", "train/loss", "opt/beta1_mean"} <= names
+  assert prefixes == ("opt/", "test/", "time/", "train/")
+  sample = tmp_path / "sample.py"
+  sample.write_text('row["round"]; "round" in row; row.get("round"); h[0] != "round"\n'
+                    'x = "opt/v"\n'
+                    'ax.set(xlabel="round"); summary = {"round": 1}; f(round=1)\n')
+  assert _metric_literals(str(sample), names, prefixes) == [1, 1, 1, 1, 2]
+  home = os.path.join(REPO, "tff_fedadamom", "metric_names.py")
+  found = {os.path.relpath(p, REPO): lines for _, p in _modules() if p != home
+           for lines in [_metric_literals(p, names, prefixes)] if lines}
+  assert found == {}
+
+
+# Where the library may write the environment: the session object an entry
+# point applies, and the command's own main (it quiets TensorFlow for itself).
+ENVIRONMENT_WRITERS = {("tff_fedadamom.session", "apply"), ("tff_fedadamom.cli", "main")}
+_ENVIRON_METHODS = {"update", "setdefault", "pop", "popitem", "clear", "__setitem__",
+                    "__delitem__"}
+
+
+def _is_environ(node) -> bool:
+  """`os.environ` (or a bare `environ`)."""
+  return ((isinstance(node, ast.Attribute) and node.attr == "environ")
+          or (isinstance(node, ast.Name) and node.id == "environ"))
+
+
+def _environment_writes(path: str) -> list[tuple[str, int]]:
+  """(enclosing function, line) of each write to the environment in the file:
+  `os.environ[k] = v`, `del os.environ[k]`, `os.environ.update(...)` and the
+  like, `os.putenv`, `os.unsetenv`."""
+  with open(path) as f:
+    tree = ast.parse(f.read(), path)
+  found = []
+
+  def writes(node) -> bool:
+    if isinstance(node, (ast.Assign, ast.AugAssign, ast.Delete)):
+      targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+      return any(isinstance(t, ast.Subscript) and _is_environ(t.value) for t in targets)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+      func = node.func
+      return ((func.attr in _ENVIRON_METHODS and _is_environ(func.value))
+              or func.attr in ("putenv", "unsetenv"))
+    return False
+
+  def visit(node, function):
+    for child in ast.iter_child_nodes(node):
+      inner = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+          else function
+      if writes(child):
+        found.append((function, child.lineno))
+      visit(child, inner)
+
+  visit(tree, "<module>")
+  return found
+
+
+def test_only_entry_points_write_the_environment(tmp_path):
+  sample = tmp_path / "sample.py"
+  sample.write_text("import os\n"
+                    "os.environ['A'] = '1'\n"
+                    "def f():\n"
+                    "  os.environ.update(B='2'); os.environ.get('C'); del os.environ['D']\n"
+                    "  os.putenv('E', '5'); env = dict(os.environ); env['F'] = '6'\n")
+  assert _environment_writes(str(sample)) == [("<module>", 2), ("f", 4), ("f", 4), ("f", 5)]
+  found = {(m, function, line) for m, p in _modules()
+           for function, line in _environment_writes(p)}
+  assert {(m, f) for m, f, _ in found} <= ENVIRONMENT_WRITERS, sorted(found)
+  assert {(m, f) for m, f, _ in found} == ENVIRONMENT_WRITERS  # the scan sees both

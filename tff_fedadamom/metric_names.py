@@ -1,9 +1,9 @@
 """The names of the metrics a run records: one home for every file that reads them.
 
 A run's history (`metrics.csv`, Ray Tune's reports, the summary) keys each
-round's values by these names; the training loop, the run's outputs, the sweep
-objective, the exported tables, the paper report and the tests all read them
-from here.
+round's values by these names; the training loop, its hooks, the optimizer
+telemetry, the run's outputs, the sweep objective, the exported tables, the
+paper report and the tests all read them from here.
 """
 
 ROUND = "round"  # the round a row belongs to (1 = after the first round)
@@ -15,6 +15,33 @@ TRAIN_NUM_EXAMPLES = "train/num_examples"
 TEST_LOSS = "test/loss"
 TEST_ACCURACY = "test/accuracy"
 TEST_PREFIX = "test/"  # every evaluation metric's; a row with one is an evaluated round
+
+ELAPSED_S = "time/elapsed_s"  # seconds from the run's start to the round's end
+TELEMETRY_S = "time/telemetry_s"  # seconds the round's optimizer statistics took
+
+# The server optimizer's state after the round (`pipeline.telemetry`); also
+# the prefix of its TensorBoard histograms.
+OPT_PREFIX = "opt/"
+LEARNING_RATE = OPT_PREFIX + "learning_rate"  # the rate for the next round
+MOMENTUM_NORM = OPT_PREFIX + "momentum_norm"  # global L2 norm of the momentum m
+UPDATE_NORM = OPT_PREFIX + "update_norm"  # global L2 norm of the round's update
+BETA1_MEAN = OPT_PREFIX + "beta1_mean"  # FedAdamom's beta1_t, mean over coordinates
+FRAC_BETA1_AT_0 = OPT_PREFIX + "frac_beta1_at_0"  # fraction with beta1_t == 0
+FRAC_BETA1_AT_MAX = OPT_PREFIX + "frac_beta1_at_max"  # fraction with beta1_t == 1 - eps
+
+
+def moment_stats(moment: str) -> tuple[str, str, str, str]:
+  """The names of a second moment's statistics: mean, median, 1st and 99th
+  percentile (`moment` is `v`, or `vhat` for AMSGrad's running maximum)."""
+  return tuple(f"{OPT_PREFIX}{moment}_{stat}" for stat in ("mean", "median", "p01", "p99"))
+
+
+V_MEAN, V_MEDIAN, V_P01, V_P99 = moment_stats("v")
+
+
+def layer_stat(layer: str, stat: str) -> str:
+  """The name of a per-layer statistic (`v_mean`, `beta1_mean`, `frac_at_0`, ...)."""
+  return f"{OPT_PREFIX}layer/{layer}/{stat}"
 
 
 def evaluated(row) -> bool:

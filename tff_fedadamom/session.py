@@ -5,6 +5,9 @@ op, and every later request is refused or ignored. So they are not a run's
 settings but the process's: the entry points (the `tff-fedadamom` command, a
 sweep's trial worker, a Ray actor, a test session) apply them once with
 `Session(...).apply()`, and library calls only check them (`require_applied`).
+The same object sets the environment variables the process (and the processes
+it starts, such as TFF's worker_binary) must have: no library call edits
+`os.environ`.
 
 Why kernels run single-threaded: a multi-threaded kernel splits its reductions
 by the thread count, so float round-off, amplified by training, made a run's
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Optional
+from typing import Mapping, Optional
 
 
 def cpu_count() -> int:
@@ -42,10 +45,15 @@ class Session:
       (TensorFlow's inter-op pool); None: every CPU of the process. Each
       kernel itself runs on one thread.
     gpu_memory_growth: Let concurrent processes share a GPU.
+    environ: Environment variables this process and its children need (a
+      sweep trial's thread and GPU settings, `tuning.workers.worker_env`,
+      which TFF's worker_binary inherits); set first, before TensorFlow
+      starts and reads them.
   """
 
   threads: Optional[int] = None
   gpu_memory_growth: bool = True
+  environ: Mapping[str, str] = dataclasses.field(default_factory=dict, hash=False)
 
   @property
   def inter_op_threads(self) -> int:
@@ -58,6 +66,7 @@ class Session:
       SessionError: TensorFlow has started with other settings; it cannot
         change them any more, so the process must apply its session first.
     """
+    os.environ.update(self.environ)
     import tensorflow as tf
 
     threading = tf.config.threading

@@ -80,20 +80,22 @@ def trial_threads() -> int:
   return max(1, int(cpus))
 
 
-def _limit_threads(threads: int, gpu: bool) -> None:
-  """Sizes this trial's thread pools to its CPUs, before TensorFlow is imported.
+def trial_session(threads: int, gpu: bool):
+  """The `Session` of a trial that runs in its own process (no worker pool).
 
-  The environment reaches what `Session.apply` cannot: TFF's
+  Its environment sizes what the thread settings cannot reach: TFF's
   worker_binary, a child process with its own TensorFlow runtime, where the
   federated computations run. A trial without a GPU is kept off the node's
-  GPUs whatever Ray's default for zero-GPU tasks is (it is changing).
+  GPUs whatever Ray's default for zero-GPU tasks is (it is changing); one
+  with a GPU keeps the devices Ray shows it.
   """
+  from tff_fedadamom.session import Session
   from tuning.workers import worker_env
 
   env = worker_env(threads, [])
   if gpu:
     del env["CUDA_VISIBLE_DEVICES"]
-  os.environ.update(env)
+  return Session(threads=threads, environ=env)
 
 
 def _numbers(metrics: Mapping[str, Any]) -> dict:
@@ -203,12 +205,11 @@ def train_trial(config: dict, *, sweep, optimizer: Optional[str],
       workers.run_trial(pool, make_experiment, make_result, _report_to_tune, threads=threads,
                         gpu_ids=gpu_ids, scratch=scratch)
       return
-    _limit_threads(threads, gpu=bool(gpu_ids))
+    # The trial owns its process: its session goes first, before TensorFlow runs.
+    trial_session(threads, gpu=bool(gpu_ids)).apply()
     from tff_fedadamom.pipeline import run_experiment, runtime
-    from tff_fedadamom.session import Session
 
     runtime.install_worker_cleanup()
-    Session(threads=threads).apply()  # the trial's process: before TensorFlow runs anything
     try:
       run_experiment(make_experiment(),
                      hooks=[TuneReport(output_dir, make_result, _report_to_tune)],

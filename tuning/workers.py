@@ -137,13 +137,6 @@ class TrialWorker:
     self._cache = None
     threading.Thread(target=self._loop, name="tff-trials", daemon=True).start()
 
-  def pid(self) -> int:
-    return os.getpid()
-
-  def environ(self, name: str) -> Optional[str]:
-    """This worker's value of environment variable `name` (for checks)."""
-    return os.environ.get(name)
-
   def claim(self, token: str, owner: tuple[int, int], wait_s: float = _CLAIM_WAIT_S) -> bool:
     """Takes the worker for trial `token` if it is free, or once the trial it
     runs has been given up and has unwound (waiting at most `wait_s`)."""

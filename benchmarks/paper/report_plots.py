@@ -3,12 +3,12 @@ backend selection: nothing process-wide changes) and written atomically."""
 
 from __future__ import annotations
 
-import os
 from typing import Mapping, Sequence
 
 import numpy as np
 
 from benchmarks.paper.report_format import PART_NAMES, name
+from tff_fedadamom.figures import new_figure, save_figure
 
 PLOTS_DIR = "plots"
 # The plot of each study (study 1's holds one panel per partition).
@@ -21,27 +21,16 @@ def relpath(study: str) -> str:
   return f"{PLOTS_DIR}/{FILES[study]}"
 
 
-def _figure(**kwargs):
-  from matplotlib.figure import Figure
-
-  return Figure(**kwargs)
-
-
 def _save(fig, path: str) -> str:
-  """Lays out and writes `fig`; returns `path`."""
-  from tff_fedadamom.pipeline.outputs import save_figure
-
+  """Lays out and writes `fig` atomically; returns `path`."""
   fig.tight_layout()
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  save_figure(fig, path)
-  return path
+  return save_figure(fig, path)
 
 
 def plot_curves(panels: Mapping[str, Mapping], methods: Sequence[str], path: str,
                 title: str) -> str:
   """Test accuracy over rounds, mean ± sample std over seeds, one panel per table."""
-  fig = _figure(figsize=(5.5 * len(panels), 4))
-  axes = fig.subplots(1, len(panels), squeeze=False)
+  fig, axes = new_figure(figsize=(5.5 * len(panels), 4), ncols=len(panels), squeeze=False)
   for ax, (panel, summary) in zip(axes[0], panels.items()):
     for opt in methods:
       row = summary["table"].get(opt)
@@ -62,8 +51,7 @@ def plot_curves(panels: Mapping[str, Mapping], methods: Sequence[str], path: str
 
 
 def plot_beta2(beta2: Mapping, path: str) -> str:
-  fig = _figure(figsize=(5.5, 4))
-  ax = fig.subplots()
+  fig, ax = new_figure(figsize=(5.5, 4))
   keys = list(next(iter(beta2["table"].values())))  # the grid, as the study ran it
   xs = [float(x) for x in keys]
   for part, row in beta2["table"].items():
@@ -83,8 +71,7 @@ def plot_beta2(beta2: Mapping, path: str) -> str:
 
 
 def plot_escape(escape: Mapping, path: str) -> str:
-  fig = _figure(figsize=(15, 4))
-  axes = fig.subplots(1, 3)
+  fig, axes = new_figure(figsize=(15, 4), ncols=3)
   for opt, entry in escape["analysis"].items():
     k = np.array(entry["k_used"])
     y = np.array(entry["log_tau"])
@@ -109,8 +96,7 @@ def plot_escape(escape: Mapping, path: str) -> str:
 
 
 def plot_hetero(hetero: Mapping, path: str) -> str:
-  fig = _figure(figsize=(5.5, 4))
-  ax = fig.subplots()
+  fig, ax = new_figure(figsize=(5.5, 4))
   labels = [r["alpha"] for r in hetero["rows"]]
   means = [r["difference"]["mean"] for r in hetero["rows"]]
   stds = [r["difference"]["std"] or 0.0 for r in hetero["rows"]]

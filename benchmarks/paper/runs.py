@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from tff_fedadamom.metric_names import TEST_ACCURACY
+from tff_fedadamom.metric_names import ELAPSED_S, ROUND, TEST_ACCURACY
 
 from benchmarks.paper.units import Store, Unit
 
@@ -84,7 +84,7 @@ def run_experiment_unit(config: Mapping[str, Any]) -> dict:
   result = run_experiment(dict(config), progress=False)
   summary = result.summary
   rows = outputs.read_metrics(result.output_dir)
-  elapsed = [float(r["time/elapsed_s"]) for r in rows if "time/elapsed_s" in r]
+  elapsed = [float(r[ELAPSED_S]) for r in rows if ELAPSED_S in r]
   record = {
       "status": summary.get("status"),
       "final_test_accuracy": summary.get("final_test_accuracy"),
@@ -102,7 +102,7 @@ def run_experiment_unit(config: Mapping[str, Any]) -> dict:
       # Seconds of each round (evaluation included where there was one): what the
       # time estimate is made of.
       "round_seconds": [round(b - a, 4) for a, b in zip([0.0] + elapsed, elapsed)],
-      "eval_rounds": [int(r["round"]) for r in rows if TEST_ACCURACY in r],
+      "eval_rounds": [int(r[ROUND]) for r in rows if TEST_ACCURACY in r],
   }
   return record
 

@@ -12,7 +12,7 @@ from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from tff_fedadamom.metric_names import TEST_ACCURACY
+from tff_fedadamom.metric_names import ROUND, TEST_ACCURACY
 
 from benchmarks.paper import escape
 from benchmarks.paper import escape_fit
@@ -86,7 +86,7 @@ def mean_curve(records: Sequence[Mapping]) -> dict:
     for row in r.get("history") or []:
       acc = row.get(TEST_ACCURACY)
       if acc is not None and math.isfinite(acc):
-        by_round.setdefault(int(row["round"]), []).append(float(acc))
+        by_round.setdefault(int(row[ROUND]), []).append(float(acc))
   rounds = sorted(by_round)
   return {"round": rounds, "mean": [float(np.mean(by_round[k])) for k in rounds],
           "std": [sample_std(by_round[k]) for k in rounds],

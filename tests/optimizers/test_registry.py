@@ -192,14 +192,14 @@ def test_hparams_reach_the_optimizer():
 def test_default_and_tunable_hparams():
   assert registry.default_hparams('fedadamom') == {
       'learning_rate': 1.0, 'beta_2': 0.05, 'epsilon': 1e-3}
-  assert registry.tunable_hparams('fedavg') == ('learning_rate',)
-  assert 'beta_2' not in registry.tunable_hparams('fedavgm')
+  assert registry.get_spec('fedavg').tunable == ('learning_rate',)
+  assert 'beta_2' not in registry.get_spec('fedavgm').tunable
 
 
 @pytest.mark.parametrize('name', NAMES)
 def test_search_ranges_cover_tunable_hparams_and_build(name):
   ranges = registry.search_ranges(name)
-  assert set(ranges) == set(registry.tunable_hparams(name))
+  assert set(ranges) == set(registry.get_spec(name).tunable)
   for hparam, (dist, low, high) in ranges.items():
     assert dist in ('loguniform', 'uniform') and 0 <= low < high
     for value in (low, high):
@@ -214,10 +214,10 @@ def test_fedadamom_beta_2_range_is_the_papers():
 def test_switches_are_sweepable_but_not_tunable():
   for name in ('fedadam', 'fedyogi', 'fedamsgrad', 'fadas'):
     assert registry.default_hparams(name)['bias_correction'] in (True, False)
-    assert 'bias_correction' not in registry.tunable_hparams(name)
+    assert 'bias_correction' not in registry.get_spec(name).tunable
     assert registry.sweepable_hparams(name) == (
-        registry.tunable_hparams(name) + ('bias_correction',))
-  assert registry.sweepable_hparams('fedavg') == registry.tunable_hparams('fedavg')
+        registry.get_spec(name).tunable + ('bias_correction',))
+  assert registry.sweepable_hparams('fedavg') == registry.get_spec('fedavg').tunable
   # Every member's official code corrects (tests/optimizers/test_adaptive.py
   # pins each default against its source).
   assert all(registry.default_hparams(name)['bias_correction'] is True

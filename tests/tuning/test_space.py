@@ -7,7 +7,7 @@ import pytest
 from tests.tuning.conftest import tiny_base
 from tff_fedadamom.config import load_config
 from tff_fedadamom.metric_names import TEST_ACCURACY, TEST_LOSS, TRAIN_LOSS
-from tff_fedadamom.optimizers import list_optimizers, tunable_hparams
+from tff_fedadamom.optimizers import get_spec, list_optimizers
 from tuning import load_sweep
 from tuning import space as space_lib
 from tuning.trainable import objective_from_history, worst_objective
@@ -28,7 +28,7 @@ def test_defaults_apply_only_to_registered_hparams():
   sweep = _sweep()
   for optimizer in sweep.optimizers:
     space = space_lib.resolve(sweep, optimizer)
-    assert _server_hparams(space) == set(tunable_hparams(optimizer)), optimizer
+    assert _server_hparams(space) == set(get_spec(optimizer).tunable), optimizer
     assert "client.learning_rate" in space.tuned
   fedadamom = space_lib.resolve(sweep, "fedadamom").tuned
   assert (fedadamom["server.beta_2"].low, fedadamom["server.beta_2"].high) == (0.01, 0.3)
@@ -50,7 +50,7 @@ def test_shared_entry_only_where_the_hparam_exists_and_overrides_layer():
   })
   for optimizer in sweep.optimizers:
     space = space_lib.resolve(sweep, optimizer)
-    has_eps = "epsilon" in tunable_hparams(optimizer)
+    has_eps = "epsilon" in get_spec(optimizer).tunable
     assert ("server.epsilon" in space.tuned) == has_eps
     if has_eps:
       assert space.tuned["server.epsilon"].low == 1e-4

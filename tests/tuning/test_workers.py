@@ -99,6 +99,14 @@ def test_process_identity_tells_ended_processes():
   assert process_identity(2 ** 22 + 12345) is None
 
 
+def _in_actor(actor, fn, *args):
+  """`fn(*args)` run in `actor`'s process (Ray's `__ray_call__` passes the
+  actor's instance first)."""
+  import ray
+
+  return ray.get(actor.__ray_call__.remote(lambda _, *a: fn(*a), *args))
+
+
 def test_a_worker_sees_the_gpus_of_its_trial_and_ray_leaves_them_alone(monkeypatch):
   """Ray blanks CUDA_VISIBLE_DEVICES of a zero-GPU actor unless told not to; a
   worker (zero GPUs of its own) must keep the GPU ids of the trial it serves.
@@ -115,13 +123,14 @@ def test_a_worker_sees_the_gpus_of_its_trial_and_ray_leaves_them_alone(monkeypat
     owner = process_identity(os.getpid())
     gpu = ray.get(pool.acquire.remote(node, 1, ["0"], "a", owner))
     cpu = ray.get(pool.acquire.remote(node, 2, [], "b", owner))
-    assert ray.get(gpu.environ.remote("CUDA_VISIBLE_DEVICES")) == "0"
-    assert ray.get(cpu.environ.remote("CUDA_VISIBLE_DEVICES")) == ""
-    assert ray.get(cpu.environ.remote("TF_NUM_INTEROP_THREADS")) == "2"
-    assert ray.get(cpu.environ.remote("TF_NUM_INTRAOP_THREADS")) == "1"
+    getenv = lambda name: os.environ.get(name)  # looked up in the actor
+    assert _in_actor(gpu, getenv, "CUDA_VISIBLE_DEVICES") == "0"
+    assert _in_actor(cpu, getenv, "CUDA_VISIBLE_DEVICES") == ""
+    assert _in_actor(cpu, getenv, "TF_NUM_INTEROP_THREADS") == "2"
+    assert _in_actor(cpu, getenv, "TF_NUM_INTRAOP_THREADS") == "1"
     # A busy worker is not handed out again: another trial of its key gets a new one.
     again = ray.get(pool.acquire.remote(node, 1, ["0"], "c", owner))
-    assert ray.get(again.pid.remote()) != ray.get(gpu.pid.remote())
+    assert _in_actor(again, os.getpid) != _in_actor(gpu, os.getpid)
     ray.get(pool.shutdown.remote())
   finally:
     ray.shutdown()

@@ -28,7 +28,6 @@ _EXPORTS = {
     "resolve_hparams": "tff_fedadamom.optimizers.registry",
     "search_ranges": "tff_fedadamom.optimizers.registry",
     "sweepable_hparams": "tff_fedadamom.optimizers.registry",
-    "tunable_hparams": "tff_fedadamom.optimizers.registry",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -63,6 +63,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_fedadamom.optimizers import state as keys
+from tff_fedadamom.optimizers.ranges import check_adaptive, check_bias_correction
 
 ADAM = 'adam'
 YOGI = 'yogi'
@@ -89,16 +90,6 @@ FEDAMS_BETA_1 = 0.9
 FEDAMS_BETA_2 = 0.99
 FEDAMS_EPSILON = 0.0
 FEDAMS_INITIAL_MAX_PRECONDITIONER = 1e-3
-
-
-def check_bias_correction(bias_correction) -> bool:
-  """`bias_correction` as a Python bool; ValueError naming it otherwise."""
-  if not isinstance(bias_correction, bool):
-    raise ValueError(
-        '`bias_correction` must be true or false (a bool), found'
-        f' {bias_correction!r}.'
-    )
-  return bias_correction
 
 
 def delay_adaptive_learning_rate(learning_rate, max_delay, delay_threshold):
@@ -160,32 +151,19 @@ class AdaptiveOptimizer(tff.learning.optimizers.Optimizer):
       initial_max_preconditioner=None,
       delay_threshold=None,
   ):
-    check = keys.check_range
-    check(name, 'learning_rate', learning_rate, lambda x: x >= 0.0, 'nonnegative')
-    check(name, 'beta_1', beta_1, lambda x: 0.0 <= x <= 1.0, 'in [0.0, 1.0]')
-    check(name, 'beta_2', beta_2, lambda x: 0.0 <= x <= 1.0, 'in [0.0, 1.0]')
-    check(name, 'initial_preconditioner', initial_preconditioner,
-          lambda x: x >= 0.0, 'nonnegative')
+    check_adaptive(name, learning_rate, beta_1, beta_2, epsilon, amsgrad=amsgrad,
+                   bias_correction=bias_correction,
+                   initial_preconditioner=initial_preconditioner,
+                   initial_max_preconditioner=initial_max_preconditioner,
+                   delay_threshold=delay_threshold)
     if initial_max_preconditioner is None:
       initial_max_preconditioner = initial_preconditioner
-    check(name, 'initial_max_preconditioner', initial_max_preconditioner,
-          lambda x: x >= 0.0, 'nonnegative')
-    # The denominator must stay above 0 (a zero first update would give 0 / 0):
-    # epsilon > 0, unless AMSGrad's v_hat starts above 0.
-    if amsgrad and keys.is_concrete(initial_max_preconditioner) and initial_max_preconditioner > 0:
-      check(name, 'epsilon', epsilon, lambda x: x >= 0.0,
-            'nonnegative (initial_max_preconditioner > 0)')
-    else:
-      check(name, 'epsilon', epsilon, lambda x: x > 0.0, 'positive')
-    if delay_threshold is not None:
-      check(name, 'delay_threshold', delay_threshold, lambda x: x >= 0.0,
-            'nonnegative')
     if rule not in (ADAM, YOGI):
       raise ValueError(f'`rule` must be {ADAM!r} or {YOGI!r}, found {rule!r}.')
     self._name = name
     self._rule = rule
     self._amsgrad = amsgrad
-    self._bias_correction = check_bias_correction(bias_correction)
+    self._bias_correction = bias_correction
     self._initial_v = initial_preconditioner
     self._initial_v_hat = initial_max_preconditioner
     self._hparams = collections.OrderedDict([

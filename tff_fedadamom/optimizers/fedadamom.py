@@ -36,7 +36,7 @@ DEFAULT_BETA_2 = 0.05
 DEFAULT_EPSILON = 1e-3
 
 
-def _check_hparams(learning_rate, beta_2, epsilon) -> None:
+def check_hparams(learning_rate, beta_2, epsilon) -> None:
   """Raises ValueError naming the first out-of-range argument (concrete values only)."""
   check = state_keys.check_range
   check(NAME, 'learning_rate', learning_rate, lambda x: x >= 0.0, 'nonnegative')
@@ -148,7 +148,7 @@ class _FedAdamom(tff.learning.optimizers.Optimizer):
       beta_2=DEFAULT_BETA_2,
       epsilon=DEFAULT_EPSILON,
   ):
-    _check_hparams(learning_rate, beta_2, epsilon)
+    check_hparams(learning_rate, beta_2, epsilon)
     self._lr = learning_rate
     self._beta_2 = beta_2
     self._epsilon = epsilon

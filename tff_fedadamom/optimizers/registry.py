@@ -24,6 +24,7 @@ values.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, Mapping, Optional
 
 import tensorflow_federated as tff
@@ -33,6 +34,7 @@ from tff_fedadamom.algorithms import fafed, fedcada
 from tff_fedadamom.optimizers import adaptive
 from tff_fedadamom.optimizers import fadas
 from tff_fedadamom.optimizers import fedadamom
+from tff_fedadamom.optimizers import ranges
 from tff_fedadamom.optimizers import state as keys
 
 # What an entry builds (`OptimizerSpec.kind`).
@@ -64,8 +66,9 @@ class OptimizerSpec:
     communication: Parameter-sized tensors each sampled client sends (and
       receives) per round, relative to FedAvg's one model (update).
     communication_note: What is counted in `communication`.
-    check: For a learning process, `check(**hparams)` raises ValueError naming
-      an out-of-range hparam (what building the optimizer does for the others).
+    check: `check(**hparams)` raises ValueError naming an out-of-range hparam:
+      the ranges the builder enforces, checked without building anything
+      (`optimizers.ranges`; a learning process' own check).
     display_name: The optimizer's name in messages, tables and plots.
     state: The keys of its state (for a learning process: of the optimizer
       state telemetry reads, the finalizer's plus the moments the global
@@ -98,18 +101,6 @@ def _fedavgm(learning_rate, momentum):
   return tff.learning.optimizers.build_sgdm(
       learning_rate=learning_rate, momentum=momentum
   )
-
-
-def _fedadam(learning_rate, beta_1, beta_2, epsilon, bias_correction):
-  return adaptive.build_fedadam(learning_rate, beta_1, beta_2, epsilon,
-                                bias_correction=bias_correction)
-
-
-def _fedyogi(learning_rate, beta_1, beta_2, epsilon, initial_preconditioner,
-             bias_correction):
-  return adaptive.build_fedyogi(learning_rate, beta_1, beta_2, epsilon,
-                                initial_preconditioner,
-                                bias_correction=bias_correction)
 
 
 def _fedadagrad(learning_rate, epsilon, initial_preconditioner):
@@ -146,11 +137,12 @@ _REDDI_ADAM_DEFAULTS = {'learning_rate': 0.01, 'beta_1': adaptive.REDDI_BETA_1,
 
 
 def _spec(name, display_name, builder, defaults, tunable, description, state, *,
-          process=None, momentum_coefficient=None, **ranges) -> OptimizerSpec:
+          check=None, process=None, momentum_coefficient=None,
+          **search) -> OptimizerSpec:
   """An entry; `process=dict(check=..., communication=..., communication_note=...)`
-  makes it a `LEARNING_PROCESS` entry."""
-  search_ranges = {h: ranges.get(h, _RANGES.get(h)) for h in tunable}
-  extra = dict(kind=LEARNING_PROCESS, **process) if process else {}
+  makes it a `LEARNING_PROCESS` entry. `search` overrides `_RANGES`."""
+  search_ranges = {h: search.get(h, _RANGES.get(h)) for h in tunable}
+  extra = dict(kind=LEARNING_PROCESS, **process) if process else dict(check=check)
   return OptimizerSpec(name, builder, dict(defaults), tuple(tunable), description,
                        search_ranges, display_name=display_name, state=state,
                        momentum_coefficient=momentum_coefficient, **extra)
@@ -176,6 +168,7 @@ OPTIMIZERS: Mapping[str, OptimizerSpec] = {
             ['learning_rate'],
             'FedAvg: server SGD, w - eta * g (eta = 1 is plain averaging).',
             keys.SGD_STATE,
+            check=ranges.check_sgd,
         ),
         _spec(
             'fedavgm',
@@ -185,26 +178,29 @@ OPTIMIZERS: Mapping[str, OptimizerSpec] = {
             ['learning_rate', 'momentum'],
             'FedAvgM: server heavy-ball momentum, m = momentum * m + g.',
             keys.SGDM_STATE,
+            check=ranges.check_sgd,
         ),
         _spec(
             'fedadam',
             adaptive.FEDADAM_NAME,
-            _fedadam,
+            adaptive.build_fedadam,
             {**_REDDI_ADAM_DEFAULTS, 'bias_correction': True},
             ['learning_rate', 'beta_2', 'epsilon'],
             'FedAdam (Reddi et al. 2021): Adam on the server.',
             keys.ADAM_STATE,
+            check=functools.partial(ranges.check_adam_family, adaptive.FEDADAM_NAME, 'Adam'),
         ),
         _spec(
             'fedyogi',
             adaptive.FEDYOGI_NAME,
-            _fedyogi,
+            adaptive.build_fedyogi,
             {**_REDDI_ADAM_DEFAULTS,
              'initial_preconditioner': adaptive.REDDI_YOGI_INITIAL_PRECONDITIONER,
              'bias_correction': True},
             ['learning_rate', 'beta_2', 'epsilon'],
             'FedYogi (Reddi et al. 2021): Yogi on the server.',
             keys.ADAM_STATE,
+            check=functools.partial(ranges.check_adam_family, adaptive.FEDYOGI_NAME, 'Yogi'),
         ),
         _spec(
             'fedadagrad',
@@ -215,6 +211,7 @@ OPTIMIZERS: Mapping[str, OptimizerSpec] = {
             ['learning_rate', 'epsilon'],
             'FedAdagrad (Reddi et al. 2021): Adagrad on the server.',
             keys.ADAGRAD_STATE,
+            check=ranges.check_adagrad,
         ),
         _spec(
             'fedadamom',
@@ -226,6 +223,7 @@ OPTIMIZERS: Mapping[str, OptimizerSpec] = {
             ['learning_rate', 'beta_2', 'epsilon'],
             'FedAdamom: second moment sets a per-coordinate momentum.',
             keys.StateKeys(frozenset(fedadamom.STATE_KEYS)),
+            check=fedadamom.check_hparams,
             momentum_coefficient=fedadamom.momentum_coefficient_numpy,
             beta_2=('uniform', 0.01, 0.3),
         ),
@@ -241,6 +239,8 @@ OPTIMIZERS: Mapping[str, OptimizerSpec] = {
             ['learning_rate', 'beta_2', 'epsilon'],
             'FedAMSGrad (FedAMS, Wang et al. 2022): AMSGrad on the server.',
             keys.AMSGRAD_STATE,
+            check=functools.partial(ranges.check_adaptive, adaptive.FEDAMSGRAD_NAME,
+                                    amsgrad=True),
         ),
         _spec(
             'fadas',
@@ -256,6 +256,7 @@ OPTIMIZERS: Mapping[str, OptimizerSpec] = {
             'FADAS (Wang et al. 2024): AMSGrad, delay-adaptive rate; '
             'synchronous rounds only.',
             keys.FADAS_STATE,
+            check=functools.partial(ranges.check_adaptive, fadas.NAME, amsgrad=True),
             learning_rate=('loguniform', 1e-4, 1e0),
             epsilon=('loguniform', 1e-8, 1e-1),
         ),
@@ -325,11 +326,6 @@ def default_hparams(name: str) -> dict[str, Any]:
   return dict(get_spec(name).defaults)
 
 
-def tunable_hparams(name: str) -> tuple[str, ...]:
-  """The hparams of optimizer `name` that a sweep may vary."""
-  return get_spec(name).tunable
-
-
 def sweepable_hparams(name: str) -> tuple[str, ...]:
   """The hparams a sweep may vary: the tunable ones, then the bool switches.
 
@@ -361,13 +357,10 @@ def is_learning_process(name: str) -> bool:
 
 def check_hparams(name: str, **hparams) -> dict[str, Any]:
   """The resolved hparams of `name`; ValueError (naming the argument) when one is
-  unknown or out of range. Builds nothing TFF-side for a learning process."""
+  unknown or out of range. Checks the entry's ranges (`OptimizerSpec.check`)
+  without building the optimizer or process."""
   resolved = resolve_hparams(name, **hparams)
-  spec = get_spec(name)
-  if spec.kind == LEARNING_PROCESS:
-    spec.check(**resolved)
-  else:
-    spec.builder(**resolved)
+  get_spec(name).check(**resolved)
   return resolved
 
 

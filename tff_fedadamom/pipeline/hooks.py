@@ -26,7 +26,8 @@ from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from tff_fedadamom.metric_names import NONFINITE_UPDATES, ROUND, TEST_ACCURACY, TRAIN_LOSS
+from tff_fedadamom.metric_names import ELAPSED_S, NONFINITE_UPDATES, ROUND, TELEMETRY_S
+from tff_fedadamom.metric_names import TEST_ACCURACY, TRAIN_LOSS
 from tff_fedadamom.pipeline.loop import EvalEvent, RoundEnd, RoundHook
 
 
@@ -69,7 +70,7 @@ class Telemetry(RoundHook):
       with self._writer.as_default(step=end.round_num):
         for name, values in telemetry_lib.state_histograms(end.state).items():
           tf.summary.histogram(name, values)
-    end.metrics["time/telemetry_s"] = time.perf_counter() - t0
+    end.metrics[TELEMETRY_S] = time.perf_counter() - t0
 
 
 class Divergence(RoundHook):
@@ -106,7 +107,7 @@ class ElapsedTime(RoundHook):
     self._started = started
 
   def end_round(self, end: RoundEnd) -> None:
-    end.metrics["time/elapsed_s"] = time.perf_counter() - self._started
+    end.metrics[ELAPSED_S] = time.perf_counter() - self._started
 
 
 class Release(RoundHook):

@@ -15,14 +15,26 @@ Every file this module writes itself is written atomically.
 from __future__ import annotations
 
 import csv
-import io
 import logging
 import math
 import os
 from typing import Any, Iterable, Mapping, Optional
 
-from tff_fedadamom.atomic_io import atomic_write_bytes, atomic_write_json, atomic_write_text
-from tff_fedadamom.metric_names import TEST_ACCURACY, TEST_LOSS, TRAIN_LOSS
+from tff_fedadamom.atomic_io import atomic_write_json, atomic_write_text
+from tff_fedadamom.figures import new_figure, save_figure
+from tff_fedadamom.metric_names import (
+    BETA1_MEAN,
+    FRAC_BETA1_AT_0,
+    FRAC_BETA1_AT_MAX,
+    NONFINITE_UPDATES,
+    ROUND,
+    TEST_ACCURACY,
+    TEST_LOSS,
+    TRAIN_LOSS,
+    V_MEDIAN,
+    V_P01,
+    V_P99,
+)
 from tff_fedadamom.pipeline import tables
 
 CONFIG_FILE = "config.yaml"
@@ -83,8 +95,8 @@ def repair_metrics(output_dir: str, last_round: int) -> int:
       reader = csv.reader(f)
       header = next(reader)
       rows = list(reader)
-    if not header or header[0] != "round":
-      raise ValueError("no 'round' column")
+    if not header or header[0] != ROUND:
+      raise ValueError(f"no {ROUND!r} column")
   except (StopIteration, ValueError, csv.Error, UnicodeDecodeError) as e:
     os.replace(path, path + ".corrupt")
     logging.getLogger("tff_fedadamom").warning(
@@ -115,8 +127,8 @@ def rounds_to_targets(history: Iterable[Mapping[str, Any]], targets: Iterable[fl
   Tune's results): rows without a `round` or without a value of `key` are skipped.
   Returns `{f"{target:g}": round or None}`.
   """
-  evals = [(int(row["round"]), row[key]) for row in history
-           if row.get(key) is not None and "round" in row]
+  evals = [(int(row[ROUND]), row[key]) for row in history
+           if row.get(key) is not None and ROUND in row]
   return {f"{target:g}": next((r for r, acc in evals if acc >= target), None)
           for target in targets}
 
@@ -128,22 +140,22 @@ def summarize(history: list[Mapping[str, Any]], *, targets, status: str,
   evals = [r for r in history if TEST_ACCURACY in r]
   accs = [r[TEST_ACCURACY] for r in evals if math.isfinite(r[TEST_ACCURACY])]
   best = max(evals, key=lambda r: r[TEST_ACCURACY]) if accs else None
-  nonfinite = sum(int(r.get("nonfinite_updates", 0)) for r in history)
+  nonfinite = sum(int(r.get(NONFINITE_UPDATES, 0)) for r in history)
   summary = {
       "status": status,
       "diverged_round": diverged_round,
-      "rounds_completed": history[-1]["round"] if history else 0,
+      "rounds_completed": history[-1][ROUND] if history else 0,
       "final_test_accuracy": evals[-1][TEST_ACCURACY] if evals else None,
       "final_test_loss": evals[-1].get(TEST_LOSS) if evals else None,
       "best_test_accuracy": best[TEST_ACCURACY] if best else None,
-      "best_round": best["round"] if best else None,
+      "best_round": best[ROUND] if best else None,
       "final_train_loss": history[-1].get(TRAIN_LOSS) if history else None,
       "rounds_to_target": rounds_to_targets(history, targets),
-      "nonfinite_updates": nonfinite,
+      NONFINITE_UPDATES: nonfinite,
       "wall_time_s": round(wall_time_s, 3),
       "rounds_per_second": round(rounds_run / wall_time_s, 4) if wall_time_s > 0 else None,
       "devices": devices,
-      "history": [{k: r[k] for k in ("round", TEST_ACCURACY, TEST_LOSS, TRAIN_LOSS)
+      "history": [{k: r[k] for k in (ROUND, TEST_ACCURACY, TEST_LOSS, TRAIN_LOSS)
                    if k in r} for r in evals],
   }
   summary.update(extra or {})
@@ -154,22 +166,13 @@ def write_summary(output_dir: str, summary: Mapping[str, Any]) -> None:
   atomic_write_json(os.path.join(output_dir, SUMMARY_FILE), dict(summary))
 
 
-def new_figure(*, figsize, ncols: int = 1, nrows: int = 1, squeeze: bool = True):
-  """A matplotlib `Figure` and its axes, drawn with the object API: no pyplot, no
-  backend switch, nothing process-wide (`Figure.savefig` renders with Agg)."""
-  from matplotlib.figure import Figure
-
-  fig = Figure(figsize=figsize)
-  return fig, fig.subplots(nrows, ncols, squeeze=squeeze)
-
-
 def plot_curves(runs: Mapping[str, list[Mapping[str, Any]]], path: str,
                 title: Optional[str] = None) -> None:
   """Train loss and test accuracy vs round, one line per run, saved atomically."""
   fig, (ax_loss, ax_acc) = new_figure(figsize=(11, 4), ncols=2)
   for label, history in runs.items():
-    train = [(r["round"], r[TRAIN_LOSS]) for r in history if TRAIN_LOSS in r]
-    evals = [(r["round"], r[TEST_ACCURACY]) for r in history if TEST_ACCURACY in r]
+    train = [(r[ROUND], r[TRAIN_LOSS]) for r in history if TRAIN_LOSS in r]
+    evals = [(r[ROUND], r[TEST_ACCURACY]) for r in history if TEST_ACCURACY in r]
     if train:
       ax_loss.plot(*zip(*train), label=label)
     if evals:
@@ -186,37 +189,30 @@ def plot_curves(runs: Mapping[str, list[Mapping[str, Any]]], path: str,
   save_figure(fig, path)
 
 
-def save_figure(fig, path: str) -> None:
-  """Saves a matplotlib figure atomically (temp file + rename)."""
-  buffer = io.BytesIO()
-  fig.savefig(buffer, format=os.path.splitext(path)[1].lstrip(".") or "png", dpi=110)
-  atomic_write_bytes(path, buffer.getvalue())
-
-
 def plot_telemetry(runs: Mapping[str, list[Mapping[str, Any]]], path: str) -> bool:
   """Server-optimizer state over rounds: v percentiles (log scale) for every run
   with a second moment, and FedAdamom's beta1_t distribution (mean and the
   fractions clipped at 0 and at 1 - epsilon). Returns False if no run has any."""
-  with_v = {k: h for k, h in runs.items() if any("opt/v_median" in r for r in h)}
-  with_beta = {k: h for k, h in runs.items() if any("opt/beta1_mean" in r for r in h)}
+  with_v = {k: h for k, h in runs.items() if any(V_MEDIAN in r for r in h)}
+  with_beta = {k: h for k, h in runs.items() if any(BETA1_MEAN in r for r in h)}
   if not with_v and not with_beta:
     return False
   fig, (ax_v, ax_b) = new_figure(figsize=(11, 4), ncols=2)
   for label, history in with_v.items():
-    rows = [r for r in history if "opt/v_median" in r]
-    rounds = [r["round"] for r in rows]
-    line, = ax_v.plot(rounds, [r["opt/v_median"] for r in rows], label=f"{label} median")
-    ax_v.fill_between(rounds, [max(r["opt/v_p01"], 1e-30) for r in rows],
-                      [r["opt/v_p99"] for r in rows], color=line.get_color(), alpha=0.15)
+    rows = [r for r in history if V_MEDIAN in r]
+    rounds = [r[ROUND] for r in rows]
+    line, = ax_v.plot(rounds, [r[V_MEDIAN] for r in rows], label=f"{label} median")
+    ax_v.fill_between(rounds, [max(r[V_P01], 1e-30) for r in rows],
+                      [r[V_P99] for r in rows], color=line.get_color(), alpha=0.15)
   ax_v.set(xlabel="round", ylabel="v (second moment)", yscale="log",
            title="v: median, band = 1st-99th percentile")
   for label, history in with_beta.items():
-    rows = [r for r in history if "opt/beta1_mean" in r]
-    rounds = [r["round"] for r in rows]
-    ax_b.plot(rounds, [r["opt/beta1_mean"] for r in rows], label=f"{label} mean beta1")
-    ax_b.plot(rounds, [r["opt/frac_beta1_at_max"] for r in rows], "--",
+    rows = [r for r in history if BETA1_MEAN in r]
+    rounds = [r[ROUND] for r in rows]
+    ax_b.plot(rounds, [r[BETA1_MEAN] for r in rows], label=f"{label} mean beta1")
+    ax_b.plot(rounds, [r[FRAC_BETA1_AT_MAX] for r in rows], "--",
               label=f"{label} frac at 1-eps")
-    ax_b.plot(rounds, [r["opt/frac_beta1_at_0"] for r in rows], ":",
+    ax_b.plot(rounds, [r[FRAC_BETA1_AT_0] for r in rows], ":",
               label=f"{label} frac at 0")
   ax_b.set(xlabel="round", ylabel="value", ylim=(0, 1), title="FedAdamom beta1_t")
   for ax in (ax_v, ax_b):

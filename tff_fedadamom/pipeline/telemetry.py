@@ -34,6 +34,17 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import tensorflow as tf
 
+from tff_fedadamom.metric_names import (
+    BETA1_MEAN,
+    FRAC_BETA1_AT_0,
+    FRAC_BETA1_AT_MAX,
+    LEARNING_RATE,
+    MOMENTUM_NORM,
+    OPT_PREFIX,
+    UPDATE_NORM,
+    layer_stat,
+    moment_stats,
+)
 from tff_fedadamom.optimizers import registry
 from tff_fedadamom.optimizers.state import (
     ACCUMULATOR_KEY,
@@ -44,8 +55,7 @@ from tff_fedadamom.optimizers.state import (
     process_moments,
 )
 
-PREFIX = 'opt/'
-# Percentiles of v reported as opt/v_p01, opt/v_median, opt/v_p99.
+# The percentiles of `moment_stats`: its p01, median and p99.
 _PERCENTILES = (1.0, 50.0, 99.0)
 
 
@@ -174,7 +184,7 @@ def _layer_stats(
   for j, name in enumerate(names):
     for stat, total in sums.items():
       value = total[j] / counts[j] if counts[j] else float('nan')
-      stats[f'{PREFIX}layer/{name}/{stat}'] = float(value)
+      stats[layer_stat(name, stat)] = float(value)
   return stats
 
 
@@ -187,8 +197,7 @@ def _moment_stats(x: np.ndarray, name: str) -> dict[str, float]:
     p01 = p50 = p99 = float('nan')
   else:
     p01, p50, p99 = _percentiles(x, _PERCENTILES)
-  return {f'{PREFIX}{name}_mean': mean, f'{PREFIX}{name}_median': float(p50),
-          f'{PREFIX}{name}_p01': float(p01), f'{PREFIX}{name}_p99': float(p99)}
+  return dict(zip(moment_stats(name), (mean, float(p50), float(p01), float(p99))))
 
 
 def optimizer_state_stats(
@@ -243,7 +252,7 @@ def optimizer_state_stats(
   state = unwrap_optimizer_state(state)
   stats: dict[str, float] = {}
   if LEARNING_RATE_KEY in state:
-    stats[PREFIX + 'learning_rate'] = _scalar(state[LEARNING_RATE_KEY])
+    stats[LEARNING_RATE] = _scalar(state[LEARNING_RATE_KEY])
 
   if PRECONDITIONER_KEY in state:
     v_leaves = _leaves(state[PRECONDITIONER_KEY])
@@ -257,9 +266,9 @@ def optimizer_state_stats(
       beta1 = coefficient(v, _scalar(eps))
       upper = beta1.dtype.type(1) - beta1.dtype.type(_scalar(eps))
       n = beta1.size
-      stats[PREFIX + 'beta1_mean'] = float(np.mean(beta1, dtype=np.float64))
-      stats[PREFIX + 'frac_beta1_at_0'] = np.count_nonzero(beta1 == 0) / n
-      stats[PREFIX + 'frac_beta1_at_max'] = np.count_nonzero(beta1 >= upper) / n
+      stats[BETA1_MEAN] = float(np.mean(beta1, dtype=np.float64))
+      stats[FRAC_BETA1_AT_0] = np.count_nonzero(beta1 == 0) / n
+      stats[FRAC_BETA1_AT_MAX] = np.count_nonzero(beta1 >= upper) / n
     if layer_names is not None:
       stats.update(_layer_stats(beta1, v, sizes, layer_names, upper))
 
@@ -269,7 +278,7 @@ def optimizer_state_stats(
                                'vhat'))
 
   if ACCUMULATOR_KEY in state:
-    stats[PREFIX + 'momentum_norm'] = float(
+    stats[MOMENTUM_NORM] = float(
         np.sqrt(_sq_norm(_leaves(state[ACCUMULATOR_KEY]))))
 
   if weights is not None and previous_weights is not None:
@@ -279,7 +288,7 @@ def optimizer_state_stats(
           '`weights` and `previous_weights` differ in structure: shapes'
           f' {[a.shape for a in new]} vs {[b.shape for b in old]}.'
       )
-    stats[PREFIX + 'update_norm'] = float(
+    stats[UPDATE_NORM] = float(
         np.sqrt(_sq_norm(np.subtract(a, b) for a, b in zip(new, old))))
   return stats
 
@@ -295,12 +304,12 @@ def state_histograms(state: Any, *, epsilon: float | None = None) -> dict[str, n
   state = unwrap_optimizer_state(state)
   out: dict[str, np.ndarray] = {}
   if MAX_PRECONDITIONER_KEY in state:
-    out[PREFIX + 'vhat'] = _concat(_leaves(state[MAX_PRECONDITIONER_KEY]))
+    out[OPT_PREFIX + 'vhat'] = _concat(_leaves(state[MAX_PRECONDITIONER_KEY]))
   if PRECONDITIONER_KEY in state:
     v = _concat(_leaves(state[PRECONDITIONER_KEY]))
-    out[PREFIX + 'v'] = v
+    out[OPT_PREFIX + 'v'] = v
     coefficient = registry.momentum_coefficient_of_state(state)
     if coefficient is not None and v.size:
       eps = state[EPSILON_KEY] if epsilon is None else epsilon
-      out[PREFIX + 'beta1'] = coefficient(v, _scalar(eps))
+      out[OPT_PREFIX + 'beta1'] = coefficient(v, _scalar(eps))
   return out
