@@ -259,9 +259,6 @@ DESIGN = os.path.join(REPO, "docs", "DESIGN.md")
 # Second homes in files being changed elsewhere; delete an entry once its module
 # imports the name from its home.
 PENDING_SECOND_HOMES = {
-    ("tff_fedadamom.pipeline.runtime", "INPROCESS"),  # -> config.schema
-    ("tff_fedadamom.pipeline.runtime", "TFF_CPP"),
-    ("tff_fedadamom.pipeline.runtime", "RAY"),
 }
 
 

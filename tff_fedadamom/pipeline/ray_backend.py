@@ -61,6 +61,7 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
+from tff_fedadamom.config.schema import RAY_CPUS_PER_WORKER, RAY_GPUS_PER_WORKER, RAY_WORKERS
 from tff_fedadamom.pipeline import inprocess
 from tff_fedadamom.session import Session
 from tff_fedadamom.pipeline import ray_session
@@ -184,8 +185,9 @@ class RayLearningProcess(inprocess.InProcessLearningProcess):
     worker_class: The actors' class (`ClientWorker` or a subclass).
   """
 
-  def __init__(self, process, experiment, *, workers: int = 2, cpus_per_worker: float = 1.0,
-               gpus_per_worker: float = 0.0, address: Optional[str] = None,
+  def __init__(self, process, experiment, *, workers: int = RAY_WORKERS,
+               cpus_per_worker: float = RAY_CPUS_PER_WORKER,
+               gpus_per_worker: float = RAY_GPUS_PER_WORKER, address: Optional[str] = None,
                threads: Optional[int] = None, max_concurrent_clients: Optional[int] = None,
                worker_class: type = ClientWorker):
     from tff_fedadamom.config import config_to_dict

@@ -35,10 +35,9 @@ import threading
 from typing import Optional, Sequence
 
 from tff_fedadamom import processes
-
-INPROCESS = "inprocess"
-TFF_CPP = "tff_cpp"
-RAY = "ray"
+from tff_fedadamom.config.schema import (INPROCESS, RAY, RAY_CPUS_PER_WORKER,  # noqa: F401
+                                         RAY_GPUS_PER_WORKER, RAY_WORKERS, TFF_CPP)
+from tff_fedadamom.config.schema import resolved_backend as backend  # noqa: F401
 # What summary.json names as the device of tff_cpp rounds.
 TFF_CPP_DEVICE = "CPU (TFF worker_binary)"
 
@@ -48,17 +47,12 @@ _LOCK = threading.Lock()
 _WORKERS: set[int] = set()
 
 
-def backend(runtime_config) -> str:
-  """'inprocess', 'tff_cpp' or 'ray' for a `RuntimeConfig` (`auto` is in-process)."""
-  return runtime_config.backend if runtime_config.backend in (TFF_CPP, RAY) else INPROCESS
-
-
 def ray_workers(runtime_config) -> dict:
   """The ray backend's settings, nulls resolved: workers, CPUs and GPUs per
   worker, address, threads and concurrent clients per worker."""
-  cpus = runtime_config.cpus_per_worker or 1.0
-  return dict(workers=runtime_config.workers or 2, cpus_per_worker=cpus,
-              gpus_per_worker=runtime_config.gpus_per_worker or 0.0,
+  cpus = runtime_config.cpus_per_worker or RAY_CPUS_PER_WORKER
+  return dict(workers=runtime_config.workers or RAY_WORKERS, cpus_per_worker=cpus,
+              gpus_per_worker=runtime_config.gpus_per_worker or RAY_GPUS_PER_WORKER,
               address=runtime_config.address, threads=runtime_config.threads,
               max_concurrent_clients=runtime_config.max_concurrent_clients)
 
