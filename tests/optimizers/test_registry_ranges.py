@@ -57,12 +57,20 @@ def test_a_check_refuses_what_building_refuses(name, switches):
 
 @pytest.fixture
 def no_optimizer_built(monkeypatch):
-  """Makes constructing any TFF optimizer (TFF's or ours) raise."""
+  """Makes every registry entry's builder raise (the only way the registry, and
+  so validation, could build an optimizer or a learning process).
 
-  def refuse(cls, *args, **kwargs):
-    raise AssertionError(f"{cls.__name__} was built")
+  Patching `Optimizer.__new__` instead would be caught too late to undo: a class
+  whose `__new__` was ever set keeps refusing constructor arguments after it is
+  put back or deleted, and every optimizer built after the test would fail.
+  """
+  import dataclasses
 
-  monkeypatch.setattr(tff.learning.optimizers.Optimizer, "__new__", refuse)
+  def refuse(*args, **kwargs):
+    raise AssertionError("an optimizer was built")
+
+  for name, spec in registry.OPTIMIZERS.items():
+    monkeypatch.setitem(registry.OPTIMIZERS, name, dataclasses.replace(spec, builder=refuse))
   with pytest.raises(AssertionError, match="was built"):
     registry.build_server_optimizer("fedadam")  # the patch catches a build
 

@@ -198,3 +198,34 @@ def test_release_checkpoint_and_callbacks_see_each_round_as_written():
            e.output_dir) for e in events] == [(2, 0.2, False, False, "/runs/x"),
                                              (4, 0.4, False, False, "/runs/x"),
                                              (5, 0.5, True, False, "/runs/x")]
+
+
+def test_a_runs_release_calls_share_one_loop_and_one_executor_thread():
+  """`asyncio.run` per call starts a loop and an executor thread each time (what
+  made a long run's memory grow); the run's `EventLoop` keeps one of each."""
+  import asyncio
+  import threading
+
+  from tff_fedadamom.pipeline.loop import RoundEnd
+
+  def threads_used(run_async):
+    seen = set()
+
+    class Manager:
+      async def release(self, value, key):
+        del value, key
+        await asyncio.get_running_loop().run_in_executor(
+            None, lambda: seen.add(threading.current_thread()))
+
+    hook = hooks.Release([Manager(), Manager()], run_async)
+    for r in range(1, 6):
+      hook.end_round(RoundEnd(r, None, {ROUND: r}, [], r == 5, None))
+    return seen
+
+  loop = hooks.EventLoop()
+  try:
+    assert len(threads_used(loop)) == 1
+  finally:
+    loop.close()
+  loop.close()  # closing twice is harmless
+  assert len(threads_used(asyncio.run)) == 10  # what the runner no longer does

@@ -110,32 +110,57 @@ class ElapsedTime(RoundHook):
     end.metrics[ELAPSED_S] = time.perf_counter() - self._started
 
 
+class EventLoop:
+  """One asyncio loop, and so one executor thread, for a run's TFF program calls.
+
+  TFF's release and program-state managers are coroutines that do their file
+  work in the loop's default executor. `asyncio.run` per call starts a new loop
+  and a new thread every round, and a long run's memory grew with them (about
+  40 MB per 1,000 rounds of digits/logistic, `benchmarks/round_memory.py`); a
+  run calls them all through one loop instead, closed with the run.
+  """
+
+  def __init__(self):
+    self._loop = asyncio.new_event_loop()
+
+  def __call__(self, coroutine):
+    return self._loop.run_until_complete(coroutine)
+
+  def close(self) -> None:
+    if not self._loop.is_closed():
+      self._loop.run_until_complete(self._loop.shutdown_default_executor())
+      self._loop.close()
+
+
 class Release(RoundHook):
   """Releases each round's metrics (without `round`, the key) to TFF release
-  managers (`tff.program.CSVFileReleaseManager`, `TensorBoardReleaseManager`)."""
+  managers (`tff.program.CSVFileReleaseManager`, `TensorBoardReleaseManager`),
+  through `run_async` (the run's `EventLoop`; default `asyncio.run`)."""
 
-  def __init__(self, managers: Sequence):
+  def __init__(self, managers: Sequence, run_async: Callable = asyncio.run):
     self._managers = list(managers)
+    self._run = run_async
 
   def end_round(self, end: RoundEnd) -> None:
     release = {k: v for k, v in end.metrics.items() if k != ROUND}
     for manager in self._managers:
-      asyncio.run(manager.release(release, key=end.round_num))
+      self._run(manager.release(release, key=end.round_num))
 
 
 class Checkpoint(RoundHook):
   """Saves the state every `every` rounds and on the final one
-  (`resume.save_state`), and sets `checkpoint_saved`."""
+  (`resume.save_state`, through `run_async`), and sets `checkpoint_saved`."""
 
-  def __init__(self, manager, every: int):
+  def __init__(self, manager, every: int, run_async: Callable = asyncio.run):
     self._manager = manager
     self._every = every
+    self._run = run_async
 
   def end_round(self, end: RoundEnd) -> None:
     from tff_fedadamom.pipeline import resume
 
     if end.round_num % self._every == 0 or end.final:
-      resume.save_state(self._manager, end.state, end.round_num)
+      resume.save_state(self._manager, end.state, end.round_num, run_async=self._run)
       end.checkpoint_saved = True
 
 

@@ -66,15 +66,16 @@ def state_manager(output_dir: str):
       keep_first=False)
 
 
-def save_state(manager, state, round_num: int) -> None:
-  """Saves `state` as round `round_num`'s checkpoint.
+def save_state(manager, state, round_num: int, run_async=asyncio.run) -> None:
+  """Saves `state` as round `round_num`'s checkpoint (the coroutine run by
+  `run_async`: a run passes its `hooks.EventLoop`).
 
   The state is saved flat: TFF's saver cannot serialize the dicts inside
   `LearningAlgorithmState`, and the initial state gives the structure back.
   """
   import tensorflow as tf
 
-  asyncio.run(manager.save(tf.nest.flatten(state), version=round_num))
+  run_async(manager.save(tf.nest.flatten(state), version=round_num))
 
 
 def load_checkpoint(manager, structure, root_dir: str, at_most: Optional[int] = None):

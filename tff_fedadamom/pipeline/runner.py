@@ -48,7 +48,7 @@ def _progress_bar(config, start_round: int, devices):
 
 
 def _round_hooks(config, parts, *, started, state_manager, release_managers, histogram_writer,
-                 bar, on_round, on_eval) -> list[RoundHook]:
+                 bar, on_round, on_eval, run_async) -> list[RoundHook]:
   """The hooks of a run, in the order `hooks` documents."""
   hooks = []
   if config.telemetry:
@@ -58,8 +58,8 @@ def _round_hooks(config, parts, *, started, state_manager, release_managers, his
   hooks += [hooks_lib.Divergence(config.diverge_patience),
             hooks_lib.Evaluate(parts.evaluator, config.eval_every),
             hooks_lib.ElapsedTime(started),
-            hooks_lib.Release(release_managers),
-            hooks_lib.Checkpoint(state_manager, config.checkpoint_every)]
+            hooks_lib.Release(release_managers, run_async),
+            hooks_lib.Checkpoint(state_manager, config.checkpoint_every, run_async)]
   if bar is not None:
     hooks.append(hooks_lib.Progress(bar))
   if on_round is not None:
@@ -134,16 +134,18 @@ def run_experiment(config, *, overrides=(), on_eval: Optional[Callable[[EvalEven
   bar = _progress_bar(config, start_round, devices) if progress else None
   sampler = UniformSampler(data.train.client_ids, config.clients_per_round, config.seed)
   started = time.perf_counter()
+  run_async = hooks_lib.EventLoop()
   try:
     result = run_rounds(
         process, state, range(start_round + 1, config.rounds + 1), sampler,
         _round_hooks(config, parts, started=started, state_manager=state_manager,
                      release_managers=[csv_manager, tb_manager],
                      histogram_writer=histogram_writer, bar=bar, on_round=on_round,
-                     on_eval=on_eval) + list(hooks),
+                     on_eval=on_eval, run_async=run_async) + list(hooks),
         train=lambda state, clients, round_num: process_lib.next_round(
             process, state, config, data, clients, round_num))
   finally:
+    run_async.close()
     histogram_writer.flush()
     if own_parts and hasattr(process, "close"):
       process.close()
