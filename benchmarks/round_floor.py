@@ -3,7 +3,9 @@ arithmetic in one `tf.function`.
 
 For each config, the same sampled clients train from the same global weights:
 
-* `inprocess`: the pipeline's round (`next_round` on the in-process backend);
+* `inprocess`: the pipeline's round (`next_round` on the in-process backend,
+  part by part: 2K + 4 calls from Python);
+* `fused`: the same round as one TensorFlow call (`pipeline.fused_round`, opt-in);
 * `tff_cpp`: TFF's own runtime on the same learning process and batches;
 * `floor`: the clients' SGD steps over the same batches, materialized
   beforehand, plus the mean of their deltas, in one `tf.function` (the
@@ -112,12 +114,25 @@ def _backend_round(config, data, clients):
   return lambda: process_lib.next_round(parts.process, state, config, data, clients, 1)
 
 
+def _fused_round(config, data, clients):
+  """The in-process round as one TensorFlow call (`fused_rounds=True`)."""
+  from tff_fedadamom.pipeline.inprocess import InProcessLearningProcess
+
+  compiled = parts_lib.learning_process(config, data, runtime.round_devices(config.runtime))
+  process = InProcessLearningProcess(
+      compiled, client_tensors=process_lib.make_client_tensors(config, data),
+      fused_rounds=True)
+  state = parts_lib.initial_state(config, process)
+  return lambda: process_lib.next_round(process, state, config, data, clients, 1)
+
+
 def measure(name: str, rounds: int) -> dict[str, float]:
   with tempfile.TemporaryDirectory() as tmp:
     config = _config(name, runtime.INPROCESS, tmp)
     data = process_lib.load_data(config)
     clients = UniformSampler(data.train.client_ids, config.clients_per_round, config.seed)(1)
-    out = {"floor": _timed(_floor(config, data, clients), rounds)}
+    out = {"floor": _timed(_floor(config, data, clients), rounds),
+           "fused": _timed(_fused_round(config, data, clients), rounds)}
     for backend in (runtime.INPROCESS, runtime.TFF_CPP):
       out[backend] = _timed(_backend_round(_config(name, backend, tmp), data, clients), rounds)
   return out
@@ -128,12 +143,13 @@ def main(argv=None) -> None:
   parser.add_argument("--rounds", type=int, default=10, help="timed rounds per measurement")
   parser.add_argument("--configs", default=",".join(CONFIGS))
   args = parser.parse_args(argv)
-  print(f"{'config':<10} {'inprocess ms':>13} {'tff_cpp ms':>11} {'floor ms':>9} "
-        f"{'inproc/floor':>13} {'cpp/inproc':>11}")
+  print(f"{'config':<10} {'inprocess ms':>13} {'fused ms':>9} {'tff_cpp ms':>11} "
+        f"{'floor ms':>9} {'inproc/floor':>13} {'inproc/fused':>13} {'cpp/inproc':>11}")
   for name in args.configs.split(","):
     m = measure(name, args.rounds)
-    print(f"{name:<10} {m['inprocess']:>13.1f} {m['tff_cpp']:>11.1f} {m['floor']:>9.1f} "
-          f"{m['inprocess'] / m['floor']:>13.2f} {m['tff_cpp'] / m['inprocess']:>11.2f}",
+    print(f"{name:<10} {m['inprocess']:>13.1f} {m['fused']:>9.1f} {m['tff_cpp']:>11.1f} "
+          f"{m['floor']:>9.1f} {m['inprocess'] / m['floor']:>13.2f} "
+          f"{m['inprocess'] / m['fused']:>13.2f} {m['tff_cpp'] / m['inprocess']:>11.2f}",
           flush=True)
   runtime.shutdown()
 

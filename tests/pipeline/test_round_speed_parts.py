@@ -134,3 +134,33 @@ def test_cnn_numbers_do_not_depend_on_threads_or_concurrency(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     out.append(json.loads(done.stdout.strip().splitlines()[-1]))
   assert out[0] == out[1]
+
+
+@pytest.mark.parametrize("concurrent", [1, 3])
+def test_a_fused_round_is_the_part_by_part_round(tmp_path, concurrent):
+  """One TensorFlow call per round (`fused_round`) gives bit for bit the state of
+  the same rounds run part by part, whatever the concurrent clients (and on two
+  devices: tests/pipeline/test_inprocess.py's child runs fused rounds on one and
+  on two logical CPUs and compares them)."""
+  from tff_fedadamom.pipeline import parts as parts_lib
+  from tff_fedadamom.pipeline.process import make_client_tensors
+
+  config = load_config(tiny(tmp_path, clients_per_round=4))
+  data = load_data(config)
+  compiled = parts_lib.learning_process(config, data, [])
+  states = {}
+  for fused in (True, False):
+    process = inprocess.InProcessLearningProcess(
+        compiled, max_concurrent_clients=concurrent,
+        client_tensors=make_client_tensors(config, data), fused_rounds=fused)
+    assert process.fused_rounds is fused
+    state = process.initialize()
+    for r in (1, 2, 3):  # 4 clients, then 3: a fused round per client count
+      clients = data.train.client_ids[r:r + (4 if r < 3 else 3)]
+      state = process.next_for_clients(state, clients, r).state
+    states[fused] = [np.asarray(x) for x in tf.nest.flatten(state)]
+    process.close()
+  assert len(states[True]) == len(states[False]) > 2
+  assert all(np.array_equal(a, b) for a, b in zip(states[True], states[False]))
+  assert not np.array_equal(states[True][0], np.asarray(
+      tf.nest.flatten(process.initialize())[0]))  # the rounds did train

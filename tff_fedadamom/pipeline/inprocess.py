@@ -191,10 +191,18 @@ class InProcessLearningProcess:
       rounds are then `next_for_clients(state, client_ids, round_num)`, and
       each client's dataset is built inside its `work` call, from its example
       tensors and round seed (no Python per client beyond the call).
+    fused_rounds: With `client_tensors`, run each round as one TensorFlow call
+      (`fused_round.FusedRound`: the same parts in the same order) rather than
+      part by part; not for computations that need fresh kernels. Off by
+      default: TensorFlow optimizes the fused graph as a whole, and on the
+      quickstart CNN that changed the weights after 2 rounds by 0.7% (relative)
+      against part-by-part rounds, which the ray backend runs; logistic and MLP
+      rounds were bit-identical and faster (`benchmarks/round_floor.py`).
   """
 
   def __init__(self, process, devices: Optional[Sequence[str]] = None,
-               max_concurrent_clients: Optional[int] = None, client_tensors=None):
+               max_concurrent_clients: Optional[int] = None, client_tensors=None,
+               fused_rounds: bool = False):
     from tff_fedadamom.pipeline.compiled import CompiledProcess, compile_process
 
     compiled = process if isinstance(process, CompiledProcess) else compile_process(process)
@@ -213,6 +221,10 @@ class InProcessLearningProcess:
     self._state_type = compiled.state_type
     self._extra: dict[str, TFComputation] = {}
     self._clients = self._client_fold(compiled, max_concurrent_clients)
+    # Rounds as one TensorFlow call (`fused_round`), one per number of clients.
+    self._fused: Optional[dict] = (
+        {} if fused_rounds and client_tensors is not None and not self._work.fresh_kernels
+        else None)
 
   def _client_fold(self, compiled, max_concurrent_clients):
     """What runs the round's clients: here, one `ClientFold` on this process's devices."""
@@ -257,7 +269,31 @@ class InProcessLearningProcess:
     """One round over `client_ids`, their datasets built in their `work` calls."""
     if self._client_tensors is None:
       raise TypeError("next_for_clients needs client_tensors=...; call next(state, datasets)")
-    return self._round(state, [self._client_tensors.args(cid, round_num) for cid in client_ids])
+    client_args = [self._client_tensors.args(cid, round_num) for cid in client_ids]
+    if self._fused is None:
+      return self._round(state, client_args)
+    return self._fused_round(state, client_args)
+
+  @property
+  def fused_rounds(self) -> bool:
+    """Whether rounds over client ids run as one TensorFlow call (`fused_round`)."""
+    return self._fused is not None
+
+  def _fused_round(self, state, client_args):
+    from tff_fedadamom.pipeline.fused_round import FusedRound
+
+    state_leaves = flatten_value(state, self._state_type)
+    k = len(client_args)
+    if k not in self._fused:
+      self._fused[k] = FusedRound(
+          self._compiled, self.devices, k, client_feed(self._client_tensors),
+          [tf.TensorSpec(t.shape, t.dtype) for t in state_leaves],
+          self.max_concurrent_clients)
+    result = self._fused[k](state_leaves, client_args)
+    for i in range(k):  # where the clients ran, as the part-by-part rounds record it
+      device = self.devices[i % len(self.devices)]
+      self._work.calls[device] = self._work.calls.get(device, 0) + 1
+    return to_python([t.numpy() for t in result], self._update.result_type)
 
   def _round(self, state, client_args):
     state_leaves = flatten_value(state, self._state_type)

@@ -269,6 +269,19 @@ class _Slot:
       _flat_call(self._init, [])
     return _flat_call(self._call, list(flat_args))
 
+  def in_graph(self, args) -> list:
+    """This slot's initializer, then its body on `args`, as ops of the graph being
+    built (a call of each function): the body runs after the initializer."""
+    if self._init is None:
+      return list(self._call(*args))
+    graph = tf.compat.v1.get_default_graph()
+    before = len(graph.get_operations())
+    self._init()
+    # On the call op itself: the initializer is the function's control output,
+    # which TensorFlow keeps ordered before anything that depends on the call.
+    with tf.control_dependencies(graph.get_operations()[before:]):
+      return list(self._call(*args))
+
 
 class _Serialized:
   """What `TFComputation` reads of a TFF computation (its proto and type),
