@@ -38,3 +38,46 @@ def test_a_trial_in_its_own_process_sizes_its_threads_and_devices():
   assert gpu.threads == 2 and "CUDA_VISIBLE_DEVICES" not in gpu.environ
   assert gpu.environ["TF_NUM_INTEROP_THREADS"] == "2"
   assert gpu.environ["TF_NUM_INTRAOP_THREADS"] == "1"
+
+
+def test_a_session_that_exits_with_its_parent_ends_when_the_parent_is_killed(tmp_path):
+  """A child applies `Session(exit_with_parent=True)` and sleeps; its parent is
+  killed with SIGKILL; the child ends within seconds instead of running on."""
+  import signal
+  import subprocess
+  import sys
+  import time
+
+  from tff_fedadamom import processes
+
+  pid_file = tmp_path / "child.pid"
+  child_py, parent_py = tmp_path / "child.py", tmp_path / "parent.py"
+  child_py.write_text(
+      "import os, time\n"
+      "from tff_fedadamom.session import Session\n"
+      "Session(threads=1, exit_with_parent=True).apply()\n"
+      f"open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+      "time.sleep(120)\n")
+  parent_py.write_text(
+      "import subprocess, sys, time\n"
+      f"subprocess.Popen([sys.executable, {str(child_py)!r}])\n"
+      "time.sleep(120)\n")
+  script = parent_py.read_text()
+  parent = subprocess.Popen([sys.executable, "-c", script],
+                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  try:
+    deadline = time.monotonic() + 120
+    while not pid_file.exists() or not pid_file.read_text():
+      assert time.monotonic() < deadline, "the child never applied its session"
+      time.sleep(0.2)
+    child = int(pid_file.read_text())
+  finally:
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+  deadline = time.monotonic() + 15
+  while processes.still_running([child]) and time.monotonic() < deadline:
+    time.sleep(0.2)
+  left = processes.still_running([child])
+  if left:
+    os.kill(child, signal.SIGKILL)
+  assert not left, "the child outlived its killed parent"

@@ -32,6 +32,28 @@ def cpu_count() -> int:
     return os.cpu_count() or 1
 
 
+# Seconds between an `exit_with_parent` session's checks of its parent.
+PARENT_POLL_S = 0.5
+_WATCHING: list = []  # the parent already watched, once per process
+
+
+def _watch_parent() -> None:
+  import threading
+  import time
+
+  if _WATCHING:
+    return
+  parent = os.getppid()
+  _WATCHING.append(parent)
+
+  def watch():
+    while os.getppid() == parent:
+      time.sleep(PARENT_POLL_S)
+    os._exit(1)  # noqa: SLF001 - the parent is gone: no one is left to report to
+
+  threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 class SessionError(RuntimeError):
   """TensorFlow's process-wide settings are not (or can no longer be) what a run needs."""
 
@@ -49,11 +71,18 @@ class Session:
       sweep trial's thread and GPU settings, `tuning.workers.worker_env`,
       which TFF's worker_binary inherits); set first, before TensorFlow
       starts and reads them.
+    exit_with_parent: End this process as soon as its parent is gone (it was
+      re-parented): for workers whose parent cannot stop them once it is
+      killed, such as a Ray actor whose raylet died or a paper-study pool
+      worker whose study was killed. A daemon thread of this process polls
+      its parent every `PARENT_POLL_S` (a TensorFlow call releases the GIL,
+      so it runs during one too).
   """
 
   threads: Optional[int] = None
   gpu_memory_growth: bool = True
   environ: Mapping[str, str] = dataclasses.field(default_factory=dict, hash=False)
+  exit_with_parent: bool = False
 
   @property
   def inter_op_threads(self) -> int:
@@ -67,6 +96,8 @@ class Session:
         change them any more, so the process must apply its session first.
     """
     os.environ.update(self.environ)
+    if self.exit_with_parent:
+      _watch_parent()
     import tensorflow as tf
 
     threading = tf.config.threading

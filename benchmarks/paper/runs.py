@@ -65,7 +65,8 @@ def _init_worker(log_dir: str) -> None:
   # The worker is its process's entry point: one thread per kernel, one unit at a time.
   from tff_fedadamom.session import Session
 
-  Session(threads=1).apply()
+  # It ends with the study: a study killed (even with SIGKILL) cannot stop its pool.
+  Session(threads=1, exit_with_parent=True).apply()
   # Imported once per worker, so that no unit's time includes it.
   import tensorflow_federated  # noqa: F401
   import tff_fedadamom.pipeline  # noqa: F401

@@ -48,13 +48,12 @@ test kills a driver whose actors are inside `work`). Once, on a loaded machine,
 an actor in the middle of a long ResNet `work` was seen to go on for minutes
 as an orphan after its driver was killed, so each actor also watches its
 parent (the raylet of its node) and ends its own process as soon as it is gone
-(`_exit_with_parent`).
+(`Session(exit_with_parent=True)`).
 """
 
 from __future__ import annotations
 
 import os
-import threading
 import time
 from typing import Any, Mapping, Optional, Sequence
 
@@ -92,26 +91,6 @@ def assign_clients(client_ids: Sequence[Any], workers: int) -> list[list]:
   return blocks
 
 
-# Seconds between an actor's checks that its raylet is still there.
-PARENT_POLL_S = 0.5
-
-
-def _exit_with_parent(poll_s: float = PARENT_POLL_S) -> None:
-  """Ends this process once its parent process is gone (it was re-parented).
-
-  Runs in a daemon thread of the actor's own process (nothing else's): a
-  TensorFlow call releases the GIL, so the check runs during `work` too.
-  """
-  parent = os.getppid()
-
-  def watch():
-    while os.getppid() == parent:
-      time.sleep(poll_s)
-    os._exit(1)  # noqa: SLF001 - the raylet is gone: no one is left to report to
-
-  threading.Thread(target=watch, name="exit-with-raylet", daemon=True).start()
-
-
 class ClientWorker:
   """One actor's state: the experiment's data and the form's client parts.
 
@@ -126,8 +105,8 @@ class ClientWorker:
                threads: int, max_concurrent_clients: Optional[int] = None):
     from tff_fedadamom.config import load_config
     from tff_fedadamom.pipeline import process as process_lib
-    _exit_with_parent()
-    Session(threads=threads).apply()  # the actor is its process's entry point
+    # The actor is its process's entry point; it ends with its raylet.
+    Session(threads=threads, exit_with_parent=True).apply()
     config = load_config(dict(experiment))
     self._client_tensors = process_lib.make_client_tensors(
         config, process_lib.load_data(config))
