@@ -70,7 +70,7 @@ def test_bundle_rejects_what_it_cannot_read(built):
 
 def test_process_key_ignores_state_hparams_and_run_settings_only():
   def process_key(config):
-    return cache_lib.process_key(parts_lib.structure_key(config))
+    return cache_lib.process_key(parts_lib.process_structure(parts_lib.structure_key(config)))
 
   base = tiny()
   key = process_key(base)

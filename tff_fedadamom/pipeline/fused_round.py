@@ -56,7 +56,9 @@ class FusedRound:
     prepare, zero, accumulate, report, update = (
         _slot(compiled, name, server) for name in ("prepare", "zero", "accumulate", "report",
                                                    "update"))
-    works = [_slot(compiled, "work", devices[i % len(devices)], feed) for i in range(clients)]
+    # Client i on devices[i % len(devices)], as the part-by-part rounds spread them.
+    self.client_devices = [devices[i % len(devices)] for i in range(clients)]
+    works = [_slot(compiled, "work", device, feed) for device in self.client_devices]
     n_state, n_client = len(state_specs), len(feed.signature)
     self.clients = clients
 
@@ -67,7 +69,7 @@ class FusedRound:
       for i, work in enumerate(works):
         args = list(flat[n_state + i * n_client:n_state + (i + 1) * n_client])
         after = [outputs[i - max_concurrent][0]] if i >= max_concurrent else []
-        with tf.device(devices[i % len(devices)]), tf.control_dependencies(after):
+        with tf.device(self.client_devices[i]), tf.control_dependencies(after):
           outputs.append(work.in_graph([*args, *broadcast]))
       with tf.device(server):
         accumulator = zero.in_graph([])

@@ -289,9 +289,9 @@ class InProcessLearningProcess:
           self._compiled, self.devices, k, client_feed(self._client_tensors),
           [tf.TensorSpec(t.shape, t.dtype) for t in state_leaves],
           self.max_concurrent_clients)
-    result = self._fused[k](state_leaves, client_args)
-    for i in range(k):  # where the clients ran, as the part-by-part rounds record it
-      device = self.devices[i % len(self.devices)]
+    fused = self._fused[k]
+    result = fused(state_leaves, client_args)
+    for device in fused.client_devices:  # where the clients ran, recorded as part by part
       self._work.calls[device] = self._work.calls.get(device, 0) + 1
     return to_python([t.numpy() for t in result], self._update.result_type)
 

@@ -35,10 +35,16 @@ from tff_fedadamom.metric_names import TEST_ACCURACY, TEST_LOSS
 
 # Settings of a run that no part depends on: where it writes, what it is called,
 # how long it runs, TensorFlow's thread count (set once per process, before
-# TensorFlow starts), and whether and where compiled processes are cached. The rest of `runtime` (backend, devices, concurrent
-# clients) shapes the executable process, so it keys the structure.
+# TensorFlow starts), and whether and where compiled processes are cached. The
+# rest of `runtime` (backend, devices, concurrent clients) shapes the executable
+# process, so it keys the structure.
 RUN_ONLY_FIELDS = ("output_dir", "name", "rounds", "runtime.threads", "runtime.cache",
                    "runtime.cache_dir")
+# Fields of the structure key that the compiled learning process itself does not
+# depend on (where and how rounds run, evaluation and checkpoint cadence): the
+# process cache keys on the rest (`process_structure`).
+PROCESS_FREE_FIELDS = ("runtime", "eval_every", "checkpoint_every", "telemetry", "targets",
+                       "data.eval_batch_size")
 
 
 class Evaluator:
@@ -150,34 +156,47 @@ def structure_key(config: ExperimentConfig) -> str:
   return json.dumps(tree, sort_keys=True, default=repr)
 
 
+def process_structure(key: str) -> str:
+  """A `structure_key` without `PROCESS_FREE_FIELDS`: what the config's compiled
+  learning process depends on (the process cache's key, with the versions)."""
+  tree = json.loads(key)
+  for path in PROCESS_FREE_FIELDS:
+    _drop(tree, path)
+  return json.dumps(tree, sort_keys=True)
+
+
 def data_key(config: ExperimentConfig) -> str:
   """What `process.load_data` depends on: the `data` section."""
   return json.dumps(config_to_dict(config)["data"], sort_keys=True, default=repr)
 
 
-def build_parts(config: ExperimentConfig, data=None) -> ExperimentParts:
-  """Builds the parts of `config` (loading its data unless `data` is given): the
-  process is the executable one of the config's backend (`runtime.executable`),
-  compiled for the devices its rounds run on."""
+def build_parts(config: ExperimentConfig, data=None,
+                key: Optional[str] = None) -> ExperimentParts:
+  """Builds the parts of `config` (loading its data unless `data` is given, and
+  computing its `structure_key` unless `key` is): the process is the executable
+  one of the config's backend (`runtime.executable`), compiled for the devices
+  its rounds run on."""
   from tff_fedadamom.pipeline import process as process_lib
   from tff_fedadamom.pipeline import runtime
 
   data = data if data is not None else process_lib.load_data(config)
+  key = key if key is not None else structure_key(config)
   devices = runtime.round_devices(config.runtime)
   process = runtime.executable(
-      learning_process(config, data, devices), config.runtime, devices, experiment=config,
-      client_tensors=process_lib.make_client_tensors(config, data))
+      learning_process(config, data, devices, key), config.runtime, devices,
+      experiment=config, client_tensors=process_lib.make_client_tensors(config, data))
   keras_model = process_lib.make_keras_model(config, data)
   return ExperimentParts(
-      key=structure_key(config), data=data, process=process, keras_model=keras_model,
+      key=key, data=data, process=process, keras_model=keras_model,
       layer_names=tuple(layer_labels(keras_model)),
       evaluator=Evaluator(config, data, keras_model))
 
 
-def learning_process(config: ExperimentConfig, data, devices):
+def learning_process(config: ExperimentConfig, data, devices, key: Optional[str] = None):
   """What `runtime.executable` runs for `config`: TFF's process for `tff_cpp`; for
   the in-process and ray backends its `CompiledProcess`, from the machine's
-  process cache when `runtime.cache` is on (built and stored on a miss)."""
+  process cache when `runtime.cache` is on (built and stored on a miss). `key`:
+  the config's `structure_key`, if the caller has it."""
   from tff_fedadamom.pipeline import process as process_lib
   from tff_fedadamom.pipeline import runtime
   from tff_fedadamom.pipeline.compiled import compile_process
@@ -191,8 +210,9 @@ def learning_process(config: ExperimentConfig, data, devices):
     return compile_process(build())
   from tff_fedadamom.pipeline.process_cache import ProcessCache, process_key
 
+  key = key if key is not None else structure_key(config)
   return ProcessCache(config.runtime.cache_dir).get_or_build(
-      process_key(structure_key(config)), lambda: compile_process(build()))
+      process_key(process_structure(key)), lambda: compile_process(build()))
 
 
 def initial_state(config: ExperimentConfig, process):
@@ -262,7 +282,7 @@ class PartsCache:
       self._parts.move_to_end(key)
       return self._parts[key]
     self.misses += 1
-    parts = build_parts(config, data=self._get_data(config))
+    parts = build_parts(config, data=self._get_data(config), key=key)
     self._parts[key] = parts
     while len(self._parts) > self.max_size:
       self._parts.popitem(last=False)

@@ -7,10 +7,10 @@ in every worker, trial and run. This cache keeps each structure's
 once and every later run, trial, comparison or Ray actor loads it in
 milliseconds.
 
-Key: the experiment's `parts.structure_key` (the config without run-only
-settings and without the hparams that live in the process state) minus what
-the compiled computations do not depend on (`PROCESS_FREE_FIELDS`: where and
-how rounds run, evaluation and checkpoint cadence), plus the versions of
+Key: the experiment's `parts.process_structure` (the config without run-only
+settings, without the hparams that live in the process state and without what
+the compiled computations do not depend on: where and how rounds run,
+evaluation and checkpoint cadence), plus the versions of
 TensorFlow, TFF and this package's source (`versions`). A change of any
 source file of the package is a new key: an entry can never outlive the code
 that compiled it.
@@ -49,9 +49,6 @@ MAGIC = b"tff-fedadamom compiled process\n"
 DEFAULT_MAX_BYTES = 2 * 1024 ** 3
 # Temporary files of writers that were killed are removed after this long.
 STALE_TMP_S = 3600.0
-# Config paths the compiled computations do not depend on.
-PROCESS_FREE_FIELDS = ("runtime", "eval_every", "checkpoint_every", "telemetry", "targets",
-                       "data.eval_batch_size")
 
 
 # The environment variable that moves the default directory (e.g. for a test session).
@@ -88,16 +85,9 @@ def versions() -> dict:
 
 
 def process_key(structure: str) -> str:
-  """The cache key of the learning process of a config whose
-  `parts.structure_key` is `structure` (see the module doc)."""
-  tree = json.loads(structure)
-  for path in PROCESS_FREE_FIELDS:
-    *parents, leaf = path.split(".")
-    node = tree
-    for name in parents:
-      node = node.get(name, {})
-    node.pop(leaf, None)
-  text = json.dumps({"structure": tree, "versions": versions()}, sort_keys=True)
+  """The cache key of a learning process whose config has `parts.process_structure`
+  `structure` (see the module doc)."""
+  text = json.dumps({"structure": structure, "versions": versions()}, sort_keys=True)
   return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
