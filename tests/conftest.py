@@ -10,7 +10,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 # Compiled learning processes are cached for this test session only (every run,
 # trial and subprocess of the session shares it; the user's cache is not touched).
-_PROCESS_CACHE = tempfile.mkdtemp(prefix="tff-fedadamom-test-cache-")
+# Under pytest-xdist the controller makes the directory and its workers, which
+# inherit its environment, use it too: a structure is built once per session.
+_SESSION_CACHE_ENV = "TFF_FEDADAMOM_TEST_SESSION_CACHE"
+_OWNS_CACHE = _SESSION_CACHE_ENV not in os.environ
+if _OWNS_CACHE:
+  os.environ[_SESSION_CACHE_ENV] = tempfile.mkdtemp(prefix="tff-fedadamom-test-cache-")
+_PROCESS_CACHE = os.environ[_SESSION_CACHE_ENV]
 os.environ["TFF_FEDADAMOM_CACHE_DIR"] = _PROCESS_CACHE
 
 import pytest  # noqa: E402
@@ -26,7 +32,8 @@ Session().apply()
 def pytest_sessionfinish(session, exitstatus):
   del session, exitstatus
   runtime.shutdown()
-  shutil.rmtree(_PROCESS_CACHE, ignore_errors=True)
+  if _OWNS_CACHE:
+    shutil.rmtree(_PROCESS_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

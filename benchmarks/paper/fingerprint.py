@@ -32,6 +32,8 @@ from __future__ import annotations
 import collections
 import functools
 import hashlib
+import json
+import os
 from typing import Iterable, Mapping
 
 import numpy as np
@@ -138,14 +140,76 @@ def learning_process_fingerprint(name: str, client_learning_rate: float = 0.05,
                  + _numeric_leaves(process.get_hparams(state)))
 
 
-@functools.lru_cache(maxsize=None)
-def fingerprint(name: str) -> str:
-  """The fingerprint of registry method `name` at its defaults, once per process."""
+def _compute(name: str) -> str:
   from tff_fedadamom.optimizers import is_learning_process
 
   if is_learning_process(name):
     return learning_process_fingerprint(name)
   return server_optimizer_fingerprint(name)
+
+
+# Where computed fingerprints are kept between processes: beside the compiled
+# learning processes (`tff_fedadamom.pipeline.process_cache`), one file.
+MEMO_FILE = "fingerprints.json"
+
+
+@functools.lru_cache(maxsize=1)
+def _memo_key() -> str:
+  """What every fingerprint is a function of: the package's source, this file,
+  the fixed inputs' version and the numeric libraries' versions. A memo entry
+  made under another key is never read, so a changed update rule is computed
+  afresh; a refactor only costs one recomputation (the units keep their keys,
+  which hold the fingerprints, not this key)."""
+  from tff_fedadamom.pipeline import process_cache
+
+  with open(os.path.abspath(__file__), "rb") as f:
+    this_file = hashlib.sha256(f.read()).hexdigest()[:16]
+  text = json.dumps({**process_cache.versions(), "numpy": np.__version__,
+                     "fingerprint.py": this_file, "version": VERSION}, sort_keys=True)
+  return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _memo_path() -> str:
+  from tff_fedadamom.pipeline import process_cache
+
+  return os.path.join(process_cache.default_directory(), MEMO_FILE)
+
+
+def _read_memo() -> dict:
+  try:
+    with open(_memo_path()) as f:
+      memo = json.load(f)
+  except (OSError, ValueError):
+    return {}
+  entries = memo.get("fingerprints") if memo.get("key") == _memo_key() else None
+  return dict(entries) if isinstance(entries, dict) else {}
+
+
+def _write_memo(entries: Mapping[str, str]) -> None:
+  """Adds `entries` to the memo (a whole-file atomic replace; a concurrent writer
+  may drop an entry, which is then computed again)."""
+  from tff_fedadamom.atomic_io import atomic_write_bytes
+
+  merged = {**_read_memo(), **entries}
+  path = _memo_path()
+  try:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    atomic_write_bytes(path, json.dumps({"key": _memo_key(), "fingerprints": merged},
+                                        sort_keys=True).encode())
+  except OSError:
+    pass  # a read-only cache directory: fingerprints are computed in each process
+
+
+@functools.lru_cache(maxsize=None)
+def fingerprint(name: str) -> str:
+  """The fingerprint of registry method `name` at its defaults: once per process,
+  and once per machine for as long as the code and libraries stay the same
+  (FedCAda's and FAFED's build a learning process, seconds each)."""
+  memo = _read_memo()
+  if name not in memo:
+    memo[name] = _compute(name)
+    _write_memo({name: memo[name]})
+  return memo[name]
 
 
 def fingerprints(names: Iterable[str]) -> Mapping[str, str]:

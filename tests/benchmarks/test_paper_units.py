@@ -92,15 +92,45 @@ def test_a_learning_process_fingerprint_follows_its_hparams():
   assert fingerprint.learning_process_fingerprint("fafed", alpha=0.5) != base
 
 
-def test_fingerprints_are_the_same_in_a_fresh_process():
+def test_fingerprints_are_the_same_in_a_fresh_process(tmp_path):
   names = ("fedadamom", "fedcada")
   here = {n: fingerprint.fingerprint(n) for n in names}
   code = ("from benchmarks.paper import fingerprint as f; "
           f"print(' '.join(f.fingerprint(n) for n in {names!r}))")
+  # An empty cache directory: the child computes them, it does not read this
+  # session's memo.
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TFF_FEDADAMOM_CACHE_DIR=str(tmp_path))
   done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                        text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
-                        check=True, timeout=900)
+                        text=True, env=env, check=True, timeout=900)
   assert done.stdout.split() == [here[n] for n in names]
+  memo = json.loads((tmp_path / fingerprint.MEMO_FILE).read_text())
+  assert memo["fingerprints"] == here
+
+
+def test_a_fingerprint_is_computed_once_per_machine_and_code(tmp_path, monkeypatch):
+  """The memo beside the process cache answers another process (here: the
+  in-process cache cleared) while the code and libraries stay the same, and an
+  entry made under another key (other code) is never read."""
+  monkeypatch.setenv("TFF_FEDADAMOM_CACHE_DIR", str(tmp_path))
+  fingerprint.fingerprint.cache_clear()
+  try:
+    value = fingerprint.fingerprint("fedavgm")
+    assert value == fingerprint.server_optimizer_fingerprint("fedavgm")
+    fingerprint.fingerprint.cache_clear()
+
+    def computed(name):
+      raise AssertionError(f"{name} computed again")
+
+    with monkeypatch.context() as m:
+      m.setattr(fingerprint, "_compute", computed)
+      assert fingerprint.fingerprint("fedavgm") == value
+    path = tmp_path / fingerprint.MEMO_FILE
+    path.write_text(json.dumps({"key": "other code", "fingerprints": {"fedavgm": "stale"}}))
+    fingerprint.fingerprint.cache_clear()
+    assert fingerprint.fingerprint("fedavgm") == value
+    assert json.loads(path.read_text())["key"] != "other code"
+  finally:
+    fingerprint.fingerprint.cache_clear()
 
 
 # ---------------------------------------------------------------------------- unit files
