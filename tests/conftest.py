@@ -1,4 +1,4 @@
-"""Shared test set-up: quiet TensorFlow, no TFF worker_binary left behind, a
+"""Shared test set-up: quiet TensorFlow, TFF's default context released at the end, a
 process cache of the session's own, and experiment parts (data, built process,
 Keras model) shared by the session."""
 
@@ -18,14 +18,13 @@ import pytest  # noqa: E402
 from tff_fedadamom.pipeline import runtime  # noqa: E402
 from tff_fedadamom.session import Session  # noqa: E402
 
-runtime.install_worker_cleanup()
 # The test run is an entry point: it sizes TensorFlow's threads, as the CLI does.
 Session().apply()
 
 
 def pytest_sessionfinish(session, exitstatus):
   del session, exitstatus
-  runtime.shutdown()
+  runtime.release_tff_default_context()
   shutil.rmtree(_PROCESS_CACHE, ignore_errors=True)
 
 
@@ -37,7 +36,7 @@ def run_shared():
   Building a learning process costs seconds; a run on shared parts equals a run
   with its own (tests/pipeline/test_parts.py), so tests whose subject is what
   happens across runs (resume, faults, outputs) share them. Only in-process
-  runs: Ray's parts hold actors and TFF's C++ runtime's a global context.
+  runs: Ray's parts hold actors and TFF's C++ runtime's a worker.
   """
   from tff_fedadamom.config import load_config
   from tff_fedadamom.pipeline import parts as parts_lib
