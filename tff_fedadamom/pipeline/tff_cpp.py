@@ -7,10 +7,11 @@ otherwise. Here that worker runs in a private network namespace behind a
 Unix socket (`tff_cpp_relay`), so nothing is reachable over TCP from outside,
 and this process talks to it over that socket.
 
-`TffCppProcess` wraps a learning process: each of its calls runs with the
-process's own TFF execution context installed on the calling thread's
-context stack, for that call only (TFF's context stack is thread-local). TFF's
-default context, and anything else process-wide, is left as it was.
+`Runtime` is that worker as a TFF sync context. `TffCppProcess` wraps a
+learning process: each of its calls runs with its own `Runtime` installed on
+the calling thread's context stack, for that call only (TFF's context stack is
+thread-local). TFF's default context, and anything else process-wide, is left
+as it was.
 
 The context mirrors TFF's `execution_contexts.create_sync_local_cpp_execution_context`
 with `executor_stacks.executor_factory.local_cpp_executor_factory` (TFF 0.87):
@@ -19,9 +20,9 @@ are `RemoteExecutor`s on a gRPC stub, with TFF's compiler, argument and result
 transforms, default client count and message-size limits; only the worker's
 launch and the channel's address are this module's.
 
-Lifetime: the worker starts on the wrapper's first call and ends with
+Lifetime: the worker starts on the runtime's first invocation and ends with
 `close()` (SIGTERM to its process group, SIGKILL after `STOP_TIMEOUT_S`), when
-the wrapper is garbage-collected, or when this process ends, however it ends
+the runtime is garbage-collected, or when this process ends, however it ends
 (the relay ends when its stdin, a pipe from this process, closes).
 """
 
@@ -39,6 +40,8 @@ import threading
 import time
 import weakref
 from typing import Optional, Sequence
+
+from tensorflow_federated.python.core.impl.context_stack import context_base
 
 from tff_fedadamom import processes
 
@@ -209,8 +212,60 @@ def execution_context(worker: Worker):
       transform_result=tensorflow_computation.transform_result), channel
 
 
+class Runtime(context_base.SyncContext):
+  """TFF's C++ runtime as a TFF sync context: the worker starts on the first
+  invocation, and ends with `close()`.
+
+  Install it around calls (`context_stack.install(runtime)`, what
+  `TffCppProcess` does); an entry point may make it TFF's default context.
+
+  Args:
+    max_concurrent_calls: How many client computations run at once (TFF's
+      `max_concurrent_computation_calls`); None: no limit, TFF's default.
+
+  Raises:
+    ConfigError: naming `runtime.backend` if the worker cannot be confined.
+  """
+
+  def __init__(self, max_concurrent_calls: Optional[int] = None):
+    check_available()
+    self._max_calls = max_concurrent_calls or -1
+    self._lock = threading.Lock()
+    self._worker: Optional[Worker] = None
+    self._context = self._channel = None
+    self._closed = False
+
+  @property
+  def worker(self) -> Optional[Worker]:
+    """The running worker, None before the first invocation and after `close()`."""
+    return self._worker
+
+  def _started(self):
+    with self._lock:
+      if self._closed:
+        raise RuntimeError("this tff_cpp Runtime is closed")
+      if self._context is None:
+        self._worker = Worker(self._max_calls)
+        self._context, self._channel = execution_context(self._worker)
+      return self._context
+
+  def invoke(self, comp, arg):
+    return self._started().invoke(comp, arg)
+
+  def close(self) -> None:
+    """Ends the worker (idempotent); no invocation is taken afterwards."""
+    with self._lock:
+      self._closed = True
+      worker, channel = self._worker, self._channel
+      self._worker = self._context = self._channel = None
+    if channel is not None:
+      channel.close()
+    if worker is not None:
+      worker.close()
+
+
 class _InContext:
-  """A computation of the wrapped process, called under the wrapper's context;
+  """A computation of the wrapped process, called under the wrapper's runtime;
   its other attributes (`type_signature`, ...) are the computation's."""
 
   def __init__(self, owner: "TffCppProcess", computation):
@@ -228,7 +283,7 @@ class TffCppProcess:
 
   Every callable attribute of `process` (`initialize`, `next`,
   `get_model_weights`, `get_hparams`, `set_hparams`, ...) is called with this
-  wrapper's execution context installed, on the calling thread, for that call.
+  wrapper's `Runtime` installed, on the calling thread, for that call.
 
   Args:
     process: The TFF learning process.
@@ -244,39 +299,19 @@ class TffCppProcess:
 
   def __init__(self, process, client_tensors=None,
                max_concurrent_clients: Optional[int] = None):
-    check_available()
+    self.runtime = Runtime(max_concurrent_clients)
     self._process = process
     self._client_tensors = client_tensors
-    self._max_calls = max_concurrent_clients or -1
-    self._lock = threading.Lock()
-    self._worker: Optional[Worker] = None
-    self._context = None
-    self._channel = None
-    self._closed = False
 
   @property
   def takes_client_ids(self) -> bool:
     return self._client_tensors is not None
 
-  @property
-  def worker(self) -> Optional[Worker]:
-    """The running worker, None before the first call and after `close()`."""
-    return self._worker
-
-  def _started_context(self):
-    with self._lock:
-      if self._closed:
-        raise RuntimeError("this TffCppProcess is closed")
-      if self._context is None:
-        self._worker = Worker(self._max_calls)
-        self._context, self._channel = execution_context(self._worker)
-      return self._context
-
   def call(self, computation, *args, **kwargs):
-    """`computation(*args, **kwargs)` under this wrapper's execution context."""
+    """`computation(*args, **kwargs)` with this wrapper's runtime installed."""
     from tensorflow_federated.python.core.impl.context_stack import context_stack_impl
 
-    with context_stack_impl.context_stack.install(self._started_context()):
+    with context_stack_impl.context_stack.install(self.runtime):
       return computation(*args, **kwargs)
 
   def next_for_clients(self, state, client_ids: Sequence, round_num: int):
@@ -291,11 +326,4 @@ class TffCppProcess:
 
   def close(self) -> None:
     """Ends the worker (idempotent); the wrapper takes no calls afterwards."""
-    with self._lock:
-      self._closed = True
-      worker, channel = self._worker, self._channel
-      self._worker = self._context = self._channel = None
-    if channel is not None:
-      channel.close()
-    if worker is not None:
-      worker.close()
+    self.runtime.close()
