@@ -23,8 +23,9 @@ probe, `ready`, once the namespace is made), or one line
 stdin reaches end of file: the parent holds the pipe's other end, which the
 kernel closes when the parent ends, however it ends (a parent death signal
 would fire when the parent's *thread* that started this process ends, and
-the parent may start it from a short-lived thread). It ends too when the
-worker ends, with the worker's exit status.
+the parent may start it from a short-lived thread), and on SIGTERM; it ends
+its worker first. It ends too when the worker ends, with the worker's exit
+status.
 
 Only the standard library is used: this file runs as a script, without the
 package or TensorFlow.
@@ -148,18 +149,21 @@ def _relay(client: socket.socket, port: int) -> None:
   upstream.close()
 
 
-def _end_on(event_source, exit_status) -> None:
-  """Ends this process (and so its worker) once `event_source()` returns."""
-  event_source()
-  os._exit(exit_status())
+def _end(worker: subprocess.Popen, status: int) -> None:
+  """Ends this process, its worker first (reaped here: the machine's init may
+  not reap orphans)."""
+  worker.kill()
+  worker.wait()
+  os._exit(status)
 
 
 def serve(path: str, binary: str, max_calls: str) -> None:
   port = _free_port()
   worker = _start_worker(binary, port, max_calls)
-  threading.Thread(target=_end_on, args=(lambda: sys.stdin.buffer.read(), lambda: 0),
+  signal.signal(signal.SIGTERM, lambda *_: _end(worker, 0))
+  threading.Thread(target=lambda: (sys.stdin.buffer.read(), _end(worker, 0)),
                    daemon=True).start()
-  threading.Thread(target=_end_on, args=(worker.wait, lambda: worker.returncode or 1),
+  threading.Thread(target=lambda: (worker.wait(), _end(worker, worker.returncode or 1)),
                    daemon=True).start()
   listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
   listener.bind(path)
