@@ -2,8 +2,8 @@
 
 One learning process, built once, runs round by round on both backends:
 `inprocess` (TFF's MapReduceForm parts run by TensorFlow in this process,
-`InProcessLearningProcess`) and `tff_cpp` (the same process called under TFF's
-local C++ context, its `worker_binary`). In every round both get the same state
+`InProcessLearningProcess`) and `tff_cpp` (the same process on TFF's C++
+runtime, its `worker_binary`, through `tff_cpp.TffCppProcess`). In every round both get the same state
 (the reference `tff_cpp`'s result of the round before), the same sampled clients
 and freshly built datasets of them, and the two backends' rounds alternate (which
 one goes first flips every round) so that load on a shared machine falls on both
@@ -49,7 +49,7 @@ from tests.data.fixtures import write_cifar10  # noqa: E402
 from tff_fedadamom.config import load_config  # noqa: E402
 from tff_fedadamom.data.sampling import sample_clients  # noqa: E402
 from tff_fedadamom.pipeline import process as process_lib  # noqa: E402
-from tff_fedadamom.pipeline import runtime  # noqa: E402
+from tff_fedadamom.pipeline import runtime, tff_cpp  # noqa: E402
 from tff_fedadamom.pipeline.inprocess import InProcessLearningProcess  # noqa: E402
 
 GOALS = {"a": 1.5, "b": 1.0}
@@ -129,7 +129,8 @@ def _compare(key: str, config, label: str, rounds: int, warmup: int) -> None:
   inprocess = InProcessLearningProcess(process, devices=devices,
                                        max_concurrent_clients=config.runtime.max_concurrent_clients)
   compile_s = time.perf_counter() - start
-  runners = {runtime.INPROCESS: inprocess, runtime.TFF_CPP: process}  # the reference last
+  reference = tff_cpp.TffCppProcess(process)
+  runners = {runtime.INPROCESS: inprocess, runtime.TFF_CPP: reference}  # the reference last
   print(f"{label}; {rounds} timed round(s) after {warmup} warm-up, interleaved")
   print(f"  in-process compile to MapReduceForm and import: {compile_s:.2f} s; "
         f"inprocess devices: {', '.join(d.split('device:')[-1] for d in inprocess.devices)}")
@@ -148,6 +149,7 @@ def _compare(key: str, config, label: str, rounds: int, warmup: int) -> None:
   print(f"  max relative error per weight tensor, inprocess vs tff_cpp, one round from the "
         f"same state: {max(errors):.1e} (worst of {len(errors)} rounds)")
   inprocess.close()
+  reference.close()
 
 
 def _paper_scale(data_root: str, rounds: int, warmup: int, tiny: bool = False) -> None:
@@ -195,14 +197,13 @@ def main(argv=None):
   warmup = args.warmup if args.warmup is not None else (0 if args.paper_scale else 1)
   print(f"{os.cpu_count()} CPU cores; TensorFlow {tf.__version__}; "
         f"GPUs visible: {len(tf.config.list_physical_devices('GPU'))}")
-  # shutdown() releases TFF's execution context while Python is whole (and ends
-  # the worker of the tff_cpp rounds): its own late __del__ fails at exit.
+  # TFF's default execution context is released while Python is whole: its own
+  # late __del__ fails at exit.
   with tempfile.TemporaryDirectory() as tmp:
     try:
       if args.paper_scale:
         _paper_scale(tmp, rounds("paper"), warmup, args.tiny)
         return
-      runtime.use_tff_cpp()
       if args.only in (None, "a"):
         _compare("a", *_quickstart(args.tiny), rounds("a"), warmup)
       if args.only in (None, "b"):
@@ -210,7 +211,7 @@ def main(argv=None):
         config, label = _resnet(os.path.join(tmp, "cifar"), clients, images, local_epochs=1)
         _compare("b", config, "(b) " + label, rounds("b"), warmup)
     finally:
-      runtime.shutdown()
+      runtime.release_tff_default_context()
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ import yaml  # noqa: E402
 
 from tests import process_table as processes  # noqa: E402
 from tff_fedadamom.config import ConfigError, load_config  # noqa: E402
-from tff_fedadamom.pipeline import outputs, run_experiment, runtime  # noqa: E402
+from tff_fedadamom.pipeline import outputs, run_experiment  # noqa: E402
 
 ROUNDS = 8
 
@@ -170,7 +170,6 @@ def main(argv=None):
   parser.add_argument("--configs", type=int, default=2000)
   parser.add_argument("--seed", type=int, default=0)
   args = parser.parse_args(argv)
-  runtime.install_worker_cleanup()
   rng = random.Random(args.seed)
   with tempfile.TemporaryDirectory() as tmp:
     survived, identical = kills(args.kills, rng, tmp)

@@ -26,7 +26,6 @@ import tensorflow as tf  # noqa: E402
 import tensorflow_federated as tff  # noqa: E402
 
 from tff_fedadamom.optimizers import build_fedadamom  # noqa: E402
-from tff_fedadamom.pipeline import runtime  # noqa: E402
 
 # ResNet-18 (CIFAR stem, 10 classes) trainable tensor shapes, merged per block
 # into 21 tensors of about the same total size (11.2 M parameters).
@@ -86,7 +85,6 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--repeats', type=int, default=40)
   args = parser.parse_args(argv)
-  runtime.install_worker_cleanup()
 
   rng = np.random.default_rng(0)
   weights = [tf.constant(rng.normal(size=s).astype(np.float32))

@@ -109,9 +109,11 @@ def _floor(config, data, clients):
 
 
 def _backend_round(config, data, clients):
+  """A callable running one round on `config`'s backend, and the process to close."""
   parts = parts_lib.build_parts(config, data=data)
   state = parts_lib.initial_state(config, parts.process)
-  return lambda: process_lib.next_round(parts.process, state, config, data, clients, 1)
+  return (lambda: process_lib.next_round(parts.process, state, config, data, clients, 1),
+          parts.process)
 
 
 def _fused_round(config, data, clients):
@@ -134,7 +136,11 @@ def measure(name: str, rounds: int) -> dict[str, float]:
     out = {"floor": _timed(_floor(config, data, clients), rounds),
            "fused": _timed(_fused_round(config, data, clients), rounds)}
     for backend in (runtime.INPROCESS, runtime.TFF_CPP):
-      out[backend] = _timed(_backend_round(_config(name, backend, tmp), data, clients), rounds)
+      round_fn, process = _backend_round(_config(name, backend, tmp), data, clients)
+      try:
+        out[backend] = _timed(round_fn, rounds)
+      finally:
+        process.close()
   return out
 
 
@@ -151,7 +157,7 @@ def main(argv=None) -> None:
           f"{m['floor']:>9.1f} {m['inprocess'] / m['floor']:>13.2f} "
           f"{m['inprocess'] / m['fused']:>13.2f} {m['tff_cpp'] / m['inprocess']:>11.2f}",
           flush=True)
-  runtime.shutdown()
+  runtime.release_tff_default_context()
 
 
 if __name__ == "__main__":

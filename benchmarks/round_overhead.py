@@ -97,6 +97,7 @@ def main(argv=None):
       t0 = time.perf_counter()
       state = process.next(state, client_datasets(config, data, clients, r)).state
       tff_times.append(time.perf_counter() - t0)
+    process.close()  # tff_cpp: its worker
 
     model = make_keras_model(config, data)
     loss_fn = models.loss_and_metrics("classification")[0]()

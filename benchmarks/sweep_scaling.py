@@ -302,9 +302,6 @@ def main(argv=None) -> int:
 
   import ray
 
-  from tff_fedadamom.pipeline import runtime
-
-  runtime.install_worker_cleanup()
   root = tempfile.mkdtemp(prefix="sweep_scaling_")
   ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
            log_to_driver=False, configure_logging=False,

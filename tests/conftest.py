@@ -1,6 +1,6 @@
-"""Shared test set-up: quiet TensorFlow, no TFF worker_binary left behind, a
-process cache of the session's own, and experiment parts (data, built process,
-Keras model) shared by the session."""
+"""Shared test set-up: quiet TensorFlow, TFF's default context confined (its
+worker ended with the session), a process cache of the session's own, and
+experiment parts (data, built process, Keras model) shared by the session."""
 
 import os
 import shutil
@@ -21,17 +21,26 @@ os.environ["TFF_FEDADAMOM_CACHE_DIR"] = _PROCESS_CACHE
 
 import pytest  # noqa: E402
 
-from tff_fedadamom.pipeline import runtime  # noqa: E402
+from tensorflow_federated.python.core.impl.context_stack import context_stack_impl  # noqa: E402
+
+from tff_fedadamom.pipeline import runtime, tff_cpp  # noqa: E402
 from tff_fedadamom.session import Session  # noqa: E402
 
-runtime.install_worker_cleanup()
 # The test run is an entry point: it sizes TensorFlow's threads, as the CLI does.
 Session().apply()
+# Tests that call a TFF learning process directly (the parity references) run
+# it on TFF's C++ runtime confined as the tff_cpp backend's is; the test run, an
+# entry point, makes that TFF's default context (of this, the main, thread)
+# instead of the one importing TFF installs, whose worker listens on every
+# network interface.
+_TFF_CPP = tff_cpp.Runtime()
+context_stack_impl.context_stack.set_default_context(_TFF_CPP)
 
 
 def pytest_sessionfinish(session, exitstatus):
   del session, exitstatus
-  runtime.shutdown()
+  _TFF_CPP.close()
+  runtime.release_tff_default_context()
   if _OWNS_CACHE:
     shutil.rmtree(_PROCESS_CACHE, ignore_errors=True)
 
@@ -44,7 +53,7 @@ def run_shared():
   Building a learning process costs seconds; a run on shared parts equals a run
   with its own (tests/pipeline/test_parts.py), so tests whose subject is what
   happens across runs (resume, faults, outputs) share them. Only in-process
-  runs: Ray's parts hold actors and TFF's C++ runtime's a global context.
+  runs: Ray's parts hold actors and TFF's C++ runtime's a worker.
   """
   from tff_fedadamom.config import load_config
   from tff_fedadamom.pipeline import parts as parts_lib

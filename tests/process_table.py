@@ -71,11 +71,15 @@ def descendants(roots: int | Iterable[int], table: Optional[Iterable[Stat]] = No
 _TCP_LISTEN = "0A"
 
 
-def listening(pids_: Iterable[int], tables: Iterable[str] = ("tcp", "tcp6", "udp", "udp6")
-              ) -> list[tuple[str, str]]:
+def listening(pids_: Iterable[int], tables: Iterable[str] = ("tcp", "tcp6", "udp", "udp6"),
+              namespace_of: Optional[int] = None) -> list[tuple[str, str]]:
   """The sockets of processes `pids_` that accept connections: TCP sockets in
   the LISTEN state and bound UDP sockets, as (table, local address) pairs, the
-  address in /proc/net's hex form ('0100007F:1F90' is 127.0.0.1:8080)."""
+  address in /proc/net's hex form ('0100007F:1F90' is 127.0.0.1:8080).
+
+  Only the sockets of one network namespace are seen: this process's, or with
+  `namespace_of`, that process's (/proc/PID/net lists its namespace's sockets).
+  """
   inodes = set()
   for pid in pids_:
     try:
@@ -92,7 +96,8 @@ def listening(pids_: Iterable[int], tables: Iterable[str] = ("tcp", "tcp6", "udp
   found = []
   for table in tables:
     try:
-      with open(f"/proc/net/{table}") as f:
+      net = "/proc/net" if namespace_of is None else f"/proc/{namespace_of}/net"
+      with open(f"{net}/{table}") as f:
         lines = f.readlines()[1:]
     except OSError:
       continue
@@ -101,3 +106,16 @@ def listening(pids_: Iterable[int], tables: Iterable[str] = ("tcp", "tcp6", "udp
       if fields[9] in inodes and (table.startswith("udp") or fields[3] == _TCP_LISTEN):
         found.append((table, fields[1]))
   return found
+
+
+# Loopback as /proc/net/tcp{,6} spell it: 127.0.0.1, ::1, ::ffff:127.0.0.1.
+LOOPBACK = {"0100007F", "00000000000000000000000001000000",
+            "0000000000000000FFFF00000100007F"}
+
+
+def tcp_listeners(pids_: Iterable[int], namespace_of: Optional[int] = None
+                  ) -> list[tuple[str, str]]:
+  """The TCP addresses processes `pids_` listen on, as (table, address without
+  the port) pairs, in the network namespace `listening` reads."""
+  return [(table, address.rsplit(":", 1)[0])
+          for table, address in listening(pids_, ("tcp", "tcp6"), namespace_of)]

@@ -148,18 +148,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _exit_on_sigterm(signum, frame) -> None:
   """SIGTERM ends the command like Ctrl-C does: finally blocks and exit handlers
-  run (a tff_cpp backend's worker is stopped by them)."""
+  run (a tff_cpp backend's worker is stopped by them, or ends with this process)."""
   del frame
   raise SystemExit(128 + signum)
 
 
 def _release_tff() -> None:
-  """TFF creates its C++ context (unused in-process) at import; released while
+  """TFF creates its C++ context (unused: see `runtime`) at import; released while
   Python is whole, it does not fail in a late `__del__` at interpreter exit."""
   if "tensorflow_federated" in sys.modules:
     from tff_fedadamom.pipeline import runtime
 
-    runtime.shutdown()
+    runtime.release_tff_default_context()
 
 
 def main(argv=None) -> int:

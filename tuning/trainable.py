@@ -207,16 +207,11 @@ def train_trial(config: dict, *, sweep, optimizer: Optional[str],
       return
     # The trial owns its process: its session goes first, before TensorFlow runs.
     trial_session(threads, gpu=bool(gpu_ids)).apply()
-    from tff_fedadamom.pipeline import run_experiment, runtime
+    from tff_fedadamom.pipeline import run_experiment
 
-    runtime.install_worker_cleanup()
-    try:
-      run_experiment(make_experiment(),
-                     hooks=[TuneReport(output_dir, make_result, _report_to_tune)],
-                     progress=False)
-    finally:
-      # This trial owns its process: end TFF's worker_binary (tff_cpp backend)
-      # now rather than trusting the actor's exit path.
-      runtime.kill_workers()
+    # The run closes the parts it builds (a tff_cpp backend's worker with them).
+    run_experiment(make_experiment(),
+                   hooks=[TuneReport(output_dir, make_result, _report_to_tune)],
+                   progress=False)
   finally:
     shutil.rmtree(scratch, ignore_errors=True)

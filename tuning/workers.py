@@ -203,11 +203,9 @@ class TrialWorker:
   def _parts(self, make_experiment):
     """(config, parts) of an experiment, through this worker's cache."""
     from tff_fedadamom.config import load_config
-    from tff_fedadamom.pipeline import runtime
     from tff_fedadamom.pipeline.parts import PartsCache
     from tff_fedadamom.session import Session
 
-    runtime.install_worker_cleanup()
     if self._cache is None:
       self._cache = PartsCache(self._parts_per_worker)
     config = load_config(make_experiment())

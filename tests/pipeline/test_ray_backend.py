@@ -74,26 +74,19 @@ _CHILD = textwrap.dedent("""
     from tff_fedadamom.session import Session
     Session().apply()  # the driver is its process's entry point
 
-    def listeners(pids):  # TCP listeners' addresses, without the port
-      return [(table, address.rsplit(":", 1)[0])
-              for table, address in processes.listening(pids, ("tcp", "tcp6"))]
-
     raw, pause = json.loads(sys.argv[1]), int(sys.argv[2])
 
     def on_round(round_num, metrics):
       if round_num == 1:
         pids = [os.getpid(), *processes.descendants(os.getpid())]
-        print(json.dumps({"pids": pids, "listening": listeners(pids)}), flush=True)
+        print(json.dumps({"pids": pids, "listening": processes.tcp_listeners(pids)}),
+              flush=True)
       if round_num == pause:
         print(json.dumps({"paused": True}), flush=True)
         time.sleep(600)
 
     run_experiment(raw, progress=False, on_round=on_round)
 """)
-
-# Loopback as /proc/net/tcp{,6} spell it: 127.0.0.1, ::1, ::ffff:127.0.0.1.
-_LOOPBACK = {"0100007F", "00000000000000000000000001000000",
-             "0000000000000000FFFF00000100007F"}
 
 
 def _start_child(raw, pause):
@@ -142,7 +135,8 @@ def test_a_local_run_listens_on_loopback_only(killed_driver):
   first, paused, _ = killed_driver
   assert len(first["pids"]) > 3  # the driver, Ray's services and its 2 actors
   assert first["listening"], "Ray's services listen on TCP"
-  assert {address for _, address in first["listening"]} <= _LOOPBACK, first["listening"]
+  assert {address for _, address in first["listening"]} <= processes.LOOPBACK, \
+      first["listening"]
   assert paused == {"paused": True}
 
 

@@ -42,10 +42,13 @@ def write_sweep(directory, raw, name="sweep.yaml"):
 
 def our_worker_binaries():
   """PIDs of live worker_binary processes started under this test session, other
-  than the test process's own (tests/conftest.py ends those at session end)."""
+  than the test process's own (its descendants: tests/conftest.py ends the
+  session's default context's at session end)."""
+  table = processes.stats()
+  own = set(processes.descendants(os.getpid(), table))
   found = []
-  for proc in processes.stats():
-    if not proc.running or proc.ppid == os.getpid():
+  for proc in table:
+    if not proc.running or proc.pid in own:
       continue
     if b"worker_binary" not in (processes.cmdline(proc.pid) or b""):
       continue

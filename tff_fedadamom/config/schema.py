@@ -160,8 +160,9 @@ class RuntimeConfig:
 
   `backend` says where rounds run: `inprocess` (what `auto` means) runs TFF's
   compiled process in this Python process on TensorFlow's devices; `tff_cpp` is
-  TFF's own C++ runtime, a `worker_binary` child process (CPU only, listening on
-  all interfaces), kept as the reference. `devices` spreads a round's clients
+  TFF's own C++ runtime, a `worker_binary` child process (CPU only; it listens on
+  every interface, so it runs in a private network namespace, reached through a
+  Unix socket: `pipeline/tff_cpp.py`), kept as the reference. `devices` spreads a round's clients
   over TensorFlow devices round-robin (in-process only; default: every GPU, else
   the CPU). `ray` runs each round's clients on `workers` Ray actors, each with
   `cpus_per_worker` CPUs and `gpus_per_worker` GPUs (fractions allowed), on a

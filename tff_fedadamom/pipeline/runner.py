@@ -100,6 +100,23 @@ def run_experiment(config, *, overrides=(), on_eval: Optional[Callable[[EvalEven
       None if runtime.backend(config.runtime) == runtime.RAY else config.runtime.threads)
   devices = runtime.round_devices(config.runtime)
 
+  from tff_fedadamom.pipeline import parts as parts_lib
+
+  parts_lib.check_parts(config, parts)
+  own_parts = parts is None  # parts given by the caller outlive this run
+  parts = parts if parts is not None else parts_lib.build_parts(config)
+  try:
+    return _run(config, parts, resuming=resuming, devices=devices, on_eval=on_eval,
+                on_round=on_round, progress=progress, hooks=hooks)
+  finally:
+    # After the results: writing them reads the final model's weights, which a
+    # process (tff_cpp's worker) computes.
+    if own_parts and hasattr(parts.process, "close"):
+      parts.process.close()
+
+
+def _run(config, parts, *, resuming, devices, on_eval, on_round, progress, hooks) -> RunResult:
+  """The rounds of `run_experiment` on `parts`, and its results."""
   import tensorflow as tf
   import tensorflow_federated as tff
 
@@ -107,9 +124,7 @@ def run_experiment(config, *, overrides=(), on_eval: Optional[Callable[[EvalEven
   from tff_fedadamom.pipeline import parts as parts_lib
   from tff_fedadamom.pipeline import process as process_lib
 
-  parts_lib.check_parts(config, parts)
-  own_parts = parts is None  # parts given by the caller outlive this run
-  parts = parts if parts is not None else parts_lib.build_parts(config)
+  output_dir = config.output_dir
   data, process = parts.data, parts.process
   if config.clients_per_round > len(data.train.client_ids):
     raise ConfigError(
@@ -147,8 +162,6 @@ def run_experiment(config, *, overrides=(), on_eval: Optional[Callable[[EvalEven
   finally:
     run_async.close()
     histogram_writer.flush()
-    if own_parts and hasattr(process, "close"):
-      process.close()
   wall = time.perf_counter() - started
   summary = _write_results(config, parts.keras_model, process, result, wall=wall,
                            start_round=start_round, devices=devices)

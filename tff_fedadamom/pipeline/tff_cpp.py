@@ -1,0 +1,329 @@
+"""The `tff_cpp` backend: TFF's own C++ runtime, kept as the reference, with
+its worker confined to a network namespace of its own.
+
+TFF 0.87's pip package runs its C++ runtime only in a separate `worker_binary`
+process, which serves gRPC on every network interface and cannot be told
+otherwise. Here that worker runs in a private network namespace behind a
+Unix socket (`tff_cpp_relay`), so nothing is reachable over TCP from outside,
+and this process talks to it over that socket.
+
+`Runtime` is that worker as a TFF sync context. `TffCppProcess` wraps a
+learning process: each of its calls runs with its own `Runtime` installed on
+the calling thread's context stack, for that call only (TFF's context stack is
+thread-local). TFF's default context, and anything else process-wide, is left
+as it was.
+
+The context mirrors TFF's `execution_contexts.create_sync_local_cpp_execution_context`
+with `executor_stacks.executor_factory.local_cpp_executor_factory` (TFF 0.87):
+a `SyncExecutionContext` over a `ResourceManagingExecutorFactory` whose stacks
+are `RemoteExecutor`s on a gRPC stub, with TFF's compiler, argument and result
+transforms, default client count and message-size limits; only the worker's
+launch and the channel's address are this module's.
+
+Lifetime: the worker starts on the runtime's first invocation and ends with
+`close()` (SIGTERM to its process group, SIGKILL after `STOP_TIMEOUT_S`), when
+the runtime is garbage-collected, or when this process ends, however it ends
+(the relay ends when its stdin, a pipe from this process, closes).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from typing import Optional, Sequence
+
+from tensorflow_federated.python.core.impl.context_stack import context_base
+
+from tff_fedadamom import processes
+
+RELAY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tff_cpp_relay.py")
+# How long the worker may take to start, and to stop before it is killed.
+START_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 10.0
+# TFF's `local_cpp_executor_factory` defaults (TFF 0.87).
+_DEFAULT_NUM_CLIENTS = 0
+_GRPC_MAX_MESSAGE_BYTES = 2 * 1000 * 1000 * 1000
+_GRPC_OPTIONS = [("grpc.max_message_length", _GRPC_MAX_MESSAGE_BYTES),
+                 ("grpc.max_receive_message_length", _GRPC_MAX_MESSAGE_BYTES),
+                 ("grpc.max_send_message_length", _GRPC_MAX_MESSAGE_BYTES)]
+
+
+def worker_binary() -> str:
+  """The path of TFF's worker_binary (where TFF's own factory looks for it)."""
+  import tensorflow_federated
+
+  path = os.path.join(os.path.dirname(tensorflow_federated.__file__), "data", "worker_binary")
+  if not os.path.isfile(path):
+    raise RuntimeError(f"TFF's worker_binary is not at {path}: the tff_cpp backend needs it")
+  return path
+
+
+def _relay_command(*args: str) -> list[str]:
+  # -I: the relay needs the standard library only, not this environment's path.
+  return [sys.executable, "-I", RELAY, *args]
+
+
+@functools.lru_cache(maxsize=None)
+def namespace_problem() -> Optional[str]:
+  """None if this process can start a child in a private user and network
+  namespace, else why not (what the relay's probe reported)."""
+  try:
+    probe = subprocess.run(_relay_command("--probe"), capture_output=True, text=True,
+                           timeout=60, stdin=subprocess.DEVNULL)
+  except (OSError, subprocess.SubprocessError) as e:
+    return str(e)
+  if probe.returncode == 0 and probe.stdout.strip() == "ready":
+    return None
+  return (probe.stdout.strip() or probe.stderr.strip()
+          or f"exit status {probe.returncode}")
+
+
+def check_available() -> None:
+  """Raises a ConfigError naming `runtime.backend` if the worker cannot be confined."""
+  problem = namespace_problem()
+  if problem is None:
+    return
+  from tff_fedadamom.config import ConfigError
+
+  raise ConfigError(
+      "<config>", "runtime.backend",
+      "the tff_cpp backend runs TFF's worker_binary, which listens on every network "
+      "interface and has no option to choose one, so it is run only inside a private "
+      f"network namespace, and this process cannot create one ({problem})",
+      value="tff_cpp", allowed="'inprocess' or 'ray' (or a kernel that allows "
+      "unprivileged user namespaces: user.max_user_namespaces > 0)")
+
+
+class Worker:
+  """worker_binary in its namespace behind the relay, and the Unix socket to it.
+
+  Args:
+    max_concurrent_calls: TFF's `max_concurrent_computation_calls`; <= 0: no limit.
+  """
+
+  def __init__(self, max_concurrent_calls: int = -1):
+    self._dir = tempfile.mkdtemp(prefix="tff-cpp-")  # mode 0700: this user's alone
+    self.path = os.path.join(self._dir, "worker.sock")
+    self.pid: Optional[int] = None  # the worker's, once it runs
+    self._relay = subprocess.Popen(
+        _relay_command(self.path, worker_binary(), str(max_concurrent_calls)),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+    self._started: list[tuple[int, int]] = []  # the worker's identity, once it runs
+    # Not at interpreter exit: the relay ends by itself when this process does.
+    self._finalizer = weakref.finalize(self, _stop, self._relay, self._dir, self._started,
+                                       STOP_TIMEOUT_S)
+    self._finalizer.atexit = False
+    try:
+      self._wait_ready()
+    except BaseException:
+      self.close()
+      raise
+
+  @property
+  def relay_pid(self) -> int:
+    """The relay's pid; it leads the process group of itself and the worker."""
+    return self._relay.pid
+
+  def _wait_ready(self) -> None:
+    ready, _, _ = select.select([self._relay.stdout], [], [], START_TIMEOUT_S)
+    line = self._relay.stdout.readline().decode(errors="replace").strip() if ready else ""
+    if not line.startswith("ready "):
+      raise RuntimeError(f"TFF's worker_binary did not start in its network namespace: "
+                         f"{line or 'no answer in %.0f s' % START_TIMEOUT_S}")
+    self.pid = int(line.split()[1])
+    self._started.extend(filter(None, [processes.identity(self.pid)]))
+
+  def close(self) -> None:
+    """Stops the relay and the worker (idempotent)."""
+    self._finalizer()
+
+
+def _stop(relay: subprocess.Popen, directory: str, workers: list[tuple[int, int]],
+          timeout_s: float) -> None:
+  """SIGTERM to the relay's process group (relay and worker), SIGKILL after
+  `timeout_s`; then waits for `workers` (`processes.identity`s) to end."""
+  for pipe in (relay.stdin, relay.stdout):
+    try:
+      pipe.close()
+    except OSError:
+      pass
+  for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, None)):
+    try:
+      os.killpg(relay.pid, sig)
+    except OSError:  # the group is gone
+      pass
+    try:
+      relay.wait(timeout=wait_s)
+      break
+    except subprocess.TimeoutExpired:
+      continue
+  # The worker's parent death signal ends it with the relay; it is gone once
+  # ended, even if nobody reaps it (a zombie counts as ended).
+  deadline = time.monotonic() + timeout_s
+  for worker in workers:
+    while processes.identity(worker[0]) == worker:
+      if time.monotonic() > deadline:
+        try:
+          os.kill(worker[0], signal.SIGKILL)
+        except OSError:
+          pass
+        break
+      time.sleep(0.02)
+  shutil.rmtree(directory, ignore_errors=True)
+
+
+def execution_context(worker: Worker):
+  """A TFF sync execution context whose executors run on `worker` (see the module
+  docstring for what it mirrors), and its gRPC channel."""
+  import grpc
+  from tensorflow_federated.python.core.backends.native import compiler
+  from tensorflow_federated.python.core.environments.tensorflow_frontend import (
+      tensorflow_computation)
+  from tensorflow_federated.python.core.impl.execution_contexts import sync_execution_context
+  from tensorflow_federated.python.core.impl.executor_stacks import python_executor_stacks
+  from tensorflow_federated.python.core.impl.executors import remote_executor
+  from tensorflow_federated.python.core.impl.executors import remote_executor_grpc_stub
+  from tensorflow_federated.python.core.impl.types import placements
+
+  channel = grpc.insecure_channel("unix:" + worker.path, _GRPC_OPTIONS)
+  grpc.channel_ready_future(channel).result(timeout=START_TIMEOUT_S)
+  stub = remote_executor_grpc_stub.RemoteExecutorGrpcStub(channel)
+
+  def stack_fn(cardinalities):
+    if cardinalities.get(placements.CLIENTS) is None:
+      cardinalities[placements.CLIENTS] = _DEFAULT_NUM_CLIENTS
+    executor = remote_executor.RemoteExecutor(stub, stream_structs=False)
+    executor.set_cardinalities(cardinalities)
+    return executor
+
+  factory = python_executor_stacks.ResourceManagingExecutorFactory(executor_stack_fn=stack_fn)
+  return sync_execution_context.SyncExecutionContext(
+      executor_fn=factory, compiler_fn=compiler.desugar_and_transform_to_native,
+      transform_args=tensorflow_computation.transform_args,
+      transform_result=tensorflow_computation.transform_result), channel
+
+
+class Runtime(context_base.SyncContext):
+  """TFF's C++ runtime as a TFF sync context: the worker starts on the first
+  invocation, and ends with `close()`.
+
+  Install it around calls (`context_stack.install(runtime)`, what
+  `TffCppProcess` does); an entry point may make it TFF's default context.
+
+  Args:
+    max_concurrent_calls: How many client computations run at once (TFF's
+      `max_concurrent_computation_calls`); None: no limit, TFF's default.
+
+  Raises:
+    ConfigError: naming `runtime.backend` if the worker cannot be confined.
+  """
+
+  def __init__(self, max_concurrent_calls: Optional[int] = None):
+    check_available()
+    self._max_calls = max_concurrent_calls or -1
+    self._lock = threading.Lock()
+    self._worker: Optional[Worker] = None
+    self._context = self._channel = None
+    self._closed = False
+
+  @property
+  def worker(self) -> Optional[Worker]:
+    """The running worker, None before the first invocation and after `close()`."""
+    return self._worker
+
+  def _started(self):
+    with self._lock:
+      if self._closed:
+        raise RuntimeError("this tff_cpp Runtime is closed")
+      if self._context is None:
+        self._worker = Worker(self._max_calls)
+        self._context, self._channel = execution_context(self._worker)
+      return self._context
+
+  def invoke(self, comp, arg):
+    return self._started().invoke(comp, arg)
+
+  def close(self) -> None:
+    """Ends the worker (idempotent); no invocation is taken afterwards."""
+    with self._lock:
+      self._closed = True
+      worker, channel = self._worker, self._channel
+      self._worker = self._context = self._channel = None
+    if channel is not None:
+      channel.close()
+    if worker is not None:
+      worker.close()
+
+
+class _InContext:
+  """A computation of the wrapped process, called under the wrapper's runtime;
+  its other attributes (`type_signature`, ...) are the computation's."""
+
+  def __init__(self, owner: "TffCppProcess", computation):
+    self._owner, self._computation = owner, computation
+
+  def __call__(self, *args, **kwargs):
+    return self._owner.call(self._computation, *args, **kwargs)
+
+  def __getattr__(self, name):
+    return getattr(self._computation, name)
+
+
+class TffCppProcess:
+  """A TFF learning process whose computations run on TFF's C++ runtime.
+
+  Every callable attribute of `process` (`initialize`, `next`,
+  `get_model_weights`, `get_hparams`, `set_hparams`, ...) is called with this
+  wrapper's `Runtime` installed, on the calling thread, for that call.
+
+  Args:
+    process: The TFF learning process.
+    client_tensors: The run's `ClientTensors`: with them, rounds also take client
+      ids (`next_for_clients`), their datasets built from tensors made once per
+      client rather than anew each round.
+    max_concurrent_clients: How many client computations run at once (TFF's
+      `max_concurrent_computation_calls`); None: no limit, TFF's default.
+
+  Raises:
+    ConfigError: naming `runtime.backend` if the worker cannot be confined.
+  """
+
+  def __init__(self, process, client_tensors=None,
+               max_concurrent_clients: Optional[int] = None):
+    self.runtime = Runtime(max_concurrent_clients)
+    self._process = process
+    self._client_tensors = client_tensors
+
+  @property
+  def takes_client_ids(self) -> bool:
+    return self._client_tensors is not None
+
+  def call(self, computation, *args, **kwargs):
+    """`computation(*args, **kwargs)` with this wrapper's runtime installed."""
+    from tensorflow_federated.python.core.impl.context_stack import context_stack_impl
+
+    with context_stack_impl.context_stack.install(self.runtime):
+      return computation(*args, **kwargs)
+
+  def next_for_clients(self, state, client_ids: Sequence, round_num: int):
+    return self.call(self._process.next, state,
+                     self._client_tensors.datasets(client_ids, round_num))
+
+  def __getattr__(self, name):
+    if name.startswith("_"):  # not the process's: e.g. before __init__ has set _process
+      raise AttributeError(name)
+    value = getattr(self._process, name)
+    return _InContext(self, value) if callable(value) else value
+
+  def close(self) -> None:
+    """Ends the worker (idempotent); the wrapper takes no calls afterwards."""
+    self.runtime.close()

@@ -1,0 +1,192 @@
+"""The child process of the `tff_cpp` backend: TFF's worker_binary in a network
+namespace of its own, reachable only through a Unix socket.
+
+TFF's worker_binary serves gRPC on `[::]:PORT`, every network interface, and
+has no option to choose the address (TFF's `cc/simulation/servers.cc`). Run in
+a fresh network namespace, "every interface" is that namespace's loopback
+alone: nothing outside it can reach the port. This process
+
+1. enters a new user namespace and a new network namespace
+   (`unshare(CLONE_NEWUSER | CLONE_NEWNET)`, which an unprivileged user may
+   do where the kernel allows unprivileged user namespaces), and brings the
+   namespace's `lo` up (ioctl SIOCSIFFLAGS; a new namespace's `lo` is down);
+2. starts worker_binary there, bound to end with this process (its parent
+   death signal is SIGKILL, set in the child between fork and exec);
+3. accepts connections on a Unix socket (in a directory only its user may
+   enter) and relays each, both ways, to the worker's port on 127.0.0.1. The
+   Unix socket is the one way in: the file system is shared, the network is
+   not.
+
+It prints `ready WORKER_PID` on stdout once the worker accepts connections (the
+probe, `ready`, once the namespace is made), or one line
+`error: ...` and exits 3 if the namespace cannot be made. It ends when its
+stdin reaches end of file: the parent holds the pipe's other end, which the
+kernel closes when the parent ends, however it ends (a parent death signal
+would fire when the parent's *thread* that started this process ends, and
+the parent may start it from a short-lived thread), and on SIGTERM; it ends
+its worker first. It ends too when the worker ends, with the worker's exit
+status.
+
+Only the standard library is used: this file runs as a script, without the
+package or TensorFlow.
+
+Usage: tff_cpp_relay.py --probe
+       tff_cpp_relay.py SOCKET_PATH WORKER_BINARY MAX_CONCURRENT_CALLS
+"""
+
+import ctypes
+import fcntl
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+_CLONE_NEWUSER = 0x10000000
+_CLONE_NEWNET = 0x40000000
+_PR_SET_PDEATHSIG = 1
+_SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
+# struct ifreq: the interface name, then (here) the flags, padded to 40 bytes.
+_IFREQ = "16sH22x"
+# The worker's own TensorFlow: one thread per kernel, like the parent's.
+WORKER_THREADS_ENV = {"TF_NUM_INTRAOP_THREADS": "1", "OMP_NUM_THREADS": "1"}
+_CHUNK = 1 << 18
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def enter_private_network() -> None:
+  """Moves this process into a new user and network namespace, with `lo` up.
+
+  The user namespace is what lets an unprivileged process own the network
+  namespace (and set its loopback's flags); this process's uid and gid map to
+  themselves in it.
+  """
+  uid, gid = os.getuid(), os.getgid()
+  if _libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET) != 0:
+    errno = ctypes.get_errno()
+    raise OSError(errno, f"unshare(CLONE_NEWUSER | CLONE_NEWNET): {os.strerror(errno)}")
+  for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
+                     ("gid_map", f"{gid} {gid} 1")):
+    with open(f"/proc/self/{name}", "w") as f:
+      f.write(text)
+  with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+    request = struct.pack(_IFREQ, b"lo", 0)
+    flags = struct.unpack(_IFREQ, fcntl.ioctl(s.fileno(), _SIOCGIFFLAGS, request))[1]
+    fcntl.ioctl(s.fileno(), _SIOCSIFFLAGS, struct.pack(_IFREQ, b"lo", flags | _IFF_UP))
+
+
+def _free_port() -> int:
+  """A free port on the namespace's loopback (the namespace is this process's
+  alone, so nothing else can take it before the worker does)."""
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _start_worker(binary: str, port: int, max_calls: str) -> subprocess.Popen:
+  """worker_binary on `port`, SIGKILLed by the kernel when this process ends."""
+  relay = os.getpid()
+
+  def end_with_relay():  # runs in the child: this process has no other thread yet
+    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != relay:
+      os._exit(1)
+
+  return subprocess.Popen(
+      [binary, f"--port={port}", f"--max_concurrent_computation_calls={max_calls}"],
+      stdin=subprocess.DEVNULL, stdout=sys.stderr, preexec_fn=end_with_relay,
+      env={**os.environ, **WORKER_THREADS_ENV})
+
+
+def _wait_listening(worker: subprocess.Popen, port: int, timeout_s: float = 120.0) -> None:
+  deadline = time.monotonic() + timeout_s
+  while True:
+    try:
+      socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
+      return
+    except OSError:
+      if worker.poll() is not None or time.monotonic() > deadline:
+        raise RuntimeError(f"worker_binary did not listen on port {port} "
+                           f"(exit status {worker.poll()})") from None
+      time.sleep(0.02)
+
+
+def _pump(source: socket.socket, sink: socket.socket) -> None:
+  """Copies `source` to `sink` until end of file, then ends `sink`'s writing side."""
+  try:
+    while True:
+      data = source.recv(_CHUNK)
+      if not data:
+        break
+      sink.sendall(data)
+  except OSError:
+    pass
+  finally:
+    for end, how in ((sink, socket.SHUT_WR), (source, socket.SHUT_RD)):
+      try:
+        end.shutdown(how)
+      except OSError:
+        pass
+
+
+def _relay(client: socket.socket, port: int) -> None:
+  try:
+    upstream = socket.create_connection(("127.0.0.1", port))
+  except OSError:
+    client.close()
+    return
+  upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+  threads = [threading.Thread(target=_pump, args=pair, daemon=True)
+             for pair in ((client, upstream), (upstream, client))]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join()
+  client.close()
+  upstream.close()
+
+
+def _end(worker: subprocess.Popen, status: int) -> None:
+  """Ends this process, its worker first (reaped here: the machine's init may
+  not reap orphans)."""
+  worker.kill()
+  worker.wait()
+  os._exit(status)
+
+
+def serve(path: str, binary: str, max_calls: str) -> None:
+  port = _free_port()
+  worker = _start_worker(binary, port, max_calls)
+  signal.signal(signal.SIGTERM, lambda *_: _end(worker, 0))
+  threading.Thread(target=lambda: (sys.stdin.buffer.read(), _end(worker, 0)),
+                   daemon=True).start()
+  threading.Thread(target=lambda: (worker.wait(), _end(worker, worker.returncode or 1)),
+                   daemon=True).start()
+  listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+  listener.bind(path)
+  listener.listen(16)
+  _wait_listening(worker, port)
+  print(f"ready {worker.pid}", flush=True)
+  while True:
+    client, _ = listener.accept()
+    threading.Thread(target=_relay, args=(client, port), daemon=True).start()
+
+
+def main(argv) -> int:
+  try:
+    enter_private_network()
+  except OSError as e:
+    print(f"error: {e}", flush=True)
+    return 3
+  if argv == ["--probe"]:
+    print("ready", flush=True)
+    return 0
+  serve(*argv)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))
