@@ -4,7 +4,8 @@
 PY := .venv/bin/python
 CONFIG ?= configs/quickstart.yaml
 PYTEST_ARGS ?=
-# The suite runs on every core (pytest-xdist); TEST_WORKERS=0 runs it in one process.
+# The suite runs on every core (pytest-xdist; tests/conftest.py groups the tests that share a
+# module's fixture); TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= auto
 
 .PHONY: setup run test bench clean
@@ -16,7 +17,7 @@ run: setup
 	@$(PY) -m tff_fedadamom run $(CONFIG)
 
 test: setup
-	@$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+	@$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 bench: setup
 	@$(PY) benchmarks/optimizer_step.py
