@@ -1,12 +1,33 @@
 """A sweep on an existing two-node Ray cluster (both nodes on loopback, 1 CPU
 each): with `resources.address` set, trials run on both nodes.
 
-The cluster is started with the `ray start` CLI, as on a real cluster, under a
-temporary `--temp-dir` of its own. It is stopped by ending exactly the processes
-of that cluster (those naming its temp dir, and their descendants): `ray stop`
-would end every Ray process on the machine, other users' included.
+The cluster is two Ray nodes of their own, each started by a process of its own
+that exits once the node runs, as `ray start` does, under a temporary temp dir;
+the driver (the test) joins it by address, as on a real cluster. Every TCP
+listener of the cluster's processes must be on loopback, when it has started
+and again after the test.
+
+Why not the `ray start` CLI (Ray 2.52): Ray binds its GCS, raylets and core
+workers to 127.0.0.1 only when the node's address is exactly 127.0.0.1, and to
+every interface otherwise; but `ray start` replaces an address of 127.0.0.1
+(`--node-ip-address`, `--address`) by the machine's outward address
+(`services.resolve_ip_for_localhost`), so its nodes listen on every interface
+and its agents and Ray client server on that address. Only with
+RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 does Ray keep 127.0.0.1, and under it the
+CLI refuses to start a worker node. The nodes are therefore started with the
+Python API the CLI itself ends in, `ray._private.node.Node`, given 127.0.0.1
+(`ray.cluster_utils.Cluster` uses it too, but would start the nodes inside the
+test's process and write, then delete, the machine-wide /tmp/ray address file
+that other Ray users' `ray.init()` reads). The driver's `ray.init` makes the
+same replacement of the address it joins (`_keep_loopback`). No Ray client
+server is started: the tests join by host:port.
+
+The cluster is stopped by ending exactly its processes (those started with its
+marker in their environment or naming its temp dir, and their descendants):
+`ray stop` would end every Ray process on the machine, other users' included.
 """
 
+import json
 import os
 import shutil
 import signal
@@ -14,6 +35,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 
 import pytest
@@ -22,7 +44,6 @@ from tests.tuning.conftest import tiny_base, write_sweep
 from tests import process_table as processes
 from tuning import run_sweep
 
-RAY = os.path.join(os.path.dirname(sys.executable), "ray")
 CLUSTER_ENV = "TUNING_TEST_RAY_CLUSTER"
 
 
@@ -34,7 +55,7 @@ def _free_port() -> int:
 
 def _cluster_pids(temp_dir: str) -> list[int]:
   """The cluster's processes: those started with CLUSTER_ENV=temp_dir in their
-  environment (everything `ray start` launched, orphans included) or naming
+  environment (everything the node starters launched, orphans included) or naming
   `temp_dir` on their command line, and all their descendants."""
   mark = f"{CLUSTER_ENV}={temp_dir}".encode()
   # Zombies have already ended, they are only not reaped.
@@ -58,23 +79,58 @@ def _stop_cluster(temp_dir: str) -> None:
       time.sleep(0.2)
 
 
-def _ray_start(*args, env):
-  subprocess.run([RAY, "start", *args], check=True, env=env, stdout=subprocess.PIPE,
-                 stderr=subprocess.STDOUT, timeout=120)
+def _assert_on_loopback(temp_dir: str) -> None:
+  """Every TCP listener of the cluster's processes is on loopback (and there
+  are some: the GCS and the raylets listen)."""
+  pids = _cluster_pids(temp_dir)
+  assert processes.tcp_listeners(pids), "the cluster's services listen on TCP"
+  off = [(pid, (processes.cmdline(pid) or b"")[:120], table, address)
+         for pid in pids for table, address in processes.tcp_listeners([pid])
+         if address not in processes.LOOPBACK]
+  assert not off, off
+
+
+# Starts one node from RayParams' fields (argv[2]) and exits, leaving the
+# node's processes running: what `ray start` does once it has resolved its
+# arguments, without replacing 127.0.0.1.
+_START_NODE = textwrap.dedent("""
+    import json, sys
+    from ray._private.node import Node
+    from ray._private.parameter import RayParams
+    Node(RayParams(**json.loads(sys.argv[2])), head=sys.argv[1] == "head",
+         shutdown_at_exit=False, spawn_reaper=False)
+""")
+
+def _start_node(role: str, env: dict, **params) -> None:
+  subprocess.run([sys.executable, "-c", _START_NODE, role, json.dumps(params)], check=True,
+                 env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
+
+
+def _keep_loopback(monkeypatch) -> None:
+  """This process, the driver, joins 127.0.0.1:<port> as given: `ray.init`
+  would otherwise connect to the machine's outward address, where nothing of
+  the cluster listens. What RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 does; Ray reads
+  the variable when it is imported, so the value read is patched, for the test
+  at hand only."""
+  from ray._private import ray_constants
+
+  monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)
 
 
 @pytest.fixture
-def two_node_cluster():
+def two_node_cluster(monkeypatch):
+  _keep_loopback(monkeypatch)
   temp_dir = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths
   port = _free_port()
   env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", **{CLUSTER_ENV: temp_dir})
-  common = ["--num-cpus=1", "--node-ip-address=127.0.0.1", f"--temp-dir={temp_dir}",
-            "--dashboard-agent-listen-port=0", "--disable-usage-stats"]
+  common = dict(node_ip_address="127.0.0.1", num_cpus=1, dashboard_agent_listen_port=0)
   try:
-    _ray_start("--head", f"--port={port}", "--include-dashboard=false",
-               f"--ray-client-server-port={_free_port()}", *common, env=env)
-    _ray_start(f"--address=127.0.0.1:{port}", *common, env=env)
+    _start_node("head", env, gcs_server_port=port, temp_dir=temp_dir, include_dashboard=False,
+                **common)
+    _start_node("worker", env, gcs_address=f"127.0.0.1:{port}", **common)
+    _assert_on_loopback(temp_dir)
     yield f"127.0.0.1:{port}"
+    _assert_on_loopback(temp_dir)  # again, with the workers and actors of the test
   finally:
     _stop_cluster(temp_dir)
     shutil.rmtree(temp_dir, ignore_errors=True)
