@@ -86,8 +86,8 @@ class SweepResult:
 # Warnings a sweep expects, silenced while it runs and only then (a filter on
 # the logger that emits each, removed afterwards; no environment variable, no
 # logger level changed for good): Tune's note that it snapshots its state often
-# (after checkpoints close together, as at ASHA's first rungs), and tensorboardX's note on the
-# NaN metrics of diverged trials.
+# (after checkpoints close together, as at ASHA's first rungs), and
+# tensorboardX's note on the NaN metrics of diverged trials.
 EXPECTED_WARNINGS = {
     "ray.tune.execution.experiment_state":
         lambda record: "snapshotting has been triggered" not in record.getMessage(),
