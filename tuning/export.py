@@ -89,6 +89,9 @@ def _experiment_records(experiment_dir: str, optimizer: Optional[str]) -> list[T
       for row in frame.to_dict("records"):
         history.append({k: _clean(v) for k, v in row.items()
                         if not (isinstance(v, float) and math.isnan(v))})
+    # A trial restarted from a checkpoint older than its last report reports
+    # those rounds again (`tuning.sweep.checkpoint_rounds`): one row per round.
+    history = trainable_lib.one_row_per_round(h for h in history if ROUND in h)
     last = history[-1] if history else {}
     name, params = joint.split(trial.config or {}, optimizer)
     records.append(TrialRecord(

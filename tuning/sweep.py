@@ -52,8 +52,8 @@ from tuning.export import export_sweep
 from tuning.progress import LIVE, OptimizerState, SweepProgress, SweepState, print_progress
 from tuning.schema import SWEEP_FILE, Sweep
 
-__all__ = ["SWEEP_FILE", "SweepError", "SweepProgress", "SweepResult", "run_sweep",
-           "smoke_test_sweep"]
+__all__ = ["SWEEP_FILE", "SweepError", "SweepProgress", "SweepResult", "asha_milestones",
+           "checkpoint_rounds", "run_sweep", "smoke_test_sweep"]
 
 logger = logging.getLogger("tuning")
 
@@ -86,8 +86,8 @@ class SweepResult:
 # Warnings a sweep expects, silenced while it runs and only then (a filter on
 # the logger that emits each, removed afterwards; no environment variable, no
 # logger level changed for good): Tune's note that it snapshots its state often
-# (every report carries a checkpoint, by design), and tensorboardX's note on the
-# NaN metrics of diverged trials.
+# (after checkpoints close together, as at ASHA's first rungs), and
+# tensorboardX's note on the NaN metrics of diverged trials.
 EXPECTED_WARNINGS = {
     "ray.tune.execution.experiment_state":
         lambda record: "snapshotting has been triggered" not in record.getMessage(),
@@ -180,6 +180,51 @@ def _searcher(sweep: Sweep):
       max_concurrent=sweep.resources.max_concurrent_trials or 0)
 
 
+def asha_milestones(grace_period: int, reduction_factor: float, max_t: int) -> list[float]:
+  """The rung milestones of Ray's `ASHAScheduler` (one bracket), in rounds.
+
+  grace_period * reduction_factor**k for k = 0 .. K-1, where Ray takes
+  K = int(log(max_t / grace_period) / log(reduction_factor) + 1): floor of
+  log_rf(max_t / grace) + 1, in floating point as Ray computes it (np.log, so
+  that a milestone that lands on max_t within rounding is kept or dropped as
+  Ray does). With a non-integer factor the milestones are not whole rounds
+  (1, 1.5, 2.25, ...): ASHA records a trial at its first report at or past one.
+  """
+  import numpy as np
+
+  count = int(np.log(max_t / grace_period) / np.log(reduction_factor) + 1)
+  return [grace_period * reduction_factor ** k for k in range(count)]
+
+
+def checkpoint_rounds(sweep: Sweep) -> frozenset[int]:
+  """The rounds at which a trial of `sweep` hands Tune a checkpoint: the last
+  round (`budget.rounds`), and with ASHA, every evaluation at which ASHA records
+  the trial in a rung, the reports where it may stop it.
+
+  A trial reports at its evaluations (every `base.eval_every` rounds and at the
+  last). At each report Ray's ASHA records the trial in the largest rung it has
+  reached and is not yet recorded in, and compares it there; one rung per
+  report, so a rung passed over (two milestones between two evaluations) is
+  recorded at a later report. Replaying that rule over the evaluation rounds
+  gives the rounds. A trial ASHA stops ends with its checkpoint there; one that
+  diverges checkpoints where it stops (`trainable.eval_result`). Between them
+  a trial reports without one: a restart resumes from the latest checkpoint
+  and runs the rounds after it again, with the same results (rounds are
+  deterministic).
+  """
+  rounds, every = sweep.budget.rounds, sweep.base.eval_every
+  out = {rounds}
+  if sweep.scheduler.kind == "asha":
+    pending = asha_milestones(sweep.scheduler.grace_period, sweep.scheduler.reduction_factor,
+                              rounds)
+    for round_num in [*range(every, rounds, every), rounds]:
+      reached = [m for m in pending if m <= round_num]
+      if reached:
+        pending.remove(max(reached))
+        out.add(round_num)
+  return frozenset(out)
+
+
 def _asha(sweep: Sweep):
   from ray.tune.schedulers import ASHAScheduler
 
@@ -204,7 +249,7 @@ def _trainable(sweep: Sweep, optimizer: Optional[str], pool: Optional[str]):
     resources["gpu"] = sweep.resources.gpus_per_trial
   return tune.with_resources(
       tune.with_parameters(trainable_lib.train_trial, sweep=sweep, optimizer=optimizer,
-                           pool=pool),
+                           pool=pool, checkpoint_rounds=checkpoint_rounds(sweep)),
       resources)
 
 

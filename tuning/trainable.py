@@ -5,12 +5,13 @@ the optimizer, the sampled hparams, a private run directory), restores the run
 directory from `tune.get_checkpoint()` when Tune restarts the trial (after a
 crash, or when a sweep is resumed), and runs the project's one training loop
 with a callback that calls `tune.report` after every evaluation, with the run
-directory as the checkpoint whenever the pipeline has just saved one. In a
-sweep the rounds run in a long-lived worker that keeps the built experiment
-between trials (`tuning.workers`); this process then only reports. The last
-checkpoint of a trial (its final evaluation) holds the run's metrics.csv,
-config.yaml, TensorBoard events and program state; the run directory itself is
-deleted when the trial ends.
+directory as the checkpoint where one is needed: at ASHA's rungs, at the last
+round, and where a diverged run stops (`eval_result`). In a sweep the rounds
+run in a long-lived worker that keeps the built experiment between trials
+(`tuning.workers`); this process then only reports. The last checkpoint of a
+trial (where it ended) holds the run's metrics.csv, config.yaml, TensorBoard
+events and program state; the run directory itself is deleted when the trial
+ends.
 
 What each report holds: the evaluation's flat metrics (`test/accuracy`,
 `train/loss`, ...), `round`, `objective` (the sweep's metric averaged over the
@@ -30,7 +31,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from typing import Any, Callable, Iterable, Mapping, Optional
+from typing import Any, Callable, Collection, Iterable, Mapping, Optional
 
 from tff_fedadamom.metric_names import ROUND, evaluated
 from tff_fedadamom.pipeline.loop import RoundHook
@@ -48,6 +49,17 @@ def worst_objective(mode: str) -> float:
   return -_WORST if mode == "max" else _WORST
 
 
+def one_row_per_round(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+  """`rows` (each with a `round`) in round order, one per round, the last row
+  of a round winning. A round appears twice when a run resumed from a
+  checkpoint older than its last row: a restarted trial reports again the
+  rounds after its latest Tune checkpoint, with the same values."""
+  by_round = {}
+  for row in rows:
+    by_round[int(row[ROUND])] = row
+  return [by_round[r] for r in sorted(by_round)]
+
+
 def objective_from_history(history: Iterable[Mapping[str, Any]], metric: str, last_k: int,
                            upto_round: Optional[int] = None) -> Optional[float]:
   """Mean of `metric` over the last `last_k` evaluations (fewer if fewer exist).
@@ -59,11 +71,10 @@ def objective_from_history(history: Iterable[Mapping[str, Any]], metric: str, la
   Rows after `upto_round` are ignored. None when no evaluation has the metric;
   NaN when one of the values is not finite.
   """
-  by_round = {}
-  for row in history:
-    if evaluated(row) and metric in row and (upto_round is None or row[ROUND] <= upto_round):
-      by_round[int(row[ROUND])] = float(row[metric])
-  values = [by_round[r] for r in sorted(by_round)][-last_k:]
+  rows = one_row_per_round(
+      row for row in history
+      if evaluated(row) and metric in row and (upto_round is None or row[ROUND] <= upto_round))
+  values = [float(row[metric]) for row in rows][-last_k:]
   if not values:
     return None
   if not all(math.isfinite(v) for v in values):
@@ -109,9 +120,19 @@ def _numbers(metrics: Mapping[str, Any]) -> dict:
   return out
 
 
-def eval_result(event, *, metric, node_id: str) -> tuple[dict, Optional[str]]:
+def eval_result(event, *, metric, node_id: str,
+                checkpoint_rounds: Collection[int]) -> tuple[dict, Optional[str]]:
   """What a trial reports after an evaluation: (result, the run directory to
-  checkpoint or None). Runs where the run runs (the trial's worker)."""
+  checkpoint or None). Runs where the run runs (the trial's worker).
+
+  The run directory goes to Tune only where a checkpoint is needed: at
+  `checkpoint_rounds` (`tuning.sweep.checkpoint_rounds`: ASHA's rungs and the
+  last round), or where the run stops because it diverged; and only when the
+  pipeline has just saved this round (`checkpoint_saved`), so that the copy
+  resumes exactly here. Each Tune checkpoint costs a copy of the run directory
+  into the trial's storage and a registration by the driver; between them a
+  restart runs the rounds after the latest checkpoint again, with the same
+  results."""
   from tff_fedadamom.pipeline import outputs
 
   history = outputs.read_metrics(event.output_dir)
@@ -122,7 +143,8 @@ def eval_result(event, *, metric, node_id: str) -> tuple[dict, Optional[str]]:
   result.update({ROUND: int(event.round_num), DIVERGED: int(diverged),
                  OBJECTIVE: worst_objective(metric.mode) if diverged else value,
                  "node_id": node_id, WORKER_PID: os.getpid()})
-  return result, event.output_dir if event.checkpoint_saved else None
+  due = event.diverged or int(event.round_num) in checkpoint_rounds
+  return result, event.output_dir if event.checkpoint_saved and due else None
 
 
 class TuneReport(RoundHook):
@@ -158,15 +180,16 @@ def _report_to_tune(payload) -> None:
     tune.report(result)
 
 
-def train_trial(config: dict, *, sweep, optimizer: Optional[str],
-                pool: Optional[str] = None) -> None:
+def train_trial(config: dict, *, sweep, optimizer: Optional[str], pool: Optional[str],
+                checkpoint_rounds: Collection[int]) -> None:
   """Runs one trial: of `optimizer` with the hparams `config`, or of the
   optimizer and hparams that `config` names (`tuning.joint.split`).
 
-  Bound to `sweep`, `optimizer` and `pool` with `tune.with_parameters` by
-  `run_sweep`. With `pool` (a `tuning.workers` pool's name) the trial runs in a
-  long-lived worker of that pool and this process only reports; without, it
-  runs here, in a process of its own.
+  Bound to `sweep`, `optimizer`, `pool` and `checkpoint_rounds` (the rounds
+  whose reports carry a checkpoint, `tuning.sweep.checkpoint_rounds`) with
+  `tune.with_parameters` by `run_sweep`. With `pool` (a `tuning.workers`
+  pool's name) the trial runs in a long-lived worker of that pool and this
+  process only reports; without, it runs here, in a process of its own.
   """
   import ray
   from ray import tune
@@ -197,7 +220,8 @@ def train_trial(config: dict, *, sweep, optimizer: Optional[str],
       space_lib.experiment_dict, sweep, optimizer, params, output_dir=output_dir,
       threads=threads, name=f"{sweep.name}/{optimizer}/{context.get_trial_name()}")
   make_result = functools.partial(eval_result, metric=sweep.metric,
-                                  node_id=ray.get_runtime_context().get_node_id())
+                                  node_id=ray.get_runtime_context().get_node_id(),
+                                  checkpoint_rounds=frozenset(checkpoint_rounds))
   try:
     if pool is not None:
       from tuning import workers

@@ -33,6 +33,23 @@ def tiny_base(**overrides):
   return base
 
 
+def rounds_reported_again(results, metrics=("test/accuracy", "test/loss", "train/loss",
+                                             "objective")):
+  """Asserts that every round a trial (a Tune `Result`) reported more than once
+  has the same `metrics` each time (a restarted trial runs the rounds after its
+  latest checkpoint again); returns how many reports were repeats."""
+  again = 0
+  for result in results:
+    seen = {}
+    for row in result.metrics_dataframe.to_dict("records"):
+      values = tuple(row[k] for k in metrics)
+      if row["round"] in seen:
+        again += 1
+        assert seen[row["round"]] == values, (row["round"], seen[row["round"]], values)
+      seen[row["round"]] = values
+  return again
+
+
 def write_sweep(directory, raw, name="sweep.yaml"):
   path = os.path.join(str(directory), name)
   with open(path, "w") as f:

@@ -8,14 +8,16 @@ import pytest
 
 from ray import tune
 
-from tests.tuning.conftest import tiny_base, write_sweep
+from tests.tuning.conftest import rounds_reported_again, tiny_base, write_sweep
 from tuning import joint, load_sweep, run_sweep
 from tuning import space as space_lib
 from tuning.export import read_trials
 
 
 class InterruptOnce(tune.Callback):
-  """Presses Ctrl-C (SIGINT to the driver) when the first trial completes.
+  """Presses Ctrl-C (SIGINT to the driver) at the first round-1 report after a
+  trial has completed: one trial finished, one caught between checkpoints (a
+  trial without ASHA checkpoints at its last round only).
 
   Tune pickles callbacks into the experiment and restores them on resume, so
   'once' is kept in a file, not in the object."""
@@ -23,8 +25,9 @@ class InterruptOnce(tune.Callback):
   def __init__(self, marker: str):
     self.marker = marker
 
-  def on_trial_complete(self, iteration, trials, trial, **info):
-    if not os.path.exists(self.marker):
+  def on_trial_result(self, iteration, trials, trial, result, **info):
+    if (result.get("round") == 1 and any(t.status == "TERMINATED" for t in trials)
+        and not os.path.exists(self.marker)):
       open(self.marker, "w").close()
       os.kill(os.getpid(), signal.SIGINT)
 
@@ -71,8 +74,12 @@ def test_resume_does_not_rerun_finished_trials(tmp_path, no_leftover_workers, on
     assert _rows(os.path.join(experiment, f"trial_{trial_id}")) == rows_before[trial_id]
   for result in grid:
     assert result.metrics["round"] == 3
-    rounds = [int(r) for r in result.metrics_dataframe["round"]]
-    assert rounds == sorted(set(rounds)), rounds  # no round reported twice
+  # The trial the interruption caught before its only checkpoint (its last
+  # round) starts again from round 1; Tune then starts its result file afresh.
+  # A round reported twice has the same values; the export has each round once.
+  rounds_reported_again(grid)
+  records = read_trials(second.sweep_dir, "fedavg")
+  assert [[h["round"] for h in r.history] for r in records] == [[1, 2, 3]] * 3
   assert set(second.export.best) == {"fedavg"}
   # The same trials either way: those the sweep planned (tuning.joint).
   planned = sorted(sorted(p.items()) for p in space_lib.sample_trials(load_sweep(path), "fedavg"))

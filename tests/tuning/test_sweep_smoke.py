@@ -1,8 +1,8 @@
 """A real sweep end to end on a local Ray: 2 optimizers x 2 trials x 3 rounds of
-logistic regression on digits, one trial per optimizer with a learning rate that
-diverges, and one trial whose process is killed after its first report (Tune
-restarts it from its checkpoint); then export, and re-running each exported
-config reproduces its trial exactly."""
+logistic regression on digits with ASHA (one rung, at round 2), one trial per
+optimizer with a learning rate that diverges, and one trial whose process is
+killed once Tune has its rung checkpoint (Tune restarts it from there); then
+export, and re-running each exported config reproduces its trial exactly."""
 
 import csv
 import json
@@ -17,7 +17,7 @@ from ray import tune
 
 from tests.tuning.conftest import our_worker_binaries, tiny_base, write_sweep
 from tff_fedadamom.config import load_config
-from tff_fedadamom.metric_names import TEST_ACCURACY
+from tff_fedadamom.metric_names import TEST_ACCURACY, TEST_LOSS
 from tuning import joint, run_sweep
 from tuning.sweep import SweepError
 from tuning.trainable import objective_from_history
@@ -28,15 +28,19 @@ CLI = os.path.join(os.path.dirname(sys.executable), "tff-fedadamom")
 
 class CrashOnce(tune.Callback):
   """Kills the process of the fedavg trial with learning rate 1 once Tune has its
-  round-1 checkpoint, once (a crash: FailureConfig restarts it from there)."""
+  round-2 checkpoint (ASHA's rung), once (a crash: FailureConfig restarts it
+  from there). Every checkpoint Tune registers is logged to `marker`.log as
+  'trial_id round' (Tune pickles callbacks: state is kept in files)."""
 
   def __init__(self, marker: str):
     self.marker = marker
 
   def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
     result = trial.last_result or {}
+    with open(self.marker + ".log", "a") as f:
+      f.write(f"{trial.trial_id} {result.get('round')}\n")
     optimizer, params = joint.split(trial.config)
-    if (result.get("round") == 1 and params.get("server.learning_rate") == 1.0
+    if (result.get("round") == 2 and params.get("server.learning_rate") == 1.0
         and optimizer == "fedavg" and not os.path.exists(self.marker)):
       with open(self.marker, "w") as f:
         f.write(f"{trial.trial_id} {result['pid']}")
@@ -56,6 +60,8 @@ def smoke(tmp_path_factory):
                 # 1e38 overflows float32 within two rounds: a diverged trial.
                 "server.learning_rate": {"dist": "grid", "values": [1.0, 1.0e+38]}},
       "search": {"kind": "grid"},
+      # Rungs at round 2 only (2 * 2 > 3): trials checkpoint at rounds 2 and 3.
+      "scheduler": {"kind": "asha", "grace_period": 2, "reduction_factor": 2},
       "metric": {"name": TEST_ACCURACY, "last_k": LAST_K},
       "resources": {"cpus_per_trial": 1, "max_concurrent_trials": 2,
                     "storage_path": str(root / "sweeps")},
@@ -64,14 +70,14 @@ def smoke(tmp_path_factory):
                      callbacks=[CrashOnce(str(root / "crashed"))])
   with open(root / "crashed") as f:
     crashed_id, crashed_pid = f.read().split()
-  yield path, result, (crashed_id, int(crashed_pid))
+  yield path, result, (crashed_id, int(crashed_pid)), str(root / "crashed.log")
   import ray
 
   assert not ray.is_initialized()  # run_sweep shut down the Ray it started
 
 
 def test_sweep_runs_every_trial(smoke):
-  _, result, _ = smoke
+  _, result, _, _ = smoke
   assert not result.interrupted
   for optimizer in ("fedavg", "fedadamom"):
     grid = result.results[optimizer]
@@ -81,16 +87,37 @@ def test_sweep_runs_every_trial(smoke):
 
 
 def test_crashed_trial_restarts_from_its_checkpoint(smoke):
-  _, result, (trial_id, pid) = smoke
+  _, result, (trial_id, pid), _ = smoke
   crashed = [r for r in result.results["fedavg"] if r.metrics["trial_id"] == trial_id]
   assert len(crashed) == 1 and crashed[0].error is None
   frame = crashed[0].metrics_dataframe
-  assert list(frame["round"]) == [1, 2, 3]  # rounds 2-3 once, after the restart
-  assert list(frame["pid"])[0] == pid and list(frame["pid"])[-1] != pid
+  assert list(frame["round"]) == [1, 2, 3]  # round 3 once, after the restart
+  assert list(frame["pid"])[:2] == [pid, pid] and list(frame["pid"])[-1] != pid
+
+
+def test_trials_checkpoint_at_the_rung_and_at_their_end_only(smoke):
+  """Tune registers a trial's checkpoint at ASHA's rung (round 2) and at its
+  last round (3), not at round 1; a diverged trial (it stops at round 2)
+  checkpoints there. The crashed trial checkpoints at 2 before and 3 after."""
+  _, result, (crashed_id, _), log = smoke
+  with open(log) as f:
+    logged = [line.split() for line in f.read().splitlines()]
+  by_trial = {}
+  for trial_id, round_num in logged:
+    by_trial.setdefault(trial_id, []).append(int(round_num))
+  trials = {r.metrics["trial_id"]: r for grid in result.results.values() for r in grid}
+  assert set(by_trial) == set(trials)
+  for trial_id, rounds in by_trial.items():
+    last = int(trials[trial_id].metrics["round"])
+    assert rounds == ([2, 3] if last == 3 else [2]), (trial_id, rounds)
+  assert by_trial[crashed_id] == [2, 3]
+  for trial_id in trials:  # what Tune keeps: the last one (num_to_keep=1)
+    kept = [d for d in os.listdir(trials[trial_id].path) if d.startswith("checkpoint_")]
+    assert len(kept) == 1, kept
 
 
 def test_diverged_trial_is_never_best(smoke):
-  _, result, _ = smoke
+  _, result, _, _ = smoke
   for optimizer, best in result.export.best.items():
     assert best.trial.params == {"server.learning_rate": 1.0}, optimizer
     assert not best.trial.diverged and best.complete
@@ -109,7 +136,7 @@ def test_diverged_trial_is_never_best(smoke):
 def test_exported_configs_reproduce_the_trials(smoke, tmp_path, no_leftover_workers):
   """`tff-fedadamom run best/<optimizer>.yaml` (in its own process, as a user
   would run it) reproduces the trial's objective with the same seed."""
-  _, result, _ = smoke
+  _, result, (crashed, _), _ = smoke
   exported = json.loads(open(os.path.join(result.sweep_dir, "export.json")).read())
   assert set(exported["best"]) == {"fedavg", "fedadamom"}
   runs = {}
@@ -129,6 +156,14 @@ def test_exported_configs_reproduce_the_trials(smoke, tmp_path, no_leftover_work
     value = objective_from_history(summary["history"], TEST_ACCURACY, LAST_K)
     assert value == pytest.approx(best["objective"], rel=1e-6, abs=1e-6), optimizer
     assert summary["rounds_to_target"] == best["rounds_to_target"]
+    # Round for round, the crashed fedavg trial (restarted from its rung
+    # checkpoint) included.
+    ran = {int(row["round"]): row for row in summary["history"] if TEST_ACCURACY in row}
+    assert sorted(ran) == [row["round"] for row in best["history"]] == [1, 2, 3]
+    for row in best["history"]:
+      for name in (TEST_ACCURACY, TEST_LOSS):
+        assert ran[row["round"]][name] == pytest.approx(row[name], rel=1e-6, abs=1e-6)
+  assert exported["best"]["fedavg"]["trial_id"] == crashed
   for name in ("leaderboard.md", "plots/objective_vs_hparams.png",
                "plots/best_learning_curves.png"):
     assert os.path.getsize(os.path.join(result.sweep_dir, name)) > 100
@@ -139,7 +174,7 @@ def test_no_worker_binary_left_by_trials(smoke):
 
 
 def test_rerun_without_resume_is_refused(smoke):
-  path, _, _ = smoke
+  path, _, _, _ = smoke
   with pytest.raises(SweepError, match="--resume"):
     run_sweep(path)
 
@@ -159,7 +194,7 @@ def _trial_reports(sweep_dir):
 def test_one_experiment_runs_the_planned_trials(smoke):
   """A grid sweep is one Tune experiment holding exactly the trials
   `joint.trial_configs` planned, interleaved across optimizers."""
-  path, result, _ = smoke
+  path, result, _, _ = smoke
   entries = sorted(os.listdir(result.sweep_dir))
   assert joint.EXPERIMENT in entries and "fedavg" not in entries and "fedadamom" not in entries
   from tuning import load_sweep
@@ -172,7 +207,7 @@ def test_one_experiment_runs_the_planned_trials(smoke):
 
 
 def test_resume_of_a_finished_sweep_runs_nothing(smoke):
-  path, result, _ = smoke
+  path, result, _, _ = smoke
   before = _trial_reports(result.sweep_dir)
   assert len(before) == 4, before.keys()
   again = run_sweep(path, resume=True, progress_interval_s=60)
@@ -188,7 +223,7 @@ def test_resume_of_a_finished_sweep_runs_nothing(smoke):
 def test_resume_with_a_changed_sweep_or_nothing_to_resume_is_refused(smoke, tmp_path):
   import yaml
 
-  path, _, _ = smoke
+  path, _, _, _ = smoke
   with open(path) as f:
     raw = yaml.safe_load(f)
   raw["budget"]["rounds"] = 4

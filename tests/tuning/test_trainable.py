@@ -27,11 +27,13 @@ def test_a_run_reports_each_evaluation_with_its_objective_and_checkpoint(tmp_pat
   out = str(tmp_path / "run")
   metric = types.SimpleNamespace(name=TEST_ACCURACY, last_k=2, mode="max")
   reports = []
-  make_result = functools.partial(eval_result, metric=metric, node_id="node")
+  make_result = functools.partial(eval_result, metric=metric, node_id="node",
+                                  checkpoint_rounds={2, 3})
   run_experiment({**tiny_base(rounds=3, eval_every=2, checkpoint_every=3), "output_dir": out},
                  hooks=[TuneReport(out, make_result, reports.append)], progress=False)
   results = [result for result, _ in reports]
   assert [r[ROUND] for r in results] == [2, 3]  # every 2nd round and the last
+  # Round 2 is a checkpoint round, but the run saved nothing there.
   assert [checkpoint for _, checkpoint in reports] == [None, out]  # saved in round 3
   assert [r[DIVERGED] for r in results] == [0, 0]
   # The objective is the mean over the last 2 evaluations: the report runs once
@@ -39,3 +41,27 @@ def test_a_run_reports_each_evaluation_with_its_objective_and_checkpoint(tmp_pat
   first, last = (r[TEST_ACCURACY] for r in results)
   assert results[0][OBJECTIVE] == first
   assert math.isclose(results[1][OBJECTIVE], (first + last) / 2)
+
+
+def _reports(out, checkpoint_rounds, **overrides):
+  metric = types.SimpleNamespace(name=TEST_ACCURACY, last_k=1, mode="max")
+  reports = []
+  make_result = functools.partial(eval_result, metric=metric, node_id="node",
+                                  checkpoint_rounds=checkpoint_rounds)
+  run_experiment({**tiny_base(**overrides), "output_dir": out},
+                 hooks=[TuneReport(out, make_result, reports.append)], progress=False)
+  return [(result[ROUND], result[DIVERGED], checkpoint) for result, checkpoint in reports]
+
+
+def test_only_checkpoint_rounds_and_a_diverged_stop_hand_tune_a_checkpoint(tmp_path):
+  """The run saves every round; Tune gets the run directory at the rounds
+  asked for, and where a diverged run stops, whatever those rounds are."""
+  out = str(tmp_path / "run")
+  assert _reports(out, {2, 4}, rounds=4, eval_every=1, checkpoint_every=1) == [
+      (1, 0, None), (2, 0, out), (3, 0, None), (4, 0, out)]
+  out = str(tmp_path / "diverges")
+  # 1e38 overflows float32 within two rounds; diverge_patience 1 stops it there.
+  reports = _reports(out, {4}, rounds=4, eval_every=1, checkpoint_every=1,
+                     server={"optimizer": "fedavg", "learning_rate": 1.0e+38})
+  assert reports[-1] == (reports[-1][0], 1, out) and reports[-1][0] < 4
+  assert all(checkpoint is None for _, _, checkpoint in reports[:-1])

@@ -6,7 +6,7 @@ import signal
 
 from ray import tune
 
-from tests.tuning.conftest import tiny_base, write_sweep
+from tests.tuning.conftest import rounds_reported_again, tiny_base, write_sweep
 from tff_fedadamom.metric_names import TEST_ACCURACY, TEST_LOSS, TRAIN_ACCURACY, TRAIN_LOSS
 from tuning import run_sweep
 from tuning.joint import split
@@ -81,6 +81,9 @@ def test_a_worker_that_dies_loses_only_its_trial(tmp_path, no_leftover_workers):
     assert list(frame["round"])[-1] == 3
     if trial.metrics["trial_id"] == killed_trial:
       assert list(frame["worker_pid"])[-1] != int(killed_pid)  # restarted elsewhere
+      # It had no checkpoint yet (without ASHA only round 3 has one): it ran
+      # round 1 again, with the same results.
+      assert rounds_reported_again([trial]) >= 1
     else:
       assert int(killed_pid) not in set(frame["worker_pid"])
   assert process_identity(int(killed_pid)) is None
