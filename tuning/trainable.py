@@ -221,7 +221,7 @@ def train_trial(config: dict, *, sweep, optimizer: Optional[str], pool: Optional
       threads=threads, name=f"{sweep.name}/{optimizer}/{context.get_trial_name()}")
   make_result = functools.partial(eval_result, metric=sweep.metric,
                                   node_id=ray.get_runtime_context().get_node_id(),
-                                  checkpoint_rounds=frozenset(checkpoint_rounds))
+                                  checkpoint_rounds=checkpoint_rounds)
   try:
     if pool is not None:
       from tuning import workers
