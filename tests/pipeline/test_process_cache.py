@@ -68,20 +68,49 @@ def test_bundle_rejects_what_it_cannot_read(built):
     CompiledProcess.from_bytes(b"garbage")
 
 
-def test_process_key_ignores_state_hparams_and_run_settings_only():
+def test_process_key_ignores_state_hparams_run_settings_and_the_partition_only():
   def process_key(config):
-    return cache_lib.process_key(parts_lib.process_structure(parts_lib.structure_key(config)))
+    signature = parts_lib.data_signature(config, process_lib.load_data(config))
+    return cache_lib.process_key(
+        parts_lib.process_structure(parts_lib.structure_key(config), signature))
 
   base = tiny()
   key = process_key(base)
+  # The data reach the process only as client datasets: their partition, count
+  # and split seed change no traced computation.
   same = [tiny(server={"learning_rate": 0.3}), tiny(client={"learning_rate": 0.05}),
           tiny(rounds=9, eval_every=3, checkpoint_every=2, telemetry=False),
-          tiny(runtime={"threads": 1, "max_concurrent_clients": 1, "cache": False})]
+          tiny(runtime={"threads": 1, "max_concurrent_clients": 1, "cache": False}),
+          tiny(data={"partition": {"kind": "iid"}, "num_clients": 5, "seed": 7,
+                     "eval_batch_size": 64})]
   assert {process_key(c) for c in same} == {key}
+  # A dataset of another input shape (synthetic: 60 features, 10 classes).
+  other_data = tiny(data={"name": "synthetic", "num_clients": 8})
+  assert parts_lib.data_signature(other_data, process_lib.load_data(other_data))[
+      "input_shape"] != parts_lib.data_signature(base, process_lib.load_data(base))["input_shape"]
   other = [tiny(seed=4), tiny(model={"name": "mlp"}), tiny(client={"local_epochs": 2}),
-           tiny(server={"optimizer": "fedadam"})]
+           tiny(server={"optimizer": "fedadam"}), other_data]
   keys = {process_key(c) for c in other}
   assert key not in keys and len(keys) == len(other)
+
+
+def test_runs_that_differ_in_partition_share_one_compiled_process(tmp_path):
+  """A cached process built on one partition runs another partition's config
+  exactly as that config's own uncached process does."""
+  from tff_fedadamom.pipeline import run_experiment
+
+  cache = str(tmp_path / "cache")
+  other = {"partition": {"kind": "iid"}, "num_clients": 6, "seed": 2}
+  rows = {}
+  for name, data, runtime in (("first", {}, {"cache_dir": cache}),
+                              ("shared", other, {"cache_dir": cache}),
+                              ("own", other, {"cache": False})):
+    config = tiny(tmp_path / name, rounds=2, data=data, runtime=runtime)
+    run_experiment(config, progress=False)
+    rows[name] = _rows(tmp_path / name)
+  entries = [n for n in os.listdir(cache) if n.endswith(".tffproc")]
+  assert len(entries) == 1, entries  # the second run loaded the first's entry
+  assert rows["shared"] == rows["own"] and rows["shared"] != rows["first"]
 
 
 def test_warm_run_loads_instead_of_building_and_equals_an_uncached_run(tmp_path, monkeypatch):

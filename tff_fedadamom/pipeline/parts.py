@@ -42,9 +42,11 @@ RUN_ONLY_FIELDS = ("output_dir", "name", "rounds", "runtime.threads", "runtime.c
                    "runtime.cache_dir")
 # Fields of the structure key that the compiled learning process itself does not
 # depend on (where and how rounds run, evaluation and checkpoint cadence): the
-# process cache keys on the rest (`process_structure`).
+# process cache keys on the rest (`process_structure`). The `data` section goes
+# too: the process sees the data only through `data_signature`, so configs that
+# differ only in partition, client count or split seed share one compiled process.
 PROCESS_FREE_FIELDS = ("runtime", "eval_every", "checkpoint_every", "telemetry", "targets",
-                       "data.eval_batch_size")
+                       "data")
 
 
 class Evaluator:
@@ -156,12 +158,25 @@ def structure_key(config: ExperimentConfig) -> str:
   return json.dumps(tree, sort_keys=True, default=repr)
 
 
-def process_structure(key: str) -> str:
-  """A `structure_key` without `PROCESS_FREE_FIELDS`: what the config's compiled
-  learning process depends on (the process cache's key, with the versions)."""
+def data_signature(config: ExperimentConfig, data) -> dict:
+  """What a learning process built by `process.build_process` sees of `data`:
+  the batched element spec of its clients' datasets (TFF's input spec) and the
+  model's input shape and class count. Nothing else of the data enters a traced
+  computation: examples reach the process as its clients' datasets."""
+  from tff_fedadamom.pipeline import process as process_lib
+
+  return {"input_spec": repr(process_lib.input_spec(config, data)),
+          "input_shape": list(data.input_shape), "num_classes": int(data.num_classes)}
+
+
+def process_structure(key: str, signature: dict) -> str:
+  """A `structure_key` without `PROCESS_FREE_FIELDS`, with the `data_signature`
+  `signature` in place of the data section: what the config's compiled learning
+  process depends on (the process cache's key, with the versions)."""
   tree = json.loads(key)
   for path in PROCESS_FREE_FIELDS:
     _drop(tree, path)
+  tree["data_signature"] = signature
   return json.dumps(tree, sort_keys=True)
 
 
@@ -212,7 +227,8 @@ def learning_process(config: ExperimentConfig, data, devices, key: Optional[str]
 
   key = key if key is not None else structure_key(config)
   return ProcessCache(config.runtime.cache_dir).get_or_build(
-      process_key(process_structure(key)), lambda: compile_process(build()))
+      process_key(process_structure(key, data_signature(config, data))),
+      lambda: compile_process(build()))
 
 
 def initial_state(config: ExperimentConfig, process):
