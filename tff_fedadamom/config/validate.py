@@ -121,14 +121,15 @@ def _check_server(server: schema.ServerConfig, source: str) -> schema.ServerConf
 
 
 def _check_schedule(schedule: Mapping[str, Any], source: str) -> dict:
-  """Checks the schedule; returns it with its kind named."""
+  """Checks the schedule against its registry entry's ranges (the checks
+  `build_schedule` runs, without building one); returns it with its kind named."""
   from tff_fedadamom.optimizers import schedules
 
   kind, params = schema.split_kind(schedule, schema.DEFAULT_SCHEDULE_KIND)
   _check_name(kind, schedules.SCHEDULES, source, "server.schedule.kind")
   _check_options(params, schedules.SCHEDULES[kind].defaults, source, "server.schedule.")
   try:
-    schedules.build_schedule(kind, 1.0, **params)
+    schedules.resolve_schedule_params(kind, **params)
   except ValueError as e:
     name = _named_argument(str(e))
     raise ConfigError(source, f"server.schedule.{name}" if name else "server.schedule",
