@@ -83,12 +83,13 @@ def objective_from_history(history: Iterable[Mapping[str, Any]], metric: str, la
 
 
 def trial_threads() -> int:
-  """The number of CPUs Tune gave this trial (at least 1)."""
+  """The threads of this trial: from the CPUs Tune gave it (`threads_for_cpus`)."""
   from ray import tune
 
+  from tff_fedadamom.pipeline.runtime import threads_for_cpus
+
   resources = tune.get_context().get_trial_resources()
-  cpus = resources.required_resources.get("CPU", 1) if resources else 1
-  return max(1, int(cpus))
+  return threads_for_cpus(resources.required_resources.get("CPU", 1) if resources else 1)
 
 
 def trial_session(threads: int, gpu: bool):
