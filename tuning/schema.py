@@ -43,7 +43,7 @@ from tff_fedadamom.config.loader import read_yaml
 from tff_fedadamom.config.sections import build_section, coerce, reject_unknown
 from tff_fedadamom.config.schema import (BACKENDS, RAY, checked_field, nonnegative, positive,
                                          ray_address, ray_resource)
-from tff_fedadamom.metric_names import TEST_ACCURACY, TEST_LOSS, TRAIN_ACCURACY, TRAIN_LOSS
+from tff_fedadamom.metric_names import LOSS, TEST_ACCURACY, TEST_LOSS, TRAIN_ACCURACY, TRAIN_LOSS
 from tff_fedadamom.naming import suggest
 from tuning.checks import check_sweep
 from tuning.errors import SweepConfigError
@@ -306,7 +306,7 @@ def _check_metric(metric: Metric, source: str, evaluations: int) -> Metric:
                            allowed=f"an integer in [1, {evaluations}] (the evaluations in "
                            "budget.rounds at base.eval_every)")
   if metric.mode is None:
-    metric = dataclasses.replace(metric, mode="min" if metric.name.endswith("loss")
+    metric = dataclasses.replace(metric, mode="min" if metric.name.endswith(LOSS)
                                  else "max")
   return metric
 

@@ -40,6 +40,7 @@ from tff_fedadamom.plain import plain
 OBJECTIVE = "objective"
 DIVERGED = "diverged"
 WORKER_PID = "worker_pid"
+NODE_ID = "node_id"
 RUN_SUBDIR = "run"
 _WORST = 1e300
 
@@ -143,7 +144,7 @@ def eval_result(event, *, metric, node_id: str,
   result = _numbers(event.metrics)
   result.update({ROUND: int(event.round_num), DIVERGED: int(diverged),
                  OBJECTIVE: worst_objective(metric.mode) if diverged else value,
-                 "node_id": node_id, WORKER_PID: os.getpid()})
+                 NODE_ID: node_id, WORKER_PID: os.getpid()})
   due = event.diverged or int(event.round_num) in checkpoint_rounds
   return result, event.output_dir if event.checkpoint_saved and due else None
 

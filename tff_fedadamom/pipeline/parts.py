@@ -31,7 +31,7 @@ import re
 from typing import Any, Optional
 
 from tff_fedadamom.config import ExperimentConfig, config_to_dict
-from tff_fedadamom.metric_names import TEST_ACCURACY, TEST_LOSS
+from tff_fedadamom.metric_names import LOSS, TEST_ACCURACY, TEST_LOSS
 
 # Settings of a run that no part depends on: where it writes, what it is called,
 # how long it runs, TensorFlow's thread count (set once per process, before
@@ -67,7 +67,7 @@ class Evaluator:
 
     process.get_model_weights(state).assign_weights_to(self._model)
     result = self._model.evaluate(self._dataset, verbose=0, return_dict=True)
-    return {TEST_LOSS: float(result["loss"]),
+    return {TEST_LOSS: float(result[LOSS]),
             TEST_ACCURACY: float(result[ACCURACY_METRIC])}
 
 
