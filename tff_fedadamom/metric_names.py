@@ -9,12 +9,19 @@ paper report and the tests all read them from here.
 ROUND = "round"  # the round a row belongs to (1 = after the first round)
 NONFINITE_UPDATES = "nonfinite_updates"  # 1 when the round's update was rejected
 
-TRAIN_LOSS = "train/loss"
-TRAIN_ACCURACY = "train/accuracy"
-TRAIN_NUM_EXAMPLES = "train/num_examples"
-TEST_LOSS = "test/loss"
-TEST_ACCURACY = "test/accuracy"
+# What Keras and TFF call a model's loss and its example count (the keys of a
+# learning process's `client_work/train` metrics and of `Model.evaluate`'s
+# result), which a row renames to the names below.
+LOSS = "loss"
+NUM_EXAMPLES = "num_examples"
+
+TRAIN_PREFIX = "train/"  # the clients' training metrics of the round
+TRAIN_LOSS = TRAIN_PREFIX + LOSS
+TRAIN_ACCURACY = TRAIN_PREFIX + "accuracy"
+TRAIN_NUM_EXAMPLES = TRAIN_PREFIX + NUM_EXAMPLES
 TEST_PREFIX = "test/"  # every evaluation metric's; a row with one is an evaluated round
+TEST_LOSS = TEST_PREFIX + LOSS
+TEST_ACCURACY = TEST_PREFIX + "accuracy"
 
 ELAPSED_S = "time/elapsed_s"  # seconds from the run's start to the round's end
 TELEMETRY_S = "time/telemetry_s"  # seconds the round's optimizer statistics took

@@ -97,8 +97,8 @@ def _experiment_records(experiment_dir: str, optimizer: Optional[str]) -> list[T
     records.append(TrialRecord(
         optimizer=name, trial_id=trial.trial_id, status=trial.status,
         params={k: plain(v) for k, v in params.items()},
-        history=history, node_id=last.get("node_id"), hostname=last.get("hostname"),
-        pid=last.get("pid")))
+        history=history, node_id=last.get(trainable_lib.NODE_ID),
+        hostname=last.get("hostname"), pid=last.get("pid")))
   return records
 
 

@@ -41,9 +41,9 @@ import yaml
 
 from tff_fedadamom.config.loader import read_yaml
 from tff_fedadamom.config.sections import build_section, coerce, reject_unknown
-from tff_fedadamom.config.schema import (checked_field, nonnegative, positive, ray_address,
-                                         ray_resource)
-from tff_fedadamom.metric_names import TEST_ACCURACY, TEST_LOSS, TRAIN_ACCURACY, TRAIN_LOSS
+from tff_fedadamom.config.schema import (BACKENDS, RAY, checked_field, nonnegative, positive,
+                                         ray_address, ray_resource)
+from tff_fedadamom.metric_names import LOSS, TEST_ACCURACY, TEST_LOSS, TRAIN_ACCURACY, TRAIN_LOSS
 from tff_fedadamom.naming import suggest
 from tuning.checks import check_sweep
 from tuning.errors import SweepConfigError
@@ -207,11 +207,12 @@ def _parse_base(raw: Any, source: str, base_dir: str):
     base = load_config(path)
   except ConfigError as e:
     raise SweepConfigError(source, "base", f"invalid experiment config: {e}") from None
-  if base.runtime.backend == "ray":
+  if base.runtime.backend == RAY:
     # A trial is one Ray task; its own actors would need a placement group.
+    others = [repr(b) for b in BACKENDS if b != RAY]
     raise SweepConfigError(source, "base.runtime.backend",
-                           "the ray backend does not run inside sweep trials yet",
-                           value="ray", allowed="'auto', 'inprocess' or 'tff_cpp'")
+                           f"the {RAY} backend does not run inside sweep trials yet",
+                           value=RAY, allowed=", ".join(others[:-1]) + " or " + others[-1])
   return base
 
 
@@ -305,7 +306,7 @@ def _check_metric(metric: Metric, source: str, evaluations: int) -> Metric:
                            allowed=f"an integer in [1, {evaluations}] (the evaluations in "
                            "budget.rounds at base.eval_every)")
   if metric.mode is None:
-    metric = dataclasses.replace(metric, mode="min" if metric.name.endswith("loss")
+    metric = dataclasses.replace(metric, mode="min" if metric.name.endswith(LOSS)
                                  else "max")
   return metric
 

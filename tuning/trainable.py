@@ -40,6 +40,7 @@ from tff_fedadamom.plain import plain
 OBJECTIVE = "objective"
 DIVERGED = "diverged"
 WORKER_PID = "worker_pid"
+NODE_ID = "node_id"
 RUN_SUBDIR = "run"
 _WORST = 1e300
 
@@ -83,12 +84,13 @@ def objective_from_history(history: Iterable[Mapping[str, Any]], metric: str, la
 
 
 def trial_threads() -> int:
-  """The number of CPUs Tune gave this trial (at least 1)."""
+  """The threads of this trial: from the CPUs Tune gave it (`threads_for_cpus`)."""
   from ray import tune
 
+  from tff_fedadamom.pipeline.runtime import threads_for_cpus
+
   resources = tune.get_context().get_trial_resources()
-  cpus = resources.required_resources.get("CPU", 1) if resources else 1
-  return max(1, int(cpus))
+  return threads_for_cpus(resources.required_resources.get("CPU", 1) if resources else 1)
 
 
 def trial_session(threads: int, gpu: bool):
@@ -142,7 +144,7 @@ def eval_result(event, *, metric, node_id: str,
   result = _numbers(event.metrics)
   result.update({ROUND: int(event.round_num), DIVERGED: int(diverged),
                  OBJECTIVE: worst_objective(metric.mode) if diverged else value,
-                 "node_id": node_id, WORKER_PID: os.getpid()})
+                 NODE_ID: node_id, WORKER_PID: os.getpid()})
   due = event.diverged or int(event.round_num) in checkpoint_rounds
   return result, event.output_dir if event.checkpoint_saved and due else None
 

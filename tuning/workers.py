@@ -306,9 +306,10 @@ def worker_pool(sweep, enabled: bool = True):
     yield None
     return
 
+  from tff_fedadamom.pipeline.runtime import threads_for_cpus
   from tuning import space as space_lib
 
-  threads = max(1, int(sweep.resources.cpus_per_trial))
+  threads = threads_for_cpus(sweep.resources.cpus_per_trial)  # as `trial_threads` has it
   warm = [functools.partial(space_lib.experiment_dict, sweep, optimizer, {},
                             output_dir=os.path.join("warm-up", optimizer), threads=threads)
           for optimizer in sweep.optimizers]

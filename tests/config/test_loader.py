@@ -119,6 +119,7 @@ def test_auto_means_the_in_process_backend(backend, resolved):
     ("server.learning_rate=-1", "server.learning_rate", "nonnegative"),
     ("server.client_weighting=examples", "server.client_weighting", "'uniform'"),
     ("server.schedule.kind=linear", "server.schedule.kind", "constant"),
+    ("runtime.workers=2", "runtime.workers", "allowed: null with backend 'auto', or backend 'ray'"),
     ("data.name=cifar11", "data.name", "did you mean 'cifar10'"),
     ("data.name=cifar10", "data.path", "needs local files"),
     ("data.partition.kind=dirichlett", "data.partition.kind", "did you mean 'dirichlet'"),

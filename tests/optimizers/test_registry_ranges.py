@@ -86,3 +86,24 @@ def test_validating_a_config_builds_no_optimizer(name, no_optimizer_built):
     load_config(raw)
   assert info.value.field == "server.learning_rate"
   assert "found -1.0" in str(info.value)
+
+
+def test_validating_a_schedule_builds_none(monkeypatch):
+  """The schedule is checked against its entry's ranges, with the same errors
+  as building it, but no schedule function is made."""
+  from tff_fedadamom.optimizers import schedules
+
+  def refuse(*args, **kwargs):
+    raise AssertionError("a schedule was built")
+
+  raw = {"rounds": 3, "data": {"name": "digits", "num_clients": 10},
+         "model": {"name": "logistic"},
+         "server": {"optimizer": "fedadam", "schedule": {"kind": "cosine", "decay_rounds": 5}}}
+  want = _error(schedules.build_schedule, "cosine", 1.0, decay_rounds=5, alpha=2)
+  monkeypatch.setattr(schedules, "build_schedule", refuse)
+  assert load_config(raw).server.schedule == {"kind": "cosine", "decay_rounds": 5}
+  raw["server"]["schedule"]["alpha"] = 2
+  with pytest.raises(ConfigError) as info:
+    load_config(raw)
+  assert info.value.field == "server.schedule.alpha"
+  assert want is not None and want in str(info.value)

@@ -91,7 +91,7 @@ def test_set_hparams_gives_the_initial_state_of_a_fresh_process(data, optimizer,
   hparams = fresh.get_hparams(fresh.initialize())
   # Every state hparam named like a config value is set from it (FADAS also
   # holds `max_delay`, derived from `delay_threshold`: that one keys the structure).
-  named = set(parts_lib.resolved_server_hparams(b))
+  named = set(b.server.hparams)
   assert set(held.values()) == {("client_work", n) for n in hparams["client_work"]} | {
       ("finalizer", n) for n in hparams["finalizer"] if n in named}
 
@@ -140,6 +140,37 @@ def test_whole_learning_processes_key_every_value(optimizer):
   assert parts_lib.structure_key(tiny(server={"optimizer": optimizer},
                                       client={"learning_rate": 0.37})) != \
       parts_lib.structure_key(base)
+
+
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+def test_a_default_written_out_keys_like_one_left_out(optimizer):
+  """The key reads the hparams validation resolved (every one, defaults filled in)."""
+  written = tiny(server={"optimizer": optimizer, **default_hparams(optimizer)})
+  assert written.server.hparams == tiny(server={"optimizer": optimizer}).server.hparams
+  assert parts_lib.structure_key(written) == \
+      parts_lib.structure_key(tiny(server={"optimizer": optimizer}))
+
+
+@pytest.mark.parametrize("optimizer", sorted(set(OPTIMIZERS) - set(SERVER_OPTIMIZERS)))
+def test_the_structure_key_resolves_no_hparam_again(optimizer, monkeypatch):
+  """Defaults are filled in once, by validation through the registry; the key
+  takes them from the config. (A server optimizer's key builds that optimizer
+  to see which hparams its state holds, and building resolves in the registry.)"""
+  from tff_fedadamom import optimizers
+  from tff_fedadamom.optimizers import registry
+
+  config = tiny(server={"optimizer": optimizer})
+
+  def refuse(*args, **kwargs):
+    raise AssertionError("hparams resolved again")
+
+  monkeypatch.setattr(registry, "resolve_hparams", refuse)
+  monkeypatch.setattr(optimizers, "resolve_hparams", refuse, raising=False)
+  with pytest.raises(AssertionError, match="resolved again"):  # the patch catches one
+    optimizers.resolve_hparams(optimizer)
+  key = parts_lib.structure_key(config)
+  for name, value in config.server.hparams.items():
+    assert f'"{name}": {value!r}' in key, name
 
 
 def _rows(output_dir):

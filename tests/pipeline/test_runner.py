@@ -95,6 +95,24 @@ def test_other_config_in_same_output_dir_is_refused(tmp_path, run_shared):
     run_shared(tiny(tmp_path / "run", rounds=1, server__beta_2=0.2))
 
 
+def test_a_validated_config_runs_without_a_second_validation(tmp_path, monkeypatch):
+  """A caller that holds a validated config (a sweep worker, `compare`, the CLI)
+  hands it to `run_experiment`, which runs it as it is: nothing on the way
+  turns it back into a mapping and asks the registries again."""
+  from tff_fedadamom.config import loader
+
+  config = load_config(tiny(tmp_path / "run", rounds=1, eval_every=1))
+
+  def refuse(*args):
+    raise AssertionError("validated again")
+
+  monkeypatch.setattr(loader, "check_registries", refuse)
+  result = run_experiment(config, progress=False)
+  assert result.summary["status"] == "completed"
+  with pytest.raises(AssertionError, match="validated again"):  # the patch does catch one
+    run_experiment(tiny(tmp_path / "other", rounds=1), progress=False)
+
+
 def test_diverging_learning_rate_stops_with_status(tmp_path):
   result = run_experiment(
       tiny(tmp_path / "run", rounds=6, server__optimizer="fedavg",

@@ -113,6 +113,8 @@ def test_base_path_is_relative_to_the_sweep_file(tmp_path):
     (_sweep(base={**tiny_base(), "rounds": "ten"}), "base", "rounds"),
     (_sweep(base="missing.yaml"), "base", "experiment config not found"),
     (_sweep(name="a/b"), "name", "not a usable directory name"),
+    (_sweep(base={**tiny_base(), "runtime": {"backend": "ray"}}), "base.runtime.backend",
+     "allowed: 'auto', 'inprocess' or 'tff_cpp'"),
 ])
 def test_errors_name_field_value_and_allowed(tmp_path, raw, field, words):
   error = _error(tmp_path, raw)

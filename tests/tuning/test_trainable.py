@@ -9,7 +9,7 @@ from tests.tuning.conftest import tiny_base
 from tff_fedadamom.metric_names import ROUND, TEST_ACCURACY
 from tff_fedadamom.pipeline import hooks, run_experiment
 from tff_fedadamom.pipeline.loop import run_rounds
-from tuning.trainable import DIVERGED, OBJECTIVE, TuneReport, eval_result
+from tuning.trainable import DIVERGED, NODE_ID, OBJECTIVE, TuneReport, eval_result
 
 
 def test_tune_report_reports_evaluated_rounds_only():
@@ -36,6 +36,7 @@ def test_a_run_reports_each_evaluation_with_its_objective_and_checkpoint(tmp_pat
   # Round 2 is a checkpoint round, but the run saved nothing there.
   assert [checkpoint for _, checkpoint in reports] == [None, out]  # saved in round 3
   assert [r[DIVERGED] for r in results] == [0, 0]
+  assert [r[NODE_ID] for r in results] == ["node", "node"]  # what the export reads
   # The objective is the mean over the last 2 evaluations: the report runs once
   # the round's metrics row is written.
   first, last = (r[TEST_ACCURACY] for r in results)

@@ -3,7 +3,9 @@ on what ran before it in its worker, and a worker that dies loses only its trial
 
 import os
 import signal
+import types
 
+import pytest
 from ray import tune
 
 from tests.tuning.conftest import rounds_reported_again, tiny_base, write_sweep
@@ -95,6 +97,19 @@ def test_worker_env_sizes_threads_and_shows_only_the_trials_gpus():
   assert env["TF_NUM_INTRAOP_THREADS"] == "1" and env["OMP_NUM_THREADS"] == "1"
   assert env["TF_NUM_INTEROP_THREADS"] == "3" and env["CUDA_VISIBLE_DEVICES"] == "1"
   assert worker_env(1, [])["CUDA_VISIBLE_DEVICES"] == ""
+
+
+@pytest.mark.parametrize("cpus, threads", [(0.5, 1), (1, 1), (2.0, 2), (2.5, 2), (4, 4)])
+def test_a_trial_gets_the_threads_of_its_whole_cpus(monkeypatch, cpus, threads):
+  """A trial's threads (from what Tune gives it) follow the one formula the pool
+  sizes its pre-started workers by: whole CPUs, at least one."""
+  from tff_fedadamom.pipeline.runtime import threads_for_cpus
+  from tuning.trainable import trial_threads
+
+  given = types.SimpleNamespace(required_resources={"CPU": cpus})
+  monkeypatch.setattr(tune, "get_context",
+                      lambda: types.SimpleNamespace(get_trial_resources=lambda: given))
+  assert trial_threads() == threads_for_cpus(cpus) == threads
 
 
 def test_process_identity_tells_ended_processes():

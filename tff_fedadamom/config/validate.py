@@ -121,14 +121,15 @@ def _check_server(server: schema.ServerConfig, source: str) -> schema.ServerConf
 
 
 def _check_schedule(schedule: Mapping[str, Any], source: str) -> dict:
-  """Checks the schedule; returns it with its kind named."""
+  """Checks the schedule against its registry entry's ranges (the checks
+  `build_schedule` runs, without building one); returns it with its kind named."""
   from tff_fedadamom.optimizers import schedules
 
   kind, params = schema.split_kind(schedule, schema.DEFAULT_SCHEDULE_KIND)
   _check_name(kind, schedules.SCHEDULES, source, "server.schedule.kind")
   _check_options(params, schedules.SCHEDULES[kind].defaults, source, "server.schedule.")
   try:
-    schedules.build_schedule(kind, 1.0, **params)
+    schedules.resolve_schedule_params(kind, **params)
   except ValueError as e:
     name = _named_argument(str(e))
     raise ConfigError(source, f"server.schedule.{name}" if name else "server.schedule",
@@ -159,23 +160,24 @@ RAY_FIELDS = ("workers", "cpus_per_worker", "gpus_per_worker", "address")
 
 def _check_runtime(runtime: schema.RuntimeConfig, source: str) -> None:
   backend = schema.resolved_backend(runtime)
+  inprocess, ray = schema.INPROCESS, schema.RAY
   if backend == schema.TFF_CPP and runtime.devices is not None:
     raise ConfigError(source, "runtime.devices",
-                      "the tff_cpp backend runs every round in TFF's worker_binary, on its CPU",
-                      value=list(runtime.devices),
-                      allowed="null with backend 'tff_cpp', or backend 'inprocess'")
-  if backend == schema.RAY and runtime.devices is not None:
+                      f"the {backend} backend runs every round in TFF's worker_binary, on its "
+                      "CPU", value=list(runtime.devices),
+                      allowed=f"null with backend {backend!r}, or backend {inprocess!r}")
+  if backend == ray and runtime.devices is not None:
     raise ConfigError(source, "runtime.devices",
-                      "the ray backend's actors use the devices Ray gives them "
+                      f"the {ray} backend's actors use the devices Ray gives them "
                       "(runtime.gpus_per_worker)",
                       value=list(runtime.devices),
-                      allowed="null with backend 'ray', or backend 'inprocess'")
-  if backend != schema.RAY:
+                      allowed=f"null with backend {ray!r}, or backend {inprocess!r}")
+  if backend != ray:
     for name in RAY_FIELDS:
       if getattr(runtime, name) is not None:
-        raise ConfigError(source, f"runtime.{name}", "belongs to the ray backend",
+        raise ConfigError(source, f"runtime.{name}", f"belongs to the {ray} backend",
                           value=getattr(runtime, name),
-                          allowed=f"null with backend {runtime.backend!r}, or backend 'ray'")
+                          allowed=f"null with backend {runtime.backend!r}, or backend {ray!r}")
 
 
 def check_registries(config: schema.ExperimentConfig, source: str) -> schema.ExperimentConfig:

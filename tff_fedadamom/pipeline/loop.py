@@ -23,7 +23,7 @@ import math
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from tff_fedadamom.metric_names import NONFINITE_UPDATES, ROUND, TEST_ACCURACY, TRAIN_ACCURACY
-from tff_fedadamom.metric_names import TRAIN_LOSS, TRAIN_NUM_EXAMPLES
+from tff_fedadamom.metric_names import LOSS, NUM_EXAMPLES, TRAIN_LOSS, TRAIN_NUM_EXAMPLES
 
 logger = logging.getLogger("tff_fedadamom")
 
@@ -125,9 +125,9 @@ def flatten_round_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
 
   train = metrics.get("client_work", {}).get("train", {})
   out = {
-      TRAIN_LOSS: float(train.get("loss", math.nan)),
+      TRAIN_LOSS: float(train.get(LOSS, math.nan)),
       TRAIN_ACCURACY: float(train.get(ACCURACY_METRIC, math.nan)),
-      TRAIN_NUM_EXAMPLES: float(train.get("num_examples", 0)),
+      TRAIN_NUM_EXAMPLES: float(train.get(NUM_EXAMPLES, 0)),
   }
   finalizer = metrics.get("finalizer", {})
   out[NONFINITE_UPDATES] = float(finalizer.get("update_non_finite", 0))

@@ -31,7 +31,7 @@ import re
 from typing import Any, Optional
 
 from tff_fedadamom.config import ExperimentConfig, config_to_dict
-from tff_fedadamom.metric_names import TEST_ACCURACY, TEST_LOSS
+from tff_fedadamom.metric_names import LOSS, TEST_ACCURACY, TEST_LOSS
 
 # Settings of a run that no part depends on: where it writes, what it is called,
 # how long it runs, TensorFlow's thread count (set once per process, before
@@ -69,7 +69,7 @@ class Evaluator:
 
     process.get_model_weights(state).assign_weights_to(self._model)
     result = self._model.evaluate(self._dataset, verbose=0, return_dict=True)
-    return {TEST_LOSS: float(result["loss"]),
+    return {TEST_LOSS: float(result[LOSS]),
             TEST_ACCURACY: float(result[ACCURACY_METRIC])}
 
 
@@ -128,17 +128,10 @@ def state_hparams(config: ExperimentConfig) -> dict[str, tuple[str, str]]:
   optimizer = process_lib.build_server_optimizer(config)
   held = optimizer.get_hparams(optimizer.initialize(tf.TensorSpec([1], tf.float32)))
   out = {f"server.{name}": ("finalizer", name)
-         for name in resolved_server_hparams(config) if name in held}
+         for name in config.server.hparams if name in held}
   if process_lib.client_lr_in_state(config):
     out["client.learning_rate"] = ("client_work", "learning_rate")
   return out
-
-
-def resolved_server_hparams(config: ExperimentConfig) -> dict[str, Any]:
-  """Every hparam of the config's server optimizer, defaults filled in."""
-  from tff_fedadamom.optimizers import resolve_hparams
-
-  return resolve_hparams(config.server.optimizer, **config.server.hparams)
 
 
 def _drop(tree: dict, path: str) -> None:
@@ -150,9 +143,12 @@ def _drop(tree: dict, path: str) -> None:
 
 def structure_key(config: ExperimentConfig) -> str:
   """A string equal for two configs exactly when they can share parts: the whole
-  config without `RUN_ONLY_FIELDS` and without the paths of `state_hparams`."""
+  config without `RUN_ONLY_FIELDS` and without the paths of `state_hparams`.
+
+  `config` is validated (`load_config`): its server hparams are every hparam
+  of its optimizer, the defaults filled in once by the registry, so a default
+  left out and the same value written out give the same key."""
   tree = config_to_dict(config)
-  tree["server"].update(resolved_server_hparams(config))
   for path in (*RUN_ONLY_FIELDS, *state_hparams(config)):
     _drop(tree, path)
   return json.dumps(tree, sort_keys=True, default=repr)
@@ -244,8 +240,7 @@ def initial_state(config: ExperimentConfig, process):
   if not paths:
     return state
   hparams = process.get_hparams(state)
-  values = {**config_to_dict(config), "server": {
-      **config_to_dict(config)["server"], **resolved_server_hparams(config)}}
+  values = config_to_dict(config)  # server hparams flat, every one resolved
   for path, (component, name) in paths.items():
     section, field = path.split(".")
     hparams[component][name] = values[section][field]

@@ -32,6 +32,19 @@ from tff_fedadamom.config.schema import resolved_backend as backend  # noqa: F40
 TFF_CPP_DEVICE = "CPU (TFF worker_binary)"
 
 
+def threads_for_cpus(cpus: float) -> int:
+  """The TensorFlow (inter-op) threads of a process given `cpus` CPUs: its whole
+  CPUs, at least one (a fractional share still runs one thread).
+
+  The one formula for every process sized by its CPU share: a sweep trial
+  (`cpus_per_trial`, what Tune gives it) and the pooled worker that runs it,
+  and a ray backend actor (`cpus_per_worker`). A sweep's pool starts workers
+  ahead of its trials, from the sweep's resources, and hands one to a trial
+  only when their thread counts match, so both sides must compute it alike.
+  """
+  return max(1, int(cpus))
+
+
 def ray_workers(runtime_config) -> dict:
   """The ray backend's settings, nulls resolved: workers, CPUs and GPUs per
   worker, address, threads and concurrent clients per worker."""
