@@ -45,21 +45,8 @@ def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(_PROCESS_CACHE, ignore_errors=True)
 
 
-# Fixtures made once per module (or class) for the tests that share them.
-_SHARED_SCOPES = ("module", "class", "package")
-
-
-def pytest_collection_modifyitems(config, items):
-  """Under pytest-xdist (`make test`: `--dist loadgroup`), the tests of a module
-  that share a module- or class-scoped fixture (a quick paper run, a killed Ray
-  driver, a built process) go to one worker, which makes the fixture once; every
-  other test is scheduled on its own. Groups start first, largest first."""
-  del config
-  for item in items:
-    info = getattr(item, "_fixtureinfo", None)
-    definitions = info.name2fixturedefs.values() if info is not None else ()
-    if any(defs and defs[-1].scope in _SHARED_SCOPES for defs in definitions):
-      item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+# Tests sharing a module fixture run in one xdist worker (the plugin's doc).
+from tests.xdist_groups import pytest_collection_modifyitems  # noqa: E402,F401
 
 
 @pytest.fixture(scope="session")
