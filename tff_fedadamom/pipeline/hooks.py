@@ -20,6 +20,7 @@ needs the others' work in:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import math
 import time
 from typing import Callable, Mapping, Optional, Sequence
@@ -110,18 +111,43 @@ class ElapsedTime(RoundHook):
     end.metrics[ELAPSED_S] = time.perf_counter() - self._started
 
 
+class _CallingThread(concurrent.futures.ThreadPoolExecutor):
+  """An executor that runs each call at once, in the thread that submits it.
+
+  asyncio accepts only a `ThreadPoolExecutor` as a loop's default executor; this
+  one never starts a thread.
+  """
+
+  def __init__(self):
+    super().__init__(max_workers=1)
+
+  def submit(self, fn, /, *args, **kwargs):
+    future = concurrent.futures.Future()
+    try:
+      future.set_result(fn(*args, **kwargs))
+    except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine
+      future.set_exception(e)
+    return future
+
+
 class EventLoop:
-  """One asyncio loop, and so one executor thread, for a run's TFF program calls.
+  """One asyncio loop, with no executor thread, for a run's TFF program calls.
 
   TFF's release and program-state managers are coroutines that do their file
-  work in the loop's default executor. `asyncio.run` per call starts a new loop
+  work in the loop's default executor. `asyncio.run` per call started a new loop
   and a new thread every round, and a long run's memory grew with them (about
-  40 MB per 1,000 rounds of digits/logistic, `benchmarks/round_memory.py`); a
-  run calls them all through one loop instead, closed with the run.
+  40 MB per 1,000 rounds of digits/logistic, `benchmarks/round_memory.py`). One
+  executor thread for the run still left most of the growth: glibc gives each
+  thread that allocates its own malloc arena, and what TensorFlow keeps of a
+  SavedModel save (a checkpoint) pinned pages of the executor's arena, which
+  took about 33 MB per 1,000 rounds with a checkpoint every 50. The round loop
+  waits for every call anyway, so the file work runs in the calling thread
+  (`_CallingThread`), in the arena the rest of the run uses.
   """
 
   def __init__(self):
     self._loop = asyncio.new_event_loop()
+    self._loop.set_default_executor(_CallingThread())
 
   def __call__(self, coroutine):
     return self._loop.run_until_complete(coroutine)
