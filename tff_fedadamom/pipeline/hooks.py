@@ -40,7 +40,8 @@ def _all_finite(structure) -> bool:
 
 class Telemetry(RoundHook):
   """Adds the optimizer-state statistics of each round (`opt/...`, per layer),
-  and every `histogram_every` rounds writes the state's histograms."""
+  and every `histogram_every` rounds writes the state's histograms to `writer`
+  (a `tensorboard_events.EventWriter`)."""
 
   def __init__(self, process, layer_names: Sequence[str], epsilon: Optional[float],
                histogram_every: int, writer):
@@ -57,8 +58,6 @@ class Telemetry(RoundHook):
       self._previous = self._process.get_model_weights(state).trainable
 
   def end_round(self, end: RoundEnd) -> None:
-    import tensorflow as tf
-
     from tff_fedadamom.pipeline import telemetry as telemetry_lib
 
     weights = end.weights
@@ -68,9 +67,7 @@ class Telemetry(RoundHook):
         layer_names=self._layer_names, epsilon=self._epsilon))
     self._previous = weights  # the next round starts from this state
     if end.round_num % self._every == 0:
-      with self._writer.as_default(step=end.round_num):
-        for name, values in telemetry_lib.state_histograms(end.state).items():
-          tf.summary.histogram(name, values)
+      self._writer.histograms(telemetry_lib.state_histograms(end.state), end.round_num)
     end.metrics[TELEMETRY_S] = time.perf_counter() - t0
 
 
@@ -160,7 +157,7 @@ class EventLoop:
 
 class Release(RoundHook):
   """Releases each round's metrics (without `round`, the key) to TFF release
-  managers (`tff.program.CSVFileReleaseManager`, `TensorBoardReleaseManager`),
+  managers (`tff.program.CSVFileReleaseManager`, `tensorboard_events.ReleaseManager`),
   through `run_async` (the run's `EventLoop`; default `asyncio.run`)."""
 
   def __init__(self, managers: Sequence, run_async: Callable = asyncio.run):
