@@ -4,10 +4,11 @@ A run writes each round's metrics as TensorBoard scalars and, every
 `histogram_every` rounds, histograms of the server optimizer's state. TFF's
 `tff.program.TensorBoardReleaseManager` and `tf.summary` build every value as
 eager tensors (tag, step, value, metadata: about 240 a round for digits/logistic
-with telemetry). In TensorFlow 2.14 on Python 3.11 each eager tensor leaves a
-small block behind when it is freed (the inline values of its instance
-attributes: 16 bytes in a bare process, 48 here), so those summaries grew a long
-run's memory by about 10 MB per 1,000 rounds (`benchmarks/round_memory.py`).
+with telemetry). In TensorFlow 2.14 on Python 3.11 each eager tensor created
+leaves a Python-side block behind for good (16 bytes in a bare process, 48 in a
+run; tracemalloc attributes it to the line that created the tensor), so those
+summaries grew a long run's memory by about 10 MB per 1,000 rounds
+(`benchmarks/round_memory.py --trace`).
 
 Here the summaries are the protos TensorBoard's own `scalar_pb` and
 `histogram_pb` build in numpy (the same tags, plugin metadata and float32
