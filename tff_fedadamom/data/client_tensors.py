@@ -104,7 +104,10 @@ class ClientTensors:
   def args(self, client_id: str, round_num: int) -> list[tf.Tensor]:
     """What `dataset` takes for this client in round `round_num`: its examples
     and its round seed."""
-    seed = client_round_seed(self._seed, round_num, client_id)
+    # A numpy scalar, not a Python int: TensorFlow caches the tensor of every
+    # Python number it converts, for the life of the process, and each client
+    # round's seed is a new one.
+    seed = np.int64(client_round_seed(self._seed, round_num, client_id))
     return [*self.examples(client_id), tf.constant(seed, tf.int64)]
 
   def dataset(self, *args) -> tf.data.Dataset:

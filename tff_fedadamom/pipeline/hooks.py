@@ -20,6 +20,7 @@ needs the others' work in:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import math
 import time
 from typing import Callable, Mapping, Optional, Sequence
@@ -39,7 +40,8 @@ def _all_finite(structure) -> bool:
 
 class Telemetry(RoundHook):
   """Adds the optimizer-state statistics of each round (`opt/...`, per layer),
-  and every `histogram_every` rounds writes the state's histograms."""
+  and every `histogram_every` rounds writes the state's histograms to `writer`
+  (a `tensorboard_events.EventWriter`)."""
 
   def __init__(self, process, layer_names: Sequence[str], epsilon: Optional[float],
                histogram_every: int, writer):
@@ -56,8 +58,6 @@ class Telemetry(RoundHook):
       self._previous = self._process.get_model_weights(state).trainable
 
   def end_round(self, end: RoundEnd) -> None:
-    import tensorflow as tf
-
     from tff_fedadamom.pipeline import telemetry as telemetry_lib
 
     weights = end.weights
@@ -67,9 +67,7 @@ class Telemetry(RoundHook):
         layer_names=self._layer_names, epsilon=self._epsilon))
     self._previous = weights  # the next round starts from this state
     if end.round_num % self._every == 0:
-      with self._writer.as_default(step=end.round_num):
-        for name, values in telemetry_lib.state_histograms(end.state).items():
-          tf.summary.histogram(name, values)
+      self._writer.histograms(telemetry_lib.state_histograms(end.state), end.round_num)
     end.metrics[TELEMETRY_S] = time.perf_counter() - t0
 
 
@@ -110,18 +108,43 @@ class ElapsedTime(RoundHook):
     end.metrics[ELAPSED_S] = time.perf_counter() - self._started
 
 
+class _CallingThread(concurrent.futures.ThreadPoolExecutor):
+  """An executor that runs each call at once, in the thread that submits it.
+
+  asyncio accepts only a `ThreadPoolExecutor` as a loop's default executor; this
+  one never starts a thread.
+  """
+
+  def __init__(self):
+    super().__init__(max_workers=1)
+
+  def submit(self, fn, /, *args, **kwargs):
+    future = concurrent.futures.Future()
+    try:
+      future.set_result(fn(*args, **kwargs))
+    except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine
+      future.set_exception(e)
+    return future
+
+
 class EventLoop:
-  """One asyncio loop, and so one executor thread, for a run's TFF program calls.
+  """One asyncio loop, with no executor thread, for a run's TFF program calls.
 
   TFF's release and program-state managers are coroutines that do their file
-  work in the loop's default executor. `asyncio.run` per call starts a new loop
+  work in the loop's default executor. `asyncio.run` per call started a new loop
   and a new thread every round, and a long run's memory grew with them (about
-  40 MB per 1,000 rounds of digits/logistic, `benchmarks/round_memory.py`); a
-  run calls them all through one loop instead, closed with the run.
+  40 MB per 1,000 rounds of digits/logistic, `benchmarks/round_memory.py`). One
+  executor thread for the run still left most of the growth: glibc gives each
+  thread that allocates its own malloc arena, and what TensorFlow keeps of a
+  SavedModel save (a checkpoint) pinned pages of the executor's arena, which
+  took about 33 MB per 1,000 rounds with a checkpoint every 50. The round loop
+  waits for every call anyway, so the file work runs in the calling thread
+  (`_CallingThread`), in the arena the rest of the run uses.
   """
 
   def __init__(self):
     self._loop = asyncio.new_event_loop()
+    self._loop.set_default_executor(_CallingThread())
 
   def __call__(self, coroutine):
     return self._loop.run_until_complete(coroutine)
@@ -134,7 +157,7 @@ class EventLoop:
 
 class Release(RoundHook):
   """Releases each round's metrics (without `round`, the key) to TFF release
-  managers (`tff.program.CSVFileReleaseManager`, `TensorBoardReleaseManager`),
+  managers (`tff.program.CSVFileReleaseManager`, `tensorboard_events.ReleaseManager`),
   through `run_async` (the run's `EventLoop`; default `asyncio.run`)."""
 
   def __init__(self, managers: Sequence, run_async: Callable = asyncio.run):

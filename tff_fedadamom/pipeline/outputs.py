@@ -2,8 +2,8 @@
 
     config.yaml          the resolved config (what `run` accepts as is)
     metrics.csv          one row per round (TFF's CSVFileReleaseManager)
-    tensorboard/         TensorBoard event files (TFF's TensorBoardReleaseManager,
-                         plus histograms of the optimizer state)
+    tensorboard/         TensorBoard event files (`tensorboard_events`: the round's
+                         metrics, plus histograms of the optimizer state)
     checkpoints/         program state (TFF's FileProgramStateManager)
     model.keras          the final global model, loadable with plain Keras
     curves.png           train loss and test accuracy vs round

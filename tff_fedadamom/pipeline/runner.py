@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from tff_fedadamom import session
 from tff_fedadamom.config import ConfigError, dump_config, load_config
 from tff_fedadamom.pipeline import hooks as hooks_lib
-from tff_fedadamom.pipeline import outputs, resume, runtime
+from tff_fedadamom.pipeline import outputs, resume, runtime, tensorboard_events
 from tff_fedadamom.pipeline.loop import ROUND, EvalEvent, RoundHook, run_rounds
 
 __all__ = ["EvalEvent", "RunResult", "run_experiment"]
@@ -117,7 +117,6 @@ def run_experiment(config, *, overrides=(), on_eval: Optional[Callable[[EvalEven
 
 def _run(config, parts, *, resuming, devices, on_eval, on_round, progress, hooks) -> RunResult:
   """The rounds of `run_experiment` on `parts`, and its results."""
-  import tensorflow as tf
   import tensorflow_federated as tff
 
   from tff_fedadamom.data.sampling import UniformSampler
@@ -135,9 +134,6 @@ def _run(config, parts, *, resuming, devices, on_eval, on_round, progress, hooks
     dump_config(config, os.path.join(output_dir, outputs.CONFIG_FILE))
 
   state_manager = resume.state_manager(output_dir)
-  tb_dir = os.path.join(output_dir, outputs.TENSORBOARD_DIR)
-  tb_manager = tff.program.TensorBoardReleaseManager(tb_dir)
-  histogram_writer = tf.summary.create_file_writer(os.path.join(tb_dir, "histograms"))
   state, start_round = resume.restore(
       state_manager, parts_lib.initial_state(config, process), output_dir)
   csv_manager = tff.program.CSVFileReleaseManager(
@@ -146,6 +142,9 @@ def _run(config, parts, *, resuming, devices, on_eval, on_round, progress, hooks
   if finished is not None:
     return RunResult(output_dir, finished)
 
+  tb_dir = os.path.join(output_dir, outputs.TENSORBOARD_DIR)
+  tb_manager = tensorboard_events.ReleaseManager(tb_dir)
+  histogram_writer = tensorboard_events.EventWriter(os.path.join(tb_dir, "histograms"))
   bar = _progress_bar(config, start_round, devices) if progress else None
   sampler = UniformSampler(data.train.client_ids, config.clients_per_round, config.seed)
   started = time.perf_counter()
@@ -161,7 +160,8 @@ def _run(config, parts, *, resuming, devices, on_eval, on_round, progress, hooks
             process, state, config, data, clients, round_num))
   finally:
     run_async.close()
-    histogram_writer.flush()
+    tb_manager.close()
+    histogram_writer.close()
   wall = time.perf_counter() - started
   summary = _write_results(config, parts.keras_model, process, result, wall=wall,
                            start_round=start_round, devices=devices)
