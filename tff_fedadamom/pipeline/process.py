@@ -15,7 +15,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_fedadamom import models, optimizers
-from tff_fedadamom.config import ExperimentConfig
+from tff_fedadamom.config import ExperimentConfig, schema
 from tff_fedadamom.data import FederatedData, load_federated_data
 from tff_fedadamom.optimizers.client import build_client_sgd
 
@@ -25,8 +25,7 @@ def load_data(config: ExperimentConfig) -> FederatedData:
   from tff_fedadamom.data import DATASETS
 
   data = config.data
-  partition = dict(data.partition)
-  kind = partition.pop("kind", "dirichlet")
+  kind, partition = schema.split_kind(data.partition, schema.DEFAULT_PARTITION_KIND)
   kwargs = dict(path=data.path, seed=data.seed, **data.options)
   if DATASETS[data.name].natural_clients:
     if data.num_clients is not None:
@@ -105,8 +104,7 @@ def build_server_optimizer(config: ExperimentConfig) -> tff.learning.optimizers.
 
   server = config.server
   optimizer = optimizers.build_server_optimizer(server.optimizer, **server.hparams)
-  params = dict(server.schedule)
-  kind = params.pop("kind", "constant")
+  kind, params = schema.split_kind(server.schedule, schema.DEFAULT_SCHEDULE_KIND)
   base_lr = server.hparams["learning_rate"]
   return schedules.with_schedule(optimizer,
                                  schedules.build_schedule(kind, base_lr, **params))
