@@ -221,12 +221,7 @@ def import_cycles(graph: dict[str, set]) -> list[list[str]]:
 
 
 # Cycles known and being removed; delete an entry once its cycle is gone.
-KNOWN_CYCLES = [
-    # Building a process for the ray backend: process -> runtime (the backend
-    # choice) -> ray_backend -> process (each actor builds its own process).
-    ["tff_fedadamom.pipeline.process", "tff_fedadamom.pipeline.ray_backend",
-     "tff_fedadamom.pipeline.runtime"],
-]
+KNOWN_CYCLES = []
 
 
 def test_import_cycles_are_found():
@@ -235,7 +230,7 @@ def test_import_cycles_are_found():
   assert import_cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
   graph = _import_graph()
   # A lazy import counts, and so does the package it passes through.
-  assert "tff_fedadamom.pipeline.runtime" in graph["tff_fedadamom.pipeline.process"]
+  assert "tff_fedadamom.pipeline.plan" in graph["tff_fedadamom.pipeline.process"]
   assert "tff_fedadamom.config" in graph["tff_fedadamom.pipeline.compare"]
   assert "tff_fedadamom.pipeline" not in graph["tff_fedadamom.pipeline.compare"]
   assert "tuning.schema" not in graph["tuning.checks"]  # TYPE_CHECKING only

@@ -87,7 +87,7 @@ def trial_threads() -> int:
   """The threads of this trial: from the CPUs Tune gave it (`threads_for_cpus`)."""
   from ray import tune
 
-  from tff_fedadamom.pipeline.runtime import threads_for_cpus
+  from tff_fedadamom.pipeline.plan import threads_for_cpus
 
   resources = tune.get_context().get_trial_resources()
   return threads_for_cpus(resources.required_resources.get("CPU", 1) if resources else 1)

@@ -201,9 +201,10 @@ class TrialWorker:
         trial.finished.set()
 
   def _parts(self, make_experiment):
-    """(config, parts) of an experiment, through this worker's cache."""
+    """(run plan, parts) of an experiment, through this worker's cache: the
+    plan is made once, for the cache and the run alike."""
     from tff_fedadamom.config import load_config
-    from tff_fedadamom.pipeline.parts import PartsCache
+    from tff_fedadamom.pipeline.parts import PartsCache, make_plan
     from tff_fedadamom.session import Session
 
     if self._cache is None:
@@ -211,7 +212,8 @@ class TrialWorker:
     config = load_config(make_experiment())
     # The worker is its process's entry point; its trials share one thread count.
     Session(threads=config.runtime.threads).apply()
-    return config, self._cache.get(config)
+    plan = make_plan(config)
+    return plan, self._cache.get(plan)
 
   def _warm_up(self, make_experiment) -> None:
     from tff_fedadamom.pipeline.parts import warm_up
@@ -225,8 +227,8 @@ class TrialWorker:
     from tff_fedadamom.pipeline import run_experiment
 
     trial.check()
-    config, parts = self._parts(make_experiment)
-    run_experiment(config, parts=parts, progress=False, on_round=trial.check,
+    plan, parts = self._parts(make_experiment)
+    run_experiment(plan, parts=parts, progress=False, on_round=trial.check,
                    on_eval=lambda event: trial.hand_over(make_result(event)))
     trial.events.put(("done", None))
 
@@ -306,7 +308,7 @@ def worker_pool(sweep, enabled: bool = True):
     yield None
     return
 
-  from tff_fedadamom.pipeline.runtime import threads_for_cpus
+  from tff_fedadamom.pipeline.plan import threads_for_cpus
   from tuning import space as space_lib
 
   threads = threads_for_cpus(sweep.resources.cpus_per_trial)  # as `trial_threads` has it

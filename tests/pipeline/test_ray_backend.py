@@ -23,6 +23,7 @@ from tests.tuning.test_cluster import two_node_cluster  # noqa: F401 - a fixture
 from tests import process_table as processes
 from tff_fedadamom.config import ConfigError, load_config
 from tff_fedadamom.data.sampling import sample_clients
+from tff_fedadamom.metric_names import LOSS
 from tff_fedadamom.pipeline import inprocess, ray_backend, run_experiment, runtime
 from tff_fedadamom.pipeline import parts as parts_lib
 from tff_fedadamom.pipeline.process import build_process, load_data, next_round
@@ -216,6 +217,39 @@ def test_resume_on_the_ray_backend_is_exact(tmp_path):
   assert not ray.is_initialized()
   for a, b in zip(_weights(tmp_path / "straight"), _weights(tmp_path / "resumed"), strict=True):
     np.testing.assert_array_equal(a, b)
+
+
+class RevalidationRefusingWorker(ray_backend.ClientWorker):
+  """An actor that checks it was handed a validated config and refuses, in its
+  own process, any validation of it."""
+
+  def __init__(self, experiment, *args, **kwargs):
+    from tff_fedadamom.config import loader
+
+    def refuse(*args):
+      raise AssertionError("the config was validated again in an actor")
+
+    loader.check_registries = refuse  # this actor's process only
+    assert loader.is_validated(experiment), type(experiment)
+    super().__init__(experiment, *args, **kwargs)
+
+
+def test_actors_receive_the_validated_config_and_do_not_validate_it_again(tmp_path):
+  """The driver validates once; its actors get that config (pickled, it keeps
+  its validated mark), not a mapping each would validate again."""
+  import ray
+
+  config = load_config(tiny(tmp_path, clients_per_round=2, runtime={**RAY, "workers": 1}))
+  data = load_data(config)
+  remote = ray_backend.RayLearningProcess(build_process(config, data), config, workers=1,
+                                          worker_class=RevalidationRefusingWorker)
+  try:
+    sampled = sample_clients(list(data.train.client_ids), 2, config.seed, 1)
+    output = remote.next_for_clients(remote.initialize(), sampled, 1)
+    assert np.isfinite(output.metrics["client_work"]["train"][LOSS])
+  finally:
+    remote.close()
+  assert not ray.is_initialized()
 
 
 # ------------------------------------------------------------------ failure

@@ -113,6 +113,60 @@ def test_a_validated_config_runs_without_a_second_validation(tmp_path, monkeypat
     run_experiment(tiny(tmp_path / "other", rounds=1), progress=False)
 
 
+@pytest.fixture
+def optimizer_builds(monkeypatch):
+  """A list that gets one entry per build of a server optimizer through the
+  registry (the function the pipeline builds every server optimizer with)."""
+  from tff_fedadamom import optimizers
+  from tff_fedadamom.optimizers import registry
+
+  builds, build = [], registry.build_server_optimizer
+
+  def counting(*args, **kwargs):
+    builds.append(args[:1])
+    return build(*args, **kwargs)
+
+  monkeypatch.setattr(registry, "build_server_optimizer", counting)
+  monkeypatch.setattr(optimizers, "build_server_optimizer", counting)
+  return builds
+
+
+def test_a_run_builds_its_server_optimizer_once(tmp_path, optimizer_builds):
+  """The run plan is made once per run (`parts.make_plan`) and builds the server
+  optimizer once: the state-held hparams are read from it, the process is
+  built with it, and the structure key and the initial state read the plan.
+  Cold (the run builds its parts, with no process cache to skip the build) and
+  warm (parts from a `PartsCache`, for this config's plan or for another
+  config of the same structure), the optimizer is built at most once."""
+  from tff_fedadamom.pipeline import parts as parts_lib
+
+  def raw(name, **overrides):
+    return tiny(tmp_path / name, rounds=1, eval_every=1, runtime={"cache": False},
+                **overrides)
+
+  config = load_config(raw("cold"))
+  assert optimizer_builds == []  # validation checks hparams without building
+  cold = run_experiment(config, progress=False)
+  assert len(optimizer_builds) <= 1, optimizer_builds
+
+  del optimizer_builds[:]
+  cache = parts_lib.PartsCache()
+  plan = parts_lib.make_plan(load_config(raw("warm")))
+  parts = cache.get(plan)
+  warm = run_experiment(plan, parts=parts, progress=False)
+  assert len(optimizer_builds) <= 1, optimizer_builds  # the plan's, for the cache and the run
+
+  del optimizer_builds[:]
+  other = load_config(raw("other", server__learning_rate=0.5))  # held in the state
+  assert cache.get(other) is parts
+  del optimizer_builds[:]
+  run_experiment(other, parts=parts, progress=False)
+  assert len(optimizer_builds) <= 1, optimizer_builds
+  assert cold.summary["final_train_loss"] == warm.summary["final_train_loss"]
+  for a, b in zip(_weights(cold.output_dir), _weights(warm.output_dir), strict=True):
+    np.testing.assert_array_equal(a, b)
+
+
 def test_diverging_learning_rate_stops_with_status(tmp_path):
   result = run_experiment(
       tiny(tmp_path / "run", rounds=6, server__optimizer="fedavg",

@@ -32,6 +32,7 @@ from typing import Any, Optional
 
 from tff_fedadamom.config import ExperimentConfig, config_to_dict
 from tff_fedadamom.metric_names import LOSS, TEST_ACCURACY, TEST_LOSS
+from tff_fedadamom.pipeline.plan import RunPlan
 
 # Settings of a run that no part depends on: where it writes, what it is called,
 # how long it runs, TensorFlow's thread count (set once per process, before
@@ -107,7 +108,7 @@ def layer_labels(keras_model) -> list[str]:
   return labels
 
 
-def state_hparams(config: ExperimentConfig) -> dict[str, tuple[str, str]]:
+def state_hparams(config: ExperimentConfig, optimizer=None) -> dict[str, tuple[str, str]]:
   """Config paths whose values live in the process state -> where they sit in
   `process.get_hparams(state)` (a (component, hparam) pair).
 
@@ -116,7 +117,8 @@ def state_hparams(config: ExperimentConfig) -> dict[str, tuple[str, str]]:
   `schedule_learning_rate`) exposes none, since the schedule closes over the
   base rate; its hparams then all key the structure. Registry entries that are
   whole learning processes (FedCAda, FAFED) are not looked into: all their
-  values key the structure.
+  values key the structure. `optimizer`: the config's server optimizer, if the
+  caller built it (`make_plan` does, once per run).
   """
   import tensorflow as tf
 
@@ -125,7 +127,8 @@ def state_hparams(config: ExperimentConfig) -> dict[str, tuple[str, str]]:
 
   if is_learning_process(config.server.optimizer):
     return {}
-  optimizer = process_lib.build_server_optimizer(config)
+  if optimizer is None:
+    optimizer = process_lib.build_server_optimizer(config)
   held = optimizer.get_hparams(optimizer.initialize(tf.TensorSpec([1], tf.float32)))
   out = {f"server.{name}": ("finalizer", name)
          for name in config.server.hparams if name in held}
@@ -141,15 +144,16 @@ def _drop(tree: dict, path: str) -> None:
   tree.pop(leaf, None)
 
 
-def structure_key(config: ExperimentConfig) -> str:
+def structure_key(config: ExperimentConfig, paths=None) -> str:
   """A string equal for two configs exactly when they can share parts: the whole
   config without `RUN_ONLY_FIELDS` and without the paths of `state_hparams`.
 
   `config` is validated (`load_config`): its server hparams are every hparam
   of its optimizer, the defaults filled in once by the registry, so a default
-  left out and the same value written out give the same key."""
+  left out and the same value written out give the same key. `paths`: the
+  config's `state_hparams`, if the caller has them."""
   tree = config_to_dict(config)
-  for path in (*RUN_ONLY_FIELDS, *state_hparams(config)):
+  for path in (*RUN_ONLY_FIELDS, *(state_hparams(config) if paths is None else paths)):
     _drop(tree, path)
   return json.dumps(tree, sort_keys=True, default=repr)
 
@@ -181,62 +185,97 @@ def data_key(config: ExperimentConfig) -> str:
   return json.dumps(config_to_dict(config)["data"], sort_keys=True, default=repr)
 
 
-def build_parts(config: ExperimentConfig, data=None,
-                key: Optional[str] = None) -> ExperimentParts:
-  """Builds the parts of `config` (loading its data unless `data` is given, and
-  computing its `structure_key` unless `key` is): the process is the executable
-  one of the config's backend (`runtime.executable`), compiled for the devices
-  its rounds run on."""
+def make_plan(config) -> RunPlan:
+  """The `RunPlan` of `config` (a RunPlan is returned as it is; anything else
+  goes through `load_config` first, which returns a validated config as it is).
+
+  The one place a run's derived values are worked out. The server optimizer is
+  built here, once: `state_hparams` reads the hparams its state holds, and the
+  process built from the plan (`learning_process`) uses the same object.
+  """
+  from tff_fedadamom.config import load_config
+  from tff_fedadamom.optimizers import is_learning_process
   from tff_fedadamom.pipeline import process as process_lib
   from tff_fedadamom.pipeline import runtime
 
+  if isinstance(config, RunPlan):
+    return config
+  config = load_config(config)
+  optimizer = (None if is_learning_process(config.server.optimizer)
+               else process_lib.build_server_optimizer(config))
+  paths = state_hparams(config, optimizer)
+  backend = runtime.backend(config.runtime)
+  return RunPlan(config=config, backend=backend,
+                 devices=tuple(runtime.round_devices(config.runtime)),
+                 threads=None if backend == runtime.RAY else config.runtime.threads,
+                 key=structure_key(config, paths), state_paths=paths,
+                 server_optimizer=optimizer)
+
+
+def build_parts(config, data=None) -> ExperimentParts:
+  """Builds the parts of `config` (a `RunPlan`, or a config planned here),
+  loading its data unless `data` is given: the process is the executable one
+  of the plan's backend (`runtime.executable`), compiled for its devices."""
+  from tff_fedadamom.pipeline import process as process_lib
+  from tff_fedadamom.pipeline import runtime
+
+  plan = make_plan(config)
+  config = plan.config
   data = data if data is not None else process_lib.load_data(config)
-  key = key if key is not None else structure_key(config)
-  devices = runtime.round_devices(config.runtime)
   process = runtime.executable(
-      learning_process(config, data, devices, key), config.runtime, devices,
+      learning_process(plan, data), config.runtime, list(plan.devices),
       experiment=config, client_tensors=process_lib.make_client_tensors(config, data))
   keras_model = process_lib.make_keras_model(config, data)
   return ExperimentParts(
-      key=key, data=data, process=process, keras_model=keras_model,
+      key=plan.key, data=data, process=process, keras_model=keras_model,
       layer_names=tuple(layer_labels(keras_model)),
       evaluator=Evaluator(config, data, keras_model))
 
 
-def learning_process(config: ExperimentConfig, data, devices, key: Optional[str] = None):
-  """What `runtime.executable` runs for `config`: TFF's process for `tff_cpp`; for
-  the in-process and ray backends its `CompiledProcess`, from the machine's
-  process cache when `runtime.cache` is on (built and stored on a miss). `key`:
-  the config's `structure_key`, if the caller has it."""
+def learning_process(config, data, devices=None):
+  """What `runtime.executable` runs for `config` (a `RunPlan`, or a config
+  planned here): TFF's process for `tff_cpp`; for the in-process and ray
+  backends its `CompiledProcess`, from the machine's process cache when
+  `runtime.cache` is on (built and stored on a miss). `devices`: those the
+  rounds run on, by default the plan's."""
   from tff_fedadamom.pipeline import process as process_lib
   from tff_fedadamom.pipeline import runtime
   from tff_fedadamom.pipeline.compiled import compile_process
+  from tff_fedadamom.pipeline.plan import training_loop
+
+  plan = make_plan(config)
+  config = plan.config
+  devices = plan.devices if devices is None else devices
 
   def build():
-    return process_lib.build_process(config, data, runtime.training_loop(devices))
+    return process_lib.build_process(config, data, training_loop(devices),
+                                     server_optimizer=plan.server_optimizer)
 
-  if runtime.backend(config.runtime) == runtime.TFF_CPP:
+  if plan.backend == runtime.TFF_CPP:
     return build()
   if not config.runtime.cache:
     return compile_process(build())
   from tff_fedadamom.pipeline.process_cache import ProcessCache, process_key
 
-  key = key if key is not None else structure_key(config)
   return ProcessCache(config.runtime.cache_dir).get_or_build(
-      process_key(process_structure(key, data_signature(config, data))),
+      process_key(process_structure(plan.key, data_signature(config, data))),
       lambda: compile_process(build()))
 
 
-def initial_state(config: ExperimentConfig, process):
-  """`process.initialize()` with the config's state-held hparams set in.
+def initial_state(config, process):
+  """`process.initialize()` with the state-held hparams of `config` (a
+  `RunPlan`, whose `state_paths` are used, or a config) set in.
 
   For a process built from `config` itself this changes no value; for one built
   from another config of the same `structure_key` it yields this config's
   initial state. Values go through `set_hparams`, a TFF computation, so they
   take the dtypes of the state's own leaves.
   """
+  if isinstance(config, RunPlan):
+    config, paths = config.config, config.state_paths
+  else:
+    paths = state_hparams(config)
   state = process.initialize()
-  paths = state_hparams(config)
   if not paths:
     return state
   hparams = process.get_hparams(state)
@@ -247,15 +286,18 @@ def initial_state(config: ExperimentConfig, process):
   return process.set_hparams(state, hparams)
 
 
-def warm_up(config: ExperimentConfig, parts: ExperimentParts) -> None:
+def warm_up(config, parts: ExperimentParts) -> None:
   """Runs once, on a throwaway state, what a run's first round and evaluation
-  would otherwise compile: `initial_state`, one `next` on round 1's clients,
-  and one evaluation. Nothing of it is kept but the compiled computations."""
+  of `config` (a `RunPlan` or a config) would otherwise compile:
+  `initial_state`, one `next` on round 1's clients, and one evaluation.
+  Nothing of it is kept but the compiled computations."""
   from tff_fedadamom.data.sampling import UniformSampler
   from tff_fedadamom.pipeline import process as process_lib
 
-  check_parts(config, parts)
-  state = initial_state(config, parts.process)
+  plan = make_plan(config)
+  config = plan.config
+  check_parts(plan, parts)
+  state = initial_state(plan, parts.process)
   sampled = UniformSampler(parts.data.train.client_ids, config.clients_per_round,
                            config.seed)(1)
   state = process_lib.next_round(parts.process, state, config, parts.data, sampled, 1).state
@@ -285,15 +327,17 @@ class PartsCache:
   def __len__(self) -> int:
     return len(self._parts)
 
-  def get(self, config: ExperimentConfig) -> ExperimentParts:
-    """The parts for `config`, built (and cached) on a miss."""
-    key = structure_key(config)
+  def get(self, config) -> ExperimentParts:
+    """The parts for `config` (a `RunPlan`, or a config planned here), built
+    (and cached) on a miss."""
+    plan = make_plan(config)
+    key = plan.key
     if key in self._parts:
       self.hits += 1
       self._parts.move_to_end(key)
       return self._parts[key]
     self.misses += 1
-    parts = build_parts(config, data=self._get_data(config), key=key)
+    parts = build_parts(plan, data=self._get_data(plan.config))
     self._parts[key] = parts
     while len(self._parts) > self.max_size:
       self._parts.popitem(last=False)
@@ -311,9 +355,13 @@ class PartsCache:
     return self._data[key]
 
 
-def check_parts(config: ExperimentConfig, parts: Optional[ExperimentParts]) -> None:
-  """ValueError when `parts` were built for a config of another structure."""
-  if parts is not None and parts.key != structure_key(config):
+def check_parts(config, parts: Optional[ExperimentParts]) -> None:
+  """ValueError when `parts` were built for a config of another structure than
+  `config` (a `RunPlan`, whose key is used, or a config)."""
+  if parts is None:
+    return
+  key = config.key if isinstance(config, RunPlan) else structure_key(config)
+  if parts.key != key:
     raise ValueError("run_experiment `parts` were built for a config of another "
                      "structure (model, data, client set-up, ...); build them with "
                      "build_parts(config) or PartsCache.get(config)")

@@ -15,7 +15,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_fedadamom import models, optimizers
-from tff_fedadamom.config import ExperimentConfig
+from tff_fedadamom.config import ExperimentConfig, schema
 from tff_fedadamom.data import FederatedData, load_federated_data
 from tff_fedadamom.optimizers.client import build_client_sgd
 
@@ -25,8 +25,7 @@ def load_data(config: ExperimentConfig) -> FederatedData:
   from tff_fedadamom.data import DATASETS
 
   data = config.data
-  partition = dict(data.partition)
-  kind = partition.pop("kind", "dirichlet")
+  kind, partition = schema.split_kind(data.partition, schema.DEFAULT_PARTITION_KIND)
   kwargs = dict(path=data.path, seed=data.seed, **data.options)
   if DATASETS[data.name].natural_clients:
     if data.num_clients is not None:
@@ -105,8 +104,7 @@ def build_server_optimizer(config: ExperimentConfig) -> tff.learning.optimizers.
 
   server = config.server
   optimizer = optimizers.build_server_optimizer(server.optimizer, **server.hparams)
-  params = dict(server.schedule)
-  kind = params.pop("kind", "constant")
+  kind, params = schema.split_kind(server.schedule, schema.DEFAULT_SCHEDULE_KIND)
   base_lr = server.hparams["learning_rate"]
   return schedules.with_schedule(optimizer,
                                  schedules.build_schedule(kind, base_lr, **params))
@@ -151,7 +149,8 @@ def client_lr_in_state(config: ExperimentConfig) -> bool:
 
 
 def build_process(config: ExperimentConfig, data: Optional[FederatedData] = None,
-                  loop_implementation=None) -> tff.learning.templates.LearningProcess:
+                  loop_implementation=None,
+                  server_optimizer=None) -> tff.learning.templates.LearningProcess:
   """Builds the TFF learning process an experiment config describes.
 
   Args:
@@ -159,18 +158,22 @@ def build_process(config: ExperimentConfig, data: Optional[FederatedData] = None
     data: The loaded data, if the caller has it already (its element spec and
       class count shape the model); loaded from the config otherwise.
     loop_implementation: TFF's loop over a client's data; by default the one
-      for the devices the config's rounds run on (`runtime.training_loop`).
+      for the devices the config's rounds run on (`plan.training_loop`).
+    server_optimizer: The config's `build_server_optimizer(config)`, if the
+      caller built it already (`plan.RunPlan.server_optimizer`); TFF's
+      optimizers hold no state of their own, so one object serves any number
+      of processes.
 
   Returns:
     `build_weighted_fed_avg`, or its optimizer-schedule variant when the client
     learning rate decays per round; for a registry entry of kind
     `LEARNING_PROCESS` (FedCAda, FAFED), the process its builder makes.
   """
-  from tff_fedadamom.pipeline import runtime
+  from tff_fedadamom.pipeline.plan import training_loop
 
   data = data if data is not None else load_data(config)
   if loop_implementation is None:
-    loop_implementation = runtime.training_loop(runtime.round_devices(config.runtime))
+    loop_implementation = training_loop(config.runtime.devices or ())
   model_fn = make_model_fn(config, data)
   client = config.client
   uniform = config.server.client_weighting == "uniform"
@@ -185,7 +188,8 @@ def build_process(config: ExperimentConfig, data: Optional[FederatedData] = None
         client_lr_decay=client.lr_decay, weight_decay=client.weight_decay,
         clip_norm=client.clip_norm, loop_implementation=loop_implementation,
         **config.server.hparams)
-  server_optimizer = build_server_optimizer(config)
+  if server_optimizer is None:
+    server_optimizer = build_server_optimizer(config)
 
   def client_optimizer_fn(lr):
     return build_client_sgd(lr, momentum=client.momentum, weight_decay=client.weight_decay,

@@ -61,9 +61,9 @@ import numpy as np
 import tensorflow as tf
 
 from tff_fedadamom.config.schema import RAY_CPUS_PER_WORKER, RAY_GPUS_PER_WORKER, RAY_WORKERS
-from tff_fedadamom.pipeline import inprocess
+from tff_fedadamom.pipeline import inprocess, ray_session
+from tff_fedadamom.pipeline.plan import threads_for_cpus
 from tff_fedadamom.session import Session
-from tff_fedadamom.pipeline import ray_session
 from tff_fedadamom.pipeline.tf_computation import deserialize
 
 # Replacements of one actor within one round before the round fails.
@@ -95,21 +95,20 @@ class ClientWorker:
   """One actor's state: the experiment's data and the form's client parts.
 
   Args:
-    experiment: The experiment config as a plain mapping (`config_to_dict`).
+    experiment: The validated experiment config (`load_config`); pickled to the
+      actor, it keeps its validated mark, so the actor does not validate it again.
     parts: `serialize`d bytes of the form's `work`, `zero` and `accumulate`.
     threads: TensorFlow's intra-op threads in this actor.
     max_concurrent_clients: Clients run at once in this actor (see `ClientFold`).
   """
 
-  def __init__(self, experiment: Mapping[str, Any], parts: Mapping[str, bytes],
-               threads: int, max_concurrent_clients: Optional[int] = None):
-    from tff_fedadamom.config import load_config
+  def __init__(self, experiment, parts: Mapping[str, bytes], threads: int,
+               max_concurrent_clients: Optional[int] = None):
     from tff_fedadamom.pipeline import process as process_lib
     # The actor is its process's entry point; it ends with its raylet.
     Session(threads=threads, exit_with_parent=True).apply()
-    config = load_config(dict(experiment))
     self._client_tensors = process_lib.make_client_tensors(
-        config, process_lib.load_data(config))
+        experiment, process_lib.load_data(experiment))
     self._outputs: list = []
     # Ray exposes to an actor only the GPUs it was given.
     self._fold = inprocess.ClientFold(*(deserialize(parts[name]) for name in WORKER_PARTS),
@@ -151,14 +150,16 @@ class RayLearningProcess(inprocess.InProcessLearningProcess):
   Args:
     process: The TFF learning process (compiled to MapReduceForm here), or
       its `compiled.CompiledProcess`.
-    experiment: The `ExperimentConfig` whose data the actors load.
+    experiment: The `ExperimentConfig` whose data the actors load (validated
+      here unless it is already; the actors receive it validated).
     workers: Number of actors.
     cpus_per_worker, gpus_per_worker: Ray resources of each actor.
     address: None (a new local Ray on 127.0.0.1, no dashboard), 'auto' or
       host:port. An already connected Ray is used as it is and left running.
-    threads: TensorFlow threads per actor (default: its whole CPUs, at least 1).
+    threads: TensorFlow threads per actor (default: `plan.threads_for_cpus`
+      of its CPUs).
     max_concurrent_clients: Clients run at once within each actor. Default:
-      the actor's whole CPUs (at least one) when it has no GPU, so that an
+      `threads_for_cpus(cpus_per_worker)` when it has no GPU, so that an
       actor uses the CPUs Ray gave it and no more (two concurrent clients, each
       on its own thread, would keep two cores busy); with a GPU, one.
     worker_class: The actors' class (`ClientWorker` or a subclass).
@@ -169,14 +170,14 @@ class RayLearningProcess(inprocess.InProcessLearningProcess):
                gpus_per_worker: float = RAY_GPUS_PER_WORKER, address: Optional[str] = None,
                threads: Optional[int] = None, max_concurrent_clients: Optional[int] = None,
                worker_class: type = ClientWorker):
-    from tff_fedadamom.config import config_to_dict
+    from tff_fedadamom.config import load_config
 
     if workers < 1:
       raise ValueError(f"workers must be an integer >= 1, found {workers!r}")
     self.workers = workers
-    self._experiment = config_to_dict(experiment)
+    self._experiment = load_config(experiment)
     self._options = dict(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker, max_restarts=0)
-    whole_cpus = max(1, int(cpus_per_worker))
+    whole_cpus = threads_for_cpus(cpus_per_worker)
     self._threads = threads or whole_cpus
     if max_concurrent_clients is None:
       max_concurrent_clients = 1 if gpus_per_worker else whole_cpus

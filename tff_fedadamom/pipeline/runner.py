@@ -22,8 +22,9 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from tff_fedadamom import session
 from tff_fedadamom.config import ConfigError, dump_config, load_config
 from tff_fedadamom.pipeline import hooks as hooks_lib
-from tff_fedadamom.pipeline import outputs, resume, runtime, tensorboard_events
+from tff_fedadamom.pipeline import outputs, resume, tensorboard_events
 from tff_fedadamom.pipeline.loop import ROUND, EvalEvent, RoundHook, run_rounds
+from tff_fedadamom.pipeline.plan import RunPlan
 
 __all__ = ["EvalEvent", "RunResult", "run_experiment"]
 
@@ -76,12 +77,13 @@ def run_experiment(config, *, overrides=(), on_eval: Optional[Callable[[EvalEven
   """Runs (or resumes) the experiment a config describes.
 
   Args:
-    config: An `ExperimentConfig`, a YAML path or a mapping.
+    config: A `plan.RunPlan` (`parts.make_plan`), an `ExperimentConfig`, a YAML
+      path or a mapping. Anything but a plan is planned here, once.
     overrides: Dotted `key=value` overrides, applied before validation.
     on_eval: Called after every evaluation with an `EvalEvent`.
     on_round: Called after every round with (round, flat metrics).
     progress: Show a progress bar on stderr.
-    parts: `parts.ExperimentParts` to run with (from `PartsCache.get(config)`)
+    parts: `parts.ExperimentParts` to run with (from `PartsCache.get(plan)`)
       instead of building them: built for any config of the same
       `structure_key`, they give the same results as parts built for this one.
     hooks: More `loop.RoundHook`s, called after the run's own (and after
@@ -91,23 +93,21 @@ def run_experiment(config, *, overrides=(), on_eval: Optional[Callable[[EvalEven
   Returns:
     A `RunResult` with the output directory and the summary written there.
   """
-  config = load_config(config, overrides)
-  output_dir = config.output_dir
-  outputs.check_writable(output_dir)
-  resuming = resume.check_resumable(config, output_dir)
-  # With `ray`, `runtime.threads` sizes each actor (its own process), not this one.
-  session.require_applied(
-      None if runtime.backend(config.runtime) == runtime.RAY else config.runtime.threads)
-  devices = runtime.round_devices(config.runtime)
-
   from tff_fedadamom.pipeline import parts as parts_lib
 
-  parts_lib.check_parts(config, parts)
+  if isinstance(config, RunPlan) and not overrides:
+    plan = config
+  else:
+    plan = parts_lib.make_plan(load_config(getattr(config, "config", config), overrides))
+  outputs.check_writable(plan.config.output_dir)
+  resuming = resume.check_resumable(plan.config, plan.config.output_dir)
+  session.require_applied(plan.threads)
+  parts_lib.check_parts(plan, parts)
   own_parts = parts is None  # parts given by the caller outlive this run
-  parts = parts if parts is not None else parts_lib.build_parts(config)
+  parts = parts if parts is not None else parts_lib.build_parts(plan)
   try:
-    return _run(config, parts, resuming=resuming, devices=devices, on_eval=on_eval,
-                on_round=on_round, progress=progress, hooks=hooks)
+    return _run(plan, parts, resuming=resuming, on_eval=on_eval, on_round=on_round,
+                progress=progress, hooks=hooks)
   finally:
     # After the results: writing them reads the final model's weights, which a
     # process (tff_cpp's worker) computes.
@@ -115,7 +115,7 @@ def run_experiment(config, *, overrides=(), on_eval: Optional[Callable[[EvalEven
       parts.process.close()
 
 
-def _run(config, parts, *, resuming, devices, on_eval, on_round, progress, hooks) -> RunResult:
+def _run(plan, parts, *, resuming, on_eval, on_round, progress, hooks) -> RunResult:
   """The rounds of `run_experiment` on `parts`, and its results."""
   import tensorflow_federated as tff
 
@@ -123,6 +123,7 @@ def _run(config, parts, *, resuming, devices, on_eval, on_round, progress, hooks
   from tff_fedadamom.pipeline import parts as parts_lib
   from tff_fedadamom.pipeline import process as process_lib
 
+  config, devices = plan.config, list(plan.devices)
   output_dir = config.output_dir
   data, process = parts.data, parts.process
   if config.clients_per_round > len(data.train.client_ids):
@@ -135,7 +136,7 @@ def _run(config, parts, *, resuming, devices, on_eval, on_round, progress, hooks
 
   state_manager = resume.state_manager(output_dir)
   state, start_round = resume.restore(
-      state_manager, parts_lib.initial_state(config, process), output_dir)
+      state_manager, parts_lib.initial_state(plan, process), output_dir)
   csv_manager = tff.program.CSVFileReleaseManager(
       os.path.join(output_dir, outputs.METRICS_FILE), key_fieldname=ROUND)
   finished = resume.finished_summary(output_dir, start_round, config.rounds)
@@ -163,14 +164,15 @@ def _run(config, parts, *, resuming, devices, on_eval, on_round, progress, hooks
     tb_manager.close()
     histogram_writer.close()
   wall = time.perf_counter() - started
-  summary = _write_results(config, parts.keras_model, process, result, wall=wall,
-                           start_round=start_round, devices=devices)
+  summary = _write_results(plan, parts.keras_model, process, result, wall=wall,
+                           start_round=start_round)
   return RunResult(output_dir, summary)
 
 
-def _write_results(config, keras_model, process, result, *, wall: float, start_round: int,
-                   devices) -> dict:
+def _write_results(plan, keras_model, process, result, *, wall: float,
+                   start_round: int) -> dict:
   """The run's model (if it completed), curves plot and summary."""
+  config = plan.config
   output_dir = config.output_dir
   status = "completed" if result.diverged_round is None else "diverged"
   process.get_model_weights(result.state).assign_weights_to(keras_model)
@@ -184,9 +186,9 @@ def _write_results(config, keras_model, process, result, *, wall: float, start_r
                       title=config.name or os.path.basename(output_dir.rstrip("/")))
   summary = outputs.summarize(
       history, targets=config.targets, status=status, diverged_round=result.diverged_round,
-      wall_time_s=wall, rounds_run=result.rounds_run, devices=devices,
+      wall_time_s=wall, rounds_run=result.rounds_run, devices=list(plan.devices),
       extra={"optimizer": config.server.optimizer, "seed": config.seed,
-             "backend": runtime.backend(config.runtime),
+             "backend": plan.backend,
              "resumed_from_round": start_round or None})
   outputs.write_summary(output_dir, summary)
   return summary

@@ -28,21 +28,11 @@ from typing import Sequence
 from tff_fedadamom.config.schema import (INPROCESS, RAY, RAY_CPUS_PER_WORKER,  # noqa: F401
                                          RAY_GPUS_PER_WORKER, RAY_WORKERS, TFF_CPP)
 from tff_fedadamom.config.schema import resolved_backend as backend  # noqa: F401
+# The client loop rounds use; its home is `plan`, below the process builder.
+from tff_fedadamom.pipeline.plan import training_loop  # noqa: F401
+
 # What summary.json names as the device of tff_cpp rounds.
 TFF_CPP_DEVICE = "CPU (TFF worker_binary)"
-
-
-def threads_for_cpus(cpus: float) -> int:
-  """The TensorFlow (inter-op) threads of a process given `cpus` CPUs: its whole
-  CPUs, at least one (a fractional share still runs one thread).
-
-  The one formula for every process sized by its CPU share: a sweep trial
-  (`cpus_per_trial`, what Tune gives it) and the pooled worker that runs it,
-  and a ray backend actor (`cpus_per_worker`). A sweep's pool starts workers
-  ahead of its trials, from the sweep's resources, and hands one to a trial
-  only when their thread counts match, so both sides must compute it alike.
-  """
-  return max(1, int(cpus))
 
 
 def ray_workers(runtime_config) -> dict:
@@ -93,25 +83,6 @@ def round_devices(runtime_config, source: str = "<config>") -> list[str]:
     raise ConfigError(source, "runtime.devices", str(e),
                       value=list(runtime_config.devices or ()),
                       allowed=f"devices TensorFlow sees: {inprocess.visible_names()}") from None
-
-
-def training_loop(devices: Sequence[str]):
-  """TFF's loop over a client's data for rounds on `devices`: the iterator loop.
-
-  TFF's other loop, `dataset.reduce`, instantiates (and optimizes with
-  Grappler) its training step afresh on every call: on a small model that is
-  most of a client's time (digits/logistic: about 5x its training). The
-  iterator loop is part of the client computation's own graph, optimized once
-  when that is first called, and it lets the training ops follow the model
-  onto a GPU. Both run the same arithmetic on the same batches (a run's
-  weights are bit-identical either way on the CPU); seeded dropout keeps its
-  step in a model variable (`models._common.SeededDropout`), so its masks do
-  not depend on which compiled copy ran the client.
-  """
-  del devices  # the same loop everywhere
-  import tensorflow_federated as tff
-
-  return tff.learning.LoopImplementation.DATASET_ITERATOR
 
 
 def executable(process, runtime_config, devices: Sequence[str], experiment=None,

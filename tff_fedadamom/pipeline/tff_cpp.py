@@ -44,6 +44,7 @@ from typing import Optional, Sequence
 from tensorflow_federated.python.core.impl.context_stack import context_base
 
 from tff_fedadamom import processes
+from tff_fedadamom.config.schema import INPROCESS, RAY, TFF_CPP
 
 RELAY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tff_cpp_relay.py")
 # How long the worker may take to start, and to stop before it is killed.
@@ -63,7 +64,7 @@ def worker_binary() -> str:
 
   path = os.path.join(os.path.dirname(tensorflow_federated.__file__), "data", "worker_binary")
   if not os.path.isfile(path):
-    raise RuntimeError(f"TFF's worker_binary is not at {path}: the tff_cpp backend needs it")
+    raise RuntimeError(f"TFF's worker_binary is not at {path}: the {TFF_CPP} backend needs it")
   return path
 
 
@@ -96,10 +97,10 @@ def check_available() -> None:
 
   raise ConfigError(
       "<config>", "runtime.backend",
-      "the tff_cpp backend runs TFF's worker_binary, which listens on every network "
+      f"the {TFF_CPP} backend runs TFF's worker_binary, which listens on every network "
       "interface and has no option to choose one, so it is run only inside a private "
       f"network namespace, and this process cannot create one ({problem})",
-      value="tff_cpp", allowed="'inprocess' or 'ray' (or a kernel that allows "
+      value=TFF_CPP, allowed=f"{INPROCESS!r} or {RAY!r} (or a kernel that allows "
       "unprivileged user namespaces: user.max_user_namespaces > 0)")
 
 
@@ -243,7 +244,7 @@ class Runtime(context_base.SyncContext):
   def _started(self):
     with self._lock:
       if self._closed:
-        raise RuntimeError("this tff_cpp Runtime is closed")
+        raise RuntimeError(f"this {TFF_CPP} Runtime is closed")
       if self._context is None:
         self._worker = Worker(self._max_calls)
         self._context, self._channel = execution_context(self._worker)
