@@ -2,7 +2,6 @@
 
     python benchmarks/sweep_scaling.py [--skip-cache] [--skip-quickstart] [--skip-scaling]
         [--skip-asha] [--fmnist-trials 4] [--fmnist-rounds 20] [--fmnist-optimizers fedadamom]
-        [--skip-checkpoints] [--ckpt-trials 4] [--ckpt-rounds 8] [--ckpt-repeats 2]
 
 0. The process cache (`tff_fedadamom.pipeline.process_cache`): the quickstart
    sweep's wall time with a cold cache and again with the warm one; the same
@@ -31,14 +30,8 @@
    with every trial run to the end: trial-rounds and trial-seconds saved, and
    whether the best objectives agree within 0.5 points. Goal: >= 50% of the
    trial-seconds saved.
-4. Tune checkpoints: a small ASHA sweep (FedAvg, digits, logistic regression,
-   `--ckpt-trials` x `--ckpt-rounds`, evaluated and saved every round, grace
-   period 1, reduction factor 2, one trial at a time so that ASHA stops the
-   same trials every time), with a Tune checkpoint at every evaluation (as
-   before `tuning.sweep.checkpoint_rounds`) and at the rounds it gives
-   (ASHA's rungs and the last round), alternately, `--ckpt-repeats` times
-   each after one warm-up sweep: wall time, Tune checkpoints registered,
-   trial-rounds, and the wall time saved per checkpoint not taken.
+4. Tune checkpoints at ASHA's rungs and the end against every evaluation:
+   `benchmarks/sweep_checkpoints.py`.
 
 Every trial is real, through `tuning.run_sweep` on one local Ray started here
 (127.0.0.1, no dashboard). Absolute times depend on the machine and its load;
@@ -61,7 +54,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from tff_fedadamom.metric_names import ELAPSED_S, ROUND, TEST_ACCURACY  # noqa: E402 - after the path
-from ray import tune  # noqa: E402
 
 
 def _sweep_file(name: str) -> dict:
@@ -71,7 +63,7 @@ def _sweep_file(name: str) -> dict:
       os.path.join(ROOT, "configs", "sweeps", f"{name}.yaml")))
 
 
-def _digits_sweep(name, root, *, trials, rounds, concurrent, seed=0):
+def digits_sweep(name, root, *, trials, rounds, concurrent, seed=0):
   return {
       "name": name,
       "base": {
@@ -92,6 +84,20 @@ def _digits_sweep(name, root, *, trials, rounds, concurrent, seed=0):
       "resources": {"cpus_per_trial": 1, "max_concurrent_trials": concurrent,
                     "storage_path": root},
   }
+
+
+@contextlib.contextmanager
+def local_ray():
+  """One local Ray for a whole benchmark run, on 127.0.0.1, 2 CPUs, no dashboard."""
+  import ray
+
+  ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
+           log_to_driver=False, configure_logging=False,
+           runtime_env={"env_vars": {"TF_CPP_MIN_LOG_LEVEL": "2"}})
+  try:
+    yield
+  finally:
+    ray.shutdown()
 
 
 class _Run:
@@ -250,7 +256,7 @@ def scaling(root: str, trials: int, rounds: int) -> None:
         "1 CPU per trial, reused workers", flush=True)
   per_hour = {}
   for concurrent in (1, 2):
-    run = _Run(_digits_sweep(f"scaling_{concurrent}", root, trials=trials, rounds=rounds,
+    run = _Run(digits_sweep(f"scaling_{concurrent}", root, trials=trials, rounds=rounds,
                              concurrent=concurrent))
     per_hour[concurrent] = run.per_hour()
     print(f"  {concurrent} concurrent: {run.trials} trials in {run.wall:6.1f} s -> "
@@ -291,73 +297,6 @@ def asha(root: str, trials: int, rounds: int, optimizers: list[str]) -> None:
         + f" ({'agree' if agree else 'do not agree'} within 0.5 points)", flush=True)
 
 
-class _CountCheckpoints(tune.Callback):
-  """Appends a line to `path` for every checkpoint Tune registers (Tune
-  pickles callbacks into the experiment: the count is kept in a file)."""
-
-  def __init__(self, path: str):
-    self.path = path
-
-  def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
-    with open(self.path, "a") as f:
-      f.write(f"{trial.trial_id}\n")
-
-
-def _tiny_asha_sweep(name: str, root: str, trials: int, rounds: int) -> dict:
-  raw = _digits_sweep(name, root, trials=trials, rounds=rounds, concurrent=1)
-  raw["base"].update(model={"name": "logistic"}, clients_per_round=4,
-                     data={"name": "digits", "num_clients": 10,
-                           "partition": {"kind": "dirichlet", "alpha": 0.5}},
-                     client={"learning_rate": 0.1, "batch_size": 20})
-  raw["scheduler"] = {"kind": "asha", "grace_period": 1, "reduction_factor": 2}
-  return raw
-
-
-def checkpoints(root: str, trials: int, rounds: int, repeats: int) -> None:
-  """Section 4 (see the module docstring). "Every evaluation" replaces
-  `tuning.sweep.checkpoint_rounds` for its runs only (every round)."""
-  from unittest import mock
-
-  from tuning import run_sweep
-  from tuning import sweep as sweep_lib
-
-  print(f"4. Tune checkpoints: FedAvg, digits, logistic, {trials} trials x {rounds} rounds, "
-        "evaluated and saved every round, ASHA grace 1 rf 2, 1 trial at a time", flush=True)
-  every_round = lambda sweep: frozenset(range(1, sweep.budget.rounds + 1))  # noqa: E731
-  with open(os.devnull, "w") as quiet:  # Ray's and the process cache's first use: not counted
-    start = time.perf_counter()
-    run_sweep(_tiny_asha_sweep("ckpt_warm", root, trials, rounds), progress_interval_s=3600,
-              stream=quiet)
-  print(f"  warm-up sweep (not counted): wall {time.perf_counter() - start:6.1f} s", flush=True)
-  runs: dict[str, list] = {"every evaluation": [], "rungs and the end": []}
-  for i in range(repeats):
-    for label in runs:
-      count = os.path.join(root, f"ckpt_{i}_{len(runs[label])}_{label[:5]}.count")
-      open(count, "w").close()
-      raw = _tiny_asha_sweep(f"ckpt_{i}_{label[:5]}", root, trials, rounds)
-      patch = (mock.patch.object(sweep_lib, "checkpoint_rounds", every_round)
-               if label == "every evaluation" else contextlib.nullcontext())
-      load = os.getloadavg()[0]
-      with patch, open(os.devnull, "w") as quiet:
-        start = time.perf_counter()
-        result = run_sweep(raw, progress_interval_s=3600, stream=quiet,
-                           callbacks=[_CountCheckpoints(count)])
-        wall = time.perf_counter() - start
-      with open(count) as f:
-        taken = len(f.read().splitlines())
-      trial_rounds = sum(int(r.metrics.get(ROUND, 0)) for g in result.results.values()
-                         for r in g)
-      runs[label].append((wall, taken))
-      print(f"  {label:<18} run {i + 1}: wall {wall:6.1f} s, {taken:3d} Tune checkpoints, "
-            f"{trial_rounds} trial-rounds; load average {load:.2f} at its start", flush=True)
-  (before, after) = ([sum(v) / len(v) for v in zip(*runs[k])] for k in runs)
-  saved = before[1] - after[1]
-  per = (before[0] - after[0]) / saved if saved else float("nan")
-  print(f"  mean: every evaluation {before[0]:.1f} s / {before[1]:.0f} checkpoints, rungs and "
-        f"the end {after[0]:.1f} s / {after[1]:.0f} checkpoints: {saved:.0f} fewer, "
-        f"{before[0] - after[0]:+.1f} s ({per:.2f} s per checkpoint not taken)", flush=True)
-
-
 def main(argv=None) -> int:
   from tff_fedadamom.session import Session
 
@@ -375,35 +314,24 @@ def main(argv=None) -> int:
   parser.add_argument("--fmnist-rounds", type=int, default=20)
   parser.add_argument("--fmnist-optimizers", default="fedadamom",
                       help="comma-separated optimizers of the ASHA comparison")
-  parser.add_argument("--skip-checkpoints", action="store_true")
-  parser.add_argument("--ckpt-trials", type=int, default=4)
-  parser.add_argument("--ckpt-rounds", type=int, default=8)
-  parser.add_argument("--ckpt-repeats", type=int, default=2)
   parser.add_argument("--keep", action="store_true", help="keep the sweep directories")
   args = parser.parse_args(argv)
 
-  import ray
-
   root = tempfile.mkdtemp(prefix="sweep_scaling_")
-  ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
-           log_to_driver=False, configure_logging=False,
-           runtime_env={"env_vars": {"TF_CPP_MIN_LOG_LEVEL": "2"}})
   try:
-    print(f"machine: {os.cpu_count()} CPUs, Ray given 2; load average at start "
-          f"{os.getloadavg()[0]:.2f}", flush=True)
-    if not args.skip_cache:
-      process_cache(root)
-    if not args.skip_quickstart:
-      quickstart(root)
-    if not args.skip_scaling:
-      scaling(root, args.trials, args.rounds)
-    if not args.skip_asha:
-      asha(root, args.fmnist_trials, args.fmnist_rounds, args.fmnist_optimizers.split(","))
-    if not args.skip_checkpoints:
-      checkpoints(root, args.ckpt_trials, args.ckpt_rounds, args.ckpt_repeats)
-    print(f"load average at the end {os.getloadavg()[0]:.2f}", flush=True)
+    with local_ray():
+      print(f"machine: {os.cpu_count()} CPUs, Ray given 2; load average at start "
+            f"{os.getloadavg()[0]:.2f}", flush=True)
+      if not args.skip_cache:
+        process_cache(root)
+      if not args.skip_quickstart:
+        quickstart(root)
+      if not args.skip_scaling:
+        scaling(root, args.trials, args.rounds)
+      if not args.skip_asha:
+        asha(root, args.fmnist_trials, args.fmnist_rounds, args.fmnist_optimizers.split(","))
+      print(f"load average at the end {os.getloadavg()[0]:.2f}", flush=True)
   finally:
-    ray.shutdown()
     if not args.keep:
       shutil.rmtree(root, ignore_errors=True)
   return 0
