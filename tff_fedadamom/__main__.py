@@ -1,7 +1,5 @@
 """`python -m tff_fedadamom` is the `tff-fedadamom` command."""
 
-import sys
+from tff_fedadamom.cli import entry
 
-from tff_fedadamom.cli import main
-
-sys.exit(main())
+entry()
