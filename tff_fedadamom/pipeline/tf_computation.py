@@ -258,10 +258,15 @@ class _Slot:
       return traced["outputs"]
 
     wrapped = tf.compat.v1.wrap_function(body, signature)
-    graph_inputs = [t for t in wrapped.inputs if t.dtype != tf.resource]
     self._init = (wrapped.prune(feeds=[], fetches=traced["init"])
                   if traced["init"] is not None else None)
-    self._call = wrapped.prune(feeds=graph_inputs, fetches=traced["outputs"])
+    if [t.dtype for t in wrapped.inputs] != [s.dtype for s in signature]:
+      raise AssertionError(f"an import took inputs beyond its signature: {wrapped.inputs}")
+    # The body is the wrapped function itself: its outputs are the computation's
+    # results, and the function runtime runs only the ops they need (the
+    # initializer is not among them). A prune to those outputs would copy the
+    # graph op by op in Python (`lift_to_graph`): seconds for a char-LSTM.
+    self._call = wrapped
     self.device = device
 
   def __call__(self, flat_args):
