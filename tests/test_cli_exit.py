@@ -104,3 +104,21 @@ def test_an_unrelated_exception_in_a_finalizer_is_still_reported():
                        cwd=REPO, capture_output=True, text=True, timeout=120)
   assert out.stdout.strip() == "went on"
   assert "ValueError: from __del__" in out.stderr
+
+
+def test_a_signal_whose_exception_was_swallowed_whole_ends_the_run_at_the_round_end():
+  """A bare `except:` reports nothing to the unraisable hook; the run's per-round
+  check (`on_round`) raises the signal's exception again."""
+  from tff_fedadamom.cli import _Interrupts
+
+  interrupts = _Interrupts()  # not installed: this test process keeps its handlers
+  interrupts.check(1, {})  # no signal yet: nothing happens
+  for signum, raised, code in ((15, SystemExit, 143), (2, KeyboardInterrupt, None)):
+    try:
+      interrupts._on_signal(signum, None)  # noqa: SLF001 - as the handler is called
+    except BaseException:  # noqa: BLE001 - the swallowing code under test
+      pass
+    with pytest.raises(raised) as info:
+      interrupts.check(2, {})
+    if code is not None:
+      assert info.value.code == code

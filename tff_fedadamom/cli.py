@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Optional
 
 # Set by `main` for the command's own process, before TensorFlow is imported:
 # it quiets TensorFlow's C++ INFO/WARNING lines (grappler, cuDNN factory
@@ -77,7 +78,7 @@ def _cmd_run(args) -> int:
 
   config = load_config(args.config, args.overrides)
   _start_session(config)
-  result = run_experiment(config, progress=not args.quiet)
+  result = run_experiment(config, progress=not args.quiet, on_round=args.interrupts.check)
   _print_summary(result.summary, result.output_dir)
   return 0 if result.summary["status"] == "completed" else 3
 
@@ -177,6 +178,14 @@ class _Interrupts:
     self._previous_hook = sys.unraisablehook
     sys.unraisablehook = self._unraisable
 
+  def check(self, *_) -> None:
+    """Raises the signal's exception if one arrived: a run calls it after every
+    round (`on_round`), so a signal whose exception some code swallowed whole
+    (a bare `except:` reports nothing) still ends the run at a round's end,
+    with that round's checkpoint on disk."""
+    if self.signum is not None:
+      self._raise(self.signum, None)
+
   def _on_signal(self, signum, frame) -> None:
     self.signum = signum
     self._raise(signum, frame)
@@ -208,9 +217,10 @@ def _release_tff() -> None:
     runtime.release_tff_default_context()
 
 
-def main(argv=None) -> int:
+def main(argv=None, interrupts: Optional[_Interrupts] = None) -> int:
   """The command with `argv` (default: `sys.argv[1:]`); returns its exit status.
-  `entry` is the process around it (signals, a prompt exit)."""
+  `entry` is the process around it (signals, a prompt exit) and passes its
+  `interrupts`, which a run checks after every round."""
   import atexit
 
   for name, value in QUIET_ENV.items():
@@ -218,6 +228,7 @@ def main(argv=None) -> int:
   from tff_fedadamom.config import ConfigError
 
   args = build_parser().parse_args(argv)
+  args.interrupts = interrupts if interrupts is not None else _Interrupts()
   atexit.register(_release_tff)
   try:
     return args.fn(args)
@@ -260,9 +271,10 @@ def entry() -> None:
   import atexit
   import signal
 
-  _Interrupts().install()
+  interrupts = _Interrupts()
+  interrupts.install()
   try:
-    code = _exit_code(main())
+    code = _exit_code(main(interrupts=interrupts))
   except SystemExit as e:  # SIGTERM (`_Interrupts`), or argparse's usage errors
     code = _exit_code(e.code)
   except KeyboardInterrupt:  # a Ctrl-C raised again after `main` returned
