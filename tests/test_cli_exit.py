@@ -27,10 +27,10 @@ print("entry returned")
 """
 
 
-def _command(argv):
-  env = {**os.environ, "PYTHONPATH": REPO}
-  return subprocess.run([sys.executable, "-c", PROGRAM.format(argv=argv)], env=env, cwd=REPO,
-                        capture_output=True, text=True, timeout=120)
+def _python(program: str) -> subprocess.CompletedProcess:
+  """`program` run by a fresh Python that imports this checkout."""
+  return subprocess.run([sys.executable, "-c", program], env={**os.environ, "PYTHONPATH": REPO},
+                        cwd=REPO, capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.parametrize("argv, status, stderr", [
@@ -39,7 +39,7 @@ def _command(argv):
     (["--help"], 0, ""),                                        # SystemExit(0)
 ])
 def test_entry_exits_with_the_status_after_the_exit_handlers(argv, status, stderr):
-  out = _command(argv)
+  out = _python(PROGRAM.format(argv=argv))
   assert out.returncode == status, out.stderr
   assert stderr in out.stderr
   assert "exit handler ran" in out.stdout.splitlines()
@@ -89,9 +89,7 @@ except SystemExit as e:
 @pytest.mark.parametrize("signum, ending", [(2, "ended by KeyboardInterrupt"),
                                             (15, "ended by SystemExit 143")])
 def test_a_signal_handled_inside_a_finalizer_still_ends_the_command(signum, ending):
-  env = {**os.environ, "PYTHONPATH": REPO}
-  out = subprocess.run([sys.executable, "-c", IN_FINALIZER.format(signum=signum)], env=env,
-                       cwd=REPO, capture_output=True, text=True, timeout=120)
+  out = _python(IN_FINALIZER.format(signum=signum))
   assert out.stdout.strip() == ending, out.stderr
   assert "Exception ignored" not in out.stderr
 
@@ -100,8 +98,7 @@ def test_an_unrelated_exception_in_a_finalizer_is_still_reported():
   program = ("import sys\nfrom tff_fedadamom.cli import _Interrupts\n_Interrupts().install()\n"
              "class Broken:\n  def __del__(self):\n    raise ValueError('from __del__')\n"
              "Broken()\nprint('went on')\n")
-  out = subprocess.run([sys.executable, "-c", program], env={**os.environ, "PYTHONPATH": REPO},
-                       cwd=REPO, capture_output=True, text=True, timeout=120)
+  out = _python(program)
   assert out.stdout.strip() == "went on"
   assert "ValueError: from __del__" in out.stderr
 
