@@ -197,21 +197,16 @@ def main(argv=None):
   warmup = args.warmup if args.warmup is not None else (0 if args.paper_scale else 1)
   print(f"{os.cpu_count()} CPU cores; TensorFlow {tf.__version__}; "
         f"GPUs visible: {len(tf.config.list_physical_devices('GPU'))}")
-  # TFF's default execution context is released while Python is whole: its own
-  # late __del__ fails at exit.
   with tempfile.TemporaryDirectory() as tmp:
-    try:
-      if args.paper_scale:
-        _paper_scale(tmp, rounds("paper"), warmup, args.tiny)
-        return
-      if args.only in (None, "a"):
-        _compare("a", *_quickstart(args.tiny), rounds("a"), warmup)
-      if args.only in (None, "b"):
-        clients, images = (2, 10) if args.tiny else (5, 100)
-        config, label = _resnet(os.path.join(tmp, "cifar"), clients, images, local_epochs=1)
-        _compare("b", config, "(b) " + label, rounds("b"), warmup)
-    finally:
-      runtime.release_tff_default_context()
+    if args.paper_scale:
+      _paper_scale(tmp, rounds("paper"), warmup, args.tiny)
+      return
+    if args.only in (None, "a"):
+      _compare("a", *_quickstart(args.tiny), rounds("a"), warmup)
+    if args.only in (None, "b"):
+      clients, images = (2, 10) if args.tiny else (5, 100)
+      config, label = _resnet(os.path.join(tmp, "cifar"), clients, images, local_epochs=1)
+      _compare("b", config, "(b) " + label, rounds("b"), warmup)
 
 
 if __name__ == "__main__":

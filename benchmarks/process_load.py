@@ -147,7 +147,6 @@ def main(argv=None) -> int:
             f"cache hit {hit + times['initial state']:.2f} s")
       print(f"  one work prune (avoided) / the whole wrap now: "
             f"{times['work prune (avoided)'] / times['wrap']:.1f}x")
-  runtime.release_tff_default_context()  # no executor-factory error at exit
   return 0
 
 

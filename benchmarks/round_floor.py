@@ -157,7 +157,6 @@ def main(argv=None) -> None:
           f"{m['floor']:>9.1f} {m['inprocess'] / m['floor']:>13.2f} "
           f"{m['inprocess'] / m['fused']:>13.2f} {m['tff_cpp'] / m['inprocess']:>11.2f}",
           flush=True)
-  runtime.release_tff_default_context()
 
 
 if __name__ == "__main__":

@@ -40,7 +40,6 @@ context_stack_impl.context_stack.set_default_context(_TFF_CPP)
 def pytest_sessionfinish(session, exitstatus):
   del session, exitstatus
   _TFF_CPP.close()
-  runtime.release_tff_default_context()
   if _OWNS_CACHE:
     shutil.rmtree(_PROCESS_CACHE, ignore_errors=True)
 

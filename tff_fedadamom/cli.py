@@ -208,20 +208,11 @@ class _Interrupts:
     self._previous_hook(unraisable)
 
 
-def _release_tff() -> None:
-  """TFF creates its C++ context (unused: see `runtime`) at import; released while
-  Python is whole, it does not fail in a late `__del__` at interpreter exit."""
-  if "tensorflow_federated" in sys.modules:
-    from tff_fedadamom.pipeline import runtime
-
-    runtime.release_tff_default_context()
-
-
 def main(argv=None, interrupts: Optional[_Interrupts] = None) -> int:
   """The command with `argv` (default: `sys.argv[1:]`); returns its exit status.
   `entry` is the process around it (signals, a prompt exit) and passes its
   `interrupts`, which a run checks after every round."""
-  import atexit
+  from tff_fedadamom import session
 
   for name, value in QUIET_ENV.items():
     os.environ.setdefault(name, value)  # the command's own process
@@ -229,7 +220,7 @@ def main(argv=None, interrupts: Optional[_Interrupts] = None) -> int:
 
   args = build_parser().parse_args(argv)
   args.interrupts = interrupts if interrupts is not None else _Interrupts()
-  atexit.register(_release_tff)
+  session.release_tff_at_exit()
   try:
     return args.fn(args)
   except ConfigError as e:
@@ -264,8 +255,8 @@ def entry() -> None:
   project's reference machine (2 cores, idle), longer on a loaded one; after a
   SIGTERM mid-run that delay is how long the command takes to die. Everything a
   command writes is closed by then (its own `finally` blocks ran), so the exit
-  handlers run (`atexit`: logging, Ray's shutdown, `_release_tff`), the standard
-  streams are flushed, and the process ends without the collection. `main`
+  handlers run (`atexit`: logging, Ray's shutdown, releasing TFF's default
+  context), the standard streams are flushed, and the process ends without the collection. `main`
   itself returns, for callers in a Python program.
   """
   import atexit

@@ -7,7 +7,8 @@ sweep's trial worker, a Ray actor, a test session) apply them once with
 `Session(...).apply()`, and library calls only check them (`require_applied`).
 The same object sets the environment variables the process (and the processes
 it starts, such as TFF's worker_binary) must have: no library call edits
-`os.environ`.
+`os.environ`. And it releases, at the process's exit, the execution context
+that importing TFF installs (`release_tff_default_context`).
 
 Why kernels run single-threaded: a multi-threaded kernel splits its reductions
 by the thread count, so float round-off, amplified by training, made a run's
@@ -19,8 +20,10 @@ federated learning), a run is a function of its config on any CPU machine.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import os
+import sys
 from typing import Mapping, Optional
 
 
@@ -30,6 +33,38 @@ def cpu_count() -> int:
     return len(os.sched_getaffinity(0))
   except AttributeError:  # not on Linux
     return os.cpu_count() or 1
+
+
+def release_tff_default_context() -> None:
+  """Replaces the C++ execution context that importing TFF installs as its
+  default (on the importing thread; the project never runs on it) by TFF's
+  runtime-error context.
+
+  Why, at exit: that context's service manager ends its (never started)
+  worker in `__del__` by looking up `subprocess.Popen` in its module's
+  globals. When a program has traced TensorFlow functions, TFF's modules stay
+  alive until the interpreter's last stage, which sets module globals to None
+  before the thread-local context stack is freed, so the lookup fails with
+  "AttributeError: 'NoneType' object has no attribute 'Popen'". Released
+  while Python is still whole, the manager is freed without error.
+  """
+  if "tensorflow_federated" not in sys.modules:
+    return
+  from tensorflow_federated.python.core.impl.context_stack import context_stack_impl
+  from tensorflow_federated.python.core.impl.context_stack import runtime_error_context
+
+  context_stack_impl.context_stack.set_default_context(
+      runtime_error_context.create_runtime_error_context())
+
+
+_RELEASING: list = []  # the exit handler, registered once per process
+
+
+def release_tff_at_exit() -> None:
+  """Registers `release_tff_default_context` to run at this process's exit (once)."""
+  if not _RELEASING:
+    _RELEASING.append(release_tff_default_context)
+    atexit.register(release_tff_default_context)
 
 
 # Seconds between an `exit_with_parent` session's checks of its parent.
@@ -89,13 +124,15 @@ class Session:
     return self.threads or cpu_count()
 
   def apply(self) -> "Session":
-    """Sizes TensorFlow's thread pools (and GPU memory growth) for this process.
+    """Sizes TensorFlow's thread pools (and GPU memory growth) for this process,
+    and releases TFF's default context at its exit (`release_tff_at_exit`).
 
     Idempotent for the same settings. Raises:
       SessionError: TensorFlow has started with other settings; it cannot
         change them any more, so the process must apply its session first.
     """
     os.environ.update(self.environ)
+    release_tff_at_exit()
     if self.exit_with_parent:
       _watch_parent()
     import tensorflow as tf

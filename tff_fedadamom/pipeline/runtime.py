@@ -22,7 +22,6 @@ Nothing here installs a signal handler: the CLI does that for itself.
 
 from __future__ import annotations
 
-import sys
 from typing import Sequence
 
 from tff_fedadamom.config.schema import (INPROCESS, RAY, RAY_CPUS_PER_WORKER,  # noqa: F401
@@ -43,22 +42,6 @@ def ray_workers(runtime_config) -> dict:
               gpus_per_worker=runtime_config.gpus_per_worker or RAY_GPUS_PER_WORKER,
               address=runtime_config.address, threads=runtime_config.threads,
               max_concurrent_clients=runtime_config.max_concurrent_clients)
-
-
-def release_tff_default_context() -> None:
-  """Replaces the C++ execution context that importing TFF installs as its
-  default (on the importing thread; unused here) by TFF's runtime-error context.
-
-  For an entry point, at exit: released while Python is still whole, that
-  context does not fail in a late `__del__` at interpreter shutdown.
-  """
-  if "tensorflow_federated" not in sys.modules:
-    return
-  from tensorflow_federated.python.core.impl.context_stack import context_stack_impl
-  from tensorflow_federated.python.core.impl.context_stack import runtime_error_context
-
-  context_stack_impl.context_stack.set_default_context(
-      runtime_error_context.create_runtime_error_context())
 
 
 def round_devices(runtime_config, source: str = "<config>") -> list[str]:
