@@ -44,6 +44,7 @@ from tff_fedadamom.pipeline import tf_computation  # noqa: E402
 from tff_fedadamom.pipeline.compiled import compile_process  # noqa: E402
 from tff_fedadamom.pipeline.plan import training_loop  # noqa: E402
 from tff_fedadamom.pipeline.process_cache import ProcessCache  # noqa: E402
+from tff_fedadamom.session import Session  # noqa: E402
 
 
 def _digits():
@@ -133,6 +134,7 @@ def main(argv=None) -> int:
   parser.add_argument("--only", choices=sorted(CASES))
   args = parser.parse_args(argv)
   names = [args.only] if args.only else list(CASES)
+  Session().apply()  # this command is its process's entry point
   with tempfile.TemporaryDirectory() as cache_dir:
     measure(CASES[names[0]][1](), cache_dir)  # TensorFlow's and TFF's start-up
     for name in names:
