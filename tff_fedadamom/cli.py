@@ -209,12 +209,13 @@ class _Interrupts:
 
 
 def _release_tff() -> None:
-  """TFF creates its C++ context (unused: see `runtime`) at import; released while
-  Python is whole, it does not fail in a late `__del__` at interpreter exit."""
+  """TFF creates its C++ context (unused: see `pipeline.backends`) at import;
+  released while Python is whole, it does not fail in a late `__del__` at
+  interpreter exit."""
   if "tensorflow_federated" in sys.modules:
-    from tff_fedadamom.pipeline import runtime
+    from tff_fedadamom.pipeline.backends import tff_cpp
 
-    runtime.release_tff_default_context()
+    tff_cpp.release_tff_default_context()
 
 
 def main(argv=None, interrupts: Optional[_Interrupts] = None) -> int:

@@ -43,9 +43,11 @@ from typing import Optional, Sequence
 
 from tensorflow_federated.python.core.impl.context_stack import context_base
 
-from tff_fedadamom import processes
+from tff_fedadamom import process_table
 from tff_fedadamom.config.schema import INPROCESS, RAY, TFF_CPP
 
+# What summary.json names as the device of tff_cpp rounds.
+TFF_CPP_DEVICE = "CPU (TFF worker_binary)"
 RELAY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tff_cpp_relay.py")
 # How long the worker may take to start, and to stop before it is killed.
 START_TIMEOUT_S = 120.0
@@ -58,7 +60,7 @@ _GRPC_OPTIONS = [("grpc.max_message_length", _GRPC_MAX_MESSAGE_BYTES),
                  ("grpc.max_send_message_length", _GRPC_MAX_MESSAGE_BYTES)]
 
 
-def worker_binary() -> str:
+def worker_binary_path() -> str:
   """The path of TFF's worker_binary (where TFF's own factory looks for it)."""
   import tensorflow_federated
 
@@ -104,8 +106,8 @@ def check_available() -> None:
       "unprivileged user namespaces: user.max_user_namespaces > 0)")
 
 
-class Worker:
-  """worker_binary in its namespace behind the relay, and the Unix socket to it.
+class WorkerBinary:
+  """TFF's worker_binary in its namespace behind the relay, and the Unix socket to it.
 
   Args:
     max_concurrent_calls: TFF's `max_concurrent_computation_calls`; <= 0: no limit.
@@ -116,7 +118,7 @@ class Worker:
     self.path = os.path.join(self._dir, "worker.sock")
     self.pid: Optional[int] = None  # the worker's, once it runs
     self._relay = subprocess.Popen(
-        _relay_command(self.path, worker_binary(), str(max_concurrent_calls)),
+        _relay_command(self.path, worker_binary_path(), str(max_concurrent_calls)),
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
     self._started: list[tuple[int, int]] = []  # the worker's identity, once it runs
     # Not at interpreter exit: the relay ends by itself when this process does.
@@ -141,17 +143,18 @@ class Worker:
       raise RuntimeError(f"TFF's worker_binary did not start in its network namespace: "
                          f"{line or 'no answer in %.0f s' % START_TIMEOUT_S}")
     self.pid = int(line.split()[1])
-    self._started.extend(filter(None, [processes.identity(self.pid)]))
+    self._started.extend(filter(None, [process_table.identity(self.pid)]))
 
   def close(self) -> None:
     """Stops the relay and the worker (idempotent)."""
     self._finalizer()
 
 
-def _stop(relay: subprocess.Popen, directory: str, workers: list[tuple[int, int]],
+def _stop(relay: subprocess.Popen, directory: str, worker_binaries: list[tuple[int, int]],
           timeout_s: float) -> None:
-  """SIGTERM to the relay's process group (relay and worker), SIGKILL after
-  `timeout_s`; then waits for `workers` (`processes.identity`s) to end."""
+  """SIGTERM to the relay's process group (relay and worker_binary), SIGKILL
+  after `timeout_s`; then waits for `worker_binaries` (`process_table.identity`s)
+  to end."""
   for pipe in (relay.stdin, relay.stdout):
     try:
       pipe.close()
@@ -170,8 +173,8 @@ def _stop(relay: subprocess.Popen, directory: str, workers: list[tuple[int, int]
   # The worker's parent death signal ends it with the relay; it is gone once
   # ended, even if nobody reaps it (a zombie counts as ended).
   deadline = time.monotonic() + timeout_s
-  for worker in workers:
-    while processes.identity(worker[0]) == worker:
+  for worker in worker_binaries:
+    while process_table.identity(worker[0]) == worker:
       if time.monotonic() > deadline:
         try:
           os.kill(worker[0], signal.SIGKILL)
@@ -182,7 +185,7 @@ def _stop(relay: subprocess.Popen, directory: str, workers: list[tuple[int, int]
   shutil.rmtree(directory, ignore_errors=True)
 
 
-def execution_context(worker: Worker):
+def execution_context(worker: WorkerBinary):
   """A TFF sync execution context whose executors run on `worker` (see the module
   docstring for what it mirrors), and its gRPC channel."""
   import grpc
@@ -232,22 +235,22 @@ class Runtime(context_base.SyncContext):
     check_available()
     self._max_calls = max_concurrent_calls or -1
     self._lock = threading.Lock()
-    self._worker: Optional[Worker] = None
+    self._worker_binary: Optional[WorkerBinary] = None
     self._context = self._channel = None
     self._closed = False
 
   @property
-  def worker(self) -> Optional[Worker]:
-    """The running worker, None before the first invocation and after `close()`."""
-    return self._worker
+  def worker_binary(self) -> Optional[WorkerBinary]:
+    """The running worker_binary, None before the first invocation and after `close()`."""
+    return self._worker_binary
 
   def _started(self):
     with self._lock:
       if self._closed:
         raise RuntimeError(f"this {TFF_CPP} Runtime is closed")
       if self._context is None:
-        self._worker = Worker(self._max_calls)
-        self._context, self._channel = execution_context(self._worker)
+        self._worker_binary = WorkerBinary(self._max_calls)
+        self._context, self._channel = execution_context(self._worker_binary)
       return self._context
 
   def invoke(self, comp, arg):
@@ -257,8 +260,8 @@ class Runtime(context_base.SyncContext):
     """Ends the worker (idempotent); no invocation is taken afterwards."""
     with self._lock:
       self._closed = True
-      worker, channel = self._worker, self._channel
-      self._worker = self._context = self._channel = None
+      worker, channel = self._worker_binary, self._channel
+      self._worker_binary = self._context = self._channel = None
     if channel is not None:
       channel.close()
     if worker is not None:
@@ -279,8 +282,15 @@ class _InContext:
     return getattr(self._computation, name)
 
 
+def _in_runtime(name: str) -> property:
+  """The wrapped process's computation `name`, called under the wrapper's runtime."""
+  return property(lambda self: _InContext(self, getattr(self._process, name)),
+                  doc=f"The process's `{name}`, run on this wrapper's runtime.")
+
+
 class TffCppProcess:
-  """A TFF learning process whose computations run on TFF's C++ runtime.
+  """The `tff_cpp` backend (`base.Backend`): a TFF learning process whose
+  computations run on TFF's C++ runtime.
 
   Every callable attribute of `process` (`initialize`, `next`,
   `get_model_weights`, `get_hparams`, `set_hparams`, ...) is called with this
@@ -298,15 +308,18 @@ class TffCppProcess:
     ConfigError: naming `runtime.backend` if the worker cannot be confined.
   """
 
+  # The calls of `base.Backend`, spelled out; any other attribute of the
+  # process is reached through `__getattr__`.
+  initialize = _in_runtime("initialize")
+  get_model_weights = _in_runtime("get_model_weights")
+  get_hparams = _in_runtime("get_hparams")
+  set_hparams = _in_runtime("set_hparams")
+
   def __init__(self, process, client_tensors=None,
                max_concurrent_clients: Optional[int] = None):
     self.runtime = Runtime(max_concurrent_clients)
     self._process = process
     self._client_tensors = client_tensors
-
-  @property
-  def takes_client_ids(self) -> bool:
-    return self._client_tensors is not None
 
   def call(self, computation, *args, **kwargs):
     """`computation(*args, **kwargs)` with this wrapper's runtime installed."""
@@ -316,6 +329,10 @@ class TffCppProcess:
       return computation(*args, **kwargs)
 
   def next_for_clients(self, state, client_ids: Sequence, round_num: int):
+    """One round of TFF's `next` over the datasets of `client_ids` in round
+    `round_num`, built here from the run's `client_tensors`."""
+    if self._client_tensors is None:
+      raise TypeError("next_for_clients needs client_tensors=...; call next(state, datasets)")
     return self.call(self._process.next, state,
                      self._client_tensors.datasets(client_ids, round_num))
 
@@ -328,3 +345,19 @@ class TffCppProcess:
   def close(self) -> None:
     """Ends the worker (idempotent); the wrapper takes no calls afterwards."""
     self.runtime.close()
+
+
+def release_tff_default_context() -> None:
+  """Replaces the C++ execution context that importing TFF installs as its
+  default (on the importing thread; unused here) by TFF's runtime-error context.
+
+  For an entry point, at exit: released while Python is still whole, that
+  context does not fail in a late `__del__` at interpreter shutdown.
+  """
+  if "tensorflow_federated" not in sys.modules:
+    return
+  from tensorflow_federated.python.core.impl.context_stack import context_stack_impl
+  from tensorflow_federated.python.core.impl.context_stack import runtime_error_context
+
+  context_stack_impl.context_stack.set_default_context(
+      runtime_error_context.create_runtime_error_context())
