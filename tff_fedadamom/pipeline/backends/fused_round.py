@@ -2,7 +2,8 @@
 
 Called computation by computation, a round is 2K + 4 calls from Python
 (`prepare`, K `work`, `zero`, K `accumulate`, `report`, `update`) with the
-clients' work handed to a thread pool and back. `FusedRound` imports the same computations into one graph:
+clients' work handed to a thread pool and back. `FusedRound` imports the same
+computations into one graph:
 
     broadcast = prepare(state)
     out_i     = work_i(client_i's tensors and seed, broadcast)   i = 1..K

@@ -1,5 +1,5 @@
 """The `tff_cpp` backend: TFF's own C++ runtime, kept as the reference, with
-its worker confined to a network namespace of its own.
+its worker_binary confined to a network namespace of its own.
 
 TFF 0.87's pip package runs its C++ runtime only in a separate `worker_binary`
 process, which serves gRPC on every network interface and cannot be told
@@ -17,10 +17,10 @@ The context mirrors TFF's `execution_contexts.create_sync_local_cpp_execution_co
 with `executor_stacks.executor_factory.local_cpp_executor_factory` (TFF 0.87):
 a `SyncExecutionContext` over a `ResourceManagingExecutorFactory` whose stacks
 are `RemoteExecutor`s on a gRPC stub, with TFF's compiler, argument and result
-transforms, default client count and message-size limits; only the worker's
+transforms, default client count and message-size limits; only the worker_binary's
 launch and the channel's address are this module's.
 
-Lifetime: the worker starts on the runtime's first invocation and ends with
+Lifetime: the worker_binary starts on the runtime's first invocation and ends with
 `close()` (SIGTERM to its process group, SIGKILL after `STOP_TIMEOUT_S`), when
 the runtime is garbage-collected, or when this process ends, however it ends
 (the relay ends when its stdin, a pipe from this process, closes).
@@ -49,7 +49,7 @@ from tff_fedadamom.config.schema import INPROCESS, RAY, TFF_CPP
 # What summary.json names as the device of tff_cpp rounds.
 TFF_CPP_DEVICE = "CPU (TFF worker_binary)"
 RELAY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tff_cpp_relay.py")
-# How long the worker may take to start, and to stop before it is killed.
+# How long the worker_binary may take to start, and to stop before it is killed.
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 10.0
 # TFF's `local_cpp_executor_factory` defaults (TFF 0.87).
@@ -91,7 +91,7 @@ def namespace_problem() -> Optional[str]:
 
 
 def check_available() -> None:
-  """Raises a ConfigError naming `runtime.backend` if the worker cannot be confined."""
+  """Raises a ConfigError naming `runtime.backend` if the worker_binary cannot be confined."""
   problem = namespace_problem()
   if problem is None:
     return
@@ -116,11 +116,11 @@ class WorkerBinary:
   def __init__(self, max_concurrent_calls: int = -1):
     self._dir = tempfile.mkdtemp(prefix="tff-cpp-")  # mode 0700: this user's alone
     self.path = os.path.join(self._dir, "worker.sock")
-    self.pid: Optional[int] = None  # the worker's, once it runs
+    self.pid: Optional[int] = None  # the worker_binary's, once it runs
     self._relay = subprocess.Popen(
         _relay_command(self.path, worker_binary_path(), str(max_concurrent_calls)),
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
-    self._started: list[tuple[int, int]] = []  # the worker's identity, once it runs
+    self._started: list[tuple[int, int]] = []  # the worker_binary's identity, once it runs
     # Not at interpreter exit: the relay ends by itself when this process does.
     self._finalizer = weakref.finalize(self, _stop, self._relay, self._dir, self._started,
                                        STOP_TIMEOUT_S)
@@ -133,7 +133,7 @@ class WorkerBinary:
 
   @property
   def relay_pid(self) -> int:
-    """The relay's pid; it leads the process group of itself and the worker."""
+    """The relay's pid; it leads the process group of itself and the worker_binary."""
     return self._relay.pid
 
   def _wait_ready(self) -> None:
@@ -146,7 +146,7 @@ class WorkerBinary:
     self._started.extend(filter(None, [process_table.identity(self.pid)]))
 
   def close(self) -> None:
-    """Stops the relay and the worker (idempotent)."""
+    """Stops the relay and the worker_binary (idempotent)."""
     self._finalizer()
 
 
@@ -170,7 +170,7 @@ def _stop(relay: subprocess.Popen, directory: str, worker_binaries: list[tuple[i
       break
     except subprocess.TimeoutExpired:
       continue
-  # The worker's parent death signal ends it with the relay; it is gone once
+  # The worker_binary's parent death signal ends it with the relay; it is gone once
   # ended, even if nobody reaps it (a zombie counts as ended).
   deadline = time.monotonic() + timeout_s
   for worker in worker_binaries:
@@ -217,7 +217,7 @@ def execution_context(worker: WorkerBinary):
 
 
 class Runtime(context_base.SyncContext):
-  """TFF's C++ runtime as a TFF sync context: the worker starts on the first
+  """TFF's C++ runtime as a TFF sync context: the worker_binary starts on the first
   invocation, and ends with `close()`.
 
   Install it around calls (`context_stack.install(runtime)`, what
@@ -228,7 +228,7 @@ class Runtime(context_base.SyncContext):
       `max_concurrent_computation_calls`); None: no limit, TFF's default.
 
   Raises:
-    ConfigError: naming `runtime.backend` if the worker cannot be confined.
+    ConfigError: naming `runtime.backend` if the worker_binary cannot be confined.
   """
 
   def __init__(self, max_concurrent_calls: Optional[int] = None):
@@ -257,7 +257,7 @@ class Runtime(context_base.SyncContext):
     return self._started().invoke(comp, arg)
 
   def close(self) -> None:
-    """Ends the worker (idempotent); no invocation is taken afterwards."""
+    """Ends the worker_binary (idempotent); no invocation is taken afterwards."""
     with self._lock:
       self._closed = True
       worker, channel = self._worker_binary, self._channel
@@ -305,7 +305,7 @@ class TffCppProcess:
       `max_concurrent_computation_calls`); None: no limit, TFF's default.
 
   Raises:
-    ConfigError: naming `runtime.backend` if the worker cannot be confined.
+    ConfigError: naming `runtime.backend` if the worker_binary cannot be confined.
   """
 
   # The calls of `base.Backend`, spelled out; any other attribute of the
@@ -343,7 +343,7 @@ class TffCppProcess:
     return _InContext(self, value) if callable(value) else value
 
   def close(self) -> None:
-    """Ends the worker (idempotent); the wrapper takes no calls afterwards."""
+    """Ends the worker_binary (idempotent); the wrapper takes no calls afterwards."""
     self.runtime.close()
 
 
