@@ -4,8 +4,8 @@ For each case, in one process, after a throwaway build of the same model that
 takes TensorFlow's and TFF's one-time start-up out of the figures:
 
   miss: build (TFF's builders trace the learning process), MapReduceForm (TFF's
-        compiler splits it into parts), store (into a fresh process cache);
-  hit:  load (the parts from that cache), wrap (import the parts into this
+        compiler splits it into computations), store (into a fresh process cache);
+  hit:  load (the computations from that cache), wrap (import them into this
         process's TensorFlow, `backends.build_backend`);
   then: initial state, the first round (its functions are instantiated and
         optimized by TensorFlow on first call), a second round, for scale.
@@ -13,7 +13,7 @@ takes TensorFlow's and TFF's one-time start-up out of the figures:
 `work prune (avoided)` is a step wrapping no longer takes: a prune of an
 import to its outputs, which copies the graph op by op in Python
 (`wrap_function.prune` -> `lift_to_graph`). Wrapping pruned every import that
-way: one per part, and one per client slot for `work` (the largest graph). It is
+way: one per computation, and one per client slot for `work` (the largest graph). It is
 timed here on one `work` import and printed beside the whole wrap as it is now.
 
 Cases: the quickstart sweep's digits/logistic, the paper study's Fashion-MNIST
