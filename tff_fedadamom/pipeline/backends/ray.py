@@ -170,10 +170,10 @@ class RayLearningProcess(ServerCalls):
 
   The server's computations are a `server.ServerComputations` on this
   process's first device, as the in-process backend's are (`server.ServerCalls`
-  gives it their calls); its client fold is
-  the actors' (`_fold_on_actors`), handed to the server's `round`. Rounds are
-  `next_for_clients(state, client_ids, round_num)`: datasets are built on the
-  actors, from the data each loaded itself.
+  gives it their calls); its client fold is the actors' (`_fold_on_actors`),
+  handed to the server's `round`. Rounds are `next_for_clients(state,
+  client_ids, round_num)`: datasets are built on the actors, from the data
+  each loaded itself.
 
   Args:
     process: The TFF learning process (compiled to MapReduceForm here), or
