@@ -1,7 +1,7 @@
 """Rounds per second of the two backends: in-process TensorFlow vs TFF's C++ runtime.
 
 One learning process, built once, runs round by round on both backends:
-`inprocess` (TFF's MapReduceForm parts run by TensorFlow in this process,
+`inprocess` (TFF's MapReduceForm computations run by TensorFlow in this process,
 `InProcessLearningProcess`) and `tff_cpp` (the same process on TFF's C++
 runtime, its `worker_binary`, through `tff_cpp.TffCppProcess`). In every round both get the same state
 (the reference `tff_cpp`'s result of the round before), the same sampled clients
@@ -49,8 +49,11 @@ from tests.data.fixtures import write_cifar10  # noqa: E402
 from tff_fedadamom.config import load_config  # noqa: E402
 from tff_fedadamom.data.sampling import sample_clients  # noqa: E402
 from tff_fedadamom.pipeline import process as process_lib  # noqa: E402
-from tff_fedadamom.pipeline import runtime, tff_cpp  # noqa: E402
-from tff_fedadamom.pipeline.inprocess import InProcessLearningProcess  # noqa: E402
+from tff_fedadamom.config.schema import INPROCESS, TFF_CPP  # noqa: E402
+from tff_fedadamom.pipeline.backends import tff_cpp  # noqa: E402
+from tff_fedadamom.pipeline.backends.inprocess import InProcessLearningProcess  # noqa: E402
+from tff_fedadamom.pipeline.parts import make_plan  # noqa: E402
+from tff_fedadamom.pipeline.plan import training_loop  # noqa: E402
 
 GOALS = {"a": 1.5, "b": 1.0}
 DEFAULT_ROUNDS = {"a": 8, "b": 4, "paper": 1}
@@ -122,15 +125,15 @@ def _rounds(config, data, runners: dict, rounds: int, warmup: int, weights=None)
 
 def _compare(key: str, config, label: str, rounds: int, warmup: int) -> None:
   data = process_lib.load_data(config)
-  devices = runtime.round_devices(config.runtime)
-  # The same process on both backends (tff_cpp ignores devices: its worker is CPU-only).
-  process = process_lib.build_process(config, data, runtime.training_loop(devices))
+  devices = list(make_plan(config).devices)
+  # The same process on both backends (tff_cpp ignores devices: its worker_binary is CPU-only).
+  process = process_lib.build_process(config, data, training_loop(devices))
   start = time.perf_counter()
   inprocess = InProcessLearningProcess(process, devices=devices,
                                        max_concurrent_clients=config.runtime.max_concurrent_clients)
   compile_s = time.perf_counter() - start
   reference = tff_cpp.TffCppProcess(process)
-  runners = {runtime.INPROCESS: inprocess, runtime.TFF_CPP: reference}  # the reference last
+  runners = {INPROCESS: inprocess, TFF_CPP: reference}  # the reference last
   print(f"{label}; {rounds} timed round(s) after {warmup} warm-up, interleaved")
   print(f"  in-process compile to MapReduceForm and import: {compile_s:.2f} s; "
         f"inprocess devices: {', '.join(d.split('device:')[-1] for d in inprocess.devices)}")
@@ -142,7 +145,7 @@ def _compare(key: str, config, label: str, rounds: int, warmup: int) -> None:
     medians[name] = statistics.median(timed[name])
     warm = f"{sum(first[name]):10.2f}" if first[name] else f"{'-':>10}"
     print(f"  {name:<10} {medians[name]:9.3f} {1 / medians[name]:9.3f} {warm}")
-  ratio = medians[runtime.TFF_CPP] / medians[runtime.INPROCESS]
+  ratio = medians[TFF_CPP] / medians[INPROCESS]
   goal = GOALS[key]
   print(f"  ratio inprocess/tff_cpp rounds/s: {ratio:.2f}  "
         f"(goal >= {goal:.1f}: {'met' if ratio >= goal else 'NOT met'})")
@@ -155,18 +158,18 @@ def _compare(key: str, config, label: str, rounds: int, warmup: int) -> None:
 def _paper_scale(data_root: str, rounds: int, warmup: int, tiny: bool = False) -> None:
   config, label = _resnet(data_root, *((2, 10, 1) if tiny else (5, 500, 5)))
   data = process_lib.load_data(config)
-  devices = runtime.round_devices(config.runtime)
+  devices = list(make_plan(config).devices)
   process = InProcessLearningProcess(
-      process_lib.build_process(config, data, runtime.training_loop(devices)), devices=devices)
+      process_lib.build_process(config, data, training_loop(devices)), devices=devices)
   names = [d.split("device:")[-1] for d in process.devices]
   gpus = tf.config.list_physical_devices("GPU")
   details = [tf.config.experimental.get_device_details(g).get("device_name", "?") for g in gpus]
   print(f"(paper scale, inprocess only) {label}; {rounds} timed round(s) after {warmup} warm-up")
   print(f"  devices: {', '.join(names)}" + (f" ({', '.join(details)})" if details else
                                              " (TensorFlow sees no GPU)"))
-  timed, first, _ = _rounds(config, data, {runtime.INPROCESS: process}, rounds, warmup)
-  seconds = statistics.median(timed[runtime.INPROCESS])
-  warm = f"; warm-up {sum(first[runtime.INPROCESS]):.1f} s" if first[runtime.INPROCESS] else \
+  timed, first, _ = _rounds(config, data, {INPROCESS: process}, rounds, warmup)
+  seconds = statistics.median(timed[INPROCESS])
+  warm = f"; warm-up {sum(first[INPROCESS]):.1f} s" if first[INPROCESS] else \
       " (no warm-up: includes the first round's tracing)"
   print(f"  inprocess: {seconds:.1f} s/round on {', '.join(names)}{warm}")
   process.close()

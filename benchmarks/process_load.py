@@ -4,16 +4,16 @@ For each case, in one process, after a throwaway build of the same model that
 takes TensorFlow's and TFF's one-time start-up out of the figures:
 
   miss: build (TFF's builders trace the learning process), MapReduceForm (TFF's
-        compiler splits it into parts), store (into a fresh process cache);
-  hit:  load (the parts from that cache), wrap (import the parts into this
-        process's TensorFlow, `runtime.executable`);
+        compiler splits it into computations), store (into a fresh process cache);
+  hit:  load (the computations from that cache), wrap (import them into this
+        process's TensorFlow, `backends.build_backend`);
   then: initial state, the first round (its functions are instantiated and
         optimized by TensorFlow on first call), a second round, for scale.
 
 `work prune (avoided)` is a step wrapping no longer takes: a prune of an
 import to its outputs, which copies the graph op by op in Python
 (`wrap_function.prune` -> `lift_to_graph`). Wrapping pruned every import that
-way: one per part, and one per client slot for `work` (the largest graph). It is
+way: one per computation, and one per client slot for `work` (the largest graph). It is
 timed here on one `work` import and printed beside the whole wrap as it is now.
 
 Cases: the quickstart sweep's digits/logistic, the paper study's Fashion-MNIST
@@ -39,7 +39,7 @@ from tff_fedadamom.config import load_config  # noqa: E402
 from tff_fedadamom.data.sampling import UniformSampler  # noqa: E402
 from tff_fedadamom.pipeline import parts as parts_lib  # noqa: E402
 from tff_fedadamom.pipeline import process as process_lib  # noqa: E402
-from tff_fedadamom.pipeline import runtime  # noqa: E402
+from tff_fedadamom.pipeline import backends  # noqa: E402
 from tff_fedadamom.pipeline import tf_computation  # noqa: E402
 from tff_fedadamom.pipeline.compiled import compile_process  # noqa: E402
 from tff_fedadamom.pipeline.plan import training_loop  # noqa: E402
@@ -113,17 +113,16 @@ def measure(raw, cache_dir: str) -> dict:
   clock.mark("store")
   loaded = cache.load("case")
   clock.mark("load")
-  executable = runtime.executable(loaded, config.runtime, list(plan.devices), experiment=config,
-                                  client_tensors=process_lib.make_client_tensors(config, data))
+  backend = backends.build_backend(plan, loaded, process_lib.make_client_tensors(config, data))
   clock.mark("wrap")
-  state = parts_lib.initial_state(plan, executable)
+  state = parts_lib.initial_state(plan, backend)
   clock.mark("initial state")
   sampler = UniformSampler(data.train.client_ids, config.clients_per_round, config.seed)
-  state = process_lib.next_round(executable, state, config, data, sampler(1), 1).state
+  state = backend.next_for_clients(state, sampler(1), 1).state
   clock.mark("first round")
-  process_lib.next_round(executable, state, config, data, sampler(2), 2)
+  backend.next_for_clients(state, sampler(2), 2)
   clock.mark("second round")
-  executable.close()
+  backend.close()
   times = clock.times
   times["work prune (avoided)"] = _prune_seconds(loaded, plan)
   return times

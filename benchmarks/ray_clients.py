@@ -36,8 +36,10 @@ os.environ.setdefault("RAY_worker_niceness", "0")
 from tests.data.fixtures import write_cifar10  # noqa: E402
 from tff_fedadamom.config import load_config  # noqa: E402
 from tff_fedadamom.data.sampling import sample_clients  # noqa: E402
-from tff_fedadamom.pipeline import build_process, runtime  # noqa: E402
-from tff_fedadamom.pipeline.process import load_data, next_round  # noqa: E402
+from tff_fedadamom.pipeline import backends, build_process  # noqa: E402
+from tff_fedadamom.pipeline.parts import make_plan  # noqa: E402
+from tff_fedadamom.pipeline.plan import training_loop  # noqa: E402
+from tff_fedadamom.pipeline.process import load_data, make_client_tensors  # noqa: E402
 
 
 def _config(args, data_dir, output_dir, runtime_section):
@@ -53,18 +55,18 @@ def _config(args, data_dir, output_dir, runtime_section):
   })
 
 
-def _measure(config, data, process, rounds):
+def _measure(config, data, backend, rounds):
   """Seconds of each round after a warm-up one, and the Ray rounds' breakdowns."""
-  state = process.initialize()
+  state = backend.initialize()
   ids = list(data.train.client_ids)
   seconds, parts = [], []
   for round_num in range(1, rounds + 2):
     sampled = sample_clients(ids, config.clients_per_round, config.seed, round_num)
     t0 = time.perf_counter()
-    state = next_round(process, state, config, data, sampled, round_num).state
+    state = backend.next_for_clients(state, sampled, round_num).state
     if round_num > 1:
       seconds.append(time.perf_counter() - t0)
-      parts.append(getattr(process, "round_times", {}))
+      parts.append(getattr(backend, "round_times", {}))
   return seconds, parts
 
 
@@ -90,14 +92,14 @@ def main(argv=None):
     for name, section in setups:
       config = _config(args, data_dir, os.path.join(tmp, "run"), section)
       data = load_data(config)
-      devices = runtime.round_devices(config.runtime)
-      process = runtime.executable(build_process(config, data, runtime.training_loop(devices)),
-                                   config.runtime, devices, experiment=config)
+      plan = make_plan(config)
+      backend = backends.build_backend(
+          plan, build_process(config, data, training_loop(plan.devices)),
+          make_client_tensors(config, data))
       try:
-        seconds, parts = _measure(config, data, process, args.rounds)
+        seconds, parts = _measure(config, data, backend, args.rounds)
       finally:
-        if hasattr(process, "close"):
-          process.close()
+        backend.close()
       medians[name] = statistics.median(seconds)
       line = f"{name:26s} {medians[name]:7.2f} s/round  {1 / medians[name]:6.3f} rounds/s"
       if parts[0]:

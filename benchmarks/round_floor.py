@@ -3,9 +3,10 @@ arithmetic in one `tf.function`.
 
 For each config, the same sampled clients train from the same global weights:
 
-* `inprocess`: the pipeline's round (`next_round` on the in-process backend,
-  part by part: 2K + 4 calls from Python);
-* `fused`: the same round as one TensorFlow call (`pipeline.fused_round`, opt-in);
+* `inprocess`: the pipeline's round (`next_for_clients` on the in-process
+  backend, call by call: 2K + 4 calls from Python);
+* `fused`: the same round as one TensorFlow call (`pipeline.backends.fused_round`,
+  opt-in);
 * `tff_cpp`: TFF's own runtime on the same learning process and batches;
 * `floor`: the clients' SGD steps over the same batches, materialized
   beforehand, plus the mean of their deltas, in one `tf.function` (the
@@ -36,10 +37,10 @@ import tensorflow as tf  # noqa: E402
 
 from tff_fedadamom import models  # noqa: E402
 from tff_fedadamom.config import load_config  # noqa: E402
+from tff_fedadamom.config.schema import INPROCESS, TFF_CPP  # noqa: E402
 from tff_fedadamom.data.sampling import UniformSampler  # noqa: E402
 from tff_fedadamom.pipeline import parts as parts_lib  # noqa: E402
 from tff_fedadamom.pipeline import process as process_lib  # noqa: E402
-from tff_fedadamom.pipeline import runtime  # noqa: E402
 
 # The four configs of the round-speed goals: the quickstart sweep's trials, the
 # paper study's two models, and the quickstart CNN.
@@ -112,30 +113,29 @@ def _backend_round(config, data, clients):
   """A callable running one round on `config`'s backend, and the process to close."""
   parts = parts_lib.build_parts(config, data=data)
   state = parts_lib.initial_state(config, parts.process)
-  return (lambda: process_lib.next_round(parts.process, state, config, data, clients, 1),
-          parts.process)
+  return lambda: parts.process.next_for_clients(state, clients, 1), parts.process
 
 
 def _fused_round(config, data, clients):
   """The in-process round as one TensorFlow call (`fused_rounds=True`)."""
-  from tff_fedadamom.pipeline.inprocess import InProcessLearningProcess
+  from tff_fedadamom.pipeline.backends.inprocess import InProcessLearningProcess
 
-  compiled = parts_lib.learning_process(config, data, runtime.round_devices(config.runtime))
+  compiled = parts_lib.learning_process(config, data)
   process = InProcessLearningProcess(
       compiled, client_tensors=process_lib.make_client_tensors(config, data),
       fused_rounds=True)
   state = parts_lib.initial_state(config, process)
-  return lambda: process_lib.next_round(process, state, config, data, clients, 1)
+  return lambda: process.next_for_clients(state, clients, 1)
 
 
 def measure(name: str, rounds: int) -> dict[str, float]:
   with tempfile.TemporaryDirectory() as tmp:
-    config = _config(name, runtime.INPROCESS, tmp)
+    config = _config(name, INPROCESS, tmp)
     data = process_lib.load_data(config)
     clients = UniformSampler(data.train.client_ids, config.clients_per_round, config.seed)(1)
     out = {"floor": _timed(_floor(config, data, clients), rounds),
            "fused": _timed(_fused_round(config, data, clients), rounds)}
-    for backend in (runtime.INPROCESS, runtime.TFF_CPP):
+    for backend in (INPROCESS, TFF_CPP):
       round_fn, process = _backend_round(_config(name, backend, tmp), data, clients)
       try:
         out[backend] = _timed(round_fn, rounds)

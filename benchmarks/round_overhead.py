@@ -24,9 +24,11 @@ import tensorflow as tf  # noqa: E402
 from tff_fedadamom import models  # noqa: E402
 from tff_fedadamom.config import load_config  # noqa: E402
 from tff_fedadamom.data.sampling import sample_clients  # noqa: E402
-from tff_fedadamom.pipeline import build_process, runtime  # noqa: E402
+from tff_fedadamom.pipeline import backends, build_process  # noqa: E402
+from tff_fedadamom.pipeline.parts import make_plan  # noqa: E402
+from tff_fedadamom.pipeline.plan import training_loop  # noqa: E402
 from tff_fedadamom.pipeline.process import (client_datasets, load_data,  # noqa: E402
-                                            make_keras_model)
+                                            make_client_tensors, make_keras_model)
 
 
 def _config(args, output_dir):
@@ -88,16 +90,17 @@ def main(argv=None):
           f"batch 20, 1 local epoch; {args.rounds} timed rounds after 1 warm-up")
 
     # The process as the pipeline runs it (the config's backend: in-process by default).
-    devices = runtime.round_devices(config.runtime)
-    process = runtime.executable(build_process(config, data, runtime.training_loop(devices)),
-                                 config.runtime, devices)
-    state = process.initialize()
+    plan = make_plan(config)
+    backend = backends.build_backend(
+        plan, build_process(config, data, training_loop(plan.devices)),
+        make_client_tensors(config, data))
+    state = backend.initialize()
     tff_times = []
     for r, clients in enumerate(rounds):
       t0 = time.perf_counter()
-      state = process.next(state, client_datasets(config, data, clients, r)).state
+      state = backend.next_for_clients(state, clients, r).state
       tff_times.append(time.perf_counter() - t0)
-    process.close()  # tff_cpp: its worker
+    backend.close()  # tff_cpp: its worker_binary
 
     model = make_keras_model(config, data)
     loss_fn = models.loss_and_metrics("classification")[0]()

@@ -23,7 +23,8 @@ import pytest  # noqa: E402
 
 from tensorflow_federated.python.core.impl.context_stack import context_stack_impl  # noqa: E402
 
-from tff_fedadamom.pipeline import runtime, tff_cpp  # noqa: E402
+from tff_fedadamom.config.schema import INPROCESS, resolved_backend  # noqa: E402
+from tff_fedadamom.pipeline.backends import tff_cpp  # noqa: E402
 from tff_fedadamom.session import Session  # noqa: E402
 
 # The test run is an entry point: it sizes TensorFlow's threads, as the CLI does.
@@ -56,7 +57,7 @@ def run_shared():
   Building a learning process costs seconds; a run on shared parts equals a run
   with its own (tests/pipeline/test_parts.py), so tests whose subject is what
   happens across runs (resume, faults, outputs) share them. Only in-process
-  runs: Ray's parts hold actors and TFF's C++ runtime's a worker.
+  runs: Ray's parts hold actors and TFF's C++ runtime's a worker_binary.
   """
   from tff_fedadamom.config import load_config
   from tff_fedadamom.pipeline import parts as parts_lib
@@ -67,7 +68,7 @@ def run_shared():
 
   def run(raw, **kwargs):
     config = load_config(raw)
-    assert runtime.backend(config.runtime) == runtime.INPROCESS, config.runtime
+    assert resolved_backend(config.runtime) == INPROCESS, config.runtime
     parts = cache.get(config)
     used[id(parts.process)] = parts.process
     return run_experiment(config, progress=False, parts=parts, **kwargs)

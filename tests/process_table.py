@@ -1,6 +1,6 @@
 """The tests' and benchmarks' walks of the process table: command lines,
 environments, descendants and listening sockets, on top of the library's
-`tff_fedadamom.processes` (whose readers they re-export, so that a test has one
+`tff_fedadamom.process_table` (whose readers they re-export, so that a test has one
 module to ask)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import Iterable, Optional
 
-from tff_fedadamom.processes import Stat, identity, stat, still_running  # noqa: F401
+from tff_fedadamom.process_table import Stat, identity, stat, still_running  # noqa: F401
 
 
 def pids() -> list[int]:

@@ -353,7 +353,7 @@ def test_importing_the_package_changes_no_environment_variable():
        "assert 'TF_CPP_MIN_LOG_LEVEL' not in os.environ\n"
        "import tensorflow, tensorflow_federated\n"
        "before = dict(os.environ)\n"
-       "import tff_fedadamom.processes, tff_fedadamom.config, tff_fedadamom.pipeline\n"
+       "import tff_fedadamom.process_table, tff_fedadamom.config, tff_fedadamom.pipeline\n"
        "import tff_fedadamom.optimizers, tff_fedadamom.pipeline.telemetry\n"
        "assert dict(os.environ) == before, set(os.environ.items()) ^ set(before.items())\n")
 

@@ -11,7 +11,7 @@ import tff_fedadamom
 # Where each public name is defined (the README's examples import them from the
 # package root).
 HOMES = {
-    "InProcessLearningProcess": "tff_fedadamom.pipeline.inprocess",
+    "InProcessLearningProcess": "tff_fedadamom.pipeline.backends.inprocess",
     "Session": "tff_fedadamom.session",
     "build_fedadamom": "tff_fedadamom.optimizers",
     "build_process": "tff_fedadamom.pipeline",

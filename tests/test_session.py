@@ -48,7 +48,7 @@ def test_a_session_that_exits_with_its_parent_ends_when_the_parent_is_killed(tmp
   import sys
   import time
 
-  from tff_fedadamom import processes
+  from tff_fedadamom import process_table as processes
 
   pid_file = tmp_path / "child.pid"
   child_py, parent_py = tmp_path / "child.py", tmp_path / "parent.py"

@@ -22,7 +22,7 @@ _EXPORTS = {
     "load_config": "tff_fedadamom.config",
     "build_process": "tff_fedadamom.pipeline",
     "run_experiment": "tff_fedadamom.pipeline",
-    "InProcessLearningProcess": "tff_fedadamom.pipeline.inprocess",
+    "InProcessLearningProcess": "tff_fedadamom.pipeline.backends.inprocess",
     "Session": "tff_fedadamom.session",
 }
 

@@ -160,7 +160,7 @@ class _Interrupts:
 
   SIGINT raises KeyboardInterrupt, as Python's default handler does; SIGTERM
   raises SystemExit(128 + 15), so `finally` blocks and exit handlers run (a
-  tff_cpp backend's worker is stopped by them, or ends with this process). A
+  tff_cpp backend's worker_binary is stopped by them, or ends with this process). A
   SIGINT the command was started with ignored (`nohup`, a background job) stays
   ignored.
   """

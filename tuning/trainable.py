@@ -235,7 +235,7 @@ def train_trial(config: dict, *, sweep, optimizer: Optional[str], pool: Optional
     trial_session(threads, gpu=bool(gpu_ids)).apply()
     from tff_fedadamom.pipeline import run_experiment
 
-    # The run closes the parts it builds (a tff_cpp backend's worker with them).
+    # The run closes the parts it builds (a tff_cpp backend's worker_binary with them).
     run_experiment(make_experiment(),
                    hooks=[TuneReport(output_dir, make_result, _report_to_tune)],
                    progress=False)

@@ -60,7 +60,7 @@ from typing import Any, Callable, Optional, Sequence
 import ray
 
 # (pid, start time) of a running process: a trial's owner, told apart from a reused pid.
-from tff_fedadamom.processes import identity as process_identity
+from tff_fedadamom.process_table import identity as process_identity
 
 NAMESPACE = "tff_fedadamom"
 # Built experiments each worker keeps at least; a sweep's pool keeps one per

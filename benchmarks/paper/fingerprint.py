@@ -123,11 +123,11 @@ def learning_process_fingerprint(name: str, client_learning_rate: float = 0.05,
   of the registry's process, defaults overridden by `hparams`.
 
   The rounds run as the study's experiments run them, in this Python process
-  (`pipeline.inprocess`, one client at a time, accumulated in client order):
+  (`pipeline.backends.inprocess`, one client at a time, accumulated in client order):
   TFF's default context would start a `worker_binary` that outlives the caller.
   """
   from tff_fedadamom.optimizers import get_spec, resolve_hparams
-  from tff_fedadamom.pipeline.inprocess import InProcessLearningProcess
+  from tff_fedadamom.pipeline.backends.inprocess import InProcessLearningProcess
 
   spec = get_spec(name)
   process = InProcessLearningProcess(

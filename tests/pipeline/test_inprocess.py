@@ -24,8 +24,10 @@ import tensorflow_federated as tff
 from tests.pipeline.test_runner import ROOT, tiny
 from tff_fedadamom import optimizers
 from tff_fedadamom.config import ConfigError, load_config
-from tff_fedadamom.pipeline import inprocess, run_experiment, runtime
-from tff_fedadamom.pipeline import tf_computation
+from tff_fedadamom.pipeline import backends, run_experiment, tf_computation
+from tff_fedadamom.pipeline import parts as parts_lib
+from tff_fedadamom.pipeline.backends import inprocess, tff_cpp
+from tff_fedadamom.pipeline.plan import training_loop
 from tff_fedadamom.pipeline.process import build_process, client_datasets, load_data
 
 _REDUCE = tff.learning.LoopImplementation.DATASET_REDUCE
@@ -221,7 +223,8 @@ _CHILD = textwrap.dedent("""
     Session().apply()
     from tests import process_table as processes
     from tff_fedadamom.config import load_config
-    from tff_fedadamom.pipeline import inprocess, run_experiment
+    from tff_fedadamom.pipeline import run_experiment
+    from tff_fedadamom.pipeline.backends import inprocess
     from tff_fedadamom.pipeline.process import build_process, client_datasets, load_data
     started = []
     _Popen = subprocess.Popen
@@ -278,7 +281,7 @@ def test_tff_cpp_backend_names_its_worker(tmp_path):
   result = run_experiment(tiny(tmp_path / "run", rounds=1, runtime={"backend": "tff_cpp"}),
                           progress=False)
   assert result.summary["backend"] == "tff_cpp"
-  assert result.summary["devices"] == [runtime.TFF_CPP_DEVICE]
+  assert result.summary["devices"] == [tff_cpp.TFF_CPP_DEVICE]
 
 
 @pytest.mark.parametrize("runtime_section,field,wording", [
@@ -313,10 +316,9 @@ def test_client_training_runs_on_the_gpu(tmp_path):
   config = load_config(tiny(tmp_path, model={"name": "mlp"},
                             data={"name": "mnist5k", "num_clients": 20}))
   data = load_data(config)
-  devices = runtime.round_devices(config.runtime)
-  assert all("GPU" in d for d in devices)
-  local = runtime.executable(build_process(config, data, runtime.training_loop(devices)),
-                             config.runtime, devices)
+  plan = parts_lib.make_plan(config)
+  assert all("GPU" in d for d in plan.devices)
+  local = backends.build_backend(plan, build_process(config, data, training_loop(plan.devices)))
   tf.config.experimental.reset_memory_stats("GPU:0")
   state = local.next(local.initialize(), client_datasets(
       config, data, list(data.train.client_ids)[:2], 1)).state

@@ -16,18 +16,21 @@ ROUND_METRICS = [ROUND, TRAIN_LOSS, TRAIN_ACCURACY, TRAIN_NUM_EXAMPLES, NONFINIT
 
 
 class CountingProcess:
-  """State = one weight that each round adds 1 to; round r's training loss is
-  `losses.get(r, 1.0)`, the server rejects the update of `rejected` rounds, and
-  from round `nan_from` on the weight is NaN."""
+  """A stand-in backend. State = one weight that each round adds 1 to; the
+  n-th round run has training loss `losses.get(n, 1.0)`, the server rejects
+  the update of `rejected` rounds, and from round `nan_from` on the weight is
+  NaN. `calls` records each round's (state, clients, round_num)."""
 
   def __init__(self, losses=None, rejected=(), nan_from=None):
     self.losses = losses or {}
     self.rejected = set(rejected)
     self.nan_from = nan_from
     self.clients_seen = []
+    self.calls = []
     self.weight_fetches = 0
 
-  def next(self, state, clients):
+  def next_for_clients(self, state, clients, round_num):
+    self.calls.append((state, clients, round_num))
     self.clients_seen.append(clients)
     round_num = len(self.clients_seen)
     state = math.nan if self.nan_from and round_num >= self.nan_from else state + 1.0
@@ -114,16 +117,11 @@ def test_a_resumed_loop_samples_its_own_rounds_and_knows_its_last():
   assert result.state == 8.0 and result.rounds_run == 3
 
 
-def test_train_function_gets_state_clients_and_round():
-  calls = []
-
-  def train(state, clients, round_num):
-    calls.append((state, clients, round_num))
-    return types.SimpleNamespace(state=state * 2, metrics={})
-
-  result = run_rounds(CountingProcess(), 1.0, [3, 4], sampler, train=train)
-  assert calls == [(1.0, sampler(3), 3), (2.0, sampler(4), 4)]
-  assert result.state == 4.0
+def test_each_round_is_next_for_clients_of_state_clients_and_round():
+  process = CountingProcess()
+  result = run_rounds(process, 1.0, [3, 4], sampler)
+  assert process.calls == [(1.0, sampler(3), 3), (2.0, sampler(4), 4)]
+  assert result.state == 3.0
 
 
 def test_a_nan_loss_stops_the_loop_after_its_round_is_evaluated_and_saved():
@@ -165,16 +163,17 @@ def test_hooks_share_one_fetch_of_the_weights_per_round():
   assert process.weight_fetches == 3
 
 
-def test_hooks_are_closed_when_a_round_fails():
-  log = []
-
-  def train(state, clients, round_num):
+class FailingProcess(CountingProcess):
+  def next_for_clients(self, state, clients, round_num):
     if round_num == 2:
       raise RuntimeError("round 2 failed")
-    return types.SimpleNamespace(state=state, metrics={})
+    return super().next_for_clients(state, clients, round_num)
 
+
+def test_hooks_are_closed_when_a_round_fails():
+  log = []
   with pytest.raises(RuntimeError, match="round 2 failed"):
-    run_rounds(CountingProcess(), 0.0, range(1, 4), sampler, [Recorder("a", log)], train=train)
+    run_rounds(FailingProcess(), 0.0, range(1, 4), sampler, [Recorder("a", log)])
   assert [e[:3] for e in log] == [("start", "a", 1), ("end", "a", 1), ("start", "a", 2),
                                   ("close", "a")]
 

@@ -21,7 +21,7 @@ from tff_fedadamom.pipeline import parts as parts_lib
 from tff_fedadamom.pipeline import process as process_lib
 from tff_fedadamom.pipeline import process_cache as cache_lib
 from tff_fedadamom.pipeline.compiled import CompiledProcess, compile_process
-from tff_fedadamom.pipeline.inprocess import InProcessLearningProcess
+from tff_fedadamom.pipeline.backends.inprocess import InProcessLearningProcess
 from tests.pipeline.test_parts import _rows, tiny
 
 
@@ -52,7 +52,7 @@ def _three_rounds(source, config, data):
 def test_bundle_round_trip_keeps_containers_and_numbers(built):
   config, data, process, compiled = built
   loaded = CompiledProcess.from_bytes(compiled.to_bytes())
-  assert set(loaded.parts) == set(compiled.parts)
+  assert set(loaded.computations) == set(compiled.computations)
   for name, type_spec in compiled.result_types.items():
     assert loaded.result_types[name] == type_spec, name  # containers included
   state, weights, hparams = _three_rounds(loaded, config, data)
@@ -148,7 +148,8 @@ def test_damaged_or_foreign_entries_are_rebuilt_with_a_warning(tmp_path, caplog)
   data[-10] ^= 0xFF
   open(path, "wb").write(bytes(data))
   with caplog.at_level(logging.WARNING):
-    assert cache.get_or_build("k", lambda: built.append(1) or _fake(3)).parts == _fake(3).parts
+    rebuilt = cache.get_or_build("k", lambda: built.append(1) or _fake(3))
+    assert rebuilt.computations == _fake(3).computations
   assert "checksum" in caplog.text and len(built) == 2
   os.replace(path, cache.path("other"))  # an entry under the wrong name
   caplog.clear()
@@ -197,7 +198,7 @@ def test_concurrent_builders_of_one_key_build_once(tmp_path):
   for t in threads:
     t.join()
   assert len(calls) == 1 and len(results) == 3
-  assert all(r.parts == _fake(7).parts for r in results)
+  assert all(r.computations == _fake(7).computations for r in results)
 
 
 def test_a_killed_writer_leaves_no_entry_that_loads(tmp_path):

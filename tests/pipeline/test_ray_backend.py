@@ -24,9 +24,11 @@ from tests import process_table as processes
 from tff_fedadamom.config import ConfigError, load_config
 from tff_fedadamom.data.sampling import sample_clients
 from tff_fedadamom.metric_names import LOSS
-from tff_fedadamom.pipeline import inprocess, ray_backend, run_experiment, runtime
+from tff_fedadamom.pipeline import backends, run_experiment
 from tff_fedadamom.pipeline import parts as parts_lib
-from tff_fedadamom.pipeline.process import build_process, load_data, next_round
+from tff_fedadamom.pipeline.backends import inprocess
+from tff_fedadamom.pipeline.backends import ray as ray_backend
+from tff_fedadamom.pipeline.process import build_process, load_data, make_client_tensors
 
 # Two threads per actor, as this 2-core machine's in-process runs have: the
 # thread count changes how TensorFlow's kernels split their reductions.
@@ -59,7 +61,7 @@ def test_assignment_is_contiguous_blocks_in_order():
   ids = [f"c{i}" for i in range(10)]
   blocks = ray_backend.assign_clients(ids, 4)
   assert sum(blocks, []) == ids and [len(b) for b in blocks] == [3, 3, 2, 2]
-  with pytest.raises(ValueError, match="workers"):
+  with pytest.raises(ValueError, match="actors"):
     ray_backend.assign_clients(ids, 0)
 
 
@@ -154,7 +156,7 @@ def test_quickstart_matches_inprocess_with_two_actors(tmp_path):
   result = run_experiment({**raw, "output_dir": str(tmp_path / "ray"), "runtime": RAY},
                           progress=False)
   assert result.summary["backend"] == "ray"
-  assert result.summary["devices"] == ["ray worker 0 (CPU)", "ray worker 1 (CPU)"]
+  assert result.summary["devices"] == ["ray actor 0 (CPU)", "ray actor 1 (CPU)"]
   _assert_close(_weights(tmp_path / "inprocess"), _weights(tmp_path / "ray"))
   # The local Ray the run started is gone with it.
   assert not ray.is_initialized()
@@ -164,14 +166,14 @@ def test_quickstart_matches_inprocess_with_two_actors(tmp_path):
   assert not _ray_processes_of(os.getpid())
 
 
-def _rounds(executable, config, data, rounds):
+def _rounds(backend, config, data, rounds):
   """`rounds` rounds of the runner's sampling; the final trainable weights."""
-  state = executable.initialize()
+  state = backend.initialize()
   ids = list(data.train.client_ids)
   for round_num in range(1, rounds + 1):
     sampled = sample_clients(ids, config.clients_per_round, config.seed, round_num)
-    state = next_round(executable, state, config, data, sampled, round_num).state
-  return [np.asarray(w) for w in executable.get_model_weights(state).trainable]
+    state = backend.next_for_clients(state, sampled, round_num).state
+  return [np.asarray(w) for w in backend.get_model_weights(state).trainable]
 
 
 def test_two_node_cluster_matches_inprocess(tmp_path, two_node_cluster):  # noqa: F811
@@ -182,11 +184,11 @@ def test_two_node_cluster_matches_inprocess(tmp_path, two_node_cluster):  # noqa
       **RAY, "address": two_node_cluster}))
   data = load_data(config)
   process = build_process(config, data)
-  local = inprocess.InProcessLearningProcess(process)
+  local = inprocess.InProcessLearningProcess(
+      process, client_tensors=make_client_tensors(config, data))
   expected = _rounds(local, config, data, 3)
   local.close()
-  remote = runtime.executable(process, config.runtime, runtime.round_devices(config.runtime),
-                              experiment=config)
+  remote = backends.build_backend(parts_lib.make_plan(config), process)
   try:
     nodes = ray.get([a.node.remote() for a in remote.actors])
     assert len(set(nodes)) == 2, nodes
@@ -219,7 +221,7 @@ def test_resume_on_the_ray_backend_is_exact(tmp_path):
     np.testing.assert_array_equal(a, b)
 
 
-class RevalidationRefusingWorker(ray_backend.ClientWorker):
+class RevalidationRefusingActor(ray_backend.ClientActor):
   """An actor that checks it was handed a validated config and refuses, in its
   own process, any validation of it."""
 
@@ -241,8 +243,8 @@ def test_actors_receive_the_validated_config_and_do_not_validate_it_again(tmp_pa
 
   config = load_config(tiny(tmp_path, clients_per_round=2, runtime={**RAY, "workers": 1}))
   data = load_data(config)
-  remote = ray_backend.RayLearningProcess(build_process(config, data), config, workers=1,
-                                          worker_class=RevalidationRefusingWorker)
+  remote = ray_backend.RayLearningProcess(build_process(config, data), config, actors=1,
+                                          actor_class=RevalidationRefusingActor)
   try:
     sampled = sample_clients(list(data.train.client_ids), 2, config.seed, 1)
     output = remote.next_for_clients(remote.initialize(), sampled, 1)
@@ -268,7 +270,7 @@ def _claims_the_arm(point: str) -> bool:
   return True
 
 
-class DyingWorker(ray_backend.ClientWorker):
+class DyingActor(ray_backend.ClientActor):
   """Ends its own process once per file at the arm: after its clients' work
   when the file says 'work', when asked to fold when it says 'fold'."""
 
@@ -295,8 +297,8 @@ def test_an_actor_dying_in_work_or_in_the_fold_is_replaced_with_the_same_result(
   monkeypatch.setenv("RAY_TEST_ARM", arm)  # the local Ray's actors inherit it
   config = load_config(tiny(tmp_path, clients_per_round=4, runtime=RAY))
   data = load_data(config)
-  remote = ray_backend.RayLearningProcess(build_process(config, data), config, workers=2,
-                                          worker_class=DyingWorker)
+  remote = ray_backend.RayLearningProcess(build_process(config, data), config, actors=2,
+                                          actor_class=DyingActor)
   try:
     assert remote.max_concurrent_clients == 1  # an actor of one CPU runs one client at a time
     state = remote.initialize()
@@ -323,7 +325,7 @@ def test_an_actor_dying_in_work_or_in_the_fold_is_replaced_with_the_same_result(
 # ------------------------------------------------------------------ busy actors
 
 
-class SlowWorker(ray_backend.ClientWorker):
+class SlowActor(ray_backend.ClientActor):
   """An actor whose `work` is one TensorFlow call that outlasts any test: the
   interpreter does not run again (nor handle a signal) until it returns."""
 
@@ -343,15 +345,15 @@ class SlowWorker(ray_backend.ClientWorker):
 _BUSY_CHILD = textwrap.dedent("""
     import json, sys
     import ray
-    from tests.pipeline.test_ray_backend import SlowWorker
+    from tests.pipeline.test_ray_backend import SlowActor
     from tff_fedadamom.config import load_config
-    from tff_fedadamom.pipeline import ray_backend
+    from tff_fedadamom.pipeline.backends import ray as ray_backend
     from tff_fedadamom.pipeline.process import build_process, load_data
 
     config = load_config(json.loads(sys.argv[1]))
     data = load_data(config)
-    remote = ray_backend.RayLearningProcess(build_process(config, data), config, workers=2,
-                                            worker_class=SlowWorker)
+    remote = ray_backend.RayLearningProcess(build_process(config, data), config, actors=2,
+                                            actor_class=SlowActor)
     print(json.dumps(ray.get([a.pid.remote() for a in remote.actors])), flush=True)
     remote.next_for_clients(remote.initialize(), list(data.train.client_ids)[:2], 1)
 """)
@@ -411,11 +413,12 @@ def test_ray_fields_are_validated(tmp_path, runtime_section, field, wording):
      "address": "ray://head:10001"},
 ])
 def test_valid_ray_settings_load(tmp_path, runtime_section):
-  config = load_config(tiny(tmp_path, runtime=runtime_section))
-  assert runtime.backend(config.runtime) == "ray"
-  settings = runtime.ray_workers(config.runtime)
-  assert settings["workers"] == runtime_section.get("workers", 2)
-  assert settings["cpus_per_worker"] == runtime_section.get("cpus_per_worker", 1)
+  plan = parts_lib.make_plan(tiny(tmp_path, runtime=runtime_section))
+  assert plan.backend == "ray" and plan.threads is None  # threads size the actors
+  settings = ray_backend.ray_actors(plan.config.runtime)
+  assert settings["actors"] == runtime_section.get("workers", 2)
+  assert settings["cpus_per_actor"] == runtime_section.get("cpus_per_worker", 1)
+  assert len(plan.devices) == settings["actors"]
 
 
 def test_sweeps_reject_the_ray_backend_in_trials(tmp_path):

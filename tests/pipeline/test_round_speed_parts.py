@@ -1,5 +1,5 @@
-"""The pieces that make a round cost its compute: flat part calls, client data
-built in-graph from tensors made once, and thread counts that change no number."""
+"""The pieces that make a round cost its compute: flat computation calls, client
+data built in-graph from tensors made once, and thread counts that change no number."""
 
 import json
 import os
@@ -15,7 +15,7 @@ from tests.pipeline.test_runner import ROOT, tiny
 from tff_fedadamom.config import load_config
 from tff_fedadamom.data.client_tensors import ClientTensors
 from tff_fedadamom.data.preprocess import client_dataset, client_round_seed
-from tff_fedadamom.pipeline import inprocess
+from tff_fedadamom.pipeline.backends import inprocess
 from tff_fedadamom.pipeline.process import build_process, load_data
 from tff_fedadamom.session import SessionError, require_applied
 
@@ -70,8 +70,8 @@ def test_client_tensors_give_the_batches_of_the_client_dataset(tmp_path, client,
     assert len(other) == sum(len(b["y"]) for b in expected)
 
 
-def test_part_calls_skip_the_structured_signature(tmp_path, monkeypatch):
-  """A part call goes straight to the graph: TensorFlow 2.14's structured call
+def test_computation_calls_skip_the_structured_signature(tmp_path, monkeypatch):
+  """A computation call goes straight to the graph: TensorFlow 2.14's structured call
   path formats every argument tensor as text (milliseconds a call)."""
   config = load_config(tiny(tmp_path))
   data = load_data(config)
@@ -83,7 +83,7 @@ def test_part_calls_skip_the_structured_signature(tmp_path, monkeypatch):
   reference = local.next_for_clients(state, data.train.client_ids[:3], 1).state
 
   def refuse(*args, **kwargs):
-    raise AssertionError("a part call went through the structured signature")
+    raise AssertionError("a computation call went through the structured signature")
 
   monkeypatch.setattr(concrete_function.ConcreteFunction, "_call_with_structured_signature",
                       refuse)
@@ -137,9 +137,9 @@ def test_cnn_numbers_do_not_depend_on_threads_or_concurrency(tmp_path):
 
 
 @pytest.mark.parametrize("concurrent", [1, 3])
-def test_a_fused_round_is_the_part_by_part_round(tmp_path, concurrent):
+def test_a_fused_round_is_the_call_by_call_round(tmp_path, concurrent):
   """One TensorFlow call per round (`fused_round`) gives bit for bit the state of
-  the same rounds run part by part, whatever the concurrent clients (and on two
+  the same rounds run call by call, whatever the concurrent clients (and on two
   devices: tests/pipeline/test_inprocess.py's child runs fused rounds on one and
   on two logical CPUs and compares them)."""
   from tff_fedadamom.pipeline import parts as parts_lib

@@ -1,4 +1,4 @@
-"""The tff_cpp backend (pipeline/tff_cpp.py): TFF's worker listens on nothing
+"""The tff_cpp backend (pipeline/backends/tff_cpp.py): TFF's worker_binary listens on nothing
 reachable from this network namespace, ends with the run (or its parent),
 cannot hang its parent's exit, and the run changes no process-wide state."""
 
@@ -16,7 +16,8 @@ from tests import process_table as processes
 from tests.pipeline.test_runner import tiny
 from tff_fedadamom.config import ConfigError, load_config
 from tff_fedadamom.pipeline import parts as parts_lib
-from tff_fedadamom.pipeline import run_experiment, runtime, tff_cpp
+from tff_fedadamom.pipeline import backends, run_experiment
+from tff_fedadamom.pipeline.backends import tff_cpp
 
 TFF_CPP = {"backend": "tff_cpp"}
 
@@ -125,7 +126,7 @@ def test_calls_from_another_thread_run_on_the_same_worker(wrapped):
 
 def test_close_ends_the_worker_and_is_idempotent(wrapped):
   wrapped.initialize()
-  worker = wrapped.runtime.worker
+  worker = wrapped.runtime.worker_binary
   pids = [worker.relay_pid, worker.pid]
   assert processes.still_running(pids) == pids
   socket_dir = os.path.dirname(worker.path)
@@ -138,11 +139,13 @@ def test_close_ends_the_worker_and_is_idempotent(wrapped):
     wrapped.initialize()
 
 
-def test_executable_wraps_tff_cpp_only(tmp_path):
-  config = load_config(tiny(tmp_path, runtime=TFF_CPP))
-  wrapper = runtime.executable(object(), config.runtime, [], client_tensors=None)
-  assert isinstance(wrapper, tff_cpp.TffCppProcess) and not wrapper.takes_client_ids
-  assert wrapper.runtime.worker is None  # nothing started before the first call
+def test_the_backend_starts_nothing_before_its_first_call(tmp_path):
+  plan = parts_lib.make_plan(tiny(tmp_path, runtime=TFF_CPP))
+  wrapper = backends.build_backend(plan, object())
+  assert isinstance(wrapper, tff_cpp.TffCppProcess)
+  assert wrapper.runtime.worker_binary is None  # nothing started before the first call
+  with pytest.raises(TypeError, match="client_tensors"):  # rounds build data from tensors
+    wrapper.next_for_clients(None, ["c0"], 1)
   wrapper.close()
 
 

@@ -162,14 +162,15 @@ class RuntimeConfig:
   compiled process in this Python process on TensorFlow's devices; `tff_cpp` is
   TFF's own C++ runtime, a `worker_binary` child process (CPU only; it listens on
   every interface, so it runs in a private network namespace, reached through a
-  Unix socket: `pipeline/tff_cpp.py`), kept as the reference. `devices` spreads a round's clients
-  over TensorFlow devices round-robin (in-process only; default: every GPU, else
-  the CPU). `ray` runs each round's clients on `workers` Ray actors, each with
-  `cpus_per_worker` CPUs and `gpus_per_worker` GPUs (fractions allowed), on a
-  local Ray bound to 127.0.0.1 or on the cluster at `address`; those four
-  fields belong to the ray backend only (null: `RAY_WORKERS` workers,
-  `RAY_CPUS_PER_WORKER` CPUs and `RAY_GPUS_PER_WORKER` GPUs each, a local
-  Ray). With `ray`, `threads` and `max_concurrent_clients` apply to each actor
+  Unix socket: `pipeline/backends/tff_cpp.py`), kept as the reference.
+  `devices` spreads a round's clients over TensorFlow devices round-robin
+  (in-process only; default: every GPU, else the CPU). `ray` runs each round's
+  clients on Ray actors: `workers` counts the actors (the field keeps its
+  name: stored results hash it), each with `cpus_per_worker` CPUs and
+  `gpus_per_worker` GPUs (per actor; fractions allowed), on a local Ray bound
+  to 127.0.0.1 or on the cluster at `address`; those four fields belong to the
+  ray backend only (null: `RAY_WORKERS` actors, `RAY_CPUS_PER_WORKER` CPUs and
+  `RAY_GPUS_PER_WORKER` GPUs each, a local Ray). With `ray`, `threads` and `max_concurrent_clients` apply to each actor
   (default threads: its whole CPUs).
 
   `threads` sizes the process's TensorFlow pool that runs clients side by
@@ -195,16 +196,17 @@ class RuntimeConfig:
       None, check=device_names,
       allowed="null (every GPU, else the CPU) or a non-empty list of TensorFlow devices "
       "such as ['GPU:0', 'GPU:1'] or ['CPU:0']")
+  # The ray backend's actors: how many, and each one's CPUs and GPUs.
   workers: Optional[int] = _field(
       None, check=positive,
-      allowed=f"an integer >= 1, or null ({RAY_WORKERS} with backend 'ray')")
+      allowed=f"an integer >= 1 (Ray actors), or null ({RAY_WORKERS} with backend 'ray')")
   cpus_per_worker: Optional[float] = _field(
       None, check=lambda x: x > 0 and ray_resource(x),
-      allowed="a number > 0: a fraction of one CPU or whole CPUs; null "
+      allowed="a number > 0 (CPUs per Ray actor): a fraction of one CPU or whole CPUs; null "
       f"({RAY_CPUS_PER_WORKER:g} with backend 'ray')")
   gpus_per_worker: Optional[float] = _field(
       None, check=ray_resource,
-      allowed="0, a fraction of one GPU or whole GPUs; null "
+      allowed="0, a fraction of one GPU or whole GPUs (per Ray actor); null "
       f"({RAY_GPUS_PER_WORKER:g} with backend 'ray')")
   address: Optional[str] = _field(
       None, check=ray_address,

@@ -6,7 +6,7 @@ and compiling it to MapReduceForm runs TFF's compiler: seconds per optimizer,
 the same seconds in every worker and every run of the same structure. What the
 backends run afterwards is only TensorFlow graphs:
 
-  * the form's parts, `prepare`, `work`, `zero`, `accumulate`, `report`,
+  * the form's computations, `prepare`, `work`, `zero`, `accumulate`, `report`,
     `update` (`tff.backends.mapreduce.get_map_reduce_form_for_computation`);
   * `initialize` as one TensorFlow computation
     (`tff.backends.mapreduce.get_state_initialization_computation`);
@@ -30,12 +30,11 @@ import json
 import zipfile
 from typing import Any, Mapping, Optional
 
-# The MapReduceForm parts a round runs, and the form's other computations that
-# the backends use (in this order in a serialized bundle).
-FORM_PARTS = ("prepare", "work", "zero", "accumulate", "report", "update")
+# The MapReduceForm computations a round runs (in this order in a serialized bundle).
+FORM_COMPUTATIONS = ("prepare", "work", "zero", "accumulate", "report", "update")
 INITIALIZE = "initialize"
 EXTRAS = ("get_model_weights", "get_hparams", "set_hparams")
-# The form's secure-aggregation parts: the in-process backends run plain sums only.
+# The form's secure-aggregation computations: the in-process backends run plain sums only.
 _SECURE = ("secure_sum_bitwidth", "secure_sum_max_input", "secure_modular_sum_modulus")
 # What `result_types` holds: the results callers get as Python containers.
 RESULTS = (INITIALIZE, "next", *EXTRAS)
@@ -52,22 +51,22 @@ class CompiledProcess:
   """A learning process as serialized TensorFlow computations.
 
   Attributes:
-    parts: name -> serialized TFF computation proto (`FORM_PARTS`,
+    computations: name -> serialized TFF computation proto (`FORM_COMPUTATIONS`,
       `INITIALIZE`, and those of `EXTRAS` the process has).
     result_types: name -> the result type with its Python containers, for
-      `RESULTS` (`next`: the `update` part's result as `process.next`'s).
+      `RESULTS` (`next`: the `update` computation's result as `process.next`'s).
   """
 
-  parts: Mapping[str, bytes]
+  computations: Mapping[str, bytes]
   result_types: Mapping[str, Any]
 
   def computation(self, name: str):
-    """The part `name` as `TFComputation` takes it (no TFF tracing)."""
+    """The computation `name` as `TFComputation` takes it (no TFF tracing)."""
     from tff_fedadamom.pipeline.tf_computation import deserialize
 
-    if name not in self.parts:
+    if name not in self.computations:
       raise AttributeError(f"the learning process has no {name!r}")
-    return deserialize(self.parts[name])
+    return deserialize(self.computations[name])
 
   @property
   def state_type(self):
@@ -76,20 +75,22 @@ class CompiledProcess:
 
   @property
   def size_bytes(self) -> int:
-    return sum(len(b) for b in self.parts.values())
+    return sum(len(b) for b in self.computations.values())
 
   def to_bytes(self) -> bytes:
-    """One zip archive: `manifest.json` (the container trees) and a proto per part."""
+    """One zip archive: `manifest.json` (the container trees) and a proto per
+    computation (under `parts/`, the name the bundle format has had since
+    `FORMAT` 1: caches written before read the same)."""
     from tensorflow_federated.python.core.impl.types import type_serialization
 
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
-      manifest = {"format": FORMAT, "parts": sorted(self.parts), "results": {}}
+      manifest = {"format": FORMAT, "parts": sorted(self.computations), "results": {}}
       for name, type_spec in self.result_types.items():
         archive.writestr(f"types/{name}.pb",
                          type_serialization.serialize_type(type_spec).SerializeToString())
         manifest["results"][name] = container_tree(type_spec)
-      for name, data in self.parts.items():
+      for name, data in self.computations.items():
         archive.writestr(f"parts/{name}.pb", data)
       archive.writestr("manifest.json", json.dumps(manifest, sort_keys=True))
     return buffer.getvalue()
@@ -105,14 +106,14 @@ class CompiledProcess:
         manifest = json.loads(archive.read("manifest.json"))
         if manifest.get("format") != FORMAT:
           raise ValueError(f"bundle format {manifest.get('format')!r}, expected {FORMAT}")
-        parts = {name: archive.read(f"parts/{name}.pb") for name in manifest["parts"]}
+        computations = {name: archive.read(f"parts/{name}.pb") for name in manifest["parts"]}
         types = {}
         for name, tree in manifest["results"].items():
           proto = computation_pb2.Type.FromString(archive.read(f"types/{name}.pb"))
           types[name] = with_containers(type_serialization.deserialize_type(proto), tree)
     except (KeyError, zipfile.BadZipFile, json.JSONDecodeError) as e:
       raise ValueError(f"not a compiled-process bundle: {e}") from None
-    return cls(parts, types)
+    return cls(computations, types)
 
 
 def compile_process(process) -> CompiledProcess:
@@ -133,16 +134,16 @@ def compile_process(process) -> CompiledProcess:
           f"the process uses secure aggregation ({name}); the in-process backend "
           "runs plain sums only: use runtime.backend: tff_cpp")
   init = tff.backends.mapreduce.get_state_initialization_computation(process.initialize)
-  parts = {name: serialize(getattr(mrf, name)) for name in FORM_PARTS}
-  parts[INITIALIZE] = serialize(init)
+  computations = {name: serialize(getattr(mrf, name)) for name in FORM_COMPUTATIONS}
+  computations[INITIALIZE] = serialize(init)
   types = {INITIALIZE: process.initialize.type_signature.result,
            "next": process.next.type_signature.result}
   for name in EXTRAS:
     computation = getattr(process, name, None)
     if computation is not None:
-      parts[name] = serialize(computation)
+      computations[name] = serialize(computation)
       types[name] = computation.type_signature.result
-  return CompiledProcess(parts, types)
+  return CompiledProcess(computations, types)
 
 
 # ------------------------------------------------------------------ result containers

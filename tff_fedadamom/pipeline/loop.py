@@ -135,32 +135,29 @@ def flatten_round_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
 
 
 def run_rounds(process, state, rounds: Iterable[int], sampler: Callable[[int], list],
-               hooks: Sequence[RoundHook] = (), *,
-               train: Optional[Callable[[Any, list, int], Any]] = None) -> LoopResult:
+               hooks: Sequence[RoundHook] = ()) -> LoopResult:
   """Runs `rounds` of `process` from `state`, calling `hooks` around each.
 
   Args:
-    process: A learning process (`next`, `get_model_weights`).
+    process: The run's backend (`backends.Backend`): each round is
+      `process.next_for_clients(state, clients, round_num)`, whichever backend
+      it is; the hooks read `get_model_weights`.
     state: The state to start from (initial, or restored by `resume`).
     rounds: The round numbers to run, in order (`range(start + 1, total + 1)`).
     sampler: `round_num -> clients` (`data.sampling.UniformSampler`).
     hooks: `RoundHook`s, called in this order.
-    train: `(state, clients, round_num) -> LearningProcessOutput`; by default
-      `process.next(state, clients)` (clients then being the round's data).
 
   Returns:
     A `LoopResult`. The loop stops early after a round a hook marks diverged.
   """
   rounds = list(rounds)
-  if train is None:
-    train = lambda state, clients, round_num: process.next(state, clients)  # noqa: E731
   rounds_run = 0
   try:
     for round_num in rounds:
       clients = sampler(round_num)
       for hook in hooks:
         hook.start_round(round_num, state)
-      output = train(state, clients, round_num)
+      output = process.next_for_clients(state, clients, round_num)
       state = output.state
       rounds_run += 1
       end = RoundEnd(round_num, state, {ROUND: round_num, **flatten_round_metrics(output.metrics)},

@@ -81,8 +81,9 @@ class ExperimentParts:
   Attributes:
     key: The `structure_key` of the configs these parts serve.
     data: The loaded `FederatedData`.
-    process: The learning process (`initialize`, `next`, `get_model_weights`,
-      `get_hparams`, `set_hparams`).
+    process: The run's backend (`backends.Backend`: `initialize`,
+      `next_for_clients`, `get_model_weights`, `get_hparams`, `set_hparams`,
+      `close`).
     keras_model: The model the global weights are evaluated and saved with.
     layer_names: `layer_labels(keras_model)`.
     evaluator: An `Evaluator` over `keras_model`.
@@ -194,9 +195,10 @@ def make_plan(config) -> RunPlan:
   process built from the plan (`learning_process`) uses the same object.
   """
   from tff_fedadamom.config import load_config
+  from tff_fedadamom.config.schema import RAY, resolved_backend
   from tff_fedadamom.optimizers import is_learning_process
+  from tff_fedadamom.pipeline import backends
   from tff_fedadamom.pipeline import process as process_lib
-  from tff_fedadamom.pipeline import runtime
 
   if isinstance(config, RunPlan):
     return config
@@ -204,27 +206,26 @@ def make_plan(config) -> RunPlan:
   optimizer = (None if is_learning_process(config.server.optimizer)
                else process_lib.build_server_optimizer(config))
   paths = state_hparams(config, optimizer)
-  backend = runtime.backend(config.runtime)
+  backend = resolved_backend(config.runtime)  # the run's one resolution of 'auto'
   return RunPlan(config=config, backend=backend,
-                 devices=tuple(runtime.round_devices(config.runtime)),
-                 threads=None if backend == runtime.RAY else config.runtime.threads,
+                 devices=tuple(backends.round_devices(backend, config.runtime)),
+                 threads=None if backend == RAY else config.runtime.threads,
                  key=structure_key(config, paths), state_paths=paths,
                  server_optimizer=optimizer)
 
 
 def build_parts(config, data=None) -> ExperimentParts:
   """Builds the parts of `config` (a `RunPlan`, or a config planned here),
-  loading its data unless `data` is given: the process is the executable one
-  of the plan's backend (`runtime.executable`), compiled for its devices."""
+  loading its data unless `data` is given: the process is the plan's backend
+  (`backends.build_backend`), compiled for its devices."""
+  from tff_fedadamom.pipeline import backends
   from tff_fedadamom.pipeline import process as process_lib
-  from tff_fedadamom.pipeline import runtime
 
   plan = make_plan(config)
   config = plan.config
   data = data if data is not None else process_lib.load_data(config)
-  process = runtime.executable(
-      learning_process(plan, data), config.runtime, list(plan.devices),
-      experiment=config, client_tensors=process_lib.make_client_tensors(config, data))
+  process = backends.build_backend(plan, learning_process(plan, data),
+                                   process_lib.make_client_tensors(config, data))
   keras_model = process_lib.make_keras_model(config, data)
   return ExperimentParts(
       key=plan.key, data=data, process=process, keras_model=keras_model,
@@ -233,13 +234,13 @@ def build_parts(config, data=None) -> ExperimentParts:
 
 
 def learning_process(config, data, devices=None):
-  """What `runtime.executable` runs for `config` (a `RunPlan`, or a config
+  """What `backends.build_backend` runs for `config` (a `RunPlan`, or a config
   planned here): TFF's process for `tff_cpp`; for the in-process and ray
   backends its `CompiledProcess`, from the machine's process cache when
   `runtime.cache` is on (built and stored on a miss). `devices`: those the
   rounds run on, by default the plan's."""
+  from tff_fedadamom.config.schema import TFF_CPP
   from tff_fedadamom.pipeline import process as process_lib
-  from tff_fedadamom.pipeline import runtime
   from tff_fedadamom.pipeline.compiled import compile_process
   from tff_fedadamom.pipeline.plan import training_loop
 
@@ -251,7 +252,7 @@ def learning_process(config, data, devices=None):
     return process_lib.build_process(config, data, training_loop(devices),
                                      server_optimizer=plan.server_optimizer)
 
-  if plan.backend == runtime.TFF_CPP:
+  if plan.backend == TFF_CPP:
     return build()
   if not config.runtime.cache:
     return compile_process(build())
@@ -289,10 +290,9 @@ def initial_state(config, process):
 def warm_up(config, parts: ExperimentParts) -> None:
   """Runs once, on a throwaway state, what a run's first round and evaluation
   of `config` (a `RunPlan` or a config) would otherwise compile:
-  `initial_state`, one `next` on round 1's clients, and one evaluation.
+  `initial_state`, one round on round 1's clients, and one evaluation.
   Nothing of it is kept but the compiled computations."""
   from tff_fedadamom.data.sampling import UniformSampler
-  from tff_fedadamom.pipeline import process as process_lib
 
   plan = make_plan(config)
   config = plan.config
@@ -300,7 +300,7 @@ def warm_up(config, parts: ExperimentParts) -> None:
   state = initial_state(plan, parts.process)
   sampled = UniformSampler(parts.data.train.client_ids, config.clients_per_round,
                            config.seed)(1)
-  state = process_lib.next_round(parts.process, state, config, parts.data, sampled, 1).state
+  state = parts.process.next_for_clients(state, sampled, 1).state
   parts.evaluator(parts.process, state)
 
 

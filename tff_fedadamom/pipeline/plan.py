@@ -10,7 +10,7 @@ optimizer), and a value derived twice can be derived two ways. So one function,
 parts, the initial state and the backends read them from it.
 
 This module sits below every other pipeline module (it imports only the config
-schema), so that the backends (`runtime`, `ray_backend`) can share its rules
+schema), so that the backends (`backends.base`, `backends.ray`) can share its rules
 without importing each other, and the process builder its loop choice:
 `threads_for_cpus` and `training_loop` live here.
 """
@@ -62,7 +62,7 @@ class RunPlan:
   Attributes:
     config: The validated `ExperimentConfig`.
     backend: INPROCESS, TFF_CPP or RAY (`auto` resolved).
-    devices: The devices the rounds run on (`runtime.round_devices`).
+    devices: The devices the rounds run on (`backends.round_devices`).
     threads: TensorFlow threads this process must run with (the config's
       `runtime.threads`); None with the ray backend, where they size each actor
       (its own process), not this one.

@@ -59,19 +59,6 @@ def client_datasets(config: ExperimentConfig, data: FederatedData, client_ids,
   return client_tensors.datasets(client_ids, round_num)
 
 
-def next_round(process, state, config: ExperimentConfig, data: FederatedData, client_ids,
-               round_num: int):
-  """One round of an executable process (`runtime.executable`) over `client_ids`.
-
-  A process that builds its clients' data itself (`takes_client_ids`: the
-  in-process backend from each client's tensors, the ray backend on its
-  actors) takes their ids; TFF's own runtime takes datasets built here.
-  """
-  if getattr(process, "takes_client_ids", False):
-    return process.next_for_clients(state, client_ids, round_num)
-  return process.next(state, client_datasets(config, data, client_ids, round_num))
-
-
 def input_spec(config: ExperimentConfig, data: FederatedData):
   """The batched element spec TFF's model wrapper needs."""
   cid = data.train.client_ids[0]

@@ -1,7 +1,7 @@
 """Connecting to Ray: a local instance on loopback, or an existing cluster.
 
 Shared by the sweeps (`tuning.sweep`) and the `ray` backend of a single
-experiment (`ray_backend`). Ray is imported only when a session starts, so
+experiment (`backends.ray`). Ray is imported only when a session starts, so
 `import tff_fedadamom` never pulls it in.
 """
 

@@ -110,8 +110,8 @@ def run_experiment(config, *, overrides=(), on_eval: Optional[Callable[[EvalEven
                 progress=progress, hooks=hooks)
   finally:
     # After the results: writing them reads the final model's weights, which a
-    # process (tff_cpp's worker) computes.
-    if own_parts and hasattr(parts.process, "close"):
+    # backend (tff_cpp's worker_binary) computes.
+    if own_parts:
       parts.process.close()
 
 
@@ -121,7 +121,6 @@ def _run(plan, parts, *, resuming, on_eval, on_round, progress, hooks) -> RunRes
 
   from tff_fedadamom.data.sampling import UniformSampler
   from tff_fedadamom.pipeline import parts as parts_lib
-  from tff_fedadamom.pipeline import process as process_lib
 
   config, devices = plan.config, list(plan.devices)
   output_dir = config.output_dir
@@ -156,9 +155,7 @@ def _run(plan, parts, *, resuming, on_eval, on_round, progress, hooks) -> RunRes
         _round_hooks(config, parts, started=started, state_manager=state_manager,
                      release_managers=[csv_manager, tb_manager],
                      histogram_writer=histogram_writer, bar=bar, on_round=on_round,
-                     on_eval=on_eval, run_async=run_async) + list(hooks),
-        train=lambda state, clients, round_num: process_lib.next_round(
-            process, state, config, data, clients, round_num))
+                     on_eval=on_eval, run_async=run_async) + list(hooks))
   finally:
     run_async.close()
     tb_manager.close()

@@ -1,7 +1,7 @@
 """Runs one experiment's clients on Ray actors (`runtime.backend: ray`).
 
 TFF's MapReduceForm is the shape a cluster needs (see `inprocess` for how the
-form is compiled and its parts run):
+form is compiled and its computations run):
 
     broadcast   = prepare(state)                           driver
     out_c       = work(d_c, broadcast)                      actor k, for its clients c
@@ -19,8 +19,10 @@ its clients; it builds their datasets exactly as the driver would
 All actors run their clients' `work` at once; then the accumulator goes from
 actor to actor in actor order (as an object reference: through Ray's object
 store, not through the driver), each folding its clients onto it in client
-order. Server-side parts, `initialize`, `get_model_weights` and the hparams
-run on the driver, in-process.
+order, with the same `inprocess.ClientFold` the in-process backend runs its
+clients with. The server's computations, `initialize`, `get_model_weights` and
+the hparams run on the driver, in-process (`server.ServerComputations`, shared
+with the in-process backend by composition).
 
 Why one fold across the actors rather than a fold per actor combined with the
 form's `merge`: float32 addition is not associative, so merged partial sums,
@@ -35,7 +37,8 @@ the same TensorFlow threads per client (their count changes how kernels split
 reductions; `runtime.threads`, default: each actor's whole CPUs).
 
 Assignment: the round's sampled clients (a function of (seed, round)) are cut
-into `workers` contiguous blocks by position (`assign_clients`), so a run is a
+into one contiguous block per actor (`runtime.workers` actors), by position
+(`assign_clients`), so a run is a
 function of its config and a resumed run assigns exactly as an uninterrupted
 one.
 
@@ -61,48 +64,68 @@ import numpy as np
 import tensorflow as tf
 
 from tff_fedadamom.config.schema import RAY_CPUS_PER_WORKER, RAY_GPUS_PER_WORKER, RAY_WORKERS
-from tff_fedadamom.pipeline import inprocess, ray_session
+from tff_fedadamom.pipeline import ray_session
+from tff_fedadamom.pipeline.backends import inprocess
+from tff_fedadamom.pipeline.backends.inprocess import CLIENT_COMPUTATIONS
+from tff_fedadamom.pipeline.backends.server import ServerCalls, ServerComputations
 from tff_fedadamom.pipeline.plan import threads_for_cpus
-from tff_fedadamom.session import Session
 from tff_fedadamom.pipeline.tf_computation import deserialize
+from tff_fedadamom.session import Session
 
 # Replacements of one actor within one round before the round fails.
 MAX_REPLACEMENTS = 3
 
-# The parts of the form each actor runs.
-WORKER_PARTS = ("work", "zero", "accumulate")
+
+def ray_actors(runtime_config) -> dict:
+  """The ray backend's settings (`RayLearningProcess`'s keyword arguments),
+  nulls resolved, from the config's `runtime` fields: `workers` actors, each
+  with `cpus_per_worker` CPUs and `gpus_per_worker` GPUs, at `address`, with
+  `threads` TensorFlow threads and `max_concurrent_clients` clients at once."""
+  cpus = runtime_config.cpus_per_worker or RAY_CPUS_PER_WORKER
+  return dict(actors=runtime_config.workers or RAY_WORKERS, cpus_per_actor=cpus,
+              gpus_per_actor=runtime_config.gpus_per_worker or RAY_GPUS_PER_WORKER,
+              address=runtime_config.address, threads=runtime_config.threads,
+              max_concurrent_clients=runtime_config.max_concurrent_clients)
 
 
-def assign_clients(client_ids: Sequence[Any], workers: int) -> list[list]:
-  """The clients of each actor: `workers` contiguous blocks of `client_ids`, in
+def actor_labels(runtime_config) -> list[str]:
+  """What summary.json names as the devices of ray rounds: 'ray actor K (CPU|GPU)'."""
+  settings = ray_actors(runtime_config)
+  kind = "GPU" if settings["gpus_per_actor"] else "CPU"
+  return [f"ray actor {k} ({kind})" for k in range(settings["actors"])]
+
+
+def assign_clients(client_ids: Sequence[Any], actors: int) -> list[list]:
+  """The clients of each actor: `actors` contiguous blocks of `client_ids`, in
   order, whose sizes differ by at most one (the first ones are the larger).
 
-  A function of the round's client list and `workers` alone; the list itself
+  A function of the round's client list and `actors` alone; the list itself
   is a function of (seed, round) (`data.sampling.sample_clients`).
   """
-  if workers < 1:
-    raise ValueError(f"workers must be an integer >= 1, found {workers!r}")
-  base, extra = divmod(len(client_ids), workers)
+  if actors < 1:
+    raise ValueError(f"actors must be an integer >= 1, found {actors!r}")
+  base, extra = divmod(len(client_ids), actors)
   blocks, start = [], 0
-  for k in range(workers):
+  for k in range(actors):
     size = base + (1 if k < extra else 0)
     blocks.append(list(client_ids[start:start + size]))
     start += size
   return blocks
 
 
-class ClientWorker:
-  """One actor's state: the experiment's data and the form's client parts.
+class ClientActor:
+  """One actor's state: the experiment's data and the form's client computations.
 
   Args:
     experiment: The validated experiment config (`load_config`); pickled to the
       actor, it keeps its validated mark, so the actor does not validate it again.
-    parts: `serialize`d bytes of the form's `work`, `zero` and `accumulate`.
+    computations: `serialize`d bytes of the form's `CLIENT_COMPUTATIONS`
+      (`work`, `zero` and `accumulate`).
     threads: TensorFlow's intra-op threads in this actor.
     max_concurrent_clients: Clients run at once in this actor (see `ClientFold`).
   """
 
-  def __init__(self, experiment, parts: Mapping[str, bytes], threads: int,
+  def __init__(self, experiment, computations: Mapping[str, bytes], threads: int,
                max_concurrent_clients: Optional[int] = None):
     from tff_fedadamom.pipeline import process as process_lib
     # The actor is its process's entry point; it ends with its raylet.
@@ -111,9 +134,10 @@ class ClientWorker:
         experiment, process_lib.load_data(experiment))
     self._outputs: list = []
     # Ray exposes to an actor only the GPUs it was given.
-    self._fold = inprocess.ClientFold(*(deserialize(parts[name]) for name in WORKER_PARTS),
-                                      inprocess.visible_devices(), max_concurrent_clients,
-                                      feed=inprocess.client_feed(self._client_tensors))
+    self._fold = inprocess.ClientFold(
+        *(deserialize(computations[name]) for name in CLIENT_COMPUTATIONS),
+        inprocess.visible_devices(), max_concurrent_clients,
+        feed=inprocess.client_feed(self._client_tensors))
 
   def work(self, client_ids: Sequence[Any], round_num: int,
            broadcast: Sequence[np.ndarray]) -> int:
@@ -140,71 +164,68 @@ class ClientWorker:
     return ray.get_runtime_context().get_node_id()
 
 
-class RayLearningProcess(inprocess.InProcessLearningProcess):
-  """A learning process whose clients run on Ray actors; the rest in-process.
+class RayLearningProcess(ServerCalls):
+  """The `ray` backend (`base.Backend`): a learning process whose clients run on
+  Ray actors, the rest in-process.
 
-  Same calls as `InProcessLearningProcess`, except that a round is
-  `next_for_clients(state, client_ids, round_num)`: datasets are built on the
-  actors, from the data each loaded itself.
+  The server's computations are a `server.ServerComputations` on this
+  process's first device, as the in-process backend's are (`server.ServerCalls`
+  gives it their calls); its client fold is the actors' (`_fold_on_actors`),
+  handed to the server's `round`. Rounds are `next_for_clients(state,
+  client_ids, round_num)`: datasets are built on the actors, from the data
+  each loaded itself.
 
   Args:
     process: The TFF learning process (compiled to MapReduceForm here), or
       its `compiled.CompiledProcess`.
     experiment: The `ExperimentConfig` whose data the actors load (validated
       here unless it is already; the actors receive it validated).
-    workers: Number of actors.
-    cpus_per_worker, gpus_per_worker: Ray resources of each actor.
+    actors: Number of actors (the config's `runtime.workers`).
+    cpus_per_actor, gpus_per_actor: Ray resources of each actor.
     address: None (a new local Ray on 127.0.0.1, no dashboard), 'auto' or
       host:port. An already connected Ray is used as it is and left running.
     threads: TensorFlow threads per actor (default: `plan.threads_for_cpus`
       of its CPUs).
     max_concurrent_clients: Clients run at once within each actor. Default:
-      `threads_for_cpus(cpus_per_worker)` when it has no GPU, so that an
+      `threads_for_cpus(cpus_per_actor)` when it has no GPU, so that an
       actor uses the CPUs Ray gave it and no more (two concurrent clients, each
       on its own thread, would keep two cores busy); with a GPU, one.
-    worker_class: The actors' class (`ClientWorker` or a subclass).
+    actor_class: The actors' class (`ClientActor` or a subclass).
   """
 
-  def __init__(self, process, experiment, *, workers: int = RAY_WORKERS,
-               cpus_per_worker: float = RAY_CPUS_PER_WORKER,
-               gpus_per_worker: float = RAY_GPUS_PER_WORKER, address: Optional[str] = None,
+  def __init__(self, process, experiment, *, actors: int = RAY_WORKERS,
+               cpus_per_actor: float = RAY_CPUS_PER_WORKER,
+               gpus_per_actor: float = RAY_GPUS_PER_WORKER, address: Optional[str] = None,
                threads: Optional[int] = None, max_concurrent_clients: Optional[int] = None,
-               worker_class: type = ClientWorker):
-    from tff_fedadamom.config import load_config
+               actor_class: type = ClientActor):
+    import ray
 
-    if workers < 1:
-      raise ValueError(f"workers must be an integer >= 1, found {workers!r}")
-    self.workers = workers
+    from tff_fedadamom.config import load_config
+    from tff_fedadamom.pipeline.compiled import CompiledProcess, compile_process
+
+    if actors < 1:
+      raise ValueError(f"actors must be an integer >= 1, found {actors!r}")
+    self.num_actors = actors
     self._experiment = load_config(experiment)
-    self._options = dict(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker, max_restarts=0)
-    whole_cpus = threads_for_cpus(cpus_per_worker)
+    whole_cpus = threads_for_cpus(cpus_per_actor)
     self._threads = threads or whole_cpus
-    if max_concurrent_clients is None:
-      max_concurrent_clients = 1 if gpus_per_worker else whole_cpus
-    self._address = address
-    self._worker_class = worker_class
-    self._actors: list = []
-    self._started_ray = False
+    self.max_concurrent_clients = (max_concurrent_clients if max_concurrent_clients is not None
+                                   else 1 if gpus_per_actor else whole_cpus)
+    compiled = process if isinstance(process, CompiledProcess) else compile_process(process)
+    self.server = ServerComputations(compiled, inprocess.visible_devices()[0])
+    self._computations = {name: compiled.computations[name] for name in CLIENT_COMPUTATIONS}
     self.replacements = 0
     # Seconds of the last round: prepare + object-store put ("broadcast"), the
     # actors' work, the fold across the actors ("fold") + report and update on
     # the driver ("server"), together "merge".
     self.round_times: dict[str, float] = {}
-    super().__init__(process, devices=None, max_concurrent_clients=max_concurrent_clients)
-
-  def _client_fold(self, compiled, max_concurrent_clients):
-    """No clients run here: the actors get the client parts' bytes."""
-    import ray
-
-    self.max_concurrent_clients = max_concurrent_clients
-    self._parts = {name: compiled.parts[name] for name in WORKER_PARTS}
-    self._started_ray = ray_session.connect(self._address)
-    self._remote = ray.remote(self._worker_class).options(**self._options)
-    self._actors = [self._start_actor() for _ in range(self.workers)]
-    return None
+    self._started_ray = ray_session.connect(address)
+    self._remote = ray.remote(actor_class).options(
+        num_cpus=cpus_per_actor, num_gpus=gpus_per_actor, max_restarts=0)
+    self._actors = [self._start_actor() for _ in range(actors)]
 
   def _start_actor(self):
-    return self._remote.remote(self._experiment, self._parts, self._threads,
+    return self._remote.remote(self._experiment, self._computations, self._threads,
                                self.max_concurrent_clients)
 
   @property
@@ -212,24 +233,29 @@ class RayLearningProcess(inprocess.InProcessLearningProcess):
     """The current actor handles, in fold order."""
     return list(self._actors)
 
-  @property
-  def takes_client_ids(self) -> bool:
-    return True
-
-  def next(self, state, client_data):
-    raise TypeError("the ray backend builds client datasets on its actors: call "
-                    "next_for_clients(state, client_ids, round_num)")
-
   def next_for_clients(self, state, client_ids: Sequence[Any], round_num: int):
     """One round over `client_ids`: broadcast, every actor's `work`, one fold
     across the actors in actor order, `report`, `update`."""
+    times = [time.perf_counter()]
+    output = self.server.round(
+        state, lambda broadcast: self._fold_on_actors(list(client_ids), round_num, broadcast,
+                                                      times))
+    t0, t1, t2, t3 = times
+    t4 = time.perf_counter()
+    self.round_times = {"broadcast_s": t1 - t0, "actors_s": t2 - t1, "merge_s": t4 - t2,
+                        "fold_s": t3 - t2, "server_s": t4 - t3}
+    return output
+
+  def _fold_on_actors(self, client_ids: list, round_num: int, broadcast, times: list) -> list:
+    """The round's accumulator (flat tensors): the broadcast put into Ray's
+    object store once, every actor's `work` on its block of clients at once,
+    then one fold across the actors. Appends to `times` when the broadcast
+    is out, the actors' work done and the fold done."""
     import ray
 
-    t0 = time.perf_counter()
-    state_leaves = inprocess.flatten_value(state, self.state_type)
-    broadcast = ray.put([t.numpy() for t in self._prepare.call_flat_leaves(state_leaves)])
-    t1 = time.perf_counter()
-    blocks = assign_clients(list(client_ids), self.workers)
+    broadcast = ray.put([t.numpy() for t in broadcast])
+    times.append(time.perf_counter())
+    blocks = assign_clients(client_ids, self.num_actors)
     active = [k for k, block in enumerate(blocks) if block]
 
     def work(k):
@@ -238,14 +264,10 @@ class RayLearningProcess(inprocess.InProcessLearningProcess):
     pending = {k: work(k) for k in active}
     for k in active:
       self._get(k, pending[k], work, round_num)
-    t2 = time.perf_counter()
+    times.append(time.perf_counter())
     accumulator = self._fold_across(active, work, round_num)
-    t3 = time.perf_counter()
-    output = self._finish(state_leaves, [tf.convert_to_tensor(a) for a in accumulator])
-    t4 = time.perf_counter()
-    self.round_times = {"broadcast_s": t1 - t0, "actors_s": t2 - t1, "merge_s": t4 - t2,
-                        "fold_s": t3 - t2, "server_s": t4 - t3}
-    return output
+    times.append(time.perf_counter())
+    return [tf.convert_to_tensor(a) for a in accumulator]
 
   def _fold_across(self, active: Sequence[int], work, round_num: int) -> list:
     """The accumulator folded across the `active` actors in actor order.
@@ -291,7 +313,7 @@ class RayLearningProcess(inprocess.InProcessLearningProcess):
         self.replacements += 1
         self._actors[k] = self._start_actor()
         ref = resubmit(k)
-    raise RuntimeError(f"ray worker {k} died {MAX_REPLACEMENTS + 1} times in round {round_num}")
+    raise RuntimeError(f"ray actor {k} died {MAX_REPLACEMENTS + 1} times in round {round_num}")
 
   def close(self) -> None:
     """Stops the actors, and the local Ray if this process started it."""

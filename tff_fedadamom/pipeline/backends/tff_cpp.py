@@ -1,5 +1,5 @@
 """The `tff_cpp` backend: TFF's own C++ runtime, kept as the reference, with
-its worker confined to a network namespace of its own.
+its worker_binary confined to a network namespace of its own.
 
 TFF 0.87's pip package runs its C++ runtime only in a separate `worker_binary`
 process, which serves gRPC on every network interface and cannot be told
@@ -17,10 +17,10 @@ The context mirrors TFF's `execution_contexts.create_sync_local_cpp_execution_co
 with `executor_stacks.executor_factory.local_cpp_executor_factory` (TFF 0.87):
 a `SyncExecutionContext` over a `ResourceManagingExecutorFactory` whose stacks
 are `RemoteExecutor`s on a gRPC stub, with TFF's compiler, argument and result
-transforms, default client count and message-size limits; only the worker's
+transforms, default client count and message-size limits; only the worker_binary's
 launch and the channel's address are this module's.
 
-Lifetime: the worker starts on the runtime's first invocation and ends with
+Lifetime: the worker_binary starts on the runtime's first invocation and ends with
 `close()` (SIGTERM to its process group, SIGKILL after `STOP_TIMEOUT_S`), when
 the runtime is garbage-collected, or when this process ends, however it ends
 (the relay ends when its stdin, a pipe from this process, closes).
@@ -43,11 +43,13 @@ from typing import Optional, Sequence
 
 from tensorflow_federated.python.core.impl.context_stack import context_base
 
-from tff_fedadamom import processes
+from tff_fedadamom import process_table
 from tff_fedadamom.config.schema import INPROCESS, RAY, TFF_CPP
 
+# What summary.json names as the device of tff_cpp rounds.
+TFF_CPP_DEVICE = "CPU (TFF worker_binary)"
 RELAY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tff_cpp_relay.py")
-# How long the worker may take to start, and to stop before it is killed.
+# How long the worker_binary may take to start, and to stop before it is killed.
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 10.0
 # TFF's `local_cpp_executor_factory` defaults (TFF 0.87).
@@ -58,7 +60,7 @@ _GRPC_OPTIONS = [("grpc.max_message_length", _GRPC_MAX_MESSAGE_BYTES),
                  ("grpc.max_send_message_length", _GRPC_MAX_MESSAGE_BYTES)]
 
 
-def worker_binary() -> str:
+def worker_binary_path() -> str:
   """The path of TFF's worker_binary (where TFF's own factory looks for it)."""
   import tensorflow_federated
 
@@ -89,7 +91,7 @@ def namespace_problem() -> Optional[str]:
 
 
 def check_available() -> None:
-  """Raises a ConfigError naming `runtime.backend` if the worker cannot be confined."""
+  """Raises a ConfigError naming `runtime.backend` if the worker_binary cannot be confined."""
   problem = namespace_problem()
   if problem is None:
     return
@@ -104,8 +106,8 @@ def check_available() -> None:
       "unprivileged user namespaces: user.max_user_namespaces > 0)")
 
 
-class Worker:
-  """worker_binary in its namespace behind the relay, and the Unix socket to it.
+class WorkerBinary:
+  """TFF's worker_binary in its namespace behind the relay, and the Unix socket to it.
 
   Args:
     max_concurrent_calls: TFF's `max_concurrent_computation_calls`; <= 0: no limit.
@@ -114,11 +116,11 @@ class Worker:
   def __init__(self, max_concurrent_calls: int = -1):
     self._dir = tempfile.mkdtemp(prefix="tff-cpp-")  # mode 0700: this user's alone
     self.path = os.path.join(self._dir, "worker.sock")
-    self.pid: Optional[int] = None  # the worker's, once it runs
+    self.pid: Optional[int] = None  # the worker_binary's, once it runs
     self._relay = subprocess.Popen(
-        _relay_command(self.path, worker_binary(), str(max_concurrent_calls)),
+        _relay_command(self.path, worker_binary_path(), str(max_concurrent_calls)),
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
-    self._started: list[tuple[int, int]] = []  # the worker's identity, once it runs
+    self._started: list[tuple[int, int]] = []  # the worker_binary's identity, once it runs
     # Not at interpreter exit: the relay ends by itself when this process does.
     self._finalizer = weakref.finalize(self, _stop, self._relay, self._dir, self._started,
                                        STOP_TIMEOUT_S)
@@ -131,7 +133,7 @@ class Worker:
 
   @property
   def relay_pid(self) -> int:
-    """The relay's pid; it leads the process group of itself and the worker."""
+    """The relay's pid; it leads the process group of itself and the worker_binary."""
     return self._relay.pid
 
   def _wait_ready(self) -> None:
@@ -141,17 +143,18 @@ class Worker:
       raise RuntimeError(f"TFF's worker_binary did not start in its network namespace: "
                          f"{line or 'no answer in %.0f s' % START_TIMEOUT_S}")
     self.pid = int(line.split()[1])
-    self._started.extend(filter(None, [processes.identity(self.pid)]))
+    self._started.extend(filter(None, [process_table.identity(self.pid)]))
 
   def close(self) -> None:
-    """Stops the relay and the worker (idempotent)."""
+    """Stops the relay and the worker_binary (idempotent)."""
     self._finalizer()
 
 
-def _stop(relay: subprocess.Popen, directory: str, workers: list[tuple[int, int]],
+def _stop(relay: subprocess.Popen, directory: str, worker_binaries: list[tuple[int, int]],
           timeout_s: float) -> None:
-  """SIGTERM to the relay's process group (relay and worker), SIGKILL after
-  `timeout_s`; then waits for `workers` (`processes.identity`s) to end."""
+  """SIGTERM to the relay's process group (relay and worker_binary), SIGKILL
+  after `timeout_s`; then waits for `worker_binaries` (`process_table.identity`s)
+  to end."""
   for pipe in (relay.stdin, relay.stdout):
     try:
       pipe.close()
@@ -167,11 +170,11 @@ def _stop(relay: subprocess.Popen, directory: str, workers: list[tuple[int, int]
       break
     except subprocess.TimeoutExpired:
       continue
-  # The worker's parent death signal ends it with the relay; it is gone once
+  # The worker_binary's parent death signal ends it with the relay; it is gone once
   # ended, even if nobody reaps it (a zombie counts as ended).
   deadline = time.monotonic() + timeout_s
-  for worker in workers:
-    while processes.identity(worker[0]) == worker:
+  for worker in worker_binaries:
+    while process_table.identity(worker[0]) == worker:
       if time.monotonic() > deadline:
         try:
           os.kill(worker[0], signal.SIGKILL)
@@ -182,7 +185,7 @@ def _stop(relay: subprocess.Popen, directory: str, workers: list[tuple[int, int]
   shutil.rmtree(directory, ignore_errors=True)
 
 
-def execution_context(worker: Worker):
+def execution_context(worker: WorkerBinary):
   """A TFF sync execution context whose executors run on `worker` (see the module
   docstring for what it mirrors), and its gRPC channel."""
   import grpc
@@ -214,7 +217,7 @@ def execution_context(worker: Worker):
 
 
 class Runtime(context_base.SyncContext):
-  """TFF's C++ runtime as a TFF sync context: the worker starts on the first
+  """TFF's C++ runtime as a TFF sync context: the worker_binary starts on the first
   invocation, and ends with `close()`.
 
   Install it around calls (`context_stack.install(runtime)`, what
@@ -225,40 +228,40 @@ class Runtime(context_base.SyncContext):
       `max_concurrent_computation_calls`); None: no limit, TFF's default.
 
   Raises:
-    ConfigError: naming `runtime.backend` if the worker cannot be confined.
+    ConfigError: naming `runtime.backend` if the worker_binary cannot be confined.
   """
 
   def __init__(self, max_concurrent_calls: Optional[int] = None):
     check_available()
     self._max_calls = max_concurrent_calls or -1
     self._lock = threading.Lock()
-    self._worker: Optional[Worker] = None
+    self._worker_binary: Optional[WorkerBinary] = None
     self._context = self._channel = None
     self._closed = False
 
   @property
-  def worker(self) -> Optional[Worker]:
-    """The running worker, None before the first invocation and after `close()`."""
-    return self._worker
+  def worker_binary(self) -> Optional[WorkerBinary]:
+    """The running worker_binary, None before the first invocation and after `close()`."""
+    return self._worker_binary
 
   def _started(self):
     with self._lock:
       if self._closed:
         raise RuntimeError(f"this {TFF_CPP} Runtime is closed")
       if self._context is None:
-        self._worker = Worker(self._max_calls)
-        self._context, self._channel = execution_context(self._worker)
+        self._worker_binary = WorkerBinary(self._max_calls)
+        self._context, self._channel = execution_context(self._worker_binary)
       return self._context
 
   def invoke(self, comp, arg):
     return self._started().invoke(comp, arg)
 
   def close(self) -> None:
-    """Ends the worker (idempotent); no invocation is taken afterwards."""
+    """Ends the worker_binary (idempotent); no invocation is taken afterwards."""
     with self._lock:
       self._closed = True
-      worker, channel = self._worker, self._channel
-      self._worker = self._context = self._channel = None
+      worker, channel = self._worker_binary, self._channel
+      self._worker_binary = self._context = self._channel = None
     if channel is not None:
       channel.close()
     if worker is not None:
@@ -279,8 +282,15 @@ class _InContext:
     return getattr(self._computation, name)
 
 
+def _in_runtime(name: str) -> property:
+  """The wrapped process's computation `name`, called under the wrapper's runtime."""
+  return property(lambda self: _InContext(self, getattr(self._process, name)),
+                  doc=f"The process's `{name}`, run on this wrapper's runtime.")
+
+
 class TffCppProcess:
-  """A TFF learning process whose computations run on TFF's C++ runtime.
+  """The `tff_cpp` backend (`base.Backend`): a TFF learning process whose
+  computations run on TFF's C++ runtime.
 
   Every callable attribute of `process` (`initialize`, `next`,
   `get_model_weights`, `get_hparams`, `set_hparams`, ...) is called with this
@@ -295,18 +305,21 @@ class TffCppProcess:
       `max_concurrent_computation_calls`); None: no limit, TFF's default.
 
   Raises:
-    ConfigError: naming `runtime.backend` if the worker cannot be confined.
+    ConfigError: naming `runtime.backend` if the worker_binary cannot be confined.
   """
+
+  # The calls of `base.Backend`, spelled out; any other attribute of the
+  # process is reached through `__getattr__`.
+  initialize = _in_runtime("initialize")
+  get_model_weights = _in_runtime("get_model_weights")
+  get_hparams = _in_runtime("get_hparams")
+  set_hparams = _in_runtime("set_hparams")
 
   def __init__(self, process, client_tensors=None,
                max_concurrent_clients: Optional[int] = None):
     self.runtime = Runtime(max_concurrent_clients)
     self._process = process
     self._client_tensors = client_tensors
-
-  @property
-  def takes_client_ids(self) -> bool:
-    return self._client_tensors is not None
 
   def call(self, computation, *args, **kwargs):
     """`computation(*args, **kwargs)` with this wrapper's runtime installed."""
@@ -316,6 +329,10 @@ class TffCppProcess:
       return computation(*args, **kwargs)
 
   def next_for_clients(self, state, client_ids: Sequence, round_num: int):
+    """One round of TFF's `next` over the datasets of `client_ids` in round
+    `round_num`, built here from the run's `client_tensors`."""
+    if self._client_tensors is None:
+      raise TypeError("next_for_clients needs client_tensors=...; call next(state, datasets)")
     return self.call(self._process.next, state,
                      self._client_tensors.datasets(client_ids, round_num))
 
@@ -326,5 +343,6 @@ class TffCppProcess:
     return _InContext(self, value) if callable(value) else value
 
   def close(self) -> None:
-    """Ends the worker (idempotent); the wrapper takes no calls afterwards."""
+    """Ends the worker_binary (idempotent); the wrapper takes no calls afterwards."""
     self.runtime.close()
+

@@ -1,8 +1,9 @@
 """A whole in-process round as one TensorFlow call.
 
-Called part by part, a round is 2K + 4 calls from Python (`prepare`, K `work`,
-`zero`, K `accumulate`, `report`, `update`) with the clients' work handed to a
-thread pool and back. `FusedRound` imports the same parts into one graph:
+Called computation by computation, a round is 2K + 4 calls from Python
+(`prepare`, K `work`, `zero`, K `accumulate`, `report`, `update`) with the
+clients' work handed to a thread pool and back. `FusedRound` imports the same
+computations into one graph:
 
     broadcast = prepare(state)
     out_i     = work_i(client_i's tensors and seed, broadcast)   i = 1..K
@@ -17,17 +18,17 @@ client i - max_concurrent has finished), and the accumulation follows client
 order. It is built once per learning process and K, when a round of K clients
 first runs.
 
-What it does not keep: TensorFlow inlines the parts' functions into the one
-graph and optimizes that graph as a whole, where part-by-part calls optimize
-each part alone. On digits/logistic and the MLP the results were bit-identical
-to part-by-part rounds; on the quickstart CNN (conv layers, dropout) the weights
-differed by 0.7% (relative) after 2 rounds. The ray backend runs its clients
-part by part, so `InProcessLearningProcess` uses fused rounds only when asked
+What it does not keep: TensorFlow inlines the computations' functions into the
+one graph and optimizes that graph as a whole, where call-by-call rounds
+optimize each computation alone. On digits/logistic and the MLP the results
+were bit-identical to call-by-call rounds; on the quickstart CNN (conv layers,
+dropout) the weights differed by 0.7% (relative) after 2 rounds. The ray backend runs its clients
+call by call, so `InProcessLearningProcess` uses fused rounds only when asked
 (`fused_rounds=True`).
 
 Not for computations that need fresh kernels on every call (stateful random
 ops; `tf_computation.needs_fresh_kernels`): `InProcessLearningProcess` keeps
-those part by part.
+those call by call.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ class FusedRound:
     prepare, zero, accumulate, report, update = (
         _slot(compiled, name, server) for name in ("prepare", "zero", "accumulate", "report",
                                                    "update"))
-    # Client i on devices[i % len(devices)], as the part-by-part rounds spread them.
+    # Client i on devices[i % len(devices)], as the call-by-call rounds spread them.
     self.client_devices = [devices[i % len(devices)] for i in range(clients)]
     works = [_slot(compiled, "work", device, feed) for device in self.client_devices]
     n_state, n_client = len(state_specs), len(feed.signature)

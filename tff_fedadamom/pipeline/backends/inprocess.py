@@ -10,7 +10,7 @@ without it:
    `process.initialize` into one TensorFlow computation
    (`get_state_initialization_computation`). The learning process itself is
    TFF's, built by TFF's builders, unchanged.
-2. Every part of the form is a plain TensorFlow graph. Each is imported once
+2. Every computation of the form is a plain TensorFlow graph. Each is imported once
    into a `tf.compat.v1.wrap_function` and called like any concrete function,
    so TensorFlow places its ops on a GPU when one is visible.
 3. A round is the MapReduceForm's semantics spelled out in Python
@@ -19,7 +19,7 @@ without it:
    and the broadcast, `zero`/`accumulate` over the clients in the order they
    were given, `report`, then `update`.
 
-Why clients give results independent of timing: each call of a part first runs
+Why clients give results independent of timing: each call of a computation first runs
 the graph's own initializer (`initialize_op`, which creates the model's and
 metrics' variables afresh, as TFF's executor does), on variables private to the
 slot that runs it; clients run concurrently (one slot per concurrent client,
@@ -39,8 +39,12 @@ from typing import Any, Optional, Sequence
 
 import tensorflow as tf
 
-from tff_fedadamom.pipeline.tf_computation import (Feed, TFComputation, flatten_value,
-                                                   to_python)
+from tff_fedadamom.pipeline.backends.server import ServerCalls, ServerComputations
+from tff_fedadamom.pipeline.tf_computation import Feed, TFComputation, flatten_value
+
+# The form's computations that run a round's clients: here in one `ClientFold`,
+# on the ray backend in one per actor.
+CLIENT_COMPUTATIONS = ("work", "zero", "accumulate")
 
 
 def visible_devices() -> list[str]:
@@ -85,11 +89,11 @@ def _cpu_threads() -> int:
 class ClientFold:
   """`work` on each client, concurrently, folded by `zero`/`accumulate` in client order.
 
-  What one MapReduceForm worker does with its clients: the in-process backend
-  runs one for all of a round's clients, the ray backend one per actor.
+  What one MapReduceForm client group does: the in-process backend runs one
+  fold for all of a round's clients, the ray backend one per actor.
 
   Args:
-    work, zero, accumulate: The form's parts (TFF computations, or what
+    work, zero, accumulate: The form's computations (TFF computations, or what
       `tf_computation.deserialize` rebuilds from their bytes).
     devices: Full TensorFlow device names; client i runs on
       `devices[i % len(devices)]`, `zero`/`accumulate` on the first.
@@ -160,13 +164,19 @@ def client_feed(client_tensors) -> Optional[Feed]:
               lambda *args: [client_tensors.dataset(*args)._variant_tensor])  # noqa: SLF001
 
 
-class InProcessLearningProcess:
+class InProcessLearningProcess(ServerCalls):
   """A `tff.learning.templates.LearningProcess`, run in this Python process.
 
   Same calls as the process it wraps: `initialize()`, `next(state, client_data)`
   (returning TFF's `LearningProcessOutput`), `get_model_weights(state)`, and
   `get_hparams`/`set_hparams` when the process has them; states and metrics are
-  the same Python containers as TFF's own context returns.
+  the same Python containers as TFF's own context returns. With
+  `client_tensors`, it is the `inprocess` backend (`base.Backend`): rounds are
+  `next_for_clients(state, client_ids, round_num)`.
+
+  The server's computations are a `server.ServerComputations` (whose calls
+  `server.ServerCalls` gives it); the clients' are a `ClientFold` on
+  `devices`, handed to the server's `round`.
 
   Example:
 
@@ -182,8 +192,9 @@ class InProcessLearningProcess:
     process: The learning process (TFF's builders' output, or any process whose
       `next` TFF can compile to MapReduceForm).
     devices: TensorFlow device names the clients are spread over, round-robin
-      (client i of a round runs on `devices[i % len(devices)]`); server-side
-      parts run on the first. Default: every visible GPU, else the CPU.
+      (client i of a round runs on `devices[i % len(devices)]`); the server's
+      computations (`server.ServerComputations`) run on the first. Default:
+      every visible GPU, else the CPU.
     max_concurrent_clients: How many clients run at once (at least one per
       device). Default: one per device; on a lone CPU, as many as TensorFlow's
       inter-op threads.
@@ -192,12 +203,13 @@ class InProcessLearningProcess:
       each client's dataset is built inside its `work` call, from its example
       tensors and round seed (no Python per client beyond the call).
     fused_rounds: With `client_tensors`, run each round as one TensorFlow call
-      (`fused_round.FusedRound`: the same parts in the same order) rather than
-      part by part; not for computations that need fresh kernels. Off by
-      default: TensorFlow optimizes the fused graph as a whole, and on the
-      quickstart CNN that changed the weights after 2 rounds by 0.7% (relative)
-      against part-by-part rounds, which the ray backend runs; logistic and MLP
-      rounds were bit-identical and faster (`benchmarks/round_floor.py`).
+      (`fused_round.FusedRound`: the same computations in the same order)
+      rather than call by call; not for computations that need fresh kernels.
+      Off by default: TensorFlow optimizes the fused graph as a whole, and on
+      the quickstart CNN that changed the weights after 2 rounds by 0.7%
+      (relative) against call-by-call rounds, which the ray backend runs;
+      logistic and MLP rounds were bit-identical and faster
+      (`benchmarks/round_floor.py`).
   """
 
   def __init__(self, process, devices: Optional[Sequence[str]] = None,
@@ -207,49 +219,23 @@ class InProcessLearningProcess:
 
     compiled = process if isinstance(process, CompiledProcess) else compile_process(process)
     self._process = None if process is compiled else process
-    self._compiled = compiled
     self._client_tensors = client_tensors
     self.devices = resolve_devices(devices)
-    server = [self.devices[0]]
-    types = compiled.result_types
-    self._initialize = TFComputation(compiled.computation("initialize"), server,
-                                     result_type=types["initialize"])
-    self._prepare = TFComputation(compiled.computation("prepare"), server)
-    self._report = TFComputation(compiled.computation("report"), server)
-    self._update = TFComputation(compiled.computation("update"), server,
-                                 result_type=types["next"])
-    self._state_type = compiled.state_type
-    self._extra: dict[str, TFComputation] = {}
-    self._clients = self._client_fold(compiled, max_concurrent_clients)
+    self.server = ServerComputations(compiled, self.devices[0])
+    self._clients = ClientFold(
+        *(compiled.computation(name) for name in CLIENT_COMPUTATIONS), self.devices,
+        max_concurrent_clients, feed=client_feed(client_tensors))
+    self.max_concurrent_clients = self._clients.max_concurrent_clients
+    self._work = self._clients.work
     # Rounds as one TensorFlow call (`fused_round`), one per number of clients.
     self._fused: Optional[dict] = (
         {} if fused_rounds and client_tensors is not None and not self._work.fresh_kernels
         else None)
 
-  def _client_fold(self, compiled, max_concurrent_clients):
-    """What runs the round's clients: here, one `ClientFold` on this process's devices."""
-    fold = ClientFold(*(compiled.computation(name) for name in ("work", "zero", "accumulate")),
-                      self.devices, max_concurrent_clients, feed=client_feed(self._client_tensors))
-    self.max_concurrent_clients = fold.max_concurrent_clients
-    self._work = fold.work
-    return fold
-
   @property
   def process(self):
     """The wrapped TFF learning process (None when built from a `CompiledProcess`)."""
     return self._process
-
-  @property
-  def compiled(self):
-    """The `compiled.CompiledProcess` this runs."""
-    return self._compiled
-
-  @property
-  def state_type(self):
-    return self._state_type
-
-  def initialize(self):
-    return self._initialize()
 
   def next(self, state, client_data: Sequence[Any]):
     """One round: `prepare`, `work` per client (concurrently), `accumulate` in
@@ -258,12 +244,6 @@ class InProcessLearningProcess:
       raise TypeError("this process builds client datasets itself: call "
                       "next_for_clients(state, client_ids, round_num)")
     return self._round(state, [[dataset._variant_tensor] for dataset in client_data])  # noqa: SLF001
-
-  @property
-  def takes_client_ids(self) -> bool:
-    """Whether rounds are `next_for_clients(state, client_ids, round_num)` (the
-    process builds its clients' data) rather than `next(state, datasets)`."""
-    return self._client_tensors is not None
 
   def next_for_clients(self, state, client_ids: Sequence[Any], round_num: int):
     """One round over `client_ids`, their datasets built in their `work` calls."""
@@ -280,46 +260,23 @@ class InProcessLearningProcess:
     return self._fused is not None
 
   def _fused_round(self, state, client_args):
-    from tff_fedadamom.pipeline.fused_round import FusedRound
+    from tff_fedadamom.pipeline.backends.fused_round import FusedRound
 
-    state_leaves = flatten_value(state, self._state_type)
+    state_leaves = flatten_value(state, self.state_type)
     k = len(client_args)
     if k not in self._fused:
       self._fused[k] = FusedRound(
-          self._compiled, self.devices, k, client_feed(self._client_tensors),
+          self.compiled, self.devices, k, client_feed(self._client_tensors),
           [tf.TensorSpec(t.shape, t.dtype) for t in state_leaves],
           self.max_concurrent_clients)
     fused = self._fused[k]
     result = fused(state_leaves, client_args)
-    for device in fused.client_devices:  # where the clients ran, recorded as part by part
+    for device in fused.client_devices:  # where the clients ran, recorded as call by call
       self._work.calls[device] = self._work.calls.get(device, 0) + 1
-    return to_python([t.numpy() for t in result], self._update.result_type)
+    return self.server.to_python(result)
 
   def _round(self, state, client_args):
-    state_leaves = flatten_value(state, self._state_type)
-    broadcast = self._prepare.call_flat_leaves(state_leaves)
-    return self._finish(state_leaves, self._clients(client_args, broadcast))
-
-  def _finish(self, state_leaves, accumulator):
-    """`report` on the round's accumulator, then `update`: the new state and metrics."""
-    report = self._report.call_flat_leaves(accumulator)
-    result = self._update.call_flat_leaves([*state_leaves, *report])
-    return to_python([t.numpy() for t in result], self._update.result_type)
-
-  def _tf_computation(self, name: str) -> TFComputation:
-    if name not in self._extra:
-      self._extra[name] = TFComputation(self._compiled.computation(name), [self.devices[0]],
-                                        result_type=self._compiled.result_types[name])
-    return self._extra[name]
-
-  def get_model_weights(self, state):
-    return self._tf_computation("get_model_weights")(state)
-
-  def get_hparams(self, state):
-    return self._tf_computation("get_hparams")(state)
-
-  def set_hparams(self, state, hparams):
-    return self._tf_computation("set_hparams")([state, hparams])
+    return self.server.round(state, lambda broadcast: self._clients(client_args, broadcast))
 
   def close(self) -> None:
     """Stops the client threads (also done when the object is collected)."""

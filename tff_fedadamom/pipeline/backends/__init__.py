@@ -1,0 +1,18 @@
+"""The execution backends: `inprocess`, `tff_cpp` and `ray`, one module each,
+behind one small protocol (`base.Backend`), built once per run from its plan
+(`base.build_backend`). See `base` for what each backend is.
+
+Names are imported lazily (`tff_fedadamom.lazy`): importing the package imports
+no backend.
+"""
+
+from tff_fedadamom.lazy import lazy_exports
+
+_EXPORTS = {
+    "Backend": "tff_fedadamom.pipeline.backends.base",
+    "build_backend": "tff_fedadamom.pipeline.backends.base",
+    "round_devices": "tff_fedadamom.pipeline.backends.base",
+}
+
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
