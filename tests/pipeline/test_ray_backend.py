@@ -415,7 +415,8 @@ def test_ray_fields_are_validated(tmp_path, runtime_section, field, wording):
 def test_valid_ray_settings_load(tmp_path, runtime_section):
   plan = parts_lib.make_plan(tiny(tmp_path, runtime=runtime_section))
   assert plan.backend == "ray" and plan.threads is None  # threads size the actors
-  settings = ray_backend.ray_actors(plan.config.runtime)
+  settings = plan.ray
+  assert settings == ray_backend.ray_actors(plan.config.runtime)
   assert settings["actors"] == runtime_section.get("workers", 2)
   assert settings["cpus_per_actor"] == runtime_section.get("cpus_per_worker", 1)
   assert len(plan.devices) == settings["actors"]

@@ -207,9 +207,10 @@ def make_plan(config) -> RunPlan:
                else process_lib.build_server_optimizer(config))
   paths = state_hparams(config, optimizer)
   backend = resolved_backend(config.runtime)  # the run's one resolution of 'auto'
+  ray = backends.ray_settings(backend, config.runtime)
   return RunPlan(config=config, backend=backend,
-                 devices=tuple(backends.round_devices(backend, config.runtime)),
-                 threads=None if backend == RAY else config.runtime.threads,
+                 devices=tuple(backends.round_devices(backend, config.runtime, ray)),
+                 threads=None if backend == RAY else config.runtime.threads, ray=ray,
                  key=structure_key(config, paths), state_paths=paths,
                  server_optimizer=optimizer)
 

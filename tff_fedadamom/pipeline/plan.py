@@ -66,6 +66,10 @@ class RunPlan:
     threads: TensorFlow threads this process must run with (the config's
       `runtime.threads`); None with the ray backend, where they size each actor
       (its own process), not this one.
+    ray: The ray backend's settings, nulls resolved
+      (`backends.ray.ray_actors`: actors, CPUs and GPUs per actor, address,
+      threads, concurrent clients), which its actors and device labels are
+      made from; None with the other backends.
     key: The config's `parts.structure_key`.
     state_paths: `parts.state_hparams(config)`: config path -> (component,
       hparam) in `process.get_hparams(state)`.
@@ -78,6 +82,7 @@ class RunPlan:
   backend: str
   devices: tuple
   threads: Optional[int]
+  ray: Optional[Mapping[str, Any]]
   key: str
   state_paths: Mapping[str, tuple]
   server_optimizer: Any = dataclasses.field(default=None, compare=False, repr=False)

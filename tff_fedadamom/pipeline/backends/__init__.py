@@ -11,6 +11,7 @@ from tff_fedadamom.lazy import lazy_exports
 _EXPORTS = {
     "Backend": "tff_fedadamom.pipeline.backends.base",
     "build_backend": "tff_fedadamom.pipeline.backends.base",
+    "ray_settings": "tff_fedadamom.pipeline.backends.base",
     "round_devices": "tff_fedadamom.pipeline.backends.base",
 }
 

@@ -63,11 +63,23 @@ class Backend(Protocol):
     idempotent."""
 
 
-def round_devices(backend: str, runtime_config, source: str = "<config>") -> list[str]:
+def ray_settings(backend: str, runtime_config) -> Optional[dict]:
+  """The ray backend's settings, nulls resolved (`ray.ray_actors`), for
+  `plan.RunPlan.ray`; None when `backend` (resolved) is another."""
+  if backend != RAY:
+    return None
+  from tff_fedadamom.pipeline.backends.ray import ray_actors
+
+  return ray_actors(runtime_config)
+
+
+def round_devices(backend: str, runtime_config, ray: Optional[dict] = None,
+                  source: str = "<config>") -> list[str]:
   """The devices the rounds of `backend` (resolved: `plan.RunPlan.backend`) run
   on, as summary.json names them: tff_cpp, the worker_binary's CPU; ray, one
-  label per actor ('ray actor K (CPU|GPU)'); inprocess, TensorFlow's full names
-  of `runtime.devices` (default: every visible GPU, else the CPU).
+  label per actor of `ray` (`ray_settings`: 'ray actor K (CPU|GPU)');
+  inprocess, TensorFlow's full names of `runtime.devices` (default: every
+  visible GPU, else the CPU).
 
   Raises:
     ConfigError: naming `runtime.devices` when TensorFlow does not see one of them.
@@ -79,7 +91,9 @@ def round_devices(backend: str, runtime_config, source: str = "<config>") -> lis
   if backend == RAY:
     from tff_fedadamom.pipeline.backends.ray import actor_labels
 
-    return actor_labels(runtime_config)
+    if ray is None:
+      raise ValueError("the ray backend's devices are its actors: pass its settings (ray=...)")
+    return actor_labels(ray)
   from tff_fedadamom.config import ConfigError
   from tff_fedadamom.pipeline.backends import inprocess
 
@@ -111,7 +125,7 @@ def build_backend(plan, process, client_tensors=None) -> Backend:
   if plan.backend == RAY:
     from tff_fedadamom.pipeline.backends import ray
 
-    return ray.RayLearningProcess(process, plan.config, **ray.ray_actors(runtime_config))
+    return ray.RayLearningProcess(process, plan.config, **plan.ray)
   from tff_fedadamom.pipeline.backends import inprocess
 
   return inprocess.InProcessLearningProcess(

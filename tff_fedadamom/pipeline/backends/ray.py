@@ -88,9 +88,9 @@ def ray_actors(runtime_config) -> dict:
               max_concurrent_clients=runtime_config.max_concurrent_clients)
 
 
-def actor_labels(runtime_config) -> list[str]:
-  """What summary.json names as the devices of ray rounds: 'ray actor K (CPU|GPU)'."""
-  settings = ray_actors(runtime_config)
+def actor_labels(settings: Mapping[str, Any]) -> list[str]:
+  """What summary.json names as the devices of ray rounds, given the backend's
+  settings (`ray_actors`): 'ray actor K (CPU|GPU)'."""
   kind = "GPU" if settings["gpus_per_actor"] else "CPU"
   return [f"ray actor {k} ({kind})" for k in range(settings["actors"])]
 
