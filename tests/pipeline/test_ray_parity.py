@@ -1,0 +1,67 @@
+"""The ray backend gives the in-process backend's numbers bit for bit, model by model.
+
+Each client's kernels run on one thread in every process (`Session`), the
+actors run the same compiled client computations over the same batches, and
+the server folds their results in client order, so nothing may differ: not the
+MLP, the CNN with its seeded dropout, the char-LSTM, or ResNet-18 with its
+GroupNorm. One local Ray serves the module's runs (each run's actors are its
+own); quickstart's CNN is checked the same way in `test_ray_backend`.
+"""
+
+import numpy as np
+import pytest
+
+from tests.data.fixtures import write_cifar10
+from tests.pipeline.test_runner import _weights, tiny
+from tff_fedadamom.pipeline import run_experiment
+from tff_fedadamom.pipeline.ray_session import ray_session
+
+RAY = {"backend": "ray", "workers": 2, "cpus_per_worker": 1, "threads": 1}
+
+
+def _mlp(tmp_path):
+  return tiny(tmp_path, model={"name": "mlp"}, data={"name": "mnist5k", "num_clients": 20})
+
+
+def _cnn(tmp_path):
+  return tiny(tmp_path, model={"name": "cnn"}, data={"name": "mnist5k", "num_clients": 20})
+
+
+def _char_lstm(tmp_path):
+  return tiny(tmp_path, model={"name": "char_lstm",
+                               "options": {"embedding_dim": 8, "lstm_units": 16}},
+              data={"name": "shakespeare", "options": {"seq_length": 20}},
+              client__clip_norm=10.0)
+
+
+def _resnet18(tmp_path):
+  folder = write_cifar10(str(tmp_path / "cifar"), per_batch=8, test=10, seed=0)
+  return tiny(tmp_path, model={"name": "resnet18", "options": {"width": 0.125}},
+              data={"name": "cifar10", "path": folder, "num_clients": 4,
+                    "partition": {"kind": "iid"}},
+              clients_per_round=2)
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+  with ray_session(None) as ray:  # started here: the runs use it, and leave it up
+    yield ray
+
+
+@pytest.mark.parametrize("make", [_mlp, _cnn, _char_lstm, _resnet18],
+                         ids=["mlp", "cnn", "char_lstm", "resnet18"])
+def test_ray_equals_inprocess_bit_for_bit(tmp_path, local_ray, make):
+  raw = make(tmp_path / "data")
+  raw["client"] = {**raw["client"], "max_examples": 32, "batch_size": 16}
+  raw.update(rounds=2, eval_every=2, checkpoint_every=2)
+  runs = {}
+  for name, runtime in (("inprocess", {"backend": "inprocess"}), ("ray", RAY)):
+    runs[name] = run_experiment({**raw, "output_dir": str(tmp_path / name), "runtime": runtime},
+                                progress=False)
+  assert runs["ray"].summary["backend"] == "ray"
+  assert local_ray.is_initialized()  # the runs joined the module's Ray, as their own
+  assert runs["ray"].summary["final_test_loss"] == runs["inprocess"].summary["final_test_loss"]
+  expected, actual = _weights(tmp_path / "inprocess"), _weights(tmp_path / "ray")
+  assert len(expected) == len(actual) > 0
+  for e, a in zip(expected, actual):
+    np.testing.assert_array_equal(a, e)
