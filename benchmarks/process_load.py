@@ -27,8 +27,9 @@ since launch and its own duration, nested as they call one another. Time
 between the steps shown is the imports and the Python around them.
 
 `--warm-trial` times a sweep trial in a warm `tuning.workers.TrialWorker`
-(TensorFlow imported, the trial's structure built and warmed up by an earlier
-trial of another learning rate): from the worker taking the trial to its
+(TensorFlow imported, the trial's structure built and warmed up with the
+sweep base's hparams, as `tuning.workers.worker_pool` warms its workers; the
+trial has the sweep's first sampled hparams): from the worker taking the trial to its
 first round's start and end. In this process, without Ray: what Ray adds
 (the trainable's start, its claim and event calls) is not in it.
 
@@ -149,11 +150,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUICKSTART = os.path.join(ROOT, "configs", "quickstart.yaml")
 
 
-def _cli(args, env=None, **kwargs):
+def _cli(args, **kwargs):
+  """Runs `python args` on this checkout's code."""
   import subprocess
 
   return subprocess.run([sys.executable, *args], cwd=ROOT, check=True,
-                        env={**os.environ, "PYTHONPATH": ROOT, **(env or {})}, **kwargs)
+                        env={**os.environ, "PYTHONPATH": ROOT}, **kwargs)
 
 
 def warm_run(repeat: int) -> None:
@@ -224,18 +226,18 @@ def warm_trial() -> None:
 
     trials = space_lib.sample_trials(sweep, optimizer)
     started = time.perf_counter()
-    worker._warm_up(functools.partial(experiment, trials[0], "warm"))  # noqa: SLF001
+    worker._warm_up(functools.partial(experiment, {}, "warm"))  # noqa: SLF001
     print(f"worker warm-up ({optimizer}, cold process cache): "
           f"{time.perf_counter() - started:.2f} s")
     timeline = Timeline(time.time(), on_round_end=_stop)
     timeline.install(now=True)
-    plan, parts = worker._parts(functools.partial(experiment, trials[1], "trial"))  # noqa: SLF001
+    plan, parts = worker._parts(functools.partial(experiment, trials[0], "trial"))  # noqa: SLF001
     try:
       run_experiment(plan, parts=parts, progress=False)
     except _Stop:
       pass
     start, end = timeline.first_round()
-    print(f"warm trial ({optimizer}, {trials[1]}): first round starts {start:.3f} s, "
+    print(f"warm trial ({optimizer}, {trials[0]}): first round starts {start:.3f} s, "
           f"ends {end:.3f} s after the worker takes the trial")
     print("  since start  seconds  step")
     print("\n".join(format_timeline(timeline.spans)))
