@@ -19,7 +19,23 @@ timed here on one `work` import and printed beside the whole wrap as it is now.
 Cases: the quickstart sweep's digits/logistic, the paper study's Fashion-MNIST
 MLP-64, and its quick run's Shakespeare char-LSTM.
 
+`--warm-run` instead times a whole `tff-fedadamom run configs/quickstart.yaml`
+from its launch to the end of its first round (its metrics.csv row written, as
+`sweep_scaling.py` counts it) with a warm process cache (a private one, filled
+by a first run here): a timeline of the run's steps, each with its seconds
+since launch and its own duration, nested as they call one another. Time
+between the steps shown is the imports and the Python around them.
+
+`--warm-trial` times a sweep trial in a warm `tuning.workers.TrialWorker`
+(TensorFlow imported, the trial's structure built and warmed up with the
+sweep base's hparams, as `tuning.workers.worker_pool` warms its workers; the
+trial has the sweep's first sampled hparams): from the worker taking the trial to its
+first round's start and end. In this process, without Ray: what Ray adds
+(the trainable's start, its claim and event calls) is not in it.
+
     .venv/bin/python benchmarks/process_load.py [--only digits|fmnist|shakespeare]
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/process_load.py --warm-run [--repeat 3]
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/process_load.py --warm-trial
 """
 
 from __future__ import annotations
@@ -128,10 +144,124 @@ def measure(raw, cache_dir: str) -> dict:
   return times
 
 
+# ------------------------------------------------------------ a warm run and a warm trial
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+QUICKSTART = os.path.join(ROOT, "configs", "quickstart.yaml")
+
+
+def _cli(args, **kwargs):
+  """Runs `python args` on this checkout's code."""
+  import subprocess
+
+  return subprocess.run([sys.executable, *args], cwd=ROOT, check=True,
+                        env={**os.environ, "PYTHONPATH": ROOT}, **kwargs)
+
+
+def warm_run(repeat: int) -> None:
+  """The timeline of a warm `tff-fedadamom run configs/quickstart.yaml` up to the
+  end of its first round, `repeat` times, after one run that fills a private
+  process cache (see the module doc)."""
+  import json
+  import subprocess
+
+  from benchmarks.startup_timeline import first_round, format_timeline
+
+  with tempfile.TemporaryDirectory() as root:
+    cache = ["--set", f"runtime.cache_dir={os.path.join(root, 'cache')}"]
+    print(f"filling a process cache (load average {os.getloadavg()[0]:.2f}) ...", flush=True)
+    _cli(["-m", "tff_fedadamom", "run", QUICKSTART, "--quiet", "--set", "rounds=1",
+          "--set", f"output_dir={os.path.join(root, 'cold')}", *cache],
+         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ends = []
+    for i in range(repeat):
+      out = os.path.join(root, f"timeline{i}.json")
+      load = os.getloadavg()[0]
+      _cli([os.path.join(ROOT, "benchmarks", "startup_timeline.py"), repr(time.time()), out,
+            "run", QUICKSTART, "--quiet", "--set", f"output_dir={os.path.join(root, f'w{i}')}",
+            *cache], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+      with open(out) as f:
+        spans = json.load(f)
+      start, end = first_round(spans)
+      ends.append(end)
+      print(f"\nwarm run {i + 1} (load average {load:.2f} at launch): first round "
+            f"starts {start:.2f} s, ends {end:.2f} s after launch")
+      print("  since launch  seconds  step")
+      print("\n".join(format_timeline(spans)))
+    print(f"\nfirst round ends after: {', '.join(f'{e:.2f}' for e in ends)} s "
+          f"(median {sorted(ends)[len(ends) // 2]:.2f} s)")
+
+
+class _Stop(Exception):
+  """Ends a timed trial after its first round."""
+
+
+def _stop(timeline) -> None:
+  del timeline
+  raise _Stop()
+
+
+def warm_trial() -> None:
+  """The timeline of a trial of the quickstart sweep in a warm `TrialWorker`, from
+  the worker taking it to its first round's end (see the module doc)."""
+  import functools
+
+  from benchmarks.startup_timeline import Timeline, format_timeline
+  from tff_fedadamom.pipeline import run_experiment
+  from tuning import schema
+  from tuning import space as space_lib
+  from tuning.workers import TrialWorker
+
+  sweep = schema.load_sweep(os.path.join(ROOT, "configs", "sweeps", "quickstart.yaml"))
+  optimizer = sweep.optimizers[0]
+  worker = TrialWorker()
+  with tempfile.TemporaryDirectory() as root:
+    cache = os.path.join(root, "cache")
+
+    def experiment(params, name):
+      tree = space_lib.experiment_dict(sweep, optimizer, params, threads=1,
+                                       output_dir=os.path.join(root, name))
+      tree["runtime"]["cache_dir"] = cache
+      return tree
+
+    trials = space_lib.sample_trials(sweep, optimizer)
+    started = time.perf_counter()
+    worker._warm_up(functools.partial(experiment, {}, "warm"))  # noqa: SLF001
+    print(f"worker warm-up ({optimizer}, cold process cache): "
+          f"{time.perf_counter() - started:.2f} s")
+    timeline = Timeline(time.time(), on_round_end=_stop)
+    timeline.install(now=True)
+    plan, parts = worker._parts(functools.partial(experiment, trials[0], "trial"))  # noqa: SLF001
+    try:
+      run_experiment(plan, parts=parts, progress=False)
+    except _Stop:
+      pass
+    start, end = timeline.first_round()
+    print(f"warm trial ({optimizer}, {trials[0]}): first round starts {start:.3f} s, "
+          f"ends {end:.3f} s after the worker takes the trial")
+    print("  since start  seconds  step")
+    print("\n".join(format_timeline(timeline.spans)))
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--only", choices=sorted(CASES))
+  parser.add_argument("--warm-run", action="store_true",
+                      help="time a warm `tff-fedadamom run configs/quickstart.yaml` to round 1")
+  parser.add_argument("--repeat", type=int, default=1, help="warm runs to time")
+  parser.add_argument("--warm-trial", action="store_true",
+                      help="time a trial in a warm trial worker to round 1")
   args = parser.parse_args(argv)
+  if args.warm_run:
+    warm_run(args.repeat)
+    return 0
+  if args.warm_trial:
+    from tff_fedadamom.session import Session
+
+    Session(threads=1).apply()  # a trial worker's, as `TrialWorker` sets it
+    warm_trial()
+    runtime.release_tff_default_context()  # no executor-factory error at exit
+    return 0
   names = [args.only] if args.only else list(CASES)
   Session().apply()  # this command is its process's entry point
   with tempfile.TemporaryDirectory() as cache_dir:

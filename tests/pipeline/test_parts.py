@@ -211,3 +211,44 @@ def test_cache_keeps_at_most_max_size_and_parts_serve_their_structure_only(tmp_p
                    parts=parts)
   with pytest.raises(ValueError, match="max_size"):
     parts_lib.PartsCache(max_size=0)
+
+
+class _CountingSets:
+  """A process whose `set_hparams` calls are counted."""
+
+  def __init__(self, process):
+    self._process = process
+    self.sets = 0
+
+  def __getattr__(self, name):
+    return getattr(self._process, name)
+
+  def set_hparams(self, state, hparams):
+    self.sets += 1
+    return self._process.set_hparams(state, hparams)
+
+
+def test_initial_state_sets_hparams_only_when_the_state_lacks_them(data):
+  """A process built from the config itself holds its values: no `set_hparams`
+  call (a TensorFlow call before round 1). Another config's values are set."""
+  a = tiny(server={"optimizer": "fedadamom", "learning_rate": 1.0, "beta_2": 0.1})
+  b = tiny(server={"optimizer": "fedadamom", "learning_rate": 0.5, "beta_2": 0.1})
+  process = _CountingSets(build_process(a, data))
+  own = parts_lib.initial_state(a, process)
+  assert process.sets == 0
+  np.testing.assert_equal(_leaves(own), _leaves(process.initialize()))
+  other = parts_lib.initial_state(b, process)
+  assert process.sets == 1
+  assert process.get_hparams(other)["finalizer"]["learning_rate"] == np.float32(0.5)
+
+
+def test_the_evaluator_compiles_and_batches_at_its_first_use(tmp_path):
+  """Building parts leaves the model uncompiled and the test set unbatched
+  (neither is needed before round 1); the first evaluation does both."""
+  parts = parts_lib.build_parts(tiny(tmp_path / "r"))
+  assert not parts.keras_model._is_compiled  # noqa: SLF001
+  assert parts.evaluator._dataset is None  # noqa: SLF001
+  state = parts_lib.initial_state(tiny(tmp_path / "r"), parts.process)
+  metrics = parts.evaluator(parts.process, state)
+  assert parts.keras_model._is_compiled and 0.0 <= metrics["test/accuracy"] <= 1.0  # noqa: SLF001
+  parts.process.close()

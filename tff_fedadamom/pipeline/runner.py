@@ -161,7 +161,7 @@ def _run(plan, parts, *, resuming, on_eval, on_round, progress, hooks) -> RunRes
     tb_manager.close()
     histogram_writer.close()
   wall = time.perf_counter() - started
-  summary = _write_results(plan, parts.keras_model, process, result, wall=wall,
+  summary = _write_results(plan, parts.evaluator.compiled_model(), process, result, wall=wall,
                            start_round=start_round)
   return RunResult(output_dir, summary)
 
