@@ -256,11 +256,8 @@ def main(argv=None) -> int:
     warm_run(args.repeat)
     return 0
   if args.warm_trial:
-    from tff_fedadamom.session import Session
-
     Session(threads=1).apply()  # a trial worker's, as `TrialWorker` sets it
     warm_trial()
-    runtime.release_tff_default_context()  # no executor-factory error at exit
     return 0
   names = [args.only] if args.only else list(CASES)
   Session().apply()  # this command is its process's entry point

@@ -37,15 +37,16 @@ STEPS = {
     "tff_fedadamom.pipeline.process": [
         "load_data", "make_client_tensors", "make_keras_model", "build_server_optimizer"],
     "tff_fedadamom.pipeline.process_cache": ["ProcessCache.load", "process_key"],
-    "tff_fedadamom.pipeline.runtime": ["executable"],
+    "tff_fedadamom.pipeline.backends.base": ["build_backend"],
     "tff_fedadamom.pipeline.runner": ["_run", "_progress_bar"],
     "tff_fedadamom.pipeline.resume": ["restore", "check_resumable"],
     "tff_fedadamom.pipeline.loop": ["run_rounds"],
-    "tff_fedadamom.pipeline.inprocess": [
-        "InProcessLearningProcess.initialize", "InProcessLearningProcess.next_for_clients",
-        "InProcessLearningProcess.get_model_weights", "InProcessLearningProcess.get_hparams",
-        "InProcessLearningProcess.set_hparams", "InProcessLearningProcess._finish",
-        "ClientFold.__call__"],
+    "tff_fedadamom.pipeline.backends.inprocess": [
+        "InProcessLearningProcess.next_for_clients", "ClientFold.__call__"],
+    "tff_fedadamom.pipeline.backends.server": [
+        "ServerComputations.initialize", "ServerComputations.round",
+        "ServerComputations.get_model_weights", "ServerComputations.get_hparams",
+        "ServerComputations.set_hparams"],
     "tff_fedadamom.pipeline.hooks": [
         "Telemetry.start_round", "Telemetry.end_round", "Divergence.end_round",
         "Evaluate.end_round", "Release.end_round", "Checkpoint.end_round"],
