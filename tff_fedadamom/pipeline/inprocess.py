@@ -39,6 +39,7 @@ from typing import Any, Optional, Sequence
 
 import tensorflow as tf
 
+from tff_fedadamom.pipeline.eager_release import release
 from tff_fedadamom.pipeline.tf_computation import (Feed, TFComputation, flatten_value,
                                                    to_python)
 
@@ -135,11 +136,18 @@ class ClientFold:
     return [future.result() for future in self._submit(client_args, broadcast)]
 
   def fold(self, outputs, accumulator: Optional[Sequence[Any]] = None) -> list:
-    """`accumulator` (default: `zero`) with `outputs` accumulated onto it, in order."""
+    """`accumulator` (default: `zero`) with `outputs` accumulated onto it, in order.
+
+    Each output, and each accumulator but the result, is released
+    (`eager_release`) once accumulated: they may be folded again, but keep
+    nothing cached.
+    """
     if accumulator is None:
       accumulator = self._zero.call_flat_leaves([])
     for output in outputs:
-      accumulator = self._accumulate.call_flat_leaves([*accumulator, *output])
+      folded = self._accumulate.call_flat_leaves([*accumulator, *output])
+      release([*accumulator, *output])
+      accumulator = folded
     return accumulator
 
   def close(self) -> None:
@@ -270,9 +278,10 @@ class InProcessLearningProcess:
     if self._client_tensors is None:
       raise TypeError("next_for_clients needs client_tensors=...; call next(state, datasets)")
     client_args = [self._client_tensors.args(cid, round_num) for cid in client_ids]
-    if self._fused is None:
-      return self._round(state, client_args)
-    return self._fused_round(state, client_args)
+    round_fn = self._round if self._fused is None else self._fused_round
+    output = round_fn(state, client_args)
+    release(args[-1] for args in client_args)  # the round seeds; the examples stay
+    return output
 
   @property
   def fused_rounds(self) -> bool:
@@ -282,7 +291,8 @@ class InProcessLearningProcess:
   def _fused_round(self, state, client_args):
     from tff_fedadamom.pipeline.fused_round import FusedRound
 
-    state_leaves = flatten_value(state, self._state_type)
+    created = []
+    state_leaves = flatten_value(state, self._state_type, created)
     k = len(client_args)
     if k not in self._fused:
       self._fused[k] = FusedRound(
@@ -293,18 +303,29 @@ class InProcessLearningProcess:
     result = fused(state_leaves, client_args)
     for device in fused.client_devices:  # where the clients ran, recorded as part by part
       self._work.calls[device] = self._work.calls.get(device, 0) + 1
-    return to_python([t.numpy() for t in result], self._update.result_type)
+    flat = [t.numpy() for t in result]
+    release([*created, *result])
+    return to_python(flat, self._update.result_type)
 
   def _round(self, state, client_args):
-    state_leaves = flatten_value(state, self._state_type)
+    """One round part by part. Every tensor it makes is released once used
+    (`eager_release`: each would otherwise leave a block behind for good)."""
+    created = []
+    state_leaves = flatten_value(state, self._state_type, created)
     broadcast = self._prepare.call_flat_leaves(state_leaves)
-    return self._finish(state_leaves, self._clients(client_args, broadcast))
+    accumulator = self._clients(client_args, broadcast)
+    release(broadcast)
+    output = self._finish(state_leaves, accumulator)
+    release(created)
+    return output
 
   def _finish(self, state_leaves, accumulator):
     """`report` on the round's accumulator, then `update`: the new state and metrics."""
     report = self._report.call_flat_leaves(accumulator)
     result = self._update.call_flat_leaves([*state_leaves, *report])
-    return to_python([t.numpy() for t in result], self._update.result_type)
+    flat = [t.numpy() for t in result]
+    release([*accumulator, *report, *result])
+    return to_python(flat, self._update.result_type)
 
   def _tf_computation(self, name: str) -> TFComputation:
     if name not in self._extra:
