@@ -3,10 +3,10 @@
 Runs digits/logistic with telemetry on the in-process backend for `--rounds`
 rounds (evaluation and checkpoints at their usual cadence) and prints the
 process's resident memory after round 100 and after the last round, the growth
-in MB and per 1,000 rounds, how much of the end's memory a full garbage
-collection then frees (garbage in reference cycles, which Python frees only
-now and then: not a leak, but memory the process holds), and the number of
-TensorFlow functions in the eager context at both marks (a function traced per
+in MB and per 1,000 rounds, how many objects a full garbage collection then
+finds unreachable (garbage in reference cycles that the run held: Python frees
+it only now and then, and its pages mostly stay with the process), and the
+number of TensorFlow functions in the eager context at both marks (a function traced per
 round would show there). Goal: less than 5 MB of growth between round 100 and
 round 1,000.
 
@@ -87,8 +87,7 @@ def main(argv=None) -> None:
     if round_num in (MARK, args.rounds):
       marks[round_num] = (rss_mb(), function_count())
       if round_num == args.rounds:
-        gc.collect()
-        collected.append(marks[round_num][0] - rss_mb())
+        collected.append(gc.collect())
       if args.trace:
         if round_num == MARK:
           tracemalloc.start(40)
@@ -109,7 +108,8 @@ def main(argv=None) -> None:
         f"growth {growth:.1f} MB ({growth * 1000 / max(args.rounds - MARK, 1):.1f} MB per "
         f"1,000 rounds); goal: < {GOAL_MB:g} MB from round {MARK} to 1,000: "
         f"{'met' if growth < GOAL_MB else 'NOT met'}")
-  print(f"A full garbage collection after round {args.rounds} then freed {collected[0]:.1f} MB")
+  print(f"A full garbage collection after round {args.rounds} then found {collected[0]} "
+        "unreachable objects")
   print(f"TensorFlow functions in the eager context: {functions_start} after round {MARK}, "
         f"{functions_end} after round {args.rounds}")
   if args.trace:

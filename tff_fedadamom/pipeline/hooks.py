@@ -183,11 +183,11 @@ class Checkpoint(RoundHook):
   SavedModel, and the graphs TensorFlow traces for it (`_traced_save`,
   `_traced_restore`, with their C graphs) are freed only by a full garbage
   collection. Python runs one only once the objects promoted since the last
-  are a quarter of those it tracks (about 500,000 in a digits/logistic run,
-  where that took more than 1,000 rounds), so the garbage of every save piled
-  up meanwhile. A full collection there takes 0.3-0.6 s: one runs after a save
-  when the run has spent at least `1 / COLLECT_SHARE` times as long since the
-  last one took, so that they cost at most that share of the run's time.
+  are a quarter of those it tracks (about 500,000 in a digits/logistic run), so
+  the garbage of many saves piles up meanwhile. A full collection there takes
+  0.3-0.6 s: one runs after a save when the run has spent at least
+  `1 / COLLECT_SHARE` times as long since the last one as that one took, so
+  that they cost at most that share of the run's time.
   """
 
   def __init__(self, manager, every: int, run_async: Callable = asyncio.run):
