@@ -229,3 +229,38 @@ def test_a_runs_release_calls_run_in_the_calling_thread():
     loop.close()
   loop.close()  # closing twice is harmless
   assert len(threads_used(asyncio.run)) == 10  # what the runner no longer does
+
+
+def test_a_checkpoint_collects_the_cycles_its_save_left_at_most_so_often():
+  """A SavedModel save leaves traced graphs in reference cycles that only a full
+  collection frees; the hook runs one after a save, unless the last took more
+  than `COLLECT_SHARE` of the time since."""
+  import gc
+  import weakref
+
+  from tff_fedadamom.pipeline.loop import RoundEnd
+
+  left = []
+
+  class Cycle:
+    pass
+
+  class Manager:
+    async def save(self, value, version):
+      del value, version
+      cycle = Cycle()
+      cycle.self = cycle
+      left.append(weakref.ref(cycle))
+
+  hook = hooks.Checkpoint(Manager(), every=1)
+  enabled = gc.isenabled()
+  gc.disable()  # no automatic collection frees the cycles here
+  try:
+    hook.end_round(RoundEnd(1, 0.0, {ROUND: 1}, [], False, None))
+    assert left[0]() is None  # collected after the save
+    hook._collect_s = 3600.0  # noqa: SLF001 - as if the last collection took an hour
+    hook.end_round(RoundEnd(2, 0.0, {ROUND: 2}, [], False, None))
+    assert left[1]() is not None  # too soon for another one
+  finally:
+    if enabled:
+      gc.enable()

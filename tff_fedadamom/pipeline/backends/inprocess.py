@@ -40,6 +40,7 @@ from typing import Any, Optional, Sequence
 import tensorflow as tf
 
 from tff_fedadamom.pipeline.backends.server import ServerCalls, ServerComputations
+from tff_fedadamom.pipeline.eager_release import release
 from tff_fedadamom.pipeline.tf_computation import Feed, TFComputation, flatten_value
 
 # The form's computations that run a round's clients: here in one `ClientFold`,
@@ -139,11 +140,18 @@ class ClientFold:
     return [future.result() for future in self._submit(client_args, broadcast)]
 
   def fold(self, outputs, accumulator: Optional[Sequence[Any]] = None) -> list:
-    """`accumulator` (default: `zero`) with `outputs` accumulated onto it, in order."""
+    """`accumulator` (default: `zero`) with `outputs` accumulated onto it, in order.
+
+    Each output, and each accumulator but the result, is released
+    (`eager_release`) once accumulated: they may be folded again, but keep
+    nothing cached.
+    """
     if accumulator is None:
       accumulator = self._zero.call_flat_leaves([])
     for output in outputs:
-      accumulator = self._accumulate.call_flat_leaves([*accumulator, *output])
+      folded = self._accumulate.call_flat_leaves([*accumulator, *output])
+      release([*accumulator, *output])
+      accumulator = folded
     return accumulator
 
   def close(self) -> None:
@@ -250,9 +258,10 @@ class InProcessLearningProcess(ServerCalls):
     if self._client_tensors is None:
       raise TypeError("next_for_clients needs client_tensors=...; call next(state, datasets)")
     client_args = [self._client_tensors.args(cid, round_num) for cid in client_ids]
-    if self._fused is None:
-      return self._round(state, client_args)
-    return self._fused_round(state, client_args)
+    round_fn = self._round if self._fused is None else self._fused_round
+    output = round_fn(state, client_args)
+    release(args[-1] for args in client_args)  # the round seeds; the examples stay
+    return output
 
   @property
   def fused_rounds(self) -> bool:
@@ -262,7 +271,8 @@ class InProcessLearningProcess(ServerCalls):
   def _fused_round(self, state, client_args):
     from tff_fedadamom.pipeline.backends.fused_round import FusedRound
 
-    state_leaves = flatten_value(state, self.state_type)
+    created = []
+    state_leaves = flatten_value(state, self.state_type, created)
     k = len(client_args)
     if k not in self._fused:
       self._fused[k] = FusedRound(
@@ -273,7 +283,9 @@ class InProcessLearningProcess(ServerCalls):
     result = fused(state_leaves, client_args)
     for device in fused.client_devices:  # where the clients ran, recorded as call by call
       self._work.calls[device] = self._work.calls.get(device, 0) + 1
-    return self.server.to_python(result)
+    output = self.server.to_python(result)
+    release([*created, *result])
+    return output
 
   def _round(self, state, client_args):
     return self.server.round(state, lambda broadcast: self._clients(client_args, broadcast))

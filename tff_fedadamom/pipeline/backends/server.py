@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+from tff_fedadamom.pipeline.eager_release import release
 from tff_fedadamom.pipeline.tf_computation import TFComputation, flatten_value, to_python
 
 
@@ -48,12 +49,19 @@ class ServerComputations:
 
   def round(self, state, client_fold: Callable[[list], Sequence[Any]]):
     """One round from `state`: `prepare`, then `client_fold(broadcast leaves)`
-    (the round's accumulator, flat), then `report` and `update`."""
-    state_leaves = flatten_value(state, self.state_type)
+    (the round's accumulator, flat), then `report` and `update`. Every tensor
+    it makes is released once used (`eager_release`: each would otherwise
+    leave a block behind for good)."""
+    created = []
+    state_leaves = flatten_value(state, self.state_type, created)
     broadcast = self._prepare.call_flat_leaves(state_leaves)
-    report = self._report.call_flat_leaves(client_fold(broadcast))
+    accumulator = client_fold(broadcast)
+    release(broadcast)
+    report = self._report.call_flat_leaves(accumulator)
     result = self.update.call_flat_leaves([*state_leaves, *report])
-    return self.to_python(result)
+    output = self.to_python(result)
+    release([*created, *accumulator, *report, *result])
+    return output
 
   def to_python(self, update_result):
     """`update`'s flat result as TFF's `LearningProcessOutput` (state, metrics)."""
