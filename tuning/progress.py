@@ -40,9 +40,12 @@ class SweepState:
   stream: Any = None
 
 
-# Live state per sweep directory. Callbacks hold only the key: Tune pickles the
-# RunConfig (and its callbacks) into the experiment and hands a copy back on
-# restore, and that copy must still update what the driver prints.
+# Live state per sweep directory, for the duration of one `run_sweep` call
+# (registered at its start, removed in its `finally`). Callbacks hold only the
+# key: Tune pickles the RunConfig (and its callbacks) into the experiment and,
+# on `Tuner.restore`, which takes no callbacks (Ray 2.52), runs an unpickled
+# copy; this lookup is how that copy reaches the driver's state without
+# reaching into Tune's private objects. It holds nothing outside that call.
 LIVE: dict[str, SweepState] = {}
 
 

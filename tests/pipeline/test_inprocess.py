@@ -21,6 +21,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tests.pipeline.device_calls import record_devices
 from tests.pipeline.test_runner import ROOT, tiny
 from tff_fedadamom import optimizers
 from tff_fedadamom.config import ConfigError, load_config
@@ -222,6 +223,7 @@ _CHILD = textwrap.dedent("""
     from tff_fedadamom.session import Session
     Session().apply()
     from tests import process_table as processes
+    from tests.pipeline.device_calls import record_devices
     from tff_fedadamom.config import load_config
     from tff_fedadamom.pipeline import run_experiment
     from tff_fedadamom.pipeline.backends import inprocess
@@ -244,12 +246,12 @@ _CHILD = textwrap.dedent("""
     states, used = {}, {}
     for devices in (["CPU:0"], ["CPU:0", "CPU:1"]):
       local = inprocess.InProcessLearningProcess(process, devices=devices)
+      used[len(devices)] = record_devices(local._work)
       state = local.initialize()
       for round_num in (1, 2):
         clients = list(data.train.client_ids)[:4]
         state = local.next(state, client_datasets(config, data, clients, round_num)).state
       states[len(devices)] = [np.asarray(x) for x in tf.nest.flatten(state)]
-      used[len(devices)] = local._work.calls
       local.close()
     equal = len(states[1]) == len(states[2]) and all(
         np.array_equal(a, b) for a, b in zip(states[1], states[2]))
@@ -319,11 +321,12 @@ def test_client_training_runs_on_the_gpu(tmp_path):
   plan = parts_lib.make_plan(config)
   assert all("GPU" in d for d in plan.devices)
   local = backends.build_backend(plan, build_process(config, data, training_loop(plan.devices)))
+  used = record_devices(local._work)  # noqa: SLF001
   tf.config.experimental.reset_memory_stats("GPU:0")
   state = local.next(local.initialize(), client_datasets(
       config, data, list(data.train.client_ids)[:2], 1)).state
   # The training loop's weights and activations were allocated on the GPU.
   assert tf.config.experimental.get_memory_info("GPU:0")["peak"] > 0
-  assert local._work.calls and all("GPU" in d for d in local._work.calls)  # noqa: SLF001
+  assert used and all("GPU" in d for d in used)
   assert all(np.all(np.isfinite(x)) for x in tf.nest.flatten(state))
   local.close()

@@ -18,7 +18,7 @@ from ray import tune
 from tests.tuning.conftest import our_worker_binaries, tiny_base, write_sweep
 from tff_fedadamom.config import load_config
 from tff_fedadamom.metric_names import TEST_ACCURACY, TEST_LOSS
-from tuning import joint, run_sweep
+from tuning import joint, progress, run_sweep
 from tuning.sweep import SweepError
 from tuning.trainable import objective_from_history
 
@@ -74,6 +74,7 @@ def smoke(tmp_path_factory):
   import ray
 
   assert not ray.is_initialized()  # run_sweep shut down the Ray it started
+  assert progress.LIVE == {}  # the sweep's live progress ended with the call
 
 
 def test_sweep_runs_every_trial(smoke):

@@ -359,9 +359,6 @@ class TFComputation:
     parameter = self.type_signature.parameter
     self._param_leaves = type_leaves(parameter) if parameter is not None else []
     self._devices = list(devices)
-    # Calls per device, for the record (`summary.json` names where rounds ran).
-    self.calls: dict[Optional[str], int] = {}
-    self._lock = threading.Lock()
     self._pools = []
     for device in self._devices:
       pool = queue.SimpleQueue()
@@ -377,8 +374,6 @@ class TFComputation:
     """Runs on device `device_index` with the parameter's flat leaves (see
     `flatten_value`); returns the flat result tensors."""
     device = self._devices[device_index % len(self._devices)]
-    with self._lock:
-      self.calls[device] = self.calls.get(device, 0) + 1
     if self.fresh_kernels:
       return _Slot(self._proto, self._param_leaves, device, self._feed)(leaves)
     pool = self._pools[device_index % len(self._pools)]

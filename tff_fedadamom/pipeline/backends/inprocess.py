@@ -281,8 +281,6 @@ class InProcessLearningProcess(ServerCalls):
           self.max_concurrent_clients)
     fused = self._fused[k]
     result = fused(state_leaves, client_args)
-    for device in fused.client_devices:  # where the clients ran, recorded as call by call
-      self._work.calls[device] = self._work.calls.get(device, 0) + 1
     output = self.server.to_python(result)
     release([*created, *result])
     return output
