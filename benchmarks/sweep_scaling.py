@@ -48,6 +48,7 @@ import shutil
 import sys
 import tempfile
 import time
+from typing import Optional
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -266,10 +267,22 @@ def scaling(root: str, trials: int, rounds: int) -> None:
         f"{'OK' if ratio >= 1.6 else 'BELOW GOAL'}", flush=True)
 
 
-def asha(root: str, trials: int, rounds: int, optimizers: list[str]) -> None:
+# Where FedAvg trains without diverging on Fashion-MNIST (client and server
+# learning rates around the quickstart's 0.05 and 1.0): for an ASHA comparison
+# whose trials are stopped for being worse, not for having blown up.
+STABLE_SPACE = {"client.learning_rate": {"dist": "loguniform", "low": 0.01, "high": 0.1},
+                "server.learning_rate": {"dist": "loguniform", "low": 0.5, "high": 2.0}}
+
+
+def asha(root: str, trials: int, rounds: int, optimizers: list[str],
+         model: Optional[str] = None, stable: bool = False) -> None:
   raw = _sweep_file("fmnist_all_optimizers")
   eval_every = raw["base"]["eval_every"]
   raw["optimizers"] = optimizers
+  if model is not None:
+    raw["base"]["model"] = {"name": model}
+  if stable:
+    raw["space"] = dict(STABLE_SPACE)
   raw["budget"] = {"trials_per_optimizer": trials, "rounds": rounds}
   raw["scheduler"]["grace_period"] = eval_every
   raw["metric"]["last_k"] = min(raw["metric"]["last_k"], rounds // eval_every)
@@ -278,7 +291,9 @@ def asha(root: str, trials: int, rounds: int, optimizers: list[str]) -> None:
         f"trials x {rounds} rounds each (the file: {_sweep_file('fmnist_all_optimizers')['budget']}), "
         f"grace period {eval_every}, reduction factor {raw['scheduler']['reduction_factor']}, "
         f"objective: mean of the last {raw['metric']['last_k']} evaluations, "
-        f"{raw['resources']['cpus_per_trial']} CPUs per trial", flush=True)
+        f"{raw['resources']['cpus_per_trial']} CPUs per trial, model "
+        f"{raw['base']['model']['name']}, space {raw['space'] or 'the literature ranges'}",
+        flush=True)
   full = _Run({**copy.deepcopy(raw), "name": "fmnist_full", "scheduler": {"kind": "none"}})
   early = _Run({**copy.deepcopy(raw), "name": "fmnist_asha"})
   for label, run in (("to the end", full), ("ASHA", early)):
@@ -314,6 +329,10 @@ def main(argv=None) -> int:
   parser.add_argument("--fmnist-rounds", type=int, default=20)
   parser.add_argument("--fmnist-optimizers", default="fedadamom",
                       help="comma-separated optimizers of the ASHA comparison")
+  parser.add_argument("--fmnist-model", default=None, help="the model (default: the file's)")
+  parser.add_argument("--stable-space", action="store_true",
+                      help="search STABLE_SPACE (FedAvg's learning rates where trials do not "
+                           "diverge) instead of the literature ranges")
   parser.add_argument("--keep", action="store_true", help="keep the sweep directories")
   args = parser.parse_args(argv)
 
@@ -329,7 +348,8 @@ def main(argv=None) -> int:
       if not args.skip_scaling:
         scaling(root, args.trials, args.rounds)
       if not args.skip_asha:
-        asha(root, args.fmnist_trials, args.fmnist_rounds, args.fmnist_optimizers.split(","))
+        asha(root, args.fmnist_trials, args.fmnist_rounds, args.fmnist_optimizers.split(","),
+             args.fmnist_model, args.stable_space)
       print(f"load average at the end {os.getloadavg()[0]:.2f}", flush=True)
   finally:
     if not args.keep:
