@@ -117,12 +117,15 @@ class CompiledProcess:
 
 
 def compile_process(process) -> CompiledProcess:
-  """A TFF learning process's computations as a `CompiledProcess`.
+  """A TFF learning process's computations as a `CompiledProcess` (one already
+  compiled is returned as it is, so the backends take either).
 
   Raises:
     NotImplementedError: the process uses secure aggregation (the in-process
       backends run plain sums only; `runtime.backend: tff_cpp` runs it).
   """
+  if isinstance(process, CompiledProcess):
+    return process
   import tensorflow_federated as tff
 
   from tff_fedadamom.pipeline.tf_computation import serialize, type_leaves

@@ -223,9 +223,9 @@ class InProcessLearningProcess(ServerCalls):
   def __init__(self, process, devices: Optional[Sequence[str]] = None,
                max_concurrent_clients: Optional[int] = None, client_tensors=None,
                fused_rounds: bool = False):
-    from tff_fedadamom.pipeline.compiled import CompiledProcess, compile_process
+    from tff_fedadamom.pipeline.compiled import compile_process
 
-    compiled = process if isinstance(process, CompiledProcess) else compile_process(process)
+    compiled = compile_process(process)
     self._process = None if process is compiled else process
     self._client_tensors = client_tensors
     self.devices = resolve_devices(devices)

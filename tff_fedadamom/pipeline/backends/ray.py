@@ -201,7 +201,7 @@ class RayLearningProcess(ServerCalls):
     import ray
 
     from tff_fedadamom.config import load_config
-    from tff_fedadamom.pipeline.compiled import CompiledProcess, compile_process
+    from tff_fedadamom.pipeline.compiled import compile_process
 
     if actors < 1:
       raise ValueError(f"actors must be an integer >= 1, found {actors!r}")
@@ -211,7 +211,7 @@ class RayLearningProcess(ServerCalls):
     self._threads = threads or whole_cpus
     self.max_concurrent_clients = (max_concurrent_clients if max_concurrent_clients is not None
                                    else 1 if gpus_per_actor else whole_cpus)
-    compiled = process if isinstance(process, CompiledProcess) else compile_process(process)
+    compiled = compile_process(process)
     self.server = ServerComputations(compiled, inprocess.visible_devices()[0])
     self._computations = {name: compiled.computations[name] for name in CLIENT_COMPUTATIONS}
     self.replacements = 0
