@@ -1,8 +1,14 @@
 """A real sweep end to end on a local Ray: 2 optimizers x 2 trials x 3 rounds of
-logistic regression on digits with ASHA (one rung, at round 2), one trial per
-optimizer with a learning rate that diverges, and one trial whose process is
-killed once Tune has its rung checkpoint (Tune restarts it from there); then
-export, and re-running each exported config reproduces its trial exactly."""
+the CNN (with its two dropout layers) on digits with ASHA (one rung, at round
+2), one trial per optimizer with a learning rate that diverges, and one trial
+whose process is killed once Tune has its rung checkpoint (Tune restarts it from
+there); then export, and re-running each exported config reproduces its trial
+exactly.
+
+A trial runs on its one CPU's thread; the exported config runs as a user would
+run it, on every core of this machine. The CNN's convolutions and matmuls are
+where a thread count could change float reduction order, so this is the sweep
+that shows a trial's numbers do not depend on it."""
 
 import csv
 import json
@@ -52,7 +58,7 @@ def smoke(tmp_path_factory):
   root = tmp_path_factory.mktemp("smoke")
   path = write_sweep(root, {
       "name": "smoke",
-      "base": tiny_base(),
+      "base": tiny_base(model={"name": "cnn"}),
       "optimizers": ["fedavg", "fedadamom"],
       "budget": {"trials_per_optimizer": 2, "rounds": 3},
       "space": {"client.learning_rate": None, "server.epsilon": None,
@@ -155,15 +161,15 @@ def test_exported_configs_reproduce_the_trials(smoke, tmp_path, no_leftover_work
       summary = json.load(f)
     best = exported["best"][optimizer]
     value = objective_from_history(summary["history"], TEST_ACCURACY, LAST_K)
-    assert value == pytest.approx(best["objective"], rel=1e-6, abs=1e-6), optimizer
+    assert value == best["objective"], optimizer
     assert summary["rounds_to_target"] == best["rounds_to_target"]
     # Round for round, the crashed fedavg trial (restarted from its rung
     # checkpoint) included.
     ran = {int(row["round"]): row for row in summary["history"] if TEST_ACCURACY in row}
     assert sorted(ran) == [row["round"] for row in best["history"]] == [1, 2, 3]
     for row in best["history"]:
-      for name in (TEST_ACCURACY, TEST_LOSS):
-        assert ran[row["round"]][name] == pytest.approx(row[name], rel=1e-6, abs=1e-6)
+      for name in (TEST_ACCURACY, TEST_LOSS):  # bit for bit
+        assert ran[row["round"]][name] == row[name], (optimizer, row["round"], name)
   assert exported["best"]["fedavg"]["trial_id"] == crashed
   for name in ("leaderboard.md", "plots/objective_vs_hparams.png",
                "plots/best_learning_curves.png"):
