@@ -56,7 +56,7 @@ from tff_fedadamom.data.sampling import UniformSampler  # noqa: E402
 from tff_fedadamom.pipeline import parts as parts_lib  # noqa: E402
 from tff_fedadamom.pipeline import process as process_lib  # noqa: E402
 from tff_fedadamom.pipeline import backends  # noqa: E402
-from tff_fedadamom.pipeline import tf_computation  # noqa: E402
+from tff_fedadamom.pipeline import py_containers, tf_computation  # noqa: E402
 from tff_fedadamom.pipeline.compiled import compile_process  # noqa: E402
 from tff_fedadamom.pipeline.plan import training_loop  # noqa: E402
 from tff_fedadamom.pipeline.process_cache import ProcessCache  # noqa: E402
@@ -104,7 +104,7 @@ def _prune_seconds(compiled, plan) -> float:
   no longer takes)."""
   work = compiled.computation("work")
   slot = tf_computation._Slot(work._computation_proto,  # noqa: SLF001
-                              tf_computation.type_leaves(work.type_signature.parameter),
+                              py_containers.type_leaves(work.type_signature.parameter),
                               plan.devices[0])
   wrapped = slot._call  # noqa: SLF001
   started = time.perf_counter()

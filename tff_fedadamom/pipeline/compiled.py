@@ -128,7 +128,8 @@ def compile_process(process) -> CompiledProcess:
     return process
   import tensorflow_federated as tff
 
-  from tff_fedadamom.pipeline.tf_computation import serialize, type_leaves
+  from tff_fedadamom.pipeline.py_containers import type_leaves
+  from tff_fedadamom.pipeline.tf_computation import serialize
 
   mrf = tff.backends.mapreduce.get_map_reduce_form_for_computation(process.next)
   for name in _SECURE:

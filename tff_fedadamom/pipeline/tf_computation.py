@@ -19,19 +19,17 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Optional, Sequence
 
-import attrs
 import tensorflow as tf
 from tensorflow_federated.proto.v0 import computation_pb2
-from tensorflow_federated.python.common_libs import structure
 from tensorflow_federated.python.core.impl.types import computation_types
-from tensorflow_federated.python.core.impl.types import type_conversions
 from tensorflow_federated.python.core.impl.types import type_serialization
 from tensorflow_federated.python.core.impl.utils import tensorflow_utils
 from tensorflow_federated.python.tensorflow_libs import serialization_utils
 
 from tff_fedadamom.pipeline.eager_release import release
+from tff_fedadamom.pipeline.py_containers import flatten_value, to_python, type_leaves
 
 _IMPORTS = itertools.count()
 _IMPORT_LOCK = threading.Lock()
@@ -54,70 +52,6 @@ def _binding_leaves(binding) -> list[tuple[str, str]]:
   raise ValueError(f"unsupported TensorFlow binding {kind!r}")
 
 
-def type_leaves(type_spec) -> list:
-  """The TensorType/SequenceType leaves of `type_spec`, in the order of its bindings."""
-  if isinstance(type_spec, computation_types.FederatedType):
-    return type_leaves(type_spec.member)
-  if isinstance(type_spec, computation_types.StructType):
-    return [leaf for _, element in structure.iter_elements(type_spec)
-            for leaf in type_leaves(element)]
-  return [type_spec]
-
-
-def _element_values(value) -> list:
-  """The elements of a container in order, as `structure.from_container(value)`
-  gives them, without its recursive inner function: each call of that leaves
-  one behind in a reference cycle for the garbage collector (about 25 a round)."""
-  if isinstance(value, structure.Struct):
-    return [v for _, v in structure.iter_elements(value)]
-  if attrs.has(type(value)):
-    return list(attrs.asdict(value, recurse=False).values())
-  if isinstance(value, Mapping):
-    return list(value.values())
-  if isinstance(value, (tuple, list)):  # namedtuples too, in field order
-    return list(value)
-  return [v for _, v in structure.iter_elements(structure.from_container(value))]
-
-
-def _flatten(value, type_spec) -> list:
-  """The leaves of `value` (Python containers, Structs, arrays, datasets) in type order."""
-  if isinstance(type_spec, computation_types.FederatedType):
-    return _flatten(value, type_spec.member)
-  if isinstance(type_spec, computation_types.StructType):
-    return [leaf for v, (_, t) in zip(_element_values(value), structure.iter_elements(type_spec))
-            for leaf in _flatten(v, t)]
-  return [value]
-
-
-def flatten_value(value, type_spec, created: Optional[list] = None) -> list:
-  """The leaves of `value` as a TensorFlow computation takes them: tensors, and
-  a dataset's variant tensor (how TFF itself feeds a sequence). The tensors
-  converted here (not the caller's own) are appended to `created`, for
-  `eager_release.release` once the call is done."""
-  out = []
-  for leaf, leaf_type in zip(_flatten(value, type_spec), type_leaves(type_spec)):
-    if isinstance(leaf_type, computation_types.SequenceType):
-      out.append(leaf._variant_tensor)  # noqa: SLF001
-    else:
-      out.append(tf.convert_to_tensor(leaf, leaf_type.dtype))
-      if created is not None and out[-1] is not leaf:
-        created.append(out[-1])
-  return out
-
-
-def _pack(leaves, type_spec):
-  """Inverse of `_flatten`: `structure.Struct`s following `type_spec`."""
-  if isinstance(type_spec, computation_types.FederatedType):
-    return _pack(leaves, type_spec.member)
-  if isinstance(type_spec, computation_types.StructType):
-    return structure.Struct([(name, _pack(leaves, element))
-                             for name, element in structure.iter_elements(type_spec)])
-  return next(leaves)
-
-
-def to_python(leaves, type_spec):
-  """Flat numpy leaves -> the Python containers TFF's own contexts return."""
-  return type_conversions.type_to_py_container(_pack(iter(leaves), type_spec), type_spec)
 
 
 def _rename_functions(graph_def, suffix: str):

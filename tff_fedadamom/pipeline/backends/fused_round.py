@@ -37,7 +37,8 @@ from typing import Sequence
 
 import tensorflow as tf
 
-from tff_fedadamom.pipeline.tf_computation import Feed, _flat_call, _Slot, type_leaves
+from tff_fedadamom.pipeline.py_containers import type_leaves
+from tff_fedadamom.pipeline.tf_computation import Feed, _flat_call, _Slot
 
 
 def _slot(compiled, name: str, device: str, feed=None) -> _Slot:

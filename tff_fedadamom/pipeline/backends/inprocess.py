@@ -41,7 +41,8 @@ import tensorflow as tf
 
 from tff_fedadamom.pipeline.backends.server import ServerCalls, ServerComputations
 from tff_fedadamom.pipeline.eager_release import release
-from tff_fedadamom.pipeline.tf_computation import Feed, TFComputation, flatten_value
+from tff_fedadamom.pipeline.py_containers import flatten_value
+from tff_fedadamom.pipeline.tf_computation import Feed, TFComputation
 
 # The form's computations that run a round's clients: here in one `ClientFold`,
 # on the ray backend in one per actor.

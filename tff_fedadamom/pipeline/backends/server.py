@@ -18,7 +18,8 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from tff_fedadamom.pipeline.eager_release import release
-from tff_fedadamom.pipeline.tf_computation import TFComputation, flatten_value, to_python
+from tff_fedadamom.pipeline.py_containers import flatten_value, to_python
+from tff_fedadamom.pipeline.tf_computation import TFComputation
 
 
 class ServerComputations:
