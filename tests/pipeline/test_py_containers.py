@@ -1,5 +1,5 @@
-"""`py_containers.to_python` (TFF's containers laid out once per type, then filled
-by `tf.nest`) returns exactly what TFF's own `type_to_py_container` returns:
+"""`py_containers.to_python` (TFF's containers laid out once per type, then copied
+with the leaves) returns exactly what TFF's own `type_to_py_container` returns:
 the same container classes, key orders and leaves, on hand-made types and on
 every result type of a real learning process."""
 
@@ -23,8 +23,8 @@ class Weights:
 
 
 class NotANest:
-  """A named container TFF accepts (it has `_fields` and `_asdict`) and `tf.nest`
-  does not know (not a tuple): its types keep TFF's walk."""
+  """A named container TFF accepts (it has `_fields` and `_asdict`) that
+  `py_containers` does not know (not a tuple): its types keep TFF's walk."""
 
   _fields = ("a", "b")
 
@@ -56,7 +56,7 @@ TYPES = {
          ("metrics", tff.StructWithPythonType([("loss", _t(()))], collections.OrderedDict)),
          ("empty", tff.StructWithPythonType([], collections.OrderedDict))],
         collections.OrderedDict), tff.SERVER),
-    "not for tf.nest": tff.StructWithPythonType([("a", _t()), ("b", _t((1,)))], NotANest),
+    "unknown container": tff.StructWithPythonType([("a", _t()), ("b", _t((1,)))], NotANest),
 }
 
 
@@ -95,10 +95,10 @@ def test_same_containers_and_leaves_as_tff(name):
     assert _same(py_containers.to_python(leaves, type_spec), _tff(leaves, type_spec))
 
 
-def test_only_types_tf_nest_cannot_rebuild_keep_tffs_walk():
-  assert py_containers._layout(TYPES["not for tf.nest"]) is None  # noqa: SLF001
+def test_only_types_with_unknown_containers_keep_tffs_walk():
+  assert py_containers._layout(TYPES["unknown container"]) is None  # noqa: SLF001
   for name, type_spec in TYPES.items():
-    if name != "not for tf.nest":
+    if name != "unknown container":
       assert py_containers._layout(type_spec) is not None, name  # noqa: SLF001
 
 

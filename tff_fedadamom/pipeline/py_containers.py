@@ -12,18 +12,19 @@ per struct. For a learning process's `next` (state and metrics, a few dozen
 leaves) that is about 2.5 ms a round, a fifth of a digits/logistic round.
 
 The containers only depend on the type, so the walk is done once per type:
-TFF's own function converts a struct of numbered marks, and `tf.nest`
-records where each mark landed (`tf.nest` knows every container TFF builds
-here: namedtuples, attrs classes such as `ModelWeights`, dicts, lists and
-tuples). A call is then one `tf.nest.pack_sequence_as` of the leaves in that
-order. A type whose containers `tf.nest` does not know (its marks do not all
-come back) keeps TFF's walk on every call.
+TFF's own function converts a struct of numbered marks, and that template
+becomes a function that copies it with each mark's leaf (`_builder`; it knows
+the containers TFF builds here: namedtuples, attrs classes such as
+`ModelWeights`, dicts in their key order, lists and tuples). A type holding
+any other container keeps TFF's walk on every call. (`tf.nest.pack_sequence_as`
+would do the copy too, but in a learning process's rounds it kept one to two
+blocks of memory per call for good; see `tests/pipeline/test_round_memory.py`.)
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import attrs
 import tensorflow as tf
@@ -103,24 +104,51 @@ class _Mark:
     self.index = index
 
 
+def _builder(template) -> Optional[Callable[[Sequence], Any]]:
+  """A function of the flat leaves that makes a fresh copy of `template`, each
+  mark replaced by its leaf; None if `template` holds a container it does not
+  know (TFF's walk then stays)."""
+  if isinstance(template, _Mark):
+    index = template.index
+    return lambda leaves: leaves[index]
+  cls = type(template)
+  if attrs.has(cls):
+    names = [f.name for f in attrs.fields(cls)]
+    if not all(f.init for f in attrs.fields(cls)):
+      return None
+    values = [getattr(template, name) for name in names]
+  elif isinstance(template, dict):
+    names, values = list(template), list(template.values())
+  elif isinstance(template, (list, tuple)):
+    names, values = None, list(template)
+  else:
+    return None
+  parts = [_builder(value) for value in values]
+  if any(part is None for part in parts):
+    return None
+  if attrs.has(cls):
+    return lambda leaves: cls(**{n: part(leaves) for n, part in zip(names, parts)})
+  if names is not None:  # dict, OrderedDict: the template's key order
+    return lambda leaves: cls([(n, part(leaves)) for n, part in zip(names, parts)])
+  if hasattr(cls, "_fields"):  # a namedtuple
+    return lambda leaves: cls(*[part(leaves) for part in parts])
+  return lambda leaves: cls([part(leaves) for part in parts])
+
+
 @functools.lru_cache(maxsize=512)
-def _layout(type_spec) -> Optional[tuple]:
-  """(template, order): TFF's containers for `type_spec` holding marks, and the
-  type-order index of each of `tf.nest`'s leaves; None if `tf.nest` cannot
-  rebuild them."""
+def _layout(type_spec) -> Optional[Callable[[Sequence], Any]]:
+  """The builder of `type_spec`'s containers from its flat leaves (TFF's
+  containers for it, holding marks, copied with leaves for marks); None if
+  `_builder` does not know one of them."""
   count = len(type_leaves(type_spec))
   template = type_conversions.type_to_py_container(
       pack(iter([_Mark(i) for i in range(count)]), type_spec), type_spec)
-  marks = tf.nest.flatten(template)
-  if len(marks) != count or not all(isinstance(m, _Mark) for m in marks):
-    return None
-  return template, tuple(m.index for m in marks)
+  return _builder(template)
 
 
 def to_python(leaves: Sequence, type_spec):
   """Flat leaves (in type order) -> the Python containers TFF's own contexts return."""
-  layout = _layout(type_spec)
-  if layout is None:
+  build = _layout(type_spec)
+  if build is None:
     return type_conversions.type_to_py_container(pack(iter(leaves), type_spec), type_spec)
-  template, order = layout
-  return tf.nest.pack_sequence_as(template, [leaves[i] for i in order])
+  return build(leaves)
