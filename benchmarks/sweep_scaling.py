@@ -108,11 +108,17 @@ class _Run:
     from tuning import run_sweep
 
     with open(os.devnull, "w") as quiet:
-      start = time.perf_counter()
+      start, started_at = time.perf_counter(), time.time()
       result = run_sweep(raw, progress_interval_s=3600, stream=quiet, reuse_workers=reuse,
                          one_experiment=one_experiment)
       self.wall = time.perf_counter() - start
     trials = [r for grid in result.results.values() for r in grid]
+    # Seconds from the call to the first report of any trial (after its first
+    # round): Tune's start, the trial workers' start and warm-up, the first
+    # trial's set-up and round. Tune stamps reports in whole seconds.
+    firsts = [float(r.metrics_dataframe["timestamp"].min()) for r in trials
+              if r.metrics_dataframe is not None and len(r.metrics_dataframe)]
+    self.first_report_s = min(firsts) - started_at if firsts else float("nan")
     self.trials = len(trials)
     self.rounds = sum(int(r.metrics.get(ROUND, 0)) for r in trials)
     totals = [float(r.metrics.get("time_total_s", 0.0)) for r in trials]
@@ -208,6 +214,11 @@ def process_cache(root: str) -> None:
     walls[label] = run.wall
     print(f"  sweep, {label} cache: {run.trials} trials ({run.errors} errored), "
           f"{run.rounds} trial-rounds in {run.wall:6.1f} s", flush=True)
+    print(f"    where it went: first trial report after {run.first_report_s:5.1f} s (Tune's "
+          f"start, the trial workers' start and warm-up, a first round); the trials' rounds "
+          f"{run.round_seconds:5.1f} s and Tune's time_total_s {run.trial_seconds:5.1f} s "
+          f"over {concurrent} slots of {run.wall:5.1f} s (median trial: {run.median_gap:.2f} s "
+          f"besides its rounds)", flush=True)
   runs, loop_wall = _cli_loop(raw, root, concurrent)
   print(f"  the same trials as {runs} separate runs ({raw['budget']['rounds']} rounds each), "
         f"{concurrent} at a time, warm cache: {loop_wall:6.1f} s", flush=True)
