@@ -8,8 +8,9 @@ return.
 
 TFF's `type_conversions.type_to_py_container` walks the result type on every
 call: names checked, container classes looked up, protocol `isinstance` checks
-per struct. For a learning process's `next` (state and metrics, a few dozen
-leaves) that is about 2.5 ms a round, a fifth of a digits/logistic round.
+per struct. For a learning process's `next` (state and metrics) that took 1.2 to
+1.4 ms a call on digits/logistic, about a tenth of its round; the copy below
+takes 0.03 ms.
 
 The containers only depend on the type, so the walk is done once per type:
 TFF's own function converts a struct of numbered marks, and that template
@@ -113,26 +114,31 @@ def _builder(template) -> Optional[Callable[[Sequence], Any]]:
     return lambda leaves: leaves[index]
   cls = type(template)
   if attrs.has(cls):
-    names = [f.name for f in attrs.fields(cls)]
-    if not all(f.init for f in attrs.fields(cls)):
+    fields = attrs.fields(cls)
+    if not all(f.init for f in fields):
       return None
+    names = [f.name for f in fields]
     values = [getattr(template, name) for name in names]
-  elif isinstance(template, dict):
-    names, values = list(template), list(template.values())
+    make = lambda items: cls(**dict(items))  # noqa: E731
+  elif isinstance(template, dict):  # dict, OrderedDict: the template's key order
+    names, values, make = list(template), list(template.values()), cls
   elif isinstance(template, (list, tuple)):
     names, values = None, list(template)
+    make = (lambda items: cls(*items)) if hasattr(cls, "_fields") else cls  # namedtuple
   else:
     return None
   parts = [_builder(value) for value in values]
   if any(part is None for part in parts):
     return None
-  if attrs.has(cls):
-    return lambda leaves: cls(**{n: part(leaves) for n, part in zip(names, parts)})
-  if names is not None:  # dict, OrderedDict: the template's key order
-    return lambda leaves: cls([(n, part(leaves)) for n, part in zip(names, parts)])
-  if hasattr(cls, "_fields"):  # a namedtuple
-    return lambda leaves: cls(*[part(leaves) for part in parts])
-  return lambda leaves: cls([part(leaves) for part in parts])
+  if names is None:
+    return lambda leaves: make([part(leaves) for part in parts])
+  return lambda leaves: make([(n, part(leaves)) for n, part in zip(names, parts)])
+
+
+def walk(leaves: Sequence, type_spec):
+  """TFF's own conversion of flat leaves to its Python containers (a walk of
+  the type on every call)."""
+  return type_conversions.type_to_py_container(pack(iter(leaves), type_spec), type_spec)
 
 
 @functools.lru_cache(maxsize=512)
@@ -140,15 +146,10 @@ def _layout(type_spec) -> Optional[Callable[[Sequence], Any]]:
   """The builder of `type_spec`'s containers from its flat leaves (TFF's
   containers for it, holding marks, copied with leaves for marks); None if
   `_builder` does not know one of them."""
-  count = len(type_leaves(type_spec))
-  template = type_conversions.type_to_py_container(
-      pack(iter([_Mark(i) for i in range(count)]), type_spec), type_spec)
-  return _builder(template)
+  return _builder(walk([_Mark(i) for i in range(len(type_leaves(type_spec)))], type_spec))
 
 
 def to_python(leaves: Sequence, type_spec):
   """Flat leaves (in type order) -> the Python containers TFF's own contexts return."""
   build = _layout(type_spec)
-  if build is None:
-    return type_conversions.type_to_py_container(pack(iter(leaves), type_spec), type_spec)
-  return build(leaves)
+  return walk(leaves, type_spec) if build is None else build(leaves)

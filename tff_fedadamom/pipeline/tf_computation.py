@@ -52,8 +52,6 @@ def _binding_leaves(binding) -> list[tuple[str, str]]:
   raise ValueError(f"unsupported TensorFlow binding {kind!r}")
 
 
-
-
 def _rename_functions(graph_def, suffix: str):
   """Suffixes every function-library name, and every reference to one.
 
