@@ -126,8 +126,11 @@ def optimizer_builds(monkeypatch):
     builds.append(args[:1])
     return build(*args, **kwargs)
 
-  monkeypatch.setattr(registry, "build_server_optimizer", counting)
+  # The package first: its name is lazy (read from the registry), so patching
+  # the registry first would make the package's saved "original" the counter,
+  # and the undo would leave the counter in place for later tests.
   monkeypatch.setattr(optimizers, "build_server_optimizer", counting)
+  monkeypatch.setattr(registry, "build_server_optimizer", counting)
   return builds
 
 
