@@ -31,11 +31,12 @@ STEPS = {
     "tff_fedadamom.config.loader": ["load_config"],
     "tff_fedadamom.session": ["Session.apply"],
     "tff_fedadamom.pipeline.parts": [
-        "make_plan", "build_parts", "learning_process", "data_signature",
+        "make_plan", "build_parts", "learning_process",
         "Evaluator.__init__", "Evaluator.__call__", "initial_state", "layer_labels",
         "PartsCache.get"],
     "tff_fedadamom.pipeline.process": [
-        "load_data", "make_client_tensors", "make_keras_model", "build_server_optimizer"],
+        "load_data", "make_client_tensors", "make_keras_model", "build_server_optimizer",
+        "data_signature"],
     "tff_fedadamom.pipeline.process_cache": ["ProcessCache.load", "process_key"],
     "tff_fedadamom.pipeline.backends.base": ["build_backend"],
     "tff_fedadamom.pipeline.runner": ["_run", "_progress_bar"],

@@ -70,7 +70,7 @@ def test_bundle_rejects_what_it_cannot_read(built):
 
 def test_process_key_ignores_state_hparams_run_settings_and_the_partition_only():
   def process_key(config):
-    signature = parts_lib.data_signature(config, process_lib.load_data(config))
+    signature = process_lib.data_signature(config, process_lib.load_data(config))
     return cache_lib.process_key(
         parts_lib.process_structure(parts_lib.structure_key(config), signature))
 
@@ -86,8 +86,8 @@ def test_process_key_ignores_state_hparams_run_settings_and_the_partition_only()
   assert {process_key(c) for c in same} == {key}
   # A dataset of another input shape (synthetic: 60 features, 10 classes).
   other_data = tiny(data={"name": "synthetic", "num_clients": 8})
-  assert parts_lib.data_signature(other_data, process_lib.load_data(other_data))[
-      "input_shape"] != parts_lib.data_signature(base, process_lib.load_data(base))["input_shape"]
+  assert process_lib.data_signature(other_data, process_lib.load_data(other_data))[
+      "input_shape"] != process_lib.data_signature(base, process_lib.load_data(base))["input_shape"]
   other = [tiny(seed=4), tiny(model={"name": "mlp"}), tiny(client={"local_epochs": 2}),
            tiny(server={"optimizer": "fedadam"}), other_data]
   keys = {process_key(c) for c in other}

@@ -46,7 +46,7 @@ RUN_ONLY_FIELDS = ("output_dir", "name", "rounds", "runtime.threads", "runtime.c
 # Fields of the structure key that the compiled learning process itself does not
 # depend on (where and how rounds run, evaluation and checkpoint cadence): the
 # process cache keys on the rest (`process_structure`). The `data` section goes
-# too: the process sees the data only through `data_signature`, so configs that
+# too: the process sees the data only through `process.data_signature`, so configs that
 # differ only in partition, client count or split seed share one compiled process.
 PROCESS_FREE_FIELDS = ("runtime", "eval_every", "checkpoint_every", "telemetry", "targets",
                        "data")
@@ -179,17 +179,6 @@ def structure_key(config: ExperimentConfig, paths=None) -> str:
   return json.dumps(tree, sort_keys=True, default=repr)
 
 
-def data_signature(config: ExperimentConfig, data) -> dict:
-  """What a learning process built by `process.build_process` sees of `data`:
-  the batched element spec of its clients' datasets (TFF's input spec) and the
-  model's input shape and class count. Nothing else of the data enters a traced
-  computation: examples reach the process as its clients' datasets."""
-  from tff_fedadamom.pipeline import process as process_lib
-
-  return {"input_spec": repr(process_lib.input_spec(config, data)),
-          "input_shape": list(data.input_shape), "num_classes": int(data.num_classes)}
-
-
 def process_structure(key: str, signature: dict) -> str:
   """A `structure_key` without `PROCESS_FREE_FIELDS`, with the `data_signature`
   `signature` in place of the data section: what the config's compiled learning
@@ -280,7 +269,7 @@ def learning_process(config, data, devices=None):
   from tff_fedadamom.pipeline.process_cache import ProcessCache, process_key
 
   return ProcessCache(config.runtime.cache_dir).get_or_build(
-      process_key(process_structure(plan.key, data_signature(config, data))),
+      process_key(process_structure(plan.key, process_lib.data_signature(config, data))),
       lambda: compile_process(build()))
 
 

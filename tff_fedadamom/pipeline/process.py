@@ -9,13 +9,17 @@ client weighting; or, for registry entries that are whole learning processes
 
 from __future__ import annotations
 
+import collections
+import json
+import threading
 from typing import Callable, Optional
 
+import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_fedadamom import models, optimizers
-from tff_fedadamom.config import ExperimentConfig, schema
+from tff_fedadamom.config import ExperimentConfig, config_to_dict, schema
 from tff_fedadamom.data import FederatedData, load_federated_data
 from tff_fedadamom.optimizers.client import build_client_sgd
 
@@ -63,6 +67,17 @@ def input_spec(config: ExperimentConfig, data: FederatedData):
   """The batched element spec TFF's model wrapper needs."""
   cid = data.train.client_ids[0]
   return client_datasets(config, data, [cid], 0)[0].element_spec
+
+
+def data_signature(config: ExperimentConfig, data: FederatedData, spec=None) -> dict:
+  """What a learning process built by `build_process` sees of `data`: the
+  batched element spec of its clients' datasets (TFF's input spec, `spec` if
+  the caller has it) and the model's input shape and class count. Nothing else
+  of the data enters a traced computation: examples reach the process as its
+  clients' datasets."""
+  spec = spec if spec is not None else input_spec(config, data)
+  return {"input_spec": repr(spec), "input_shape": list(data.input_shape),
+          "num_classes": int(data.num_classes)}
 
 
 def make_keras_model(config: ExperimentConfig, data: FederatedData) -> tf.keras.Model:
@@ -152,8 +167,10 @@ def build_process(config: ExperimentConfig, data: Optional[FederatedData] = None
       of processes.
 
   Returns:
-    `build_weighted_fed_avg`, or its optimizer-schedule variant when the client
-    learning rate decays per round; for a registry entry of kind
+    TFF's `build_weighted_fed_avg` process (composed as that builder composes
+    it, with a client work shared by the server optimizers of one model and
+    client options: `_weighted_fed_avg`), or TFF's optimizer-schedule variant
+    when the client learning rate decays per round; for a registry entry of kind
     `LEARNING_PROCESS` (FedCAda, FAFED), the process its builder makes.
   """
   from tff_fedadamom.pipeline.plan import training_loop
@@ -161,7 +178,8 @@ def build_process(config: ExperimentConfig, data: Optional[FederatedData] = None
   data = data if data is not None else load_data(config)
   if loop_implementation is None:
     loop_implementation = training_loop(config.runtime.devices or ())
-  model_fn = make_model_fn(config, data)
+  element_spec = input_spec(config, data)
+  model_fn = make_model_fn(config, data, element_spec)
   client = config.client
   uniform = config.server.client_weighting == "uniform"
   weighting = (tff.learning.ClientWeighting.UNIFORM if uniform
@@ -183,12 +201,10 @@ def build_process(config: ExperimentConfig, data: Optional[FederatedData] = None
                             clip_norm=client.clip_norm)
 
   if client_lr_in_state(config):
-    return tff.learning.algorithms.build_weighted_fed_avg(
-        model_fn,
-        client_optimizer_fn=client_optimizer_fn(client.learning_rate),
-        server_optimizer_fn=server_optimizer,
-        client_weighting=weighting,
-        loop_implementation=loop_implementation)
+    return _weighted_fed_avg(
+        model_fn, client_optimizer_fn(client.learning_rate), server_optimizer, weighting,
+        loop_implementation, client_work_key=_client_work_key(
+            config, data_signature(config, data, element_spec), weighting, loop_implementation))
   lr0, decay = client.learning_rate, client.lr_decay
   return tff.learning.algorithms.build_weighted_fed_avg_with_optimizer_schedule(
       model_fn,
@@ -197,3 +213,73 @@ def build_process(config: ExperimentConfig, data: Optional[FederatedData] = None
       server_optimizer_fn=server_optimizer,
       model_aggregator=_UniformMean() if uniform else None,
       loop_implementation=loop_implementation)
+
+
+# Client works built in this process, by `_client_work_key`, least recently
+# used first. A client work is a function of its key alone (TFF computations
+# hold no state), so one serves every server optimizer of the same model, data
+# signature and client options.
+_CLIENT_WORKS: collections.OrderedDict = collections.OrderedDict()
+_CLIENT_WORKS_KEPT = 8
+_CLIENT_WORKS_LOCK = threading.Lock()
+
+
+def _client_work_key(config: ExperimentConfig, signature: dict, weighting,
+                     loop_implementation) -> str:
+  """What `build_model_delta_client_work` depends on: the model (its section,
+  the seed it is initialized and its dropout seeded with, the data signature it
+  is built for), the client options, the weighting and TFF's loop."""
+  raw = config_to_dict(config)
+  return json.dumps({"model": raw["model"], "seed": config.seed, "client": raw["client"],
+                     "data": signature, "weighting": weighting.name,
+                     "loop": loop_implementation.name}, sort_keys=True)
+
+
+def _shared_client_work(key: str, build: Callable[[], tff.learning.templates.ClientWorkProcess]):
+  """The client work of `key`: built once per process (`build()`), then shared."""
+  with _CLIENT_WORKS_LOCK:
+    if key in _CLIENT_WORKS:
+      _CLIENT_WORKS.move_to_end(key)
+      return _CLIENT_WORKS[key]
+  client_work = build()
+  with _CLIENT_WORKS_LOCK:
+    _CLIENT_WORKS[key] = client_work
+    while len(_CLIENT_WORKS) > _CLIENT_WORKS_KEPT:
+      _CLIENT_WORKS.popitem(last=False)
+  return client_work
+
+
+def _weighted_fed_avg(model_fn, client_optimizer, server_optimizer, weighting,
+                      loop_implementation, client_work_key: str):
+  """`tff.learning.algorithms.build_weighted_fed_avg(model_fn, client_optimizer,
+  server_optimizer, client_weighting=weighting, loop_implementation=...)`, made
+  of the same TFF pieces composed the same way (TFF 0.87's
+  `learning/algorithms/fed_avg.py`), with one change: the client work comes
+  from `_shared_client_work`.
+
+  Why: tracing the client work is most of building a process (digits MLP:
+  1.2 of 2.5 s; Shakespeare char-LSTM: 3.3-4.6 of 5-6.7 s, measured after the
+  first build in a process), and it is the same for every server optimizer of
+  one model, data signature and client options. The builder traces it anew
+  for each; a study or sweep that runs several optimizers in one process
+  traces it once. The process is the builder's: same type signatures and,
+  from the same state and data, the same results (tests/pipeline/test_process.py).
+  """
+
+  @tff.tensorflow.computation()
+  def initial_model_weights_fn():
+    return tff.learning.models.ModelWeights.from_model(model_fn())
+
+  weights_type = initial_model_weights_fn.type_signature.result
+  client_work = _shared_client_work(
+      client_work_key, lambda: tff.learning.templates.build_model_delta_client_work(
+          model_fn, client_optimizer, weighting,
+          metrics_aggregator=tff.learning.metrics.sum_then_finalize,
+          loop_implementation=loop_implementation))
+  aggregator = tff.aggregators.MeanFactory().create(weights_type.trainable,
+                                                     tff.TensorType(np.float32))
+  return tff.learning.templates.compose_learning_process(
+      initial_model_weights_fn,
+      tff.learning.templates.build_broadcast_process(weights_type),
+      client_work, aggregator,
+      tff.learning.templates.build_apply_optimizer_finalizer(server_optimizer, weights_type))
