@@ -94,3 +94,24 @@ def test_one_client_work_per_model_and_client_options(tmp_path, client_work_buil
   build(model={"name": "mlp", "options": {"hidden": [4]}})
   build(client__clip_norm=1.0)
   assert len(client_work_builds) == 4  # so are the model and the client's options
+
+
+def test_cached_builds_share_the_client_work_whatever_the_client_rate(tmp_path,
+                                                                      client_work_builds):
+  """A compiled process is built at the default client learning rate (the
+  state holds the rate; `initial_state` sets each config's), so the rates a
+  sweep samples share one client work."""
+  from tff_fedadamom.pipeline import parts
+
+  states = []
+  for optimizer, rate in (("fedavg", 0.05), ("fedyogi", 0.2)):
+    raw = tiny(tmp_path / optimizer, seed=1103, client__learning_rate=rate,
+               server={"optimizer": optimizer, "learning_rate": 1.0},
+               runtime={"cache": False})
+    plan = parts.make_plan(raw)
+    built = parts.build_parts(plan)
+    states.append(built.process.get_hparams(parts.initial_state(plan, built.process)))
+    built.process.close()
+  assert len(client_work_builds) == 1
+  assert [s["client_work"]["learning_rate"] for s in states] == \
+      [pytest.approx(0.05), pytest.approx(0.2)]

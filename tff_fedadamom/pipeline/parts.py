@@ -32,7 +32,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from tff_fedadamom.config import ExperimentConfig, config_to_dict
+from tff_fedadamom.config import ExperimentConfig, config_to_dict, schema
 from tff_fedadamom.metric_names import LOSS, TEST_ACCURACY, TEST_LOSS
 from tff_fedadamom.pipeline.plan import RunPlan
 
@@ -258,19 +258,27 @@ def learning_process(config, data, devices=None):
   config = plan.config
   devices = plan.devices if devices is None else devices
 
-  def build():
+  def build(config):
     return process_lib.build_process(config, data, training_loop(devices),
                                      server_optimizer=plan.server_optimizer)
 
   if plan.backend == TFF_CPP:
-    return build()
+    return build(config)
+  # A compiled process serves every config of its structure, whose values
+  # `initial_state` sets; so it is built at the default client learning rate
+  # when the state holds the rate, and the rates a sweep samples share one
+  # traced client work (`process._weighted_fed_avg`).
+  built_from = config
+  if "client.learning_rate" in plan.state_paths:
+    built_from = dataclasses.replace(config, client=dataclasses.replace(
+        config.client, learning_rate=schema.ClientConfig().learning_rate))
   if not config.runtime.cache:
-    return compile_process(build())
+    return compile_process(build(built_from))
   from tff_fedadamom.pipeline.process_cache import ProcessCache, process_key
 
   return ProcessCache(config.runtime.cache_dir).get_or_build(
       process_key(process_structure(plan.key, process_lib.data_signature(config, data))),
-      lambda: compile_process(build()))
+      lambda: compile_process(build(built_from)))
 
 
 def initial_state(config, process):
