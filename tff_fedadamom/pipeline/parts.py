@@ -129,6 +129,10 @@ def layer_labels(keras_model) -> list[str]:
   return labels
 
 
+# The config path of the client learning rate, where the process state holds it.
+CLIENT_LR_PATH = "client.learning_rate"
+
+
 def state_hparams(config: ExperimentConfig, optimizer=None) -> dict[str, tuple[str, str]]:
   """Config paths whose values live in the process state -> where they sit in
   `process.get_hparams(state)` (a (component, hparam) pair).
@@ -154,7 +158,7 @@ def state_hparams(config: ExperimentConfig, optimizer=None) -> dict[str, tuple[s
   out = {f"server.{name}": ("finalizer", name)
          for name in config.server.hparams if name in held}
   if process_lib.client_lr_in_state(config):
-    out["client.learning_rate"] = ("client_work", "learning_rate")
+    out[CLIENT_LR_PATH] = ("client_work", "learning_rate")
   return out
 
 
@@ -269,7 +273,7 @@ def learning_process(config, data, devices=None):
   # when the state holds the rate, and the rates a sweep samples share one
   # traced client work (`process._weighted_fed_avg`).
   built_from = config
-  if "client.learning_rate" in plan.state_paths:
+  if CLIENT_LR_PATH in plan.state_paths:
     built_from = dataclasses.replace(config, client=dataclasses.replace(
         config.client, learning_rate=schema.ClientConfig().learning_rate))
   if not config.runtime.cache:
