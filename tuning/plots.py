@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 from matplotlib.ticker import NullLocator
 
-from tff_fedadamom.figures import new_figure, save_figure
+from tff_fedadamom.figures import margins_in_inches, new_figure, save_figure
 from tff_fedadamom.metric_names import ROUND
 from tuning import space as space_lib
 from tuning.best import TrialRecord
@@ -36,10 +36,7 @@ def _objective_vs_hparams(records_by_opt: Mapping[str, list[TrialRecord]],
   rows = len(sweep.optimizers)
   width, height = 3.6 * columns, 2.8 * rows
   fig, axes = new_figure(figsize=(width, height), nrows=rows, ncols=columns, squeeze=False)
-  # Fixed margins in inches rather than tight_layout, which measures every
-  # tick label of every axis: 10 s of a quickstart sweep's export for 10 x 4 axes.
-  fig.subplots_adjust(left=0.85 / width, right=1 - 0.15 / width, bottom=0.5 / height,
-                      top=1 - 0.45 / height, wspace=0.3, hspace=0.45)
+  margins_in_inches(fig, left=0.85, right=0.15, bottom=0.5, top=0.45, wspace=0.3)
   for i, optimizer in enumerate(sweep.optimizers):
     records = [r for r in records_by_opt.get(optimizer, []) if r.ran]
     dimensions = list(spaces[optimizer].tuned.items())
@@ -107,5 +104,5 @@ def _best_curves(best: Mapping[str, Any], sweep: Sweep, path: str) -> str:
   ax.grid(alpha=0.3)
   if best:
     ax.legend(fontsize=8)
-  fig.tight_layout()
+  margins_in_inches(fig, top=0.35)
   return save_figure(fig, path)

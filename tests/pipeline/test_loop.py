@@ -233,8 +233,9 @@ def test_a_runs_release_calls_run_in_the_calling_thread():
 
 def test_a_checkpoint_collects_the_cycles_its_save_left_at_most_so_often():
   """A SavedModel save leaves traced graphs in reference cycles that only a full
-  collection frees; the hook runs one after a save, unless the last took more
-  than `COLLECT_SHARE` of the time since."""
+  collection frees; the hook runs one after a save, unless the last (before
+  the first: `FIRST_COLLECT_S`) took more than `COLLECT_SHARE` of the time
+  since (since the run's start)."""
   import gc
   import weakref
 
@@ -257,10 +258,14 @@ def test_a_checkpoint_collects_the_cycles_its_save_left_at_most_so_often():
   gc.disable()  # no automatic collection frees the cycles here
   try:
     hook.end_round(RoundEnd(1, 0.0, {ROUND: 1}, [], False, None))
-    assert left[0]() is None  # collected after the save
-    hook._collect_s = 3600.0  # noqa: SLF001 - as if the last collection took an hour
+    assert left[0]() is not None  # a run that just started: no collection yet
+    # As if the run had started FIRST_COLLECT_S / COLLECT_SHARE seconds ago.
+    hook._collected_at -= hooks.FIRST_COLLECT_S / hooks.COLLECT_SHARE  # noqa: SLF001
     hook.end_round(RoundEnd(2, 0.0, {ROUND: 2}, [], False, None))
-    assert left[1]() is not None  # too soon for another one
+    assert left[0]() is None and left[1]() is None  # collected after the save
+    hook._collect_s = 3600.0  # noqa: SLF001 - as if the last collection took an hour
+    hook.end_round(RoundEnd(3, 0.0, {ROUND: 3}, [], False, None))
+    assert left[2]() is not None  # too soon for another one
   finally:
     if enabled:
       gc.enable()

@@ -173,6 +173,11 @@ class Release(RoundHook):
 
 # The largest share of a run's time the collections after its checkpoints take.
 COLLECT_SHARE = 0.02
+# What a run's first collection is assumed to cost before one was timed: the
+# upper end of those measured after a save. So a run collects first after
+# FIRST_COLLECT_S / COLLECT_SHARE = 25 s; shorter runs (a sweep's trials, a
+# study's units) leave their few saves' garbage to Python's own collector.
+FIRST_COLLECT_S = 0.5
 
 
 class Checkpoint(RoundHook):
@@ -186,8 +191,10 @@ class Checkpoint(RoundHook):
   are a quarter of those it tracks (about 500,000 in a digits/logistic run), so
   the garbage of many saves piles up meanwhile. A full collection there takes
   0.3-0.6 s: one runs after a save when the run has spent at least
-  `1 / COLLECT_SHARE` times as long since the last one as that one took, so
-  that they cost at most that share of the run's time.
+  `1 / COLLECT_SHARE` times as long since the last one (or since its start) as
+  that one took (`FIRST_COLLECT_S` before the first), so that they cost at most
+  that share of the run's time. A collection at every run's first save cost a
+  warm 6-round sweep trial of 3.8 s about 1 s in a worker's large heap.
   """
 
   def __init__(self, manager, every: int, run_async: Callable = asyncio.run):
@@ -195,7 +202,7 @@ class Checkpoint(RoundHook):
     self._every = every
     self._run = run_async
     self._collected_at = time.perf_counter()
-    self._collect_s = 0.0
+    self._collect_s = FIRST_COLLECT_S
 
   def end_round(self, end: RoundEnd) -> None:
     from tff_fedadamom.pipeline import resume

@@ -21,7 +21,7 @@ import os
 from typing import Any, Iterable, Mapping, Optional
 
 from tff_fedadamom.atomic_io import atomic_write_json, atomic_write_text
-from tff_fedadamom.figures import new_figure, save_figure
+from tff_fedadamom.figures import margins_in_inches, new_figure, save_figure
 from tff_fedadamom.metric_names import (
     BETA1_MEAN,
     FRAC_BETA1_AT_0,
@@ -185,7 +185,7 @@ def plot_curves(runs: Mapping[str, list[Mapping[str, Any]]], path: str,
       ax.legend(fontsize=8)
   if title:
     fig.suptitle(title)
-  fig.tight_layout()
+  margins_in_inches(fig, top=0.6 if title else 0.35)
   save_figure(fig, path)
 
 
@@ -219,6 +219,6 @@ def plot_telemetry(runs: Mapping[str, list[Mapping[str, Any]]], path: str) -> bo
     ax.grid(alpha=0.3)
     if ax.lines:
       ax.legend(fontsize=7)
-  fig.tight_layout()
+  margins_in_inches(fig, top=0.35)
   save_figure(fig, path)
   return True
