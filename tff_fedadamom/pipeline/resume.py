@@ -27,6 +27,8 @@ import shutil
 import time
 from typing import Any, Optional
 
+import numpy as np
+
 from tff_fedadamom.config import ConfigError, ExperimentConfig, config_to_dict, load_config
 from tff_fedadamom.config.loader import first_difference
 from tff_fedadamom.pipeline import outputs
@@ -66,20 +68,79 @@ def state_manager(output_dir: str):
       keep_first=False)
 
 
+def pack_leaves(leaves) -> list:
+  """The leaves as one 1-D array per dtype, in the order each dtype first
+  appears, each leaf raveled in turn: what a checkpoint holds (`save_state`).
+
+  TFF's saver writes every value of the list it is given as a variable of a
+  SavedModel, and its time grows with their number: 0.11 s for 1 array, 0.42 s
+  for 30, 1.2 s for 100 (measured on 10x10 float32 arrays). A learning
+  process's state has tens of leaves (hundreds for ResNet-18), and a trial
+  saves several times in a run of seconds.
+  """
+  groups: dict = {}
+  for leaf in leaves:
+    value = np.asarray(leaf)
+    groups.setdefault(value.dtype.str, []).append(value.ravel())
+  return [np.concatenate(parts) for parts in groups.values()]
+
+
+def unpack_leaves(packed, like) -> list:
+  """The leaves `pack_leaves` packed, with the shapes and dtypes of `like`
+  (the initial state's leaves). A checkpoint written with one array per leaf
+  (before packing) is returned as it is.
+
+  Raises:
+    ValueError: `packed` holds neither layout of `like`'s leaves.
+  """
+  like = [np.asarray(leaf) for leaf in like]
+  packed = [np.asarray(value) for value in packed]
+  if len(packed) == len(like) and all(p.shape == l.shape and p.dtype == l.dtype
+                                      for p, l in zip(packed, like)):
+    return packed
+  sizes: dict = {}
+  for leaf in like:
+    sizes[leaf.dtype.str] = sizes.get(leaf.dtype.str, 0) + leaf.size
+  if [(v.dtype.str, v.shape) for v in packed] != [(d, (n,)) for d, n in sizes.items()]:
+    raise ValueError(f"a checkpoint of {len(packed)} arrays does not hold this run's state "
+                     f"({len(like)} leaves)")
+  arrays, offsets = dict(zip(sizes, packed)), dict.fromkeys(sizes, 0)
+  out = []
+  for leaf in like:
+    start = offsets[leaf.dtype.str]
+    offsets[leaf.dtype.str] = start + leaf.size
+    out.append(arrays[leaf.dtype.str][start:start + leaf.size].reshape(leaf.shape))
+  return out
+
+
 def save_state(manager, state, round_num: int, run_async=asyncio.run) -> None:
   """Saves `state` as round `round_num`'s checkpoint (the coroutine run by
   `run_async`: a run passes its `hooks.EventLoop`).
 
-  The state is saved flat: TFF's saver cannot serialize the dicts inside
-  `LearningAlgorithmState`, and the initial state gives the structure back.
+  The state is saved flat and packed (`pack_leaves`): TFF's saver cannot
+  serialize the dicts inside `LearningAlgorithmState`, and the initial state
+  gives the structure, shapes and dtypes back.
   """
   import tensorflow as tf
 
-  run_async(manager.save(tf.nest.flatten(state), version=round_num))
+  run_async(manager.save(pack_leaves(tf.nest.flatten(state)), version=round_num))
 
 
-def load_checkpoint(manager, structure, root_dir: str, at_most: Optional[int] = None):
-  """(The newest checkpoint that loads, its round); falls back past corrupt ones.
+def _load_leaves(manager, version: int, like) -> list:
+  """The leaves of checkpoint `version`, shaped as `like` (packed, or one array
+  per leaf as written before packing: TFF's loader wants the saved layout)."""
+  error = None
+  for layout in (pack_leaves(like), list(like)):
+    try:
+      return unpack_leaves(asyncio.run(manager.load(version, layout)), like)
+    except Exception as e:  # noqa: BLE001 - the other layout, then the caller's handling
+      error = error or e
+  raise error
+
+
+def load_checkpoint(manager, like, root_dir: str, at_most: Optional[int] = None):
+  """(The leaves of the newest checkpoint that loads, its round), shaped as the
+  leaves `like`; falls back past corrupt ones.
 
   An unreadable checkpoint is moved aside to `checkpoints_corrupt/` (kept for
   inspection), so that the round can be saved again when the run redoes it.
@@ -90,7 +151,7 @@ def load_checkpoint(manager, structure, root_dir: str, at_most: Optional[int] = 
     versions = [v for v in versions if v <= at_most]
   for version in sorted(versions, reverse=True):
     try:
-      return asyncio.run(manager.load(version, structure)), version
+      return _load_leaves(manager, version, like), version
     except Exception as e:  # noqa: BLE001 - any unreadable checkpoint is skipped
       logger.warning("checkpoint of round %d is unreadable (%s); trying an older one",
                      version, str(e).splitlines()[0][:200])
@@ -117,10 +178,11 @@ def _restored(manager, initial, root_dir: str, at_most: Optional[int] = None):
   """(state, round) of the newest loadable checkpoint, or (initial, 0)."""
   import tensorflow as tf
 
-  flat, round_num = load_checkpoint(manager, tf.nest.flatten(initial), root_dir, at_most)
+  leaves = tf.nest.flatten(initial)
+  flat, round_num = load_checkpoint(manager, leaves, root_dir, at_most)
   if flat is None:
     return initial, 0
-  return tf.nest.pack_sequence_as(initial, list(flat)), round_num
+  return tf.nest.pack_sequence_as(initial, flat), round_num
 
 
 def restore(manager, initial, output_dir: str) -> tuple[Any, int]:
