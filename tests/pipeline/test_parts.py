@@ -164,8 +164,10 @@ def test_the_structure_key_resolves_no_hparam_again(optimizer, monkeypatch):
   def refuse(*args, **kwargs):
     raise AssertionError("hparams resolved again")
 
-  monkeypatch.setattr(registry, "resolve_hparams", refuse)
+  # The package first: its name is a lazy export read from the registry, so
+  # patched second it would save the patch as its original, and keep it.
   monkeypatch.setattr(optimizers, "resolve_hparams", refuse, raising=False)
+  monkeypatch.setattr(registry, "resolve_hparams", refuse)
   with pytest.raises(AssertionError, match="resolved again"):  # the patch catches one
     optimizers.resolve_hparams(optimizer)
   key = parts_lib.structure_key(config)
@@ -247,7 +249,7 @@ def test_the_evaluator_compiles_and_batches_at_its_first_use(tmp_path):
   (neither is needed before round 1); the first evaluation does both."""
   parts = parts_lib.build_parts(tiny(tmp_path / "r"))
   assert not parts.keras_model._is_compiled  # noqa: SLF001
-  assert parts.evaluator._dataset is None  # noqa: SLF001
+  assert parts.evaluator._batches is None  # noqa: SLF001
   state = parts_lib.initial_state(tiny(tmp_path / "r"), parts.process)
   metrics = parts.evaluator(parts.process, state)
   assert parts.keras_model._is_compiled and 0.0 <= metrics["test/accuracy"] <= 1.0  # noqa: SLF001
