@@ -33,7 +33,7 @@ from typing import Any, Optional
 import numpy as np
 
 from tff_fedadamom.config import ExperimentConfig, config_to_dict, schema
-from tff_fedadamom.metric_names import LOSS, TEST_ACCURACY, TEST_LOSS
+from tff_fedadamom.pipeline.evaluation import Evaluator
 from tff_fedadamom.pipeline.plan import RunPlan
 
 # Settings of a run that no part depends on: where it writes, what it is called,
@@ -52,48 +52,6 @@ PROCESS_FREE_FIELDS = ("runtime", "eval_every", "checkpoint_every", "telemetry",
                        "data")
 
 
-class Evaluator:
-  """Centralized evaluation of the global model on the held-out test set.
-
-  The model is compiled and the test set batched when first needed (the first
-  evaluation, or `compiled_model`), not before a run's first round."""
-
-  def __init__(self, config, data, keras_model):
-    self._config, self._data = config, data
-    self._model = keras_model
-    self._compiled = False
-    self._dataset = None
-
-  def compiled_model(self):
-    """The Keras model, compiled with the task's loss and metrics (as it is saved)."""
-    from tff_fedadamom import models
-
-    if not self._compiled:
-      loss_factory, metric_factories = models.loss_and_metrics(
-          models.MODELS[self._config.model.name].task)
-      self._model.compile(loss=loss_factory(), metrics=[m() for m in metric_factories])
-      self._compiled = True
-    return self._model
-
-  def _test_set(self):
-    from tff_fedadamom.data import test_dataset
-
-    if self._dataset is None:
-      # Keras' evaluate wants (x, y) pairs, not the OrderedDicts TFF trains on.
-      self._dataset = test_dataset(self._data.test, self._config.data.eval_batch_size).map(
-          lambda e: (e["x"], e["y"]))
-    return self._dataset
-
-  def __call__(self, process, state) -> dict[str, float]:
-    from tff_fedadamom.models import ACCURACY_METRIC
-
-    model = self.compiled_model()
-    process.get_model_weights(state).assign_weights_to(model)
-    result = model.evaluate(self._test_set(), verbose=0, return_dict=True)
-    return {TEST_LOSS: float(result[LOSS]),
-            TEST_ACCURACY: float(result[ACCURACY_METRIC])}
-
-
 @dataclasses.dataclass(frozen=True)
 class ExperimentParts:
   """What `run_experiment` builds before its first round, for one structure key.
@@ -106,7 +64,7 @@ class ExperimentParts:
       `close`).
     keras_model: The model the global weights are evaluated and saved with.
     layer_names: `layer_labels(keras_model)`.
-    evaluator: An `Evaluator` over `keras_model`.
+    evaluator: An `evaluation.Evaluator` over `keras_model`.
   """
 
   key: str

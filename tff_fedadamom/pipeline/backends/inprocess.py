@@ -81,7 +81,7 @@ def resolve_devices(devices: Optional[Sequence[str]]) -> list[str]:
   return out
 
 
-def _cpu_threads() -> int:
+def cpu_threads() -> int:
   """TensorFlow's inter-op threads: how many clients' kernels can run side by side."""
   from tff_fedadamom.session import cpu_count
 
@@ -115,7 +115,7 @@ class ClientFold:
           f"max_concurrent_clients must be an integer >= 1 or None, found {max_concurrent_clients!r}")
     devices = list(devices)
     if max_concurrent_clients is None:
-      max_concurrent_clients = (_cpu_threads() if devices[0].endswith("CPU:0") and len(devices) == 1
+      max_concurrent_clients = (cpu_threads() if devices[0].endswith("CPU:0") and len(devices) == 1
                                 else len(devices))
     self.max_concurrent_clients = max(max_concurrent_clients, len(devices))
     slots = -(-self.max_concurrent_clients // len(devices))

@@ -1,0 +1,113 @@
+"""Centralized evaluation of the global model on the held-out test set.
+
+The numbers are Keras' `model.evaluate`'s, bit for bit; the batches run side
+by side. Each kernel of a run runs on one thread (`tff_fedadamom.session`), so
+`evaluate`, one batch after another, used one core: on the quickstart CNN its
+10,000 test images took 6.6 s per evaluation, as long as 2.7 rounds.
+
+Why the numbers stay Keras': `evaluate` keeps its loss and each metric as a
+float32 running (total, count), adding each batch's contribution in batch order.
+Here every batch computes its contribution with Keras' own objects (the loss
+object and a fresh metric instance updated once, as `evaluate`'s step does),
+on the model called as `evaluate` calls it; the contributions are then added
+in batch order, in float32, and each result is `total / count`. Float32
+addition and division are exact IEEE operations wherever they run, so which
+thread ran a batch, and when, changes nothing.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import numpy as np
+
+from tff_fedadamom.metric_names import TEST_ACCURACY, TEST_LOSS
+
+
+def _threads() -> int:
+  """How many batches run at once: as many as clients do (TensorFlow's inter-op
+  threads, each batch's kernels on one)."""
+  from tff_fedadamom.pipeline.backends.inprocess import cpu_threads
+
+  return cpu_threads()
+
+
+def _combine(contributions) -> np.float32:
+  """`total / count` of (total, count) float32 pairs added in order, as a Keras
+  `Reduce` metric accumulates them."""
+  total, count = np.float32(0.0), np.float32(0.0)
+  for batch_total, batch_count in contributions:
+    total = np.float32(total + np.float32(batch_total))
+    count = np.float32(count + np.float32(batch_count))
+  return np.float32(total / count) if count else np.float32(0.0)
+
+
+class Evaluator:
+  """Test loss and accuracy of a learning process's global model.
+
+  The model is compiled and the test set batched when first needed (the first
+  evaluation, or `compiled_model`), not before a run's first round.
+
+  Args:
+    config: The run's config (model section and `data.eval_batch_size`).
+    data: Its `FederatedData` (the test split).
+    keras_model: The model the global weights are assigned to.
+  """
+
+  def __init__(self, config, data, keras_model):
+    self._config, self._data = config, data
+    self._model = keras_model
+    self._compiled = False
+    self._batches = None
+    self._predict = None
+
+  def compiled_model(self):
+    """The Keras model, compiled with the task's loss and metrics (as it is saved)."""
+    from tff_fedadamom import models
+
+    if not self._compiled:
+      loss_factory, self._metric_factories = models.loss_and_metrics(
+          models.MODELS[self._config.model.name].task)
+      self._model.compile(loss=loss_factory(), metrics=[m() for m in self._metric_factories])
+      self._compiled = True
+    return self._model
+
+  def _test_batches(self) -> list:
+    """The test set as (x, y) tensors, one pair per batch, made once."""
+    import tensorflow as tf
+
+    from tff_fedadamom.data import test_dataset
+
+    if self._batches is None:
+      batches = test_dataset(self._data.test, self._config.data.eval_batch_size)
+      self._batches = [(b["x"], b["y"]) for b in batches]
+      model = self._model
+      # The forward pass of `evaluate`'s step, traced once per batch shape.
+      self._predict = tf.function(lambda x: model(x, training=False))
+    return self._batches
+
+  def _contributions(self, x, y) -> list:
+    """One batch's (total, count) for the loss, then for each metric: what
+    `evaluate`'s step adds to each running mean for this batch."""
+    import tensorflow as tf
+
+    y_pred = self._predict(x)
+    loss = tf.keras.metrics.Mean()  # Keras' loss tracker: the batch mean loss, weighted by its size
+    loss.update_state(self._model.compiled_loss(y, y_pred, regularization_losses=self._model.losses),
+                      sample_weight=tf.shape(y)[0])
+    out = [loss]
+    for factory in self._metric_factories:
+      metric = factory()
+      metric.update_state(y, y_pred)
+      out.append(metric)
+    return [(m.total.numpy(), m.count.numpy()) for m in out]
+
+  def __call__(self, process, state) -> dict[str, float]:
+    model = self.compiled_model()
+    process.get_model_weights(state).assign_weights_to(model)
+    batches = self._test_batches()
+    with concurrent.futures.ThreadPoolExecutor(
+        max(1, min(_threads(), len(batches))), thread_name_prefix="tff-eval") as pool:
+      per_batch = list(pool.map(lambda b: self._contributions(*b), batches))
+    loss, accuracy = (_combine(parts) for parts in list(zip(*per_batch))[:2])
+    return {TEST_LOSS: float(loss), TEST_ACCURACY: float(accuracy)}
+
