@@ -7,9 +7,9 @@ by side. Each kernel of a run runs on one thread (`tff_fedadamom.session`), so
 
 Why the numbers stay Keras': `evaluate` keeps its loss and each metric as a
 float32 running (total, count), adding each batch's contribution in batch order.
-Here every batch computes its contribution with Keras' own objects (the loss
-object and a fresh metric instance updated once, as `evaluate`'s step does),
-on the model called as `evaluate` calls it; the contributions are then added
+Here every batch computes its contribution with Keras' own objects (the
+model's compiled loss container and a fresh instance of each metric, updated
+once, as `evaluate`'s step does), on the model called as `evaluate` calls it; the contributions are then added
 in batch order, in float32, and each result is `total / count`. Float32
 addition and division are exact IEEE operations wherever they run, so which
 thread ran a batch, and when, changes nothing.
@@ -18,6 +18,7 @@ thread ran a batch, and when, changes nothing.
 from __future__ import annotations
 
 import concurrent.futures
+
 import numpy as np
 
 from tff_fedadamom.metric_names import TEST_ACCURACY, TEST_LOSS
@@ -91,7 +92,9 @@ class Evaluator:
     import tensorflow as tf
 
     y_pred = self._predict(x)
-    loss = tf.keras.metrics.Mean()  # Keras' loss tracker: the batch mean loss, weighted by its size
+    # Keras' loss tracker: the batch's mean loss, weighted by its size. (The
+    # container also updates the model's own tracker, which nothing here reads.)
+    loss = tf.keras.metrics.Mean()
     loss.update_state(self._model.compiled_loss(y, y_pred, regularization_losses=self._model.losses),
                       sample_weight=tf.shape(y)[0])
     out = [loss]
