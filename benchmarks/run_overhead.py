@@ -67,17 +67,16 @@ def main(argv=None) -> int:
   parser.add_argument("--rounds", type=int, default=None, help="default: the config's")
   args = parser.parse_args(argv)
   with tempfile.TemporaryDirectory() as tmp:
-    overrides = [f"output_dir={os.path.join(tmp, 'warm-up')}"]
-    if args.rounds is not None:
-      overrides.append(f"rounds={args.rounds}")
-    base = load_config(args.config, overrides=overrides)
+    round_override = [] if args.rounds is None else [f"rounds={args.rounds}"]
+    base = load_config(args.config,
+                       overrides=[*round_override, f"output_dir={os.path.join(tmp, 'warm-up')}"])
     parts = parts_lib.build_parts(parts_lib.make_plan(base))
     try:
       parts_lib.warm_up(base, parts)
       times = {"rounds": [], "run": []}
       for i in range(args.repeats):
         plan = parts_lib.make_plan(load_config(
-            args.config, overrides=[*overrides[1:], f"output_dir={os.path.join(tmp, f'run{i}')}"]))
+            args.config, overrides=[*round_override, f"output_dir={os.path.join(tmp, f'run{i}')}"]))
         times["rounds"].append(rounds_only(plan, parts))
         times["run"].append(whole_run(plan, parts))
     finally:

@@ -12,6 +12,7 @@ from tff_fedadamom.metric_names import LOSS, TEST_ACCURACY, TEST_LOSS
 from tff_fedadamom.models import ACCURACY_METRIC
 from tff_fedadamom.pipeline import evaluation
 from tff_fedadamom.pipeline import process as process_lib
+from tff_fedadamom.pipeline.backends import inprocess
 
 CASES = {
     "logistic": dict(data={"name": "digits", "num_clients": 8, "eval_batch_size": 50}),
@@ -56,7 +57,7 @@ def test_evaluator_equals_keras_evaluate_bit_for_bit(tmp_path, case, monkeypatch
   rng = np.random.default_rng(0)
   batches = 0
   for threads in (1, 3):
-    monkeypatch.setattr(evaluation, "_threads", lambda n=threads: n)
+    monkeypatch.setattr(inprocess, "cpu_threads", lambda n=threads: n)
     state = [w + rng.normal(scale=0.3, size=w.shape).astype(w.dtype)
              for w in model.get_weights()]
     ours = evaluator(_Process(), state)

@@ -9,8 +9,9 @@ Why the numbers stay Keras': `evaluate` keeps its loss and each metric as a
 float32 running (total, count), adding each batch's contribution in batch order.
 Here every batch computes its contribution with Keras' own objects (the
 model's compiled loss container and a fresh instance of each metric, updated
-once, as `evaluate`'s step does), on the model called as `evaluate` calls it; the contributions are then added
-in batch order, in float32, and each result is `total / count`. Float32
+once, as `evaluate`'s step does), on the model called as `evaluate` calls it;
+the contributions are then added in batch order, in float32, and each result
+is `total / count`. Float32
 addition and division are exact IEEE operations wherever they run, so which
 thread ran a batch, and when, changes nothing.
 """
@@ -22,14 +23,6 @@ import concurrent.futures
 import numpy as np
 
 from tff_fedadamom.metric_names import TEST_ACCURACY, TEST_LOSS
-
-
-def _threads() -> int:
-  """How many batches run at once: as many as clients do (TensorFlow's inter-op
-  threads, each batch's kernels on one)."""
-  from tff_fedadamom.pipeline.backends.inprocess import cpu_threads
-
-  return cpu_threads()
 
 
 def _combine(contributions) -> np.float32:
@@ -66,24 +59,24 @@ class Evaluator:
     from tff_fedadamom import models
 
     if not self._compiled:
+      import tensorflow as tf
+
       loss_factory, self._metric_factories = models.loss_and_metrics(
           models.MODELS[self._config.model.name].task)
       self._model.compile(loss=loss_factory(), metrics=[m() for m in self._metric_factories])
+      model = self._model
+      # The forward pass of `evaluate`'s step, traced once per batch shape.
+      self._predict = tf.function(lambda x: model(x, training=False))
       self._compiled = True
     return self._model
 
   def _test_batches(self) -> list:
     """The test set as (x, y) tensors, one pair per batch, made once."""
-    import tensorflow as tf
-
     from tff_fedadamom.data import test_dataset
 
     if self._batches is None:
       batches = test_dataset(self._data.test, self._config.data.eval_batch_size)
       self._batches = [(b["x"], b["y"]) for b in batches]
-      model = self._model
-      # The forward pass of `evaluate`'s step, traced once per batch shape.
-      self._predict = tf.function(lambda x: model(x, training=False))
     return self._batches
 
   def _contributions(self, x, y) -> list:
@@ -105,12 +98,14 @@ class Evaluator:
     return [(m.total.numpy(), m.count.numpy()) for m in out]
 
   def __call__(self, process, state) -> dict[str, float]:
+    from tff_fedadamom.pipeline.backends import inprocess
+
     model = self.compiled_model()
     process.get_model_weights(state).assign_weights_to(model)
     batches = self._test_batches()
+    # As many batches at once as clients run (each batch's kernels on one thread).
     with concurrent.futures.ThreadPoolExecutor(
-        max(1, min(_threads(), len(batches))), thread_name_prefix="tff-eval") as pool:
+        max(1, min(inprocess.cpu_threads(), len(batches))), thread_name_prefix="tff-eval") as pool:
       per_batch = list(pool.map(lambda b: self._contributions(*b), batches))
     loss, accuracy = (_combine(parts) for parts in list(zip(*per_batch))[:2])
     return {TEST_LOSS: float(loss), TEST_ACCURACY: float(accuracy)}
-

@@ -126,11 +126,12 @@ def save_state(manager, state, round_num: int, run_async=asyncio.run) -> None:
   run_async(manager.save(pack_leaves(tf.nest.flatten(state)), version=round_num))
 
 
-def _load_leaves(manager, version: int, like) -> list:
-  """The leaves of checkpoint `version`, shaped as `like` (packed, or one array
-  per leaf as written before packing: TFF's loader wants the saved layout)."""
+def _load_leaves(manager, version: int, like, layouts) -> list:
+  """The leaves of checkpoint `version`, shaped as `like`, read with each of
+  `layouts` in turn (TFF's loader wants the saved layout: packed, or one array
+  per leaf as written before packing)."""
   error = None
-  for layout in (pack_leaves(like), list(like)):
+  for layout in layouts:
     try:
       return unpack_leaves(asyncio.run(manager.load(version, layout)), like)
     except Exception as e:  # noqa: BLE001 - the other layout, then the caller's handling
@@ -149,9 +150,10 @@ def load_checkpoint(manager, like, root_dir: str, at_most: Optional[int] = None)
   versions = asyncio.run(manager.get_versions()) or []
   if at_most is not None:
     versions = [v for v in versions if v <= at_most]
+  layouts = (pack_leaves(like), list(like))
   for version in sorted(versions, reverse=True):
     try:
-      return _load_leaves(manager, version, like), version
+      return _load_leaves(manager, version, like, layouts), version
     except Exception as e:  # noqa: BLE001 - any unreadable checkpoint is skipped
       logger.warning("checkpoint of round %d is unreadable (%s); trying an older one",
                      version, str(e).splitlines()[0][:200])
