@@ -57,10 +57,14 @@ def test_exit_code_follows_sys_exit():
 
 # A signal that lands while a finalizer runs: its handler's exception is dropped
 # there ("Exception ignored"), and without a second raise the program goes on.
+# The program restores SIGINT's default handler first: a suite started in the
+# background (a non-interactive shell's `&`) hands it an ignored SIGINT, which
+# `install` keeps ignored, as a command's should be.
 IN_FINALIZER = """
 import os, signal, sys, threading, time
 from tff_fedadamom.cli import _Interrupts
 
+signal.signal(signal.SIGINT, signal.default_int_handler)
 _Interrupts().install()
 inside = threading.Event()
 

@@ -75,7 +75,7 @@ def estimate(b: plan.Budget, calib: Mapping, backend: str) -> dict:
   # Evaluation cost folded into the per-round cost at each data set's eval_every.
   f_round += f_eval / b.fmnist.eval_every
   s_round += s_eval / b.shakespeare.eval_every
-  n_opt = len(plan.OPTIMIZERS)
+  n_opt, n_shakespeare = len(plan.OPTIMIZERS), len(b.shakespeare_methods)
   w = b.workers
 
   def runs(n, rounds, spr, start):
@@ -83,8 +83,10 @@ def estimate(b: plan.Budget, calib: Mapping, backend: str) -> dict:
 
   tune_f = runs(len(b.partitions) * n_opt * b.fmnist.tune_trials, b.fmnist.tune_rounds,
                 f_round, f_start)
-  tune_s = runs(n_opt * b.shakespeare.tune_trials, b.shakespeare.tune_rounds, s_round, s_start)
-  n_trials = (len(b.partitions) * b.fmnist.tune_trials + b.shakespeare.tune_trials) * n_opt
+  tune_s = runs(n_shakespeare * b.shakespeare.tune_trials, b.shakespeare.tune_rounds,
+                s_round, s_start)
+  n_trials = (len(b.partitions) * b.fmnist.tune_trials * n_opt
+              + b.shakespeare.tune_trials * n_shakespeare)
   if backend == "ray":
     tuning = (tune_f + tune_s + n_trials * RAY_TRIAL_OVERHEAD_S) / w \
         + 3 * RAY_SWEEP_OVERHEAD_S
@@ -92,7 +94,8 @@ def estimate(b: plan.Budget, calib: Mapping, backend: str) -> dict:
     tuning = (tune_f + tune_s) / w
   finals_f = runs(len(b.partitions) * n_opt * len(b.fmnist.seeds), b.fmnist.rounds,
                   f_round, f_start)
-  finals_s = runs(n_opt * len(b.shakespeare.seeds), b.shakespeare.rounds, s_round, s_start)
+  finals_s = runs(n_shakespeare * len(b.shakespeare.seeds), b.shakespeare.rounds, s_round,
+                  s_start)
   beta2 = runs(len(b.partitions) * len(b.beta2_grid) * len(b.beta2_seeds),
                b.fmnist.rounds, f_round, f_start)
   new_hetero = [a for a in b.heterogeneity if a != "0.3"]

@@ -20,7 +20,7 @@ from typing import Mapping, Optional
 from benchmarks.paper import plan
 from benchmarks.paper import report_plots as plots
 from benchmarks.paper.report_escape import escape_section
-from benchmarks.paper.report_format import PART_NAMES, name, pct, ranking
+from benchmarks.paper.report_format import PART_NAMES, name, pct, planned_methods, ranking
 from benchmarks.paper.report_sections import (beta2_section, comparison_section,
                                               fmnist_paper_text, hetero_section,
                                               shakespeare_paper_text)
@@ -146,10 +146,11 @@ def incomplete(doc: Mapping) -> list:
     comparisons["Shakespeare"] = results["shakespeare"]
   for label, summary in comparisons.items():
     setup, table = summary["setup"], summary["table"]
-    absent = [name(m) for m in methods if m not in table or table[m]["seeds"] == 0]
+    planned = planned_methods(setup, methods)
+    absent = [name(m) for m in planned if m not in table or table[m]["seeds"] == 0]
     if absent:
       out.append(f"{label}: not measured: {', '.join(absent)}")
-    for m in methods:
+    for m in planned:
       row = table.get(m)
       if row and 0 < row["seeds"] < len(setup["seeds"]):
         out.append(f"{label}: {name(m)}: {row['seeds']} of {len(setup['seeds'])} seeds")

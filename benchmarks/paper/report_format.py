@@ -8,7 +8,9 @@ averaged over fewer seeds than the study planned says so (`seeds_note`).
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
+
+from benchmarks.paper import plan
 
 PART_NAMES = {"dir0.3": "Dirichlet(0.3)", "iid": "i.i.d."}
 HPARAM_NAMES = {"client.learning_rate": "eta_l", "server.learning_rate": "eta"}
@@ -90,6 +92,14 @@ def partition_text(setup: Mapping) -> str:
           else f"Dirichlet(alpha={part.get('alpha')}) label skew")
 
 
+def planned_methods(setup: Mapping, methods: Sequence[str]) -> list:
+  """The methods a comparison planned, in the order of `methods`: those its setup
+  names (a quick run's Shakespeare study compares three); every one of `methods`
+  for results written before setups named them."""
+  planned = setup.get("methods")
+  return [m for m in methods if planned is None or m in planned]
+
+
 def describe_setup(setup: Mapping) -> str:
   data = setup["data"]
   if data["name"] == "fashion_mnist":
@@ -112,6 +122,9 @@ def describe_setup(setup: Mapping) -> str:
       f"(the same for all), random search, seed {setup['tune_seed']}, backend "
       f"`{setup['tune_backend']}`; objective: {metric['name']} averaged over the last "
       f"{metric['last_k']} evaluations. Space: {space_text(setup['space'])}.\n"
+      + (f"- Methods: {', '.join(name(m) for m in setup['methods'])} (this budget's "
+         "subset).\n" if 0 < len(setup.get("methods") or plan.OPTIMIZERS)
+         < len(plan.OPTIMIZERS) else "") +
       f"- Final runs: the best config of each optimizer, {setup['rounds']} rounds, "
       f"evaluated every {setup['eval_every']} rounds on the held-out test set, seeds "
       f"{', '.join(str(s) for s in setup['seeds'])} (model init, client sampling and "

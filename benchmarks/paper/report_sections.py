@@ -15,8 +15,9 @@ import numpy as np
 from benchmarks.paper import plan
 from benchmarks.paper.report_format import (NOT_MEASURED, PART_NAMES, communication_text,
                                             describe_setup, hparams_text, measured, name,
-                                            partition_text, pct, place, place_text, pm,
-                                            ranking, seeds_note, spread, welch_clear, word)
+                                            partition_text, pct, place, place_text,
+                                            planned_methods, pm, ranking, seeds_note,
+                                            spread, welch_clear, word)
 
 
 # ---------------------------------------------------------------------------- studies 1, 2
@@ -89,7 +90,8 @@ def comparison_section(title: str, summaries: Mapping[str, Mapping], plot: str,
         f"| final acc (%) | best acc (%) | rounds to {100 * summary['target']:g}% "
         f"(reached/seeds) | diverged |\n"
         "|---|---|---|---|---|---|---|---|\n")
-    for method in methods:
+    planned = planned_methods(setup, [m["name"] for m in methods])
+    for method in (m for m in methods if m["name"] in planned):
       opt = method["name"]
       lines.append(_comparison_row(opt, table.get(opt), len(setup["seeds"]),
                                    setup["tune_trials"], method.get("communication")))

@@ -72,10 +72,10 @@ def collect(ctx: studies.Context, b: plan.Budget, log) -> dict:
   results: dict[str, Any] = {}
   log("tuning (equal budget per optimizer)")
   requests = {f"fmnist-{part}": (plan.fmnist_base(b, partition), b.fmnist,
-                                 plan.FMNIST_CLIENT_LR)
+                                 plan.FMNIST_CLIENT_LR, plan.OPTIMIZERS)
               for part, partition in b.partition_items().items()}
   requests["shakespeare"] = (plan.shakespeare_base(b), b.shakespeare,
-                             plan.SHAKESPEARE_CLIENT_LR)
+                             plan.SHAKESPEARE_CLIENT_LR, b.shakespeare_methods)
   compared = studies.compare(ctx, requests)
   fmnist_cmp = {part: compared[f"fmnist-{part}"] for part in b.partitions
                 if f"fmnist-{part}" in compared}
@@ -154,7 +154,7 @@ def parse_args(argv=None):
       prog="python -m benchmarks.paper.reproduce",
       description="Reproduce the FedAdamom paper's claims at laptop scale; write REPORT.md.")
   parser.add_argument("--quick", action="store_true",
-                      help="tiny budgets (under a minute): checks the whole pipeline, "
+                      help="tiny budgets (about a minute): checks the whole pipeline, "
                       "no conclusions")
   parser.add_argument("--out", default=None,
                       help="output directory (default: benchmarks/paper for the full run, "

@@ -117,14 +117,16 @@ def _hparams(entry: Mapping) -> dict:
 
 
 def compare(ctx: Context, requests: Mapping[str, tuple]) -> dict:
-  """Equal-budget tuning of every optimizer on each base of `requests` (name ->
-  (base, data budget, client learning-rate range)), all trials in one batch.
-  Returns {name: {"tuning": outcome, "base": base}} for the sweeps that ran."""
+  """Equal-budget tuning of each base's methods on each base of `requests` (name
+  -> (base, data budget, client learning-rate range, methods)), all trials in one
+  batch. Returns {name: {"tuning": outcome, "base": base}} for the sweeps that
+  ran; an outcome's "best" holds one entry per method, in `methods`' order."""
   tuned = tune_lib.tune(ctx, {
       name: {"base": base, "trials": db.tune_trials, "rounds": db.tune_rounds,
-             "space": plan.search_space(client_lr)}
-      for name, (base, db, client_lr) in requests.items()},
-      plan.OPTIMIZERS, seed=ctx.budget.tune_seed)
+             "space": plan.search_space(client_lr, tuple(methods)),
+             "optimizers": tuple(methods)}
+      for name, (base, db, client_lr, methods) in requests.items()},
+      seed=ctx.budget.tune_seed)
   return {name: {"tuning": outcome, "base": requests[name][0]}
           for name, outcome in tuned.items() if outcome is not None}
 
@@ -132,8 +134,7 @@ def compare(ctx: Context, requests: Mapping[str, tuple]) -> dict:
 def finals_units(ctx: Context, name: str, comparison: Mapping,
                  data_budget: plan.DataBudget) -> list:
   units = []
-  for opt in plan.OPTIMIZERS:
-    entry = comparison["tuning"]["best"][opt]
+  for opt, entry in comparison["tuning"]["best"].items():
     for seed in data_budget.seeds:
       config = _final_config(entry["config"], seed=seed, rounds=data_budget.rounds,
                              base=comparison["base"])
@@ -143,7 +144,7 @@ def finals_units(ctx: Context, name: str, comparison: Mapping,
 
 def summarize_comparison(name: str, comparison: Mapping, data_budget: plan.DataBudget,
                          results: Mapping, units: Sequence) -> dict:
-  by_opt: dict[str, list] = {o: [] for o in plan.OPTIMIZERS}
+  by_opt: dict[str, list] = {o: [] for o in comparison["tuning"]["best"]}
   for unit in units:
     opt = unit.config["server"]["optimizer"]
     if unit.name in results:
@@ -168,6 +169,7 @@ def summarize_comparison(name: str, comparison: Mapping, data_budget: plan.DataB
           "clients_per_round": base["clients_per_round"],
           "client": {k: v for k, v in base["client"].items() if k != "learning_rate"},
           "rounds": data_budget.rounds, "eval_every": base["eval_every"],
+          "methods": list(by_opt),
           "seeds": list(data_budget.seeds), "tune_trials": data_budget.tune_trials,
           "tune_rounds": data_budget.tune_rounds,
           "tune_backend": comparison["tuning"]["backend"],

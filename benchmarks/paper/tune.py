@@ -138,13 +138,13 @@ def _trial_records(sweep_dir: str, optimizers: Sequence[str]) -> dict:
     return {}
 
 
-def tune(ctx, requests: Mapping[str, Mapping[str, Any]], optimizers: Sequence[str],
-         seed: int) -> dict:
-  """Tunes every optimizer with the same budget on each requested base; returns
+def tune(ctx, requests: Mapping[str, Mapping[str, Any]], seed: int) -> dict:
+  """Tunes each base's optimizers with the same budget on each requested base; returns
   {name: outcome or None}, an outcome holding, per optimizer, the best params,
   its objective, the trial list and the best trial's experiment config.
 
-  `requests` maps a sweep name to its `base`, `trials`, `rounds` and `space`.
+  `requests` maps a sweep name to its `base`, `optimizers`, `trials`, `rounds`
+  and `space`.
   In process, every trial of every sweep is a unit of `ctx.store`, all run as
   one batch (stored, and committed with --commit-units, as each completes; a
   rerun runs only the trials not stored). Through Ray, each sweep is one entry
@@ -156,7 +156,7 @@ def tune(ctx, requests: Mapping[str, Mapping[str, Any]], optimizers: Sequence[st
 
   sweeps = {}
   for name, r in requests.items():
-    raw = sweep_dict(name, r["base"], optimizers, r["trials"], r["rounds"], r["space"], seed,
+    raw = sweep_dict(name, r["base"], r["optimizers"], r["trials"], r["rounds"], r["space"], seed,
                      ctx.pool.workers, os.path.join(ctx.cache.root, "sweeps"))
     spec = {k: v for k, v in raw.items() if k not in ("resources", "name")}
     raw["name"] = f"{name}-{units_lib.spec_hash(spec)}"
