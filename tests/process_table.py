@@ -8,20 +8,8 @@ from __future__ import annotations
 import os
 from typing import Iterable, Optional
 
-from tff_fedadamom.process_table import Stat, identity, stat, still_running  # noqa: F401
-
-
-def pids() -> list[int]:
-  """The pids in the process table now (empty without /proc)."""
-  try:
-    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
-  except OSError:
-    return []
-
-
-def stats() -> list[Stat]:
-  """The `Stat` of every process that could be read."""
-  return [s for s in map(stat, pids()) if s is not None]
+from tff_fedadamom.process_table import (Stat, descendants, identity, pids, stat,  # noqa: F401
+                                         stats, still_running)
 
 
 def cmdline(pid: int) -> Optional[bytes]:
@@ -42,29 +30,6 @@ def _read(pid: int, name: str) -> Optional[bytes]:
       return f.read()
   except OSError:
     return None
-
-
-def descendants(roots: int | Iterable[int], table: Optional[Iterable[Stat]] = None) -> list[int]:
-  """Every descendant of `roots` (one pid or several), in walk order, without
-  the roots themselves.
-
-  Args:
-    roots: A pid or an iterable of pids.
-    table: The processes to walk (default: `stats()` now); pass one table to
-      several walks to see a single moment of the process table.
-  """
-  roots = [roots] if isinstance(roots, int) else list(roots)
-  children: dict[int, list[int]] = {}
-  for s in (stats() if table is None else table):
-    children.setdefault(s.ppid, []).append(s.pid)
-  found, seen, stack = [], set(roots), list(roots)
-  while stack:
-    for child in children.get(stack.pop(), []):
-      if child not in seen:
-        seen.add(child)
-        found.append(child)
-        stack.append(child)
-  return found
 
 
 # TCP's LISTEN state as /proc/net/tcp{,6} spell it.

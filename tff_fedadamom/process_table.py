@@ -2,10 +2,11 @@
 and start times.
 
 The one home of the project's /proc walk: the runtime finds which workers TFF
-started still run, and a sweep worker checks that its trial's owner still runs
-(the tests' walks, over command lines, environments, descendants and sockets,
-build on these in `tests/process_table.py`). Nothing here signals, waits for or
-otherwise changes a process; callers decide what to do with pids.
+started still run, a sweep worker checks that its trial's owner still runs, and
+a local Ray session names the processes Ray started for it (the tests' walks,
+over command lines, environments and sockets, build on these in
+`tests/process_table.py`). Nothing here signals, waits for or otherwise changes
+a process; callers decide what to do with pids.
 
 A process that ends while it is being read is simply not reported; off Linux
 (no /proc) none is.
@@ -14,6 +15,7 @@ A process that ends while it is being read is simply not reported; off Linux
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Iterable, Optional
 
 
@@ -67,3 +69,39 @@ def identity(pid: int) -> Optional[tuple[int, int]]:
   the start time tells a reused pid apart."""
   s = stat(pid)
   return (pid, s.start_time) if s is not None and s.running else None
+
+
+def pids() -> list[int]:
+  """Every pid in the process table (none off Linux)."""
+  try:
+    return sorted(int(name) for name in os.listdir("/proc") if name.isdigit())
+  except OSError:
+    return []
+
+
+def stats() -> list[Stat]:
+  """The `Stat` of every process that runs now."""
+  return [s for s in map(stat, pids()) if s is not None]
+
+
+def descendants(roots: int | Iterable[int], table: Optional[Iterable[Stat]] = None) -> list[int]:
+  """Every descendant of `roots` (one pid or several), in walk order, without
+  the roots themselves.
+
+  Args:
+    roots: A pid or an iterable of pids.
+    table: The processes to walk (default: `stats()` now); pass one table to
+      several walks to see a single moment of the process table.
+  """
+  roots = [roots] if isinstance(roots, int) else list(roots)
+  children: dict[int, list[int]] = {}
+  for s in (stats() if table is None else table):
+    children.setdefault(s.ppid, []).append(s.pid)
+  found, seen, stack = [], set(roots), list(roots)
+  while stack:
+    for child in children.get(stack.pop(), []):
+      if child not in seen:
+        seen.add(child)
+        found.append(child)
+        stack.append(child)
+  return found

@@ -40,7 +40,9 @@ def test_tiny_quickstart_run():
     row = re.search(rf"^\s+{name}\s+([\d.]+)\s+([\d.]+)\s", out, re.M)
     assert row, out
     seconds, per_second = float(row.group(1)), float(row.group(2))
-    assert seconds > 0 and per_second == pytest.approx(1 / seconds, abs=1e-3)
+    # Both are printed to 3 decimals, rounded from the same measurement.
+    assert seconds > 0.0005
+    assert 1 / (seconds + 0.0005) - 0.0005 <= per_second <= 1 / (seconds - 0.0005) + 0.0005
   assert re.search(r"ratio inprocess/tff_cpp rounds/s: [\d.]+ +\(goal >= 1\.5: (met|NOT met)\)",
                    out), out
   error = re.search(r"max relative error per weight tensor, inprocess vs tff_cpp, one round from the same "

@@ -1,11 +1,16 @@
 """Connecting to Ray sets none of this process' logging: no logger's level, and
 no handler outside Ray's own logger. (With configure_logging=False, `ray.init`
 still empties the "ray" logger's handlers; a Ray module it imports sets
-"filelock" to WARNING when imported.)"""
+"filelock" to WARNING when imported.) The reaper of a local session ends the
+processes it was given, and only those, when its stdin closes."""
 
 import os
 import subprocess
 import sys
+import time
+
+from tests import process_table as processes
+from tff_fedadamom.pipeline import ray_session
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -36,3 +41,44 @@ def test_a_local_session_leaves_logging_alone():
                        text=True, timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
   assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_reaper_ends_its_processes_when_its_pipe_closes_and_leaves_a_reused_pid():
+  sleepers = [subprocess.Popen(["sleep", "60"]) for _ in range(2)]
+  try:
+    killed, spared = (processes.identity(p.pid) for p in sleepers)
+    # The second sleeper is named with another start time: a pid reused since.
+    reaper = subprocess.Popen(
+        [sys.executable, "-I", ray_session.REAPER, f"{killed[0]}:{killed[1]}",
+         f"{spared[0]}:{spared[1] + 1}"], stdin=subprocess.PIPE)
+    time.sleep(0.5)
+    assert reaper.poll() is None  # it waits for the end of its stdin
+    assert sleepers[0].poll() is None
+    reaper.stdin.close()
+    assert reaper.wait(timeout=30) == 0
+    assert sleepers[0].wait(timeout=30) == -9
+    assert sleepers[1].poll() is None
+  finally:
+    for p in sleepers:
+      p.kill()
+      p.wait()
+
+
+def test_a_local_session_ends_its_reaper_and_every_process_it_started():
+  env = {**os.environ, "PYTHONPATH": REPO, "RAY_ADDRESS": ""}
+  code = ("import os\nfrom tests import process_table as processes\n"
+          "from tff_fedadamom.pipeline import ray_session\n"
+          "with ray_session.ray_session(None):\n"
+          "  reaper = ray_session._reaper.pid\n"
+          "  started = processes.descendants(os.getpid())\n"
+          "print(reaper in started, len(started), started)\n")
+  out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
+                       text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  has_reaper, count, started = out.stdout.strip().splitlines()[-1].split(" ", 2)
+  assert has_reaper == "True" and int(count) >= 3  # the reaper, GCS, raylet, ...
+  pids = [int(p) for p in started.strip("[]").split(",")]
+  deadline = time.monotonic() + 20
+  while processes.still_running(pids) and time.monotonic() < deadline:
+    time.sleep(0.5)
+  assert not processes.still_running(pids)

@@ -9,10 +9,18 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
+import sys
 import warnings
 from typing import Any, Optional
 
+from tff_fedadamom import process_table
+
 _LOOPBACK = ("127.0.0.1", "localhost")
+REAPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ray_reaper.py")
+# The reaper of the local Ray this process started (`ray_reaper`), while it runs.
+# Ray's own state is per process too: one local instance at a time.
+_reaper: Optional[subprocess.Popen] = None
 
 
 def is_loopback(address: Optional[str]) -> bool:
@@ -26,12 +34,14 @@ def is_loopback(address: Optional[str]) -> bool:
 def connect(address: Optional[str]) -> bool:
   """Connects this process to Ray as `address` says; True if it started a session.
 
-  `None` starts a new local Ray bound to 127.0.0.1 with the dashboard off;
-  `auto` or host:port joins an existing cluster. The process' logging is left
-  as it is. An already initialised Ray
-  (a test, a notebook, a sweep) is used as it is, and False is returned: the
-  caller must then not shut it down.
+  `None` starts a new local Ray bound to 127.0.0.1 with the dashboard off,
+  and a reaper (`ray_reaper`) that ends its processes if this one ends without
+  `disconnect` (a SIGKILL); `auto` or host:port joins an existing cluster. The
+  process' logging is left as it is. An already initialised Ray (a test, a
+  notebook, a sweep) is used as it is, and False is returned: the caller must
+  then not shut it down.
   """
+  global _reaper
   import ray
 
   if ray.is_initialized():
@@ -51,13 +61,36 @@ def connect(address: Optional[str]) -> bool:
     if address != "auto" and is_loopback(address):
       kwargs["_node_ip_address"] = "127.0.0.1"
     kwargs.pop("include_dashboard")  # the cluster's own setting applies
+  # The processes ray.init starts are this process' new descendants.
+  before = set(process_table.descendants(os.getpid())) if address is None else None
   with warnings.catch_warnings():
     # Ray's notice that zero-GPU tasks will see the GPUs one day: tasks without
     # a GPU hide them themselves.
     warnings.filterwarnings("ignore", message="Tip: In future versions of Ray",
                             category=FutureWarning)
     ray.init(**kwargs)
+  if before is not None:
+    started = [process_table.identity(pid) for pid in process_table.descendants(os.getpid())
+               if pid not in before]
+    # -I: the reaper needs the standard library and process_table only.
+    _reaper = subprocess.Popen(
+        [sys.executable, "-I", REAPER, *(f"{pid}:{t}" for pid, t in filter(None, started))],
+        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        close_fds=True)
   return True
+
+
+def disconnect() -> None:
+  """Shuts down the Ray `connect` started, then ends its reaper (which ends any
+  of that Ray's processes still running)."""
+  global _reaper
+  import ray
+
+  ray.shutdown()
+  reaper, _reaper = _reaper, None
+  if reaper is not None:
+    reaper.stdin.close()
+    reaper.wait()
 
 
 @contextlib.contextmanager
@@ -70,4 +103,4 @@ def ray_session(address: Optional[str]):
     yield ray
   finally:
     if started:
-      ray.shutdown()
+      disconnect()

@@ -324,5 +324,5 @@ class RayLearningProcess(ServerCalls):
         ray.kill(actor)
     self._actors = []
     if self._started_ray:
-      ray.shutdown()
+      ray_session.disconnect()
       self._started_ray = False
