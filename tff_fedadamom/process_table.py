@@ -72,15 +72,15 @@ def identity(pid: int) -> Optional[tuple[int, int]]:
 
 
 def pids() -> list[int]:
-  """Every pid in the process table (none off Linux)."""
+  """The pids in the process table now (empty without /proc)."""
   try:
-    return sorted(int(name) for name in os.listdir("/proc") if name.isdigit())
+    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
   except OSError:
     return []
 
 
 def stats() -> list[Stat]:
-  """The `Stat` of every process that runs now."""
+  """The `Stat` of every process that could be read (zombies included)."""
   return [s for s in map(stat, pids()) if s is not None]
 
 

@@ -102,6 +102,8 @@ def planned_methods(setup: Mapping, methods: Sequence[str]) -> list:
 
 def describe_setup(setup: Mapping) -> str:
   data = setup["data"]
+  methods = setup.get("methods") or plan.OPTIMIZERS
+  subset = len(methods) < len(plan.OPTIMIZERS)
   if data["name"] == "fashion_mnist":
     part_text = partition_text(setup)
     data_text = (f"Fashion-MNIST, {data['num_clients']} clients, {part_text} "
@@ -122,9 +124,8 @@ def describe_setup(setup: Mapping) -> str:
       f"(the same for all), random search, seed {setup['tune_seed']}, backend "
       f"`{setup['tune_backend']}`; objective: {metric['name']} averaged over the last "
       f"{metric['last_k']} evaluations. Space: {space_text(setup['space'])}.\n"
-      + (f"- Methods: {', '.join(name(m) for m in setup['methods'])} (this budget's "
-         "subset).\n" if 0 < len(setup.get("methods") or plan.OPTIMIZERS)
-         < len(plan.OPTIMIZERS) else "") +
+      + (f"- Methods: {', '.join(name(m) for m in methods)} (this budget's subset).\n"
+         if subset else "") +
       f"- Final runs: the best config of each optimizer, {setup['rounds']} rounds, "
       f"evaluated every {setup['eval_every']} rounds on the held-out test set, seeds "
       f"{', '.join(str(s) for s in setup['seeds'])} (model init, client sampling and "

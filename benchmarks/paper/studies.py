@@ -123,8 +123,7 @@ def compare(ctx: Context, requests: Mapping[str, tuple]) -> dict:
   ran; an outcome's "best" holds one entry per method, in `methods`' order."""
   tuned = tune_lib.tune(ctx, {
       name: {"base": base, "trials": db.tune_trials, "rounds": db.tune_rounds,
-             "space": plan.search_space(client_lr, tuple(methods)),
-             "optimizers": tuple(methods)}
+             "space": plan.search_space(client_lr, methods), "optimizers": methods}
       for name, (base, db, client_lr, methods) in requests.items()},
       seed=ctx.budget.tune_seed)
   return {name: {"tuning": outcome, "base": requests[name][0]}

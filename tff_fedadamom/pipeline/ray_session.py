@@ -86,11 +86,13 @@ def disconnect() -> None:
   global _reaper
   import ray
 
-  ray.shutdown()
   reaper, _reaper = _reaper, None
-  if reaper is not None:
-    reaper.stdin.close()
-    reaper.wait()
+  try:
+    ray.shutdown()
+  finally:
+    if reaper is not None:
+      reaper.stdin.close()
+      reaper.wait()
 
 
 @contextlib.contextmanager
