@@ -30,7 +30,7 @@ between the steps shown is the imports and the Python around them.
 
 `--warm-trial` times a sweep trial in a warm `tuning.workers.TrialWorker`
 (TensorFlow imported, the trial's structure built and warmed up with the
-sweep base's hparams, as `tuning.workers.worker_pool` warms its workers; the
+sweep base's hparams, as `tuning.pools.worker_pool` warms its workers; the
 trial has the sweep's first sampled hparams): from the worker taking the trial to its
 first round's start and end. In this process, without Ray: what Ray adds
 (the trainable's start, its claim and event calls) is not in it.

@@ -44,7 +44,7 @@ from tuning import joint
 from tuning import schema
 from tuning import space as space_lib
 from tuning import trainable as trainable_lib
-from tuning import workers
+from tuning import pools
 from tuning.errors import SweepError
 from tuning.export import export_sweep
 # SweepProgress is imported here too: Tune pickles callbacks into an experiment,
@@ -303,7 +303,8 @@ def _saved_statuses(experiment_dir: str) -> dict[str, str]:
 def run_sweep(sweep, *, resume: bool = False, smoke_test: bool = False,
               callbacks: Sequence[Any] = (), progress_interval_s: float = 30.0,
               export: bool = True, stream=None, reuse_workers: bool = True,
-              one_experiment: bool = True) -> SweepResult:
+              one_experiment: bool = True,
+              pool: Optional[pools.SharedWorkerPool] = None) -> SweepResult:
   """Runs (or resumes) a sweep and exports its best configs.
 
   Args:
@@ -324,6 +325,10 @@ def run_sweep(sweep, *, resume: bool = False, smoke_test: bool = False,
       optimizers (`tuning.joint`); False runs a Tuner per optimizer, one after
       the other, as Optuna sweeps do. The trials are the same either way. A
       resumed sweep keeps the layout it started with.
+    pool: A `pools.shared_worker_pool()` to run the trials in, kept after the
+      sweep for the next one, whose trials then start in warm workers. The
+      caller owns the Ray session (the pool lives in it). Default: workers of
+      this sweep's own, ended with it.
 
   Returns:
     A `SweepResult`.
@@ -333,6 +338,11 @@ def run_sweep(sweep, *, resume: bool = False, smoke_test: bool = False,
     SweepError: the directory holds another sweep, or there is nothing to resume.
   """
   sweep = schema.load_sweep(sweep)
+  if pool is not None:
+    if not reuse_workers:
+      raise ValueError("run_sweep: `pool` holds long-lived trial workers; it cannot be "
+                       "combined with reuse_workers=False.")
+    pools.check_shared(pool)
   if smoke_test:
     sweep = smoke_test_sweep(sweep)
   sweep_dir = _prepare_dir(sweep, resume)
@@ -345,7 +355,7 @@ def run_sweep(sweep, *, resume: bool = False, smoke_test: bool = False,
   results, interrupted = {}, False
   try:
     with expected_warnings_silenced(), ray_session(sweep.resources.address), \
-        workers.worker_pool(sweep, reuse_workers) as pool:
+        pools.worker_pool(sweep, reuse_workers, shared=pool) as pool_name:
       # (optimizer, its experiment), or (None, the joint experiment of all).
       experiments = ([(None, os.path.join(sweep_dir, joint.EXPERIMENT))]
                      if joint.applies(sweep, sweep_dir, preferred=one_experiment) else
@@ -353,10 +363,11 @@ def run_sweep(sweep, *, resume: bool = False, smoke_test: bool = False,
       for optimizer, experiment_dir in experiments:
         progress = SweepProgress(sweep_dir, optimizer, progress_interval_s)
         if resume and tune.Tuner.can_restore(experiment_dir):
-          tuner = tune.Tuner.restore(experiment_dir, trainable=_trainable(sweep, optimizer, pool),
+          tuner = tune.Tuner.restore(experiment_dir,
+                                     trainable=_trainable(sweep, optimizer, pool_name),
                                      resume_unfinished=True, resume_errored=True)
         else:
-          tuner = _new_tuner(sweep, optimizer, sweep_dir, [progress, *callbacks], pool)
+          tuner = _new_tuner(sweep, optimizer, sweep_dir, [progress, *callbacks], pool_name)
         grid = tuner.fit()
         statuses = _saved_statuses(experiment_dir)
         ran = ({optimizer: grid} if optimizer is not None else

@@ -16,10 +16,16 @@ thread-local) is not installed. Tune does reuse the trainables' processes,
 which with a pool only report.
 
 The pieces:
-  * `WorkerPool`, one actor per `run_sweep`, created and owned by the driver
-    (`worker_pool`): it ends with the sweep, and the workers it started with it.
-    It hands a trial a free `TrialWorker` of the trial's key, starting one when
-    none is free.
+  * `pools.WorkerPool`, one actor per `run_sweep`, created and owned by the
+    driver (`pools.worker_pool`): it ends with the sweep, and the workers it
+    started with it. It hands a trial a free `TrialWorker` of the trial's key,
+    starting one when none is free. A caller that owns its Ray session and
+    runs sweep after sweep (a notebook, a test module, a study) can instead
+    keep one pool for all of them (`pools.shared_worker_pool`, passed as
+    `run_sweep(..., pool=...)`): a later sweep's trials then start in workers
+    that have imported TensorFlow and TFF, loaded the data and built the
+    processes of the sweeps before it. A trial's results do not depend on what
+    ran before it in its worker (tested), so nothing but the start-up changes.
   * `TrialWorker` holds a `PartsCache`. One thread of its own imports
     TensorFlow and TFF and runs every trial (TFF's context stack is
     thread-local); Ray's threads only pass events.
@@ -47,8 +53,6 @@ that the trial's process still runs (on the same node), and gives the trial up.
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import os
 import queue
 import shutil
@@ -182,12 +186,23 @@ class TrialWorker:
     if trial is not None:
       trial.released.set()
 
+  def add_warm(self, parts_per_worker: int, warm: Sequence[Callable[[], dict]]) -> None:
+    """Another sweep of a shared pool: keep at least `parts_per_worker` parts,
+    and warm up those of `warm`'s structures this worker has not built."""
+    self._parts_per_worker = max(self._parts_per_worker, parts_per_worker)
+    if self._cache is not None:
+      self._cache.max_size = max(self._cache.max_size, parts_per_worker)
+    self._warm.extend(warm)
+    self._jobs.put(None)  # wakes the loop if it waits for a trial
+
   def _loop(self) -> None:
     while True:
       try:
         job = self._jobs.get(block=not self._warm)
       except queue.Empty:
         self._warm_up(self._warm.pop(0))
+        continue
+      if job is None:
         continue
       trial, make_experiment, make_result, scratch = job
       try:
@@ -200,26 +215,34 @@ class TrialWorker:
       finally:
         trial.finished.set()
 
-  def _parts(self, make_experiment):
-    """(run plan, parts) of an experiment, through this worker's cache: the
-    plan is made once, for the cache and the run alike."""
+  @staticmethod
+  def _plan(make_experiment):
+    """The run plan of an experiment, made once for the cache and the run alike."""
     from tff_fedadamom.config import load_config
-    from tff_fedadamom.pipeline.parts import PartsCache, make_plan
+    from tff_fedadamom.pipeline.parts import make_plan
     from tff_fedadamom.session import Session
 
-    if self._cache is None:
-      self._cache = PartsCache(self._parts_per_worker)
     config = load_config(make_experiment())
     # The worker is its process's entry point; its trials share one thread count.
     Session(threads=config.runtime.threads).apply()
-    plan = make_plan(config)
-    return plan, self._cache.get(plan)
+    return make_plan(config)
+
+  def _parts(self, plan):
+    """The parts of `plan`, through this worker's cache."""
+    from tff_fedadamom.pipeline.parts import PartsCache
+
+    if self._cache is None:
+      self._cache = PartsCache(self._parts_per_worker)
+    return self._cache.get(plan)
 
   def _warm_up(self, make_experiment) -> None:
     from tff_fedadamom.pipeline.parts import warm_up
 
     try:
-      warm_up(*self._parts(make_experiment))
+      plan = self._plan(make_experiment)
+      if self._cache is not None and plan.key in self._cache:
+        return  # built and compiled for an earlier sweep
+      warm_up(plan, self._parts(plan))
     except Exception:  # noqa: BLE001 - the trial builds what warming could not
       traceback.print_exc()
 
@@ -227,107 +250,11 @@ class TrialWorker:
     from tff_fedadamom.pipeline import run_experiment
 
     trial.check()
-    plan, parts = self._parts(make_experiment)
+    plan = self._plan(make_experiment)
+    parts = self._parts(plan)
     run_experiment(plan, parts=parts, progress=False, on_round=trial.check,
                    on_eval=lambda event: trial.hand_over(make_result(event)))
     trial.events.put(("done", None))
-
-
-class WorkerPool:
-  """Hands out `TrialWorker`s by (node, threads, GPU ids); see the module doc."""
-
-  def __init__(self, parts_per_worker: int = PARTS_PER_WORKER,
-               warm: Sequence[Callable[[], dict]] = ()):
-    self._parts_per_worker = parts_per_worker
-    self._warm = list(warm)
-    self._workers: dict[tuple, list] = {}
-
-  def _start(self, key: tuple):
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    node_id, threads, gpu_ids = key
-    env = {**worker_env(threads, gpu_ids), "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
-           "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
-    worker = ray.remote(TrialWorker).options(
-        num_cpus=0, max_concurrency=4, runtime_env={"env_vars": env},
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-    ).remote(self._parts_per_worker, self._warm)
-    self._workers.setdefault(key, []).append(worker)
-    return worker
-
-  def prestart(self, node_id: str, threads: int, count: int) -> None:
-    """Starts `count` CPU workers on `node_id` ahead of the first trials."""
-    for _ in range(count):
-      self._start((node_id, threads, ()))
-
-  def acquire(self, node_id: str, threads: int, gpu_ids: Sequence[str], token: str,
-              owner: tuple[int, int]):
-    """A worker claimed for trial `token`, on node `node_id`."""
-    key = (node_id, threads, tuple(gpu_ids))
-    workers = self._workers.setdefault(key, [])
-    for worker in list(workers):
-      try:
-        if ray.get(worker.claim.remote(token, owner)):
-          return worker
-      except ray.exceptions.RayActorError:
-        workers.remove(worker)
-    worker = self._start(key)
-    if not ray.get(worker.claim.remote(token, owner)):
-      raise RuntimeError("a new trial worker refused its first trial")
-    return worker
-
-  def workers(self) -> list:
-    return [w for ws in self._workers.values() for w in ws]
-
-  def shutdown(self) -> None:
-    for worker in self.workers():
-      ray.kill(worker)
-    self._workers.clear()
-
-
-def _prestart_count(resources) -> int:
-  """How many trials of `resources` fit on this node at once, when this node is
-  the whole cluster and trials need no GPU (else 0: where and with which GPUs
-  trials will run is known only when they start)."""
-  nodes = [n for n in ray.nodes() if n.get("Alive")]
-  if len(nodes) != 1 or resources.gpus_per_trial:
-    return 0
-  fits = int(nodes[0]["Resources"].get("CPU", 0) // resources.cpus_per_trial)
-  return max(1, min(fits, resources.max_concurrent_trials or fits))
-
-
-@contextlib.contextmanager
-def worker_pool(sweep, enabled: bool = True):
-  """Starts a `WorkerPool` for `sweep`; yields its name (None when disabled).
-
-  Must run inside a Ray session. On a one-node cluster it starts the workers
-  the first trials will use right away, so that their imports and warm-up
-  overlap Tune's own start. On exit the pool's workers and the pool end.
-  """
-  if not enabled:
-    yield None
-    return
-
-  from tff_fedadamom.pipeline.plan import threads_for_cpus
-  from tuning import space as space_lib
-
-  threads = threads_for_cpus(sweep.resources.cpus_per_trial)  # as `trial_threads` has it
-  warm = [functools.partial(space_lib.experiment_dict, sweep, optimizer, {},
-                            output_dir=os.path.join("warm-up", optimizer), threads=threads)
-          for optimizer in sweep.optimizers]
-  name = f"trial-pool-{uuid.uuid4().hex[:12]}"
-  pool = ray.remote(WorkerPool).options(
-      name=name, namespace=NAMESPACE, num_cpus=0).remote(
-          max(PARTS_PER_WORKER, len(warm)), warm)
-  count = _prestart_count(sweep.resources)
-  if count:
-    pool.prestart.remote(ray.get_runtime_context().get_node_id(), threads, count)
-  try:
-    yield name
-  finally:
-    with contextlib.suppress(Exception):
-      ray.get(pool.shutdown.remote(), timeout=30)
-    ray.kill(pool)
 
 
 def run_trial(pool_name: str, make_experiment: Callable[[], dict],

@@ -83,3 +83,16 @@ def no_leftover_workers():
     time.sleep(0.5)
   left = our_worker_binaries()
   assert not left, f"worker_binary processes left behind: {left}"
+
+
+@pytest.fixture(scope="module")
+def shared_pool():
+  """A local Ray and a trial-worker pool kept for a module's sweeps
+  (`run_sweep(..., pool=shared_pool)`), where what a sweep does alone is not
+  the subject: later sweeps start in warm workers, and no sweep starts a Ray of
+  its own. The module's other tests must not need Ray to be down."""
+  from tff_fedadamom.pipeline.ray_session import ray_session
+  from tuning.pools import shared_worker_pool
+
+  with ray_session(None), shared_worker_pool() as pool:
+    yield pool

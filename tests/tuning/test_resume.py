@@ -1,5 +1,7 @@
 """An interrupted sweep continues with resume=True (`tune --resume`): trials that
-finished are not run again, the unfinished one continues, the missing ones run."""
+finished are not run again, the unfinished one continues, the missing ones run.
+The module's sweeps share one local Ray and trial-worker pool (`shared_pool`);
+a resumed sweep's trials may run in the interrupted one's workers."""
 
 import os
 import signal
@@ -38,7 +40,8 @@ def _rows(trial_dir):
 
 
 @pytest.mark.parametrize("one_experiment", [True, False], ids=["one-experiment", "per-optimizer"])
-def test_resume_does_not_rerun_finished_trials(tmp_path, no_leftover_workers, one_experiment):
+def test_resume_does_not_rerun_finished_trials(tmp_path, shared_pool, no_leftover_workers,
+                                               one_experiment):
   """Both layouts (`tuning.sweep`): the joint experiment of a random sweep, and
   a Tuner per optimizer (Optuna's, and a sweep run with one_experiment=False)."""
   path = write_sweep(tmp_path, {
@@ -51,7 +54,7 @@ def test_resume_does_not_rerun_finished_trials(tmp_path, no_leftover_workers, on
       "resources": {"max_concurrent_trials": 2, "storage_path": str(tmp_path / "sweeps")},
   })
   first = run_sweep(path, callbacks=[InterruptOnce(str(tmp_path / "interrupted"))],
-                    progress_interval_s=60, one_experiment=one_experiment)
+                    progress_interval_s=60, one_experiment=one_experiment, pool=shared_pool)
   assert first.interrupted and first.export is None
   grid = first.results["fedavg"]
   finished = {r.metrics["trial_id"]: r.metrics["pid"] for r in grid
@@ -62,7 +65,7 @@ def test_resume_does_not_rerun_finished_trials(tmp_path, no_leftover_workers, on
   rows_before = {t: _rows(os.path.join(experiment, f"trial_{t}")) for t in finished}
 
   # The layout a sweep started with is kept on resume, whatever the flag says.
-  second = run_sweep(path, resume=True, progress_interval_s=60)
+  second = run_sweep(path, resume=True, progress_interval_s=60, pool=shared_pool)
   assert not second.interrupted
   grid = second.results["fedavg"]
   assert len(grid) == 3 and grid.num_terminated == 3 and not grid.errors

@@ -1,5 +1,9 @@
 """Trials in long-lived workers (tuning.workers): a trial's results do not depend
-on what ran before it in its worker, and a worker that dies loses only its trial."""
+on what ran before it in its worker, a worker that dies loses only its trial, and
+a shared pool's workers serve one sweep after another.
+
+The module's sweeps share one local Ray and one pool (`shared_pool`): each
+test's subject holds within a sweep, whatever ran in the workers before it."""
 
 import os
 import signal
@@ -12,7 +16,8 @@ from tests.tuning.conftest import rounds_reported_again, tiny_base, write_sweep
 from tff_fedadamom.metric_names import TEST_ACCURACY, TEST_LOSS, TRAIN_ACCURACY, TRAIN_LOSS
 from tuning import run_sweep
 from tuning.joint import split
-from tuning.workers import NAMESPACE, WorkerPool, process_identity, worker_env
+from tuning.pools import SharedWorkerPool
+from tuning.workers import process_identity, worker_env
 
 METRICS = ["round", TRAIN_LOSS, TRAIN_ACCURACY, TEST_LOSS, TEST_ACCURACY, "objective"]
 
@@ -37,12 +42,13 @@ def _in_start_order(grid):
   return sorted(grid, key=lambda r: r.metrics_dataframe["timestamp"].iloc[0])
 
 
-def test_a_trial_after_two_others_in_its_worker_equals_it_first(tmp_path,
+def test_a_trial_after_two_others_in_its_worker_equals_it_first(tmp_path, shared_pool,
                                                                 no_leftover_workers):
   """One worker (one trial at a time) runs client rates 0.05, 0.5, 0.2, then
   0.05 again: the last trial reports what the first did, round for round."""
   result = run_sweep(_sweep(tmp_path, "order", [0.05, 0.5, 0.2, 0.05],
-                            max_concurrent_trials=1), progress_interval_s=600)
+                            max_concurrent_trials=1), progress_interval_s=600,
+                     pool=shared_pool)
   trials = _in_start_order(result.results["fedadamom"])
   assert [split(t.config)[1]["client.learning_rate"] for t in trials] == [0.05, 0.5, 0.2, 0.05]
   assert not any(t.error for t in trials)
@@ -69,11 +75,12 @@ class KillWorkerOnce(tune.Callback):
       os.kill(int(result["worker_pid"]), signal.SIGKILL)
 
 
-def test_a_worker_that_dies_loses_only_its_trial(tmp_path, no_leftover_workers):
+def test_a_worker_that_dies_loses_only_its_trial(tmp_path, shared_pool, no_leftover_workers):
   marker = str(tmp_path / "killed")
   result = run_sweep(_sweep(tmp_path, "kill", [0.05, 0.2], max_concurrent_trials=2,
                             max_failures=1),
-                     progress_interval_s=600, callbacks=[KillWorkerOnce(marker)])
+                     progress_interval_s=600, callbacks=[KillWorkerOnce(marker)],
+                     pool=shared_pool)
   with open(marker) as f:
     killed_trial, killed_pid = f.read().split()
   grid = result.results["fedadamom"]
@@ -117,38 +124,34 @@ def test_process_identity_tells_ended_processes():
   assert process_identity(2 ** 22 + 12345) is None
 
 
-def _in_actor(actor, fn, *args):
-  """`fn(*args)` run in `actor`'s process (Ray's `__ray_call__` passes the
-  actor's instance first)."""
-  import ray
+def test_a_later_sweep_runs_in_the_warm_workers_of_a_shared_pool(tmp_path, shared_pool):
+  """The pool outlives a sweep: the next sweep's trial runs in the worker the
+  first one's ran in (still alive in between), and reports the same rounds."""
+  runs = []
+  for name in ("first", "second"):
+    result = run_sweep(_sweep(tmp_path, name, [0.05], max_concurrent_trials=1),
+                       progress_interval_s=600, export=False, pool=shared_pool)
+    (trial,) = result.results["fedadamom"]
+    assert not trial.error
+    assert process_identity(int(trial.metrics["worker_pid"])) is not None  # kept
+    runs.append(trial)
+  first, second = runs
+  assert second.metrics["worker_pid"] == first.metrics["worker_pid"]
+  assert second.metrics["pid"] != second.metrics["worker_pid"]
+  frames = [t.metrics_dataframe[METRICS].reset_index(drop=True) for t in runs]
+  assert list(frames[0]["round"]) == [1, 2, 3]
+  assert frames[0].equals(frames[1])
 
-  return ray.get(actor.__ray_call__.remote(lambda _, *a: fn(*a), *args))
 
-
-def test_a_worker_sees_the_gpus_of_its_trial_and_ray_leaves_them_alone(monkeypatch):
-  """Ray blanks CUDA_VISIBLE_DEVICES of a zero-GPU actor unless told not to; a
-  worker (zero GPUs of its own) must keep the GPU ids of the trial it serves.
-  Ray is told of one GPU here; no GPU is needed (nothing runs on it)."""
-  import ray
-
-  monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)  # tests/conftest.py hides GPUs
-
-  ray.init(address="local", num_cpus=1, num_gpus=1, include_dashboard=False,
-           _node_ip_address="127.0.0.1", log_to_driver=False, configure_logging=False)
-  try:
-    pool = ray.remote(WorkerPool).options(namespace=NAMESPACE, num_cpus=0).remote()
-    node = ray.get_runtime_context().get_node_id()
-    owner = process_identity(os.getpid())
-    gpu = ray.get(pool.acquire.remote(node, 1, ["0"], "a", owner))
-    cpu = ray.get(pool.acquire.remote(node, 2, [], "b", owner))
-    getenv = lambda name: os.environ.get(name)  # looked up in the actor
-    assert _in_actor(gpu, getenv, "CUDA_VISIBLE_DEVICES") == "0"
-    assert _in_actor(cpu, getenv, "CUDA_VISIBLE_DEVICES") == ""
-    assert _in_actor(cpu, getenv, "TF_NUM_INTEROP_THREADS") == "2"
-    assert _in_actor(cpu, getenv, "TF_NUM_INTRAOP_THREADS") == "1"
-    # A busy worker is not handed out again: another trial of its key gets a new one.
-    again = ray.get(pool.acquire.remote(node, 1, ["0"], "c", owner))
-    assert _in_actor(again, os.getpid) != _in_actor(gpu, os.getpid)
-    ray.get(pool.shutdown.remote())
-  finally:
-    ray.shutdown()
+def test_run_sweep_refuses_a_pool_it_cannot_use_before_writing_anything(tmp_path, shared_pool):
+  path = _sweep(tmp_path, "refused", [0.05])
+  refusals = [
+      (dict(pool=shared_pool, reuse_workers=False), "reuse_workers=False"),
+      (dict(pool=SharedWorkerPool("trial-pool-shared-ended")),
+       "'trial-pool-shared-ended' is not running in this process's Ray session"),
+      (dict(pool="trial-pool-shared-ended"), "must be a tuning.pools.SharedWorkerPool"),
+  ]
+  for kwargs, wording in refusals:
+    with pytest.raises(ValueError, match=wording):
+      run_sweep(path, **kwargs)
+  assert not os.path.exists(tmp_path / "sweeps")

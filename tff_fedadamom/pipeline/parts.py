@@ -313,6 +313,10 @@ class PartsCache:
   def __len__(self) -> int:
     return len(self._parts)
 
+  def __contains__(self, key: str) -> bool:
+    """Whether the parts of structure key `key` (a `RunPlan.key`) are kept."""
+    return key in self._parts
+
   def get(self, config) -> ExperimentParts:
     """The parts for `config` (a `RunPlan`, or a config planned here), built
     (and cached) on a miss."""

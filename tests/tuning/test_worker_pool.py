@@ -1,0 +1,57 @@
+"""The trial-worker pool's actors without a sweep: what a worker sees of its
+trial's GPUs and threads, and a shared pool's need for a Ray session. Each test
+starts its own Ray, or needs none running (so not beside tests/tuning/test_workers'
+module-wide Ray)."""
+
+import os
+
+import pytest
+
+from tuning.pools import WorkerPool, shared_worker_pool
+from tuning.workers import NAMESPACE, process_identity
+
+
+def test_a_shared_pool_needs_a_ray_session_first():
+  import ray
+
+  assert not ray.is_initialized()
+  with pytest.raises(RuntimeError, match=r"needs this process connected to Ray"):
+    with shared_worker_pool():
+      pass
+
+
+def _in_actor(actor, fn, *args):
+  """`fn(*args)` run in `actor`'s process (Ray's `__ray_call__` passes the
+  actor's instance first)."""
+  import ray
+
+  return ray.get(actor.__ray_call__.remote(lambda _, *a: fn(*a), *args))
+
+
+def test_a_worker_sees_the_gpus_of_its_trial_and_ray_leaves_them_alone(monkeypatch):
+  """Ray blanks CUDA_VISIBLE_DEVICES of a zero-GPU actor unless told not to; a
+  worker (zero GPUs of its own) must keep the GPU ids of the trial it serves.
+  Ray is told of one GPU here; no GPU is needed (nothing runs on it)."""
+  import ray
+
+  monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)  # tests/conftest.py hides GPUs
+
+  ray.init(address="local", num_cpus=1, num_gpus=1, include_dashboard=False,
+           _node_ip_address="127.0.0.1", log_to_driver=False, configure_logging=False)
+  try:
+    pool = ray.remote(WorkerPool).options(namespace=NAMESPACE, num_cpus=0).remote()
+    node = ray.get_runtime_context().get_node_id()
+    owner = process_identity(os.getpid())
+    gpu = ray.get(pool.acquire.remote(node, 1, ["0"], "a", owner))
+    cpu = ray.get(pool.acquire.remote(node, 2, [], "b", owner))
+    getenv = lambda name: os.environ.get(name)  # looked up in the actor
+    assert _in_actor(gpu, getenv, "CUDA_VISIBLE_DEVICES") == "0"
+    assert _in_actor(cpu, getenv, "CUDA_VISIBLE_DEVICES") == ""
+    assert _in_actor(cpu, getenv, "TF_NUM_INTEROP_THREADS") == "2"
+    assert _in_actor(cpu, getenv, "TF_NUM_INTRAOP_THREADS") == "1"
+    # A busy worker is not handed out again: another trial of its key gets a new one.
+    again = ray.get(pool.acquire.remote(node, 1, ["0"], "c", owner))
+    assert _in_actor(again, os.getpid) != _in_actor(gpu, os.getpid)
+    ray.get(pool.shutdown.remote())
+  finally:
+    ray.shutdown()

@@ -1,0 +1,190 @@
+"""The driver's side of the trial workers (`tuning.workers`): the pool actor that
+hands trials their workers, a sweep's own pool, and a pool shared by sweeps.
+
+A sweep's pool (`worker_pool`) is started and ended by `run_sweep`. A shared
+pool (`shared_worker_pool`) is started by a caller that owns its Ray session
+and passed to each of its sweeps: its workers, with their imports, data and
+built processes, outlive every sweep but the pool's block.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import os
+import uuid
+from typing import Callable, Optional, Sequence
+
+import ray
+
+from tuning.workers import NAMESPACE, PARTS_PER_WORKER, TrialWorker, worker_env
+
+
+class WorkerPool:
+  """Hands out `TrialWorker`s by (node, threads, GPU ids); see the module doc."""
+
+  def __init__(self, parts_per_worker: int = PARTS_PER_WORKER,
+               warm: Sequence[Callable[[], dict]] = ()):
+    self._parts_per_worker = parts_per_worker
+    self._warm = list(warm)
+    self._workers: dict[tuple, list] = {}
+
+  def _start(self, key: tuple):
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    node_id, threads, gpu_ids = key
+    env = {**worker_env(threads, gpu_ids), "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+           "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
+    worker = ray.remote(TrialWorker).options(
+        num_cpus=0, max_concurrency=4, runtime_env={"env_vars": env},
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+    ).remote(self._parts_per_worker, self._warm)
+    self._workers.setdefault(key, []).append(worker)
+    return worker
+
+  def configure(self, parts_per_worker: int, warm: Sequence[Callable[[], dict]]) -> None:
+    """What the workers started from now on keep and warm up: a shared pool
+    serves one sweep after another (workers already running keep theirs, and
+    build another sweep's parts when its trials need them)."""
+    self._parts_per_worker = parts_per_worker
+    self._warm = list(warm)
+    for worker in self.workers():
+      worker.add_warm.remote(parts_per_worker, warm)
+
+  def prestart(self, node_id: str, threads: int, count: int) -> None:
+    """Starts CPU workers on `node_id` ahead of the first trials, until it has
+    `count` of `threads` threads (a shared pool's workers of earlier sweeps count)."""
+    key = (node_id, threads, ())
+    for _ in range(count - len(self._workers.get(key, []))):
+      self._start(key)
+
+  def acquire(self, node_id: str, threads: int, gpu_ids: Sequence[str], token: str,
+              owner: tuple[int, int]):
+    """A worker claimed for trial `token`, on node `node_id`."""
+    key = (node_id, threads, tuple(gpu_ids))
+    workers = self._workers.setdefault(key, [])
+    for worker in list(workers):
+      try:
+        if ray.get(worker.claim.remote(token, owner)):
+          return worker
+      except ray.exceptions.RayActorError:
+        workers.remove(worker)
+    worker = self._start(key)
+    if not ray.get(worker.claim.remote(token, owner)):
+      raise RuntimeError("a new trial worker refused its first trial")
+    return worker
+
+  def workers(self) -> list:
+    return [w for ws in self._workers.values() for w in ws]
+
+  def shutdown(self) -> None:
+    for worker in self.workers():
+      ray.kill(worker)
+    self._workers.clear()
+
+
+def _prestart_count(resources) -> int:
+  """How many trials of `resources` fit on this node at once, when this node is
+  the whole cluster and trials need no GPU (else 0: where and with which GPUs
+  trials will run is known only when they start)."""
+  nodes = [n for n in ray.nodes() if n.get("Alive")]
+  if len(nodes) != 1 or resources.gpus_per_trial:
+    return 0
+  fits = int(nodes[0]["Resources"].get("CPU", 0) // resources.cpus_per_trial)
+  return max(1, min(fits, resources.max_concurrent_trials or fits))
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedWorkerPool:
+  """A trial-worker pool that outlives sweeps (`shared_worker_pool`); pass it to
+  `run_sweep(..., pool=...)`. `name` is its actor's name in `NAMESPACE`."""
+  name: str
+
+
+def _end_pool(pool) -> None:
+  """Ends a `WorkerPool` actor and the workers it started."""
+  with contextlib.suppress(Exception):
+    ray.get(pool.shutdown.remote(), timeout=30)
+  ray.kill(pool)
+
+
+@contextlib.contextmanager
+def shared_worker_pool():
+  """Yields a `SharedWorkerPool` for the sweeps run inside the block, in the
+  Ray session this process has already started or joined (its workers live
+  there); on exit the pool and its workers end, the session itself stays up.
+
+      with ray_session(None), shared_worker_pool() as pool:
+        run_sweep("a.yaml", pool=pool)
+        run_sweep("b.yaml", pool=pool)   # its trials start in a's workers
+
+  Raises:
+    RuntimeError: this process is not connected to Ray.
+  """
+  if not ray.is_initialized():
+    raise RuntimeError(
+        "shared_worker_pool() needs this process connected to Ray (ray.init(), or "
+        "tff_fedadamom.pipeline.ray_session.ray_session()) before it starts: its "
+        "workers live in that session, and only sweeps run in it can use them.")
+  name = f"trial-pool-shared-{uuid.uuid4().hex[:12]}"
+  pool = ray.remote(WorkerPool).options(name=name, namespace=NAMESPACE, num_cpus=0).remote()
+  try:
+    yield SharedWorkerPool(name)
+  finally:
+    _end_pool(pool)
+
+
+def check_shared(pool: SharedWorkerPool) -> None:
+  """Raises ValueError unless `pool` (`run_sweep`'s `pool` argument) is a
+  `SharedWorkerPool` alive in this process's Ray session."""
+  if not isinstance(pool, SharedWorkerPool):
+    raise ValueError(f"run_sweep: `pool` must be a tuning.pools.SharedWorkerPool "
+                     f"(from shared_worker_pool()), found {type(pool).__name__}.")
+  if ray.is_initialized():
+    with contextlib.suppress(ValueError):
+      ray.get_actor(pool.name, namespace=NAMESPACE)
+      return
+  raise ValueError(f"run_sweep: `pool` {pool.name!r} is not running in this process's Ray "
+                   "session: a shared pool serves the sweeps run inside its "
+                   "`with shared_worker_pool()` block, in the session it was made in.")
+
+
+@contextlib.contextmanager
+def worker_pool(sweep, enabled: bool = True, shared: Optional[SharedWorkerPool] = None):
+  """Starts a `WorkerPool` for `sweep`, or readies `shared` for it; yields the
+  pool's name (None when disabled).
+
+  Must run inside a Ray session. On a one-node cluster it starts the workers
+  the first trials will use right away (those a shared pool lacks), so that
+  their imports and warm-up overlap Tune's own start. On exit a pool of the
+  sweep's own ends, with its workers; a shared one stays.
+  """
+  if not enabled:
+    yield None
+    return
+
+  from tff_fedadamom.pipeline.plan import threads_for_cpus
+  from tuning import space as space_lib
+
+  threads = threads_for_cpus(sweep.resources.cpus_per_trial)  # as `trial_threads` has it
+  warm = [functools.partial(space_lib.experiment_dict, sweep, optimizer, {},
+                            output_dir=os.path.join("warm-up", optimizer), threads=threads)
+          for optimizer in sweep.optimizers]
+  parts_per_worker = max(PARTS_PER_WORKER, len(warm))
+  if shared is None:
+    name = f"trial-pool-{uuid.uuid4().hex[:12]}"
+    pool = ray.remote(WorkerPool).options(
+        name=name, namespace=NAMESPACE, num_cpus=0).remote(parts_per_worker, warm)
+  else:
+    name = shared.name
+    pool = ray.get_actor(name, namespace=NAMESPACE)
+    ray.get(pool.configure.remote(parts_per_worker, warm))
+  count = _prestart_count(sweep.resources)
+  if count:
+    pool.prestart.remote(ray.get_runtime_context().get_node_id(), threads, count)
+  try:
+    yield name
+  finally:
+    if shared is None:
+      _end_pool(pool)
