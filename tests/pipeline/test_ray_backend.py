@@ -28,6 +28,7 @@ from tff_fedadamom.pipeline import parts as parts_lib
 from tff_fedadamom.pipeline.backends import inprocess
 from tff_fedadamom.pipeline.backends import ray as ray_backend
 from tff_fedadamom.pipeline.process import build_process, load_data, make_client_tensors
+from tff_fedadamom.pipeline.ray_session import ray_session
 
 # Two threads per actor, as this 2-core machine's in-process runs have: the
 # thread count changes how TensorFlow's kernels split their reductions.
@@ -197,28 +198,6 @@ def test_two_node_cluster_matches_inprocess(tmp_path, two_node_cluster):  # noqa
   _assert_close(expected, actual)
 
 
-def test_resume_on_the_ray_backend_is_exact(tmp_path):
-  """The three runs share one set of parts (one local Ray, the same 2 actors):
-  a run with shared parts equals one with its own (tests/pipeline/test_parts.py)."""
-  import ray
-
-  def run(name, rounds):
-    raw = tiny(tmp_path / name, rounds=rounds, runtime=RAY)
-    return run_experiment(raw, progress=False, parts=parts)
-
-  parts = parts_lib.build_parts(load_config(tiny(tmp_path, runtime=RAY)))
-  try:
-    run("resumed", 2)
-    resumed = run("resumed", 3)
-    assert resumed.summary["resumed_from_round"] == 2
-    run("straight", 3)
-  finally:
-    parts.process.close()
-  assert not ray.is_initialized()
-  for a, b in zip(_weights(tmp_path / "straight"), _weights(tmp_path / "resumed"), strict=True):
-    np.testing.assert_array_equal(a, b)
-
-
 class RevalidationRefusingActor(ray_backend.ClientActor):
   """An actor that checks it was handed a validated config and refuses, in its
   own process, any validation of it."""
@@ -232,24 +211,6 @@ class RevalidationRefusingActor(ray_backend.ClientActor):
     loader.check_registries = refuse  # this actor's process only
     assert loader.is_validated(experiment), type(experiment)
     super().__init__(experiment, *args, **kwargs)
-
-
-def test_actors_receive_the_validated_config_and_do_not_validate_it_again(tmp_path):
-  """The driver validates once; its actors get that config (pickled, it keeps
-  its validated mark), not a mapping each would validate again."""
-  import ray
-
-  config = load_config(tiny(tmp_path, clients_per_round=2, runtime={**RAY, "workers": 1}))
-  data = load_data(config)
-  remote = ray_backend.RayLearningProcess(build_process(config, data), config, actors=1,
-                                          actor_class=RevalidationRefusingActor)
-  try:
-    sampled = sample_clients(list(data.train.client_ids), 2, config.seed, 1)
-    output = remote.next_for_clients(remote.initialize(), sampled, 1)
-    assert np.isfinite(output.metrics["client_work"]["train"][LOSS])
-  finally:
-    remote.close()
-  assert not ray.is_initialized()
 
 
 # ------------------------------------------------------------------ failure
@@ -284,40 +245,86 @@ class DyingActor(ray_backend.ClientActor):
     return super().fold(accumulator)
 
 
-def test_an_actor_dying_in_work_or_in_the_fold_is_replaced_with_the_same_result(
-    tmp_path, monkeypatch):
-  """Round 1 undisturbed, then again with an actor dying after its work, then
-  with one dying in the fold: each time one actor process is replaced, in place,
-  and the weights and metrics are those of the undisturbed round."""
-  import ray
+class TestOnOneLocalRay:
+  """Runs whose subject is not their Ray session share one local Ray, started
+  by the class (each run's actors are still its own, ended with it). A run
+  that starts its own Ray, and ends it, is checked above."""
 
-  arm = str(tmp_path / "arm")
-  monkeypatch.setenv("RAY_TEST_ARM", arm)  # the local Ray's actors inherit it
-  config = load_config(tiny(tmp_path, clients_per_round=4, runtime=RAY))
-  data = load_data(config)
-  remote = ray_backend.RayLearningProcess(build_process(config, data), config, actors=2,
-                                          actor_class=DyingActor)
-  try:
-    assert remote.max_concurrent_clients == 1  # an actor of one CPU runs one client at a time
-    state = remote.initialize()
-    sampled = sample_clients(list(data.train.client_ids), 4, config.seed, 1)
-    undisturbed = remote.next_for_clients(state, sampled, 1)
-    for replacements, point in enumerate(("work", "fold"), start=1):
-      pids = ray.get([a.pid.remote() for a in remote.actors])
-      with open(arm, "w") as f:
-        f.write(point)
-      disturbed = remote.next_for_clients(state, sampled, 1)
-      assert not os.path.exists(arm) and remote.replacements == replacements, point
-      for a, b in zip(remote.get_model_weights(undisturbed.state).trainable,
-                      remote.get_model_weights(disturbed.state).trainable, strict=True):
-        np.testing.assert_array_equal(a, b)
-      assert undisturbed.metrics == disturbed.metrics, point
-      after = ray.get([a.pid.remote() for a in remote.actors])
-      assert len(set(after) - set(pids)) == 1, point  # one new actor process, in place
-    remote.next_for_clients(disturbed.state, sampled, 2)  # the new actors work on
-  finally:
-    remote.close()
-  assert not ray.is_initialized()
+  @pytest.fixture(scope="class")
+  def local_ray(self, tmp_path_factory):
+    arm = str(tmp_path_factory.mktemp("arm") / "arm")
+    with pytest.MonkeyPatch.context() as patch:
+      patch.setenv("RAY_TEST_ARM", arm)  # before Ray starts: its actors inherit it
+      with ray_session(None) as ray:
+        yield ray
+
+  def test_resume_on_the_ray_backend_is_exact(self, tmp_path, local_ray):
+    """The three runs share one set of parts (the same 2 actors): a run with
+    shared parts equals one with its own (tests/pipeline/test_parts.py)."""
+
+    def run(name, rounds):
+      raw = tiny(tmp_path / name, rounds=rounds, runtime=RAY)
+      return run_experiment(raw, progress=False, parts=parts)
+
+    parts = parts_lib.build_parts(load_config(tiny(tmp_path, runtime=RAY)))
+    try:
+      run("resumed", 2)
+      resumed = run("resumed", 3)
+      assert resumed.summary["resumed_from_round"] == 2
+      run("straight", 3)
+    finally:
+      parts.process.close()
+    assert local_ray.is_initialized()  # the class's, left up
+    for a, b in zip(_weights(tmp_path / "straight"), _weights(tmp_path / "resumed"), strict=True):
+      np.testing.assert_array_equal(a, b)
+
+  def test_actors_receive_the_validated_config_and_do_not_validate_it_again(self, tmp_path,
+                                                                             local_ray):
+    """The driver validates once; its actors get that config (pickled, it keeps
+    its validated mark), not a mapping each would validate again."""
+    config = load_config(tiny(tmp_path, clients_per_round=2, runtime={**RAY, "workers": 1}))
+    data = load_data(config)
+    remote = ray_backend.RayLearningProcess(build_process(config, data), config, actors=1,
+                                            actor_class=RevalidationRefusingActor)
+    try:
+      sampled = sample_clients(list(data.train.client_ids), 2, config.seed, 1)
+      output = remote.next_for_clients(remote.initialize(), sampled, 1)
+      assert np.isfinite(output.metrics["client_work"]["train"][LOSS])
+    finally:
+      remote.close()
+    assert local_ray.is_initialized()
+
+  def test_an_actor_dying_in_work_or_in_the_fold_is_replaced_with_the_same_result(
+      self, tmp_path, local_ray):
+    """Round 1 undisturbed, then again with an actor dying after its work, then
+    with one dying in the fold: each time one actor process is replaced, in place,
+    and the weights and metrics are those of the undisturbed round."""
+    ray, arm = local_ray, os.environ["RAY_TEST_ARM"]  # the actors inherit it
+    config = load_config(tiny(tmp_path, clients_per_round=4, runtime=RAY))
+    data = load_data(config)
+    remote = ray_backend.RayLearningProcess(build_process(config, data), config, actors=2,
+                                            actor_class=DyingActor)
+    try:
+      assert remote.max_concurrent_clients == 1  # an actor of one CPU runs one client at a time
+      state = remote.initialize()
+      sampled = sample_clients(list(data.train.client_ids), 4, config.seed, 1)
+      undisturbed = remote.next_for_clients(state, sampled, 1)
+      for replacements, point in enumerate(("work", "fold"), start=1):
+        pids = ray.get([a.pid.remote() for a in remote.actors])
+        with open(arm, "w") as f:
+          f.write(point)
+        disturbed = remote.next_for_clients(state, sampled, 1)
+        assert not os.path.exists(arm) and remote.replacements == replacements, point
+        for a, b in zip(remote.get_model_weights(undisturbed.state).trainable,
+                        remote.get_model_weights(disturbed.state).trainable, strict=True):
+          np.testing.assert_array_equal(a, b)
+        assert undisturbed.metrics == disturbed.metrics, point
+        after = ray.get([a.pid.remote() for a in remote.actors])
+        assert len(set(after) - set(pids)) == 1, point  # one new actor process, in place
+      remote.next_for_clients(disturbed.state, sampled, 2)  # the new actors work on
+    finally:
+      remote.close()
+    assert ray.is_initialized()
 
 
 # ------------------------------------------------------------------ busy actors
