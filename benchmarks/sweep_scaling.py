@@ -4,10 +4,12 @@
         [--skip-asha] [--fmnist-trials 4] [--fmnist-rounds 20] [--fmnist-optimizers fedadamom]
 
 0. The process cache (`tff_fedadamom.pipeline.process_cache`): the quickstart
-   sweep's wall time with a cold cache and again with the warm one; the same
+   sweep's wall time with a cold cache, again with the warm one, and a third
+   time in the trial workers the second left (`tuning.shared_worker_pool`, as
+   a caller running sweep after sweep in one Ray session keeps them); the same
    20 trials (each optimizer's two sampled configs, all rounds) as separate
-   `tff-fedadamom run` commands, two at a time, on the warm cache; the ratio
-   of the two (the sweep's speed-up over a shell loop); and the time from
+   `tff-fedadamom run` commands, two at a time, on the warm cache; the ratios
+   (the sweep's speed-up over a shell loop); and the time from
    starting `tff-fedadamom run configs/quickstart.yaml` to its first row of
    metrics (after round 1), with a cold and with a warm cache.
 
@@ -104,13 +106,13 @@ def local_ray():
 class _Run:
   """One sweep's measurements."""
 
-  def __init__(self, raw, reuse: bool = True, one_experiment: bool = True):
+  def __init__(self, raw, reuse: bool = True, one_experiment: bool = True, pool=None):
     from tuning import run_sweep
 
     with open(os.devnull, "w") as quiet:
       start, started_at = time.perf_counter(), time.time()
       result = run_sweep(raw, progress_interval_s=3600, stream=quiet, reuse_workers=reuse,
-                         one_experiment=one_experiment)
+                         one_experiment=one_experiment, pool=pool)
       self.wall = time.perf_counter() - start
     trials = [r for grid in result.results.values() for r in grid]
     # Seconds from the call to the first report of any trial (after its first
@@ -208,22 +210,28 @@ def process_cache(root: str) -> None:
   concurrent = raw["resources"]["max_concurrent_trials"]
   print("0. process cache: quickstart sweep, cold then warm; its trials as separate runs; "
         "time to a run's first round", flush=True)
+  from tuning import shared_worker_pool
+
   walls = {}
-  for label in ("cold", "warm"):
-    run = _Run({**copy.deepcopy(raw), "name": f"cache_{label}"})
-    walls[label] = run.wall
-    print(f"  sweep, {label} cache: {run.trials} trials ({run.errors} errored), "
-          f"{run.rounds} trial-rounds in {run.wall:6.1f} s", flush=True)
-    print(f"    where it went: first trial report after {run.first_report_s:5.1f} s (Tune's "
-          f"start, the trial workers' start and warm-up, a first round); the trials' rounds "
-          f"{run.round_seconds:5.1f} s and Tune's time_total_s {run.trial_seconds:5.1f} s "
-          f"over {concurrent} slots of {run.wall:5.1f} s (median trial: {run.median_gap:.2f} s "
-          f"besides its rounds)", flush=True)
+  # The warm sweep starts workers of its own, as any sweep does (the shared
+  # pool is new then); the third sweep runs in the workers it left.
+  with shared_worker_pool() as pool:
+    for label, kwargs in (("cold cache", {}), ("warm cache", {"pool": pool}),
+                          ("warm cache and workers", {"pool": pool})):
+      run = _Run({**copy.deepcopy(raw), "name": f"cache_{len(walls)}"}, **kwargs)
+      walls[label] = run.wall
+      print(f"  sweep, {label}: {run.trials} trials ({run.errors} errored), "
+            f"{run.rounds} trial-rounds in {run.wall:6.1f} s", flush=True)
+      print(f"    where it went: first trial report after {run.first_report_s:5.1f} s (Tune's "
+            f"start, the trial workers' start and warm-up, a first round); the trials' rounds "
+            f"{run.round_seconds:5.1f} s and Tune's time_total_s {run.trial_seconds:5.1f} s "
+            f"over {concurrent} slots of {run.wall:5.1f} s (median trial: "
+            f"{run.median_gap:.2f} s besides its rounds)", flush=True)
   runs, loop_wall = _cli_loop(raw, root, concurrent)
   print(f"  the same trials as {runs} separate runs ({raw['budget']['rounds']} rounds each), "
         f"{concurrent} at a time, warm cache: {loop_wall:6.1f} s", flush=True)
-  print(f"  sweep speed-up over the shell loop: {loop_wall / walls['warm']:.2f}x (warm), "
-        f"{loop_wall / walls['cold']:.2f}x (cold sweep)", flush=True)
+  print("  sweep speed-up over the shell loop: " + ", ".join(
+      f"{loop_wall / wall:.2f}x ({label})" for label, wall in walls.items()), flush=True)
   quick = os.path.join(ROOT, "configs", "quickstart.yaml")
   fresh = os.path.join(root, "first-round-cache")
   for label in ("cold", "warm"):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
-from matplotlib.ticker import NullLocator
+from matplotlib.ticker import MaxNLocator, NullLocator
 
 from tff_fedadamom.figures import margins_in_inches, new_figure, save_figure
 from tff_fedadamom.metric_names import ROUND
@@ -86,6 +86,10 @@ def _draw_dimension(ax, records: list[TrialRecord], path: str, dist, chosen,
   elif numeric and dist.dist == "uniform":
     margin = 0.04 * (dist.high - dist.low)
     ax.set_xlim(dist.low - margin, dist.high + margin)
+    ax.xaxis.set_major_locator(MaxNLocator(4))
+  # A few ticks per axis: matplotlib builds each tick's lines and labels anew
+  # on every draw, most of the time a grid of 40 axes takes to render.
+  ax.yaxis.set_major_locator(MaxNLocator(4))
   ax.set_xlabel(path, fontsize=8)
   ax.tick_params(labelsize=7)
   ax.grid(alpha=0.3)
