@@ -74,15 +74,23 @@ def our_worker_binaries():
   return found
 
 
-@pytest.fixture
-def no_leftover_workers():
-  """Fails a test that leaves a TFF worker_binary of its own behind."""
-  yield
-  deadline = time.monotonic() + 15
+def assert_no_worker_binaries_left(timeout_s: float = 15.0) -> None:
+  """Fails unless every worker_binary this session started outside this
+  process's own descendants has ended (within `timeout_s`)."""
+  deadline = time.monotonic() + timeout_s
   while our_worker_binaries() and time.monotonic() < deadline:
     time.sleep(0.5)
   left = our_worker_binaries()
   assert not left, f"worker_binary processes left behind: {left}"
+
+
+@pytest.fixture
+def no_leftover_workers():
+  """Fails a test that leaves a TFF worker_binary of its own behind. (The
+  workers of a module's `shared_pool` are descendants of this process until
+  the pool ends; the pool checks them then.)"""
+  yield
+  assert_no_worker_binaries_left()
 
 
 @pytest.fixture(scope="module")
@@ -96,3 +104,5 @@ def shared_pool():
 
   with ray_session(None), shared_worker_pool() as pool:
     yield pool
+  # The pool's workers, and whatever they started, end with the pool.
+  assert_no_worker_binaries_left()
