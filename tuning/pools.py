@@ -24,10 +24,9 @@ from tuning.workers import NAMESPACE, PARTS_PER_WORKER, TrialWorker, worker_env
 class WorkerPool:
   """Hands out `TrialWorker`s by (node, threads, GPU ids); see the module doc."""
 
-  def __init__(self, parts_per_worker: int = PARTS_PER_WORKER,
-               warm: Sequence[Callable[[], dict]] = ()):
-    self._parts_per_worker = parts_per_worker
-    self._warm = list(warm)
+  def __init__(self):
+    self._parts_per_worker = PARTS_PER_WORKER
+    self._warm: list[Callable[[], dict]] = []
     self._workers: dict[tuple, list] = {}
 
   def _start(self, key: tuple):
@@ -44,9 +43,10 @@ class WorkerPool:
     return worker
 
   def configure(self, parts_per_worker: int, warm: Sequence[Callable[[], dict]]) -> None:
-    """What the workers started from now on keep and warm up: a shared pool
-    serves one sweep after another (workers already running keep theirs, and
-    build another sweep's parts when its trials need them)."""
+    """What the workers keep and warm up for the sweep about to run (a shared
+    pool serves one sweep after another): workers started from now on take
+    these; running ones keep at least `parts_per_worker` parts and warm up the
+    structures of `warm` they have not built."""
     self._parts_per_worker = parts_per_worker
     self._warm = list(warm)
     for worker in self.workers():
@@ -102,11 +102,18 @@ class SharedWorkerPool:
   name: str
 
 
-def _end_pool(pool) -> None:
-  """Ends a `WorkerPool` actor and the workers it started."""
-  with contextlib.suppress(Exception):
-    ray.get(pool.shutdown.remote(), timeout=30)
-  ray.kill(pool)
+@contextlib.contextmanager
+def _new_pool(prefix: str):
+  """A `WorkerPool` actor named `prefix`-<random> in `NAMESPACE`, yielded as a
+  `SharedWorkerPool`; on exit it ends, and the workers it started with it."""
+  name = f"{prefix}-{uuid.uuid4().hex[:12]}"
+  pool = ray.remote(WorkerPool).options(name=name, namespace=NAMESPACE, num_cpus=0).remote()
+  try:
+    yield SharedWorkerPool(name)
+  finally:
+    with contextlib.suppress(Exception):
+      ray.get(pool.shutdown.remote(), timeout=30)
+    ray.kill(pool)
 
 
 @contextlib.contextmanager
@@ -127,12 +134,8 @@ def shared_worker_pool():
         "shared_worker_pool() needs this process connected to Ray (ray.init(), or "
         "tff_fedadamom.pipeline.ray_session.ray_session()) before it starts: its "
         "workers live in that session, and only sweeps run in it can use them.")
-  name = f"trial-pool-shared-{uuid.uuid4().hex[:12]}"
-  pool = ray.remote(WorkerPool).options(name=name, namespace=NAMESPACE, num_cpus=0).remote()
-  try:
-    yield SharedWorkerPool(name)
-  finally:
-    _end_pool(pool)
+  with _new_pool("trial-pool-shared") as pool:
+    yield pool
 
 
 def check_shared(pool: SharedWorkerPool) -> None:
@@ -171,20 +174,12 @@ def worker_pool(sweep, enabled: bool = True, shared: Optional[SharedWorkerPool] 
   warm = [functools.partial(space_lib.experiment_dict, sweep, optimizer, {},
                             output_dir=os.path.join("warm-up", optimizer), threads=threads)
           for optimizer in sweep.optimizers]
-  parts_per_worker = max(PARTS_PER_WORKER, len(warm))
-  if shared is None:
-    name = f"trial-pool-{uuid.uuid4().hex[:12]}"
-    pool = ray.remote(WorkerPool).options(
-        name=name, namespace=NAMESPACE, num_cpus=0).remote(parts_per_worker, warm)
-  else:
-    name = shared.name
-    pool = ray.get_actor(name, namespace=NAMESPACE)
-    ray.get(pool.configure.remote(parts_per_worker, warm))
-  count = _prestart_count(sweep.resources)
-  if count:
-    pool.prestart.remote(ray.get_runtime_context().get_node_id(), threads, count)
-  try:
-    yield name
-  finally:
-    if shared is None:
-      _end_pool(pool)
+  with contextlib.ExitStack() as own:
+    if shared is None:  # the sweep's own pool: a shared one whose block is the sweep
+      shared = own.enter_context(_new_pool("trial-pool"))
+    pool = ray.get_actor(shared.name, namespace=NAMESPACE)
+    ray.get(pool.configure.remote(max(PARTS_PER_WORKER, len(warm)), warm))
+    count = _prestart_count(sweep.resources)
+    if count:
+      pool.prestart.remote(ray.get_runtime_context().get_node_id(), threads, count)
+    yield shared.name
