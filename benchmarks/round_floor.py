@@ -4,19 +4,21 @@ arithmetic in one `tf.function`.
 For each config, the same sampled clients train from the same global weights:
 
 * `inprocess`: the pipeline's round (`next_for_clients` on the in-process
-  backend, call by call: 2K + 4 calls from Python);
-* `fused`: the same round as one TensorFlow call (`pipeline.backends.fused_round`,
-  opt-in);
+  backend: one TensorFlow call, `pipeline.backends.fused_round`);
+* `call by call`: the same round as 2K + 4 calls from Python, as the ray
+  backend's actors and driver make them (`fused_rounds=False`; the same bits);
 * `tff_cpp`: TFF's own runtime on the same learning process and batches;
 * `floor`: the clients' SGD steps over the same batches, materialized
   beforehand, plus the mean of their deltas, in one `tf.function` (the
   arithmetic of a FedAvg round with nothing around it).
 
-Prints ms per round (median of the timed rounds, after warm-up) and the ratios
-measured in this run. Every timed round starts from the same state, so all
-three do the same work each time.
+Prints ms per round (median of the timed rounds, after one warm-up round each)
+and the ratios measured in this run. Every timed round starts from the same
+state, so all four do the same work each time, and their rounds are
+interleaved.
 
     .venv/bin/python benchmarks/round_floor.py [--rounds 10] [--configs logistic,mlp,cnn,char_lstm]
+    .venv/bin/python benchmarks/round_floor.py --configs resnet18 --rounds 4
 """
 
 from __future__ import annotations
@@ -24,8 +26,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -35,6 +40,7 @@ Session().apply()  # this script is its process's entry point
 
 import tensorflow as tf  # noqa: E402
 
+from tests.data.fixtures import write_cifar10  # noqa: E402
 from tff_fedadamom import models  # noqa: E402
 from tff_fedadamom.config import load_config  # noqa: E402
 from tff_fedadamom.config.schema import INPROCESS, TFF_CPP  # noqa: E402
@@ -64,22 +70,42 @@ CONFIGS = {
 }
 
 
+# Opt-in (`--configs resnet18`): ResNet-18 (GroupNorm) on generated CIFAR-format
+# images, 5 clients x 100 images, batch 50, one local epoch (backend.py's case b
+# without its decay, weight decay, clipping and augmentation, which the floor's
+# plain SGD steps do not do).
+EXTRA_CONFIGS = {
+    "resnet18": dict(clients_per_round=5,
+                     data={"name": "cifar10", "num_clients": 5, "partition": {"kind": "iid"}},
+                     model={"name": "resnet18"},
+                     client={"learning_rate": 0.1, "batch_size": 50, "max_examples": 100}),
+}
+# Data files a config reads from its temporary directory (`data.path`).
+DATA_FILES = {"resnet18": lambda root: write_cifar10(root, per_batch=100, test=10, seed=0)}
+
+
 def _config(name: str, backend: str, output_dir: str):
   raw = {"seed": 0, "rounds": 1, "output_dir": output_dir, "telemetry": False,
          "server": {"optimizer": "fedavg", "learning_rate": 1.0,
                     "client_weighting": "uniform"},
-         "runtime": {"backend": backend}, **CONFIGS[name]}
+         "runtime": {"backend": backend}, **{**CONFIGS, **EXTRA_CONFIGS}[name]}
+  if name in DATA_FILES:
+    raw["data"] = {**raw["data"], "path": output_dir}
   return load_config(raw)
 
 
-def _timed(fn, rounds: int) -> float:
-  fn()  # warm-up: compiles what the first call compiles
-  times = []
-  for _ in range(rounds):
-    start = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - start)
-  return 1000 * statistics.median(times)
+def _interleaved(fns: dict, rounds: int) -> dict[str, float]:
+  """Median ms per call of each of `fns`, their calls interleaved (the first
+  one called rotates each time), so load on a shared machine falls on all alike."""
+  for fn in fns.values():
+    fn()  # warm-up: compiles what the first call compiles
+  names, times = list(fns), {name: [] for name in fns}
+  for i in range(rounds):
+    for name in names[i % len(names):] + names[:i % len(names)]:
+      start = time.perf_counter()
+      fns[name]()
+      times[name].append(time.perf_counter() - start)
+  return {name: 1000 * statistics.median(t) for name, t in times.items()}
 
 
 def _floor(config, data, clients):
@@ -116,46 +142,51 @@ def _backend_round(config, data, clients):
   return lambda: parts.process.next_for_clients(state, clients, 1), parts.process
 
 
-def _fused_round(config, data, clients):
-  """The in-process round as one TensorFlow call (`fused_rounds=True`)."""
+def _call_by_call_round(config, data, clients):
+  """The in-process round as 2K + 4 calls (`fused_rounds=False`)."""
   from tff_fedadamom.pipeline.backends.inprocess import InProcessLearningProcess
 
   compiled = parts_lib.learning_process(config, data)
   process = InProcessLearningProcess(
       compiled, client_tensors=process_lib.make_client_tensors(config, data),
-      fused_rounds=True)
+      fused_rounds=False)
   state = parts_lib.initial_state(config, process)
   return lambda: process.next_for_clients(state, clients, 1)
 
 
 def measure(name: str, rounds: int) -> dict[str, float]:
   with tempfile.TemporaryDirectory() as tmp:
+    if name in DATA_FILES:
+      DATA_FILES[name](tmp)
     config = _config(name, INPROCESS, tmp)
     data = process_lib.load_data(config)
     clients = UniformSampler(data.train.client_ids, config.clients_per_round, config.seed)(1)
-    out = {"floor": _timed(_floor(config, data, clients), rounds),
-           "fused": _timed(_fused_round(config, data, clients), rounds)}
-    for backend in (INPROCESS, TFF_CPP):
-      round_fn, process = _backend_round(_config(name, backend, tmp), data, clients)
-      try:
-        out[backend] = _timed(round_fn, rounds)
-      finally:
+    fns = {"floor": _floor(config, data, clients),
+           "call": _call_by_call_round(config, data, clients)}
+    processes = []
+    try:
+      for backend in (INPROCESS, TFF_CPP):
+        fns[backend], process = _backend_round(_config(name, backend, tmp), data, clients)
+        processes.append(process)
+      return _interleaved(fns, rounds)
+    finally:
+      for process in processes:
         process.close()
-  return out
 
 
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--rounds", type=int, default=10, help="timed rounds per measurement")
-  parser.add_argument("--configs", default=",".join(CONFIGS))
+  parser.add_argument("--configs", default=",".join(CONFIGS),
+                      help=f"comma-separated, of {', '.join([*CONFIGS, *EXTRA_CONFIGS])}")
   args = parser.parse_args(argv)
-  print(f"{'config':<10} {'inprocess ms':>13} {'fused ms':>9} {'tff_cpp ms':>11} "
-        f"{'floor ms':>9} {'inproc/floor':>13} {'inproc/fused':>13} {'cpp/inproc':>11}")
+  print(f"{'config':<10} {'inprocess ms':>13} {'call-by-call ms':>16} {'tff_cpp ms':>11} "
+        f"{'floor ms':>9} {'inproc/floor':>13} {'call/inproc':>12} {'cpp/inproc':>11}")
   for name in args.configs.split(","):
     m = measure(name, args.rounds)
-    print(f"{name:<10} {m['inprocess']:>13.1f} {m['fused']:>9.1f} {m['tff_cpp']:>11.1f} "
+    print(f"{name:<10} {m['inprocess']:>13.1f} {m['call']:>16.1f} {m['tff_cpp']:>11.1f} "
           f"{m['floor']:>9.1f} {m['inprocess'] / m['floor']:>13.2f} "
-          f"{m['inprocess'] / m['fused']:>13.2f} {m['tff_cpp'] / m['inprocess']:>11.2f}",
+          f"{m['call'] / m['inprocess']:>12.2f} {m['tff_cpp'] / m['inprocess']:>11.2f}",
           flush=True)
 
 

@@ -189,7 +189,8 @@ class RuntimeConfig:
                                   allowed="an integer >= 1 or null (every CPU)")
   max_concurrent_clients: Optional[int] = _field(
       None, check=positive,
-      allowed="an integer >= 1 or null (one per device; two on a lone CPU)")
+      allowed="an integer >= 1 or null (one per device; on a lone CPU, all of a round's "
+      "clients)")
   backend: str = _field(AUTO, check=lambda s: s in BACKENDS,
                         allowed="'auto' (= 'inprocess'), 'inprocess', 'tff_cpp' or 'ray'")
   devices: Optional[tuple] = _field(

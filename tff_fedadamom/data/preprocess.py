@@ -67,7 +67,7 @@ def _augment(ds: tf.data.Dataset, augment: str, seed: int) -> tf.data.Dataset:
 
 def client_dataset(ds: tf.data.Dataset, *, batch_size: int, local_epochs: int, seed,
                    shuffle_buffer=None, augment: Optional[str] = None,
-                   drop_remainder: bool = False) -> tf.data.Dataset:
+                   drop_remainder: bool = False, prefetch: bool = True) -> tf.data.Dataset:
   """Shuffle, repeat for ``local_epochs``, (augment,) batch and prefetch one client's data.
 
   Args:
@@ -82,6 +82,10 @@ def client_dataset(ds: tf.data.Dataset, *, batch_size: int, local_epochs: int, s
     augment: None, or ``"crop_flip"`` (random crop with 4-pixel zero padding plus
       horizontal flip, for CIFAR-like images), seeded with stateless ops.
     drop_remainder: Drop a last incomplete batch.
+    prefetch: Prefetch batches on a background thread (``AUTOTUNE``). Changes
+      no batch; worth it only when producing a batch costs about as much as
+      consuming one, which is not so for a pipeline built and read inside one
+      TensorFlow call (``ClientTensors.dataset``).
   """
   if batch_size < 1 or local_epochs < 1:
     raise ValueError(f"batch_size and local_epochs must be >= 1, got {batch_size}, "
@@ -101,7 +105,8 @@ def client_dataset(ds: tf.data.Dataset, *, batch_size: int, local_epochs: int, s
   ds = ds.repeat(local_epochs)
   if augment is not None:
     ds = _augment(ds, augment, seed)
-  return ds.batch(batch_size, drop_remainder=drop_remainder).prefetch(tf.data.AUTOTUNE)
+  ds = ds.batch(batch_size, drop_remainder=drop_remainder)
+  return ds.prefetch(tf.data.AUTOTUNE) if prefetch else ds
 
 
 def test_dataset(ds: tf.data.Dataset, batch_size: int) -> tf.data.Dataset:

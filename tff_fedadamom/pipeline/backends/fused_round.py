@@ -18,13 +18,12 @@ client i - max_concurrent has finished), and the accumulation follows client
 order. It is built once per learning process and K, when a round of K clients
 first runs.
 
-What it does not keep: TensorFlow inlines the computations' functions into the
-one graph and optimizes that graph as a whole, where call-by-call rounds
-optimize each computation alone. On digits/logistic and the MLP the results
-were bit-identical to call-by-call rounds; on the quickstart CNN (conv layers,
-dropout) the weights differed by 0.7% (relative) after 2 rounds. The ray backend runs its clients
-call by call, so `InProcessLearningProcess` uses fused rounds only when asked
-(`fused_rounds=True`).
+Why its numbers are those of call-by-call rounds: each computation's function
+is marked never to be inlined (`tf_computation._wrap_alone`), so TensorFlow
+optimizes it alone, as it does when it is called by itself; optimized together
+with the rest of the round, the quickstart CNN's weights (conv layers,
+dropout) differed by 0.7% (relative) after 2 rounds. The ray backend's actors
+make the same calls one by one, and give the same bits.
 
 Not for computations that need fresh kernels on every call (stateful random
 ops; `tf_computation.needs_fresh_kernels`): `InProcessLearningProcess` keeps
@@ -33,7 +32,8 @@ those call by call.
 
 from __future__ import annotations
 
-from typing import Sequence
+import logging
+from typing import Callable, Optional, Sequence, TypeVar
 
 import tensorflow as tf
 
@@ -41,11 +41,50 @@ from tff_fedadamom.pipeline.py_containers import type_leaves
 from tff_fedadamom.pipeline.tf_computation import Feed, _flat_call, _Slot
 
 
-def _slot(compiled, name: str, device: str, feed=None) -> _Slot:
-  computation = compiled.computation(name)
+LOG = logging.getLogger(__name__)
+_Fused = TypeVar("_Fused")
+
+
+def build_or_none(build: Callable[[], _Fused], what: str) -> Optional[_Fused]:
+  """`build()`, or None, with a one-line warning, when TensorFlow cannot build
+  the one graph.
+
+  Seen once: a freshly built ResNet-18 `work`, whose graph holds its training
+  loop as v1 control flow (TFF's compiler lowers it), called inside another
+  graph failed TensorFlow's shape inference of the call ("Missing src context",
+  an InternalError) while the same computation loaded from an older cache
+  entry did not. The calls one by one give the same bits, so the caller falls
+  back to them.
+  """
+  try:
+    return build()
+  except tf.errors.OpError as error:
+    LOG.warning("%s: TensorFlow could not build it as one graph (%s: %s); its calls "
+                "run one by one, with the same results", what, type(error).__name__,
+                error.message)
+    return None
+
+
+def _slot(computation, device: str, feed=None) -> _Slot:
   parameter = computation.type_signature.parameter
   return _Slot(computation._computation_proto,  # noqa: SLF001
                type_leaves(parameter) if parameter is not None else [], device, feed)
+
+
+def _client_outputs(works: Sequence[_Slot], devices: Sequence[str], client_args, broadcast,
+                    max_concurrent: int) -> list:
+  """Each client's `work` outputs, as ops of the graph being built: client i's
+  slot on `devices[i]`, starting once client i - max_concurrent has finished."""
+  outputs = []
+  for i, (work, args) in enumerate(zip(works, client_args)):
+    after = [outputs[i - max_concurrent][0]] if i >= max_concurrent else []
+    with tf.device(devices[i]), tf.control_dependencies(after):
+      outputs.append(work.in_graph([*args, *broadcast]))
+  return outputs
+
+
+def _split(flat: Sequence, size: int, count: int) -> list:
+  return [list(flat[i * size:(i + 1) * size]) for i in range(count)]
 
 
 class FusedRound:
@@ -56,23 +95,20 @@ class FusedRound:
                state_specs: Sequence[tf.TensorSpec], max_concurrent: int):
     server = devices[0]
     prepare, zero, accumulate, report, update = (
-        _slot(compiled, name, server) for name in ("prepare", "zero", "accumulate", "report",
-                                                   "update"))
+        _slot(compiled.computation(name), server)
+        for name in ("prepare", "zero", "accumulate", "report", "update"))
     # Client i on devices[i % len(devices)], as the call-by-call rounds spread them.
     self.client_devices = [devices[i % len(devices)] for i in range(clients)]
-    works = [_slot(compiled, "work", device, feed) for device in self.client_devices]
+    works = [_slot(compiled.computation("work"), device, feed)
+             for device in self.client_devices]
     n_state, n_client = len(state_specs), len(feed.signature)
     self.clients = clients
 
     def body(*flat):
       state = list(flat[:n_state])
-      broadcast = prepare.in_graph(state)
-      outputs = []
-      for i, work in enumerate(works):
-        args = list(flat[n_state + i * n_client:n_state + (i + 1) * n_client])
-        after = [outputs[i - max_concurrent][0]] if i >= max_concurrent else []
-        with tf.device(self.client_devices[i]), tf.control_dependencies(after):
-          outputs.append(work.in_graph([*args, *broadcast]))
+      outputs = _client_outputs(works, self.client_devices,
+                                _split(flat[n_state:], n_client, clients),
+                                prepare.in_graph(state), max_concurrent)
       with tf.device(server):
         accumulator = zero.in_graph([])
         for output in outputs:
@@ -87,3 +123,39 @@ class FusedRound:
       raise ValueError(f"this round takes {self.clients} clients, found {len(client_args)}")
     flat = [*state_leaves, *(a for args in client_args for a in args)]
     return _flat_call(self._function, flat)
+
+
+class FusedWork:
+  """`clients` clients' `work` as one call: `(client args, broadcast leaves) ->
+  each client's flat outputs`, in client order.
+
+  What a ray actor runs for its block of a round's clients (`inprocess.ClientFold`
+  with `fused=True`): the clients of `FusedRound`, without the server's part,
+  which the driver runs.
+  """
+
+  def __init__(self, work, devices: Sequence[str], clients: int, feed: Feed,
+               max_concurrent: int):
+    self.client_devices = [devices[i % len(devices)] for i in range(clients)]
+    works = [_slot(work, device, feed) for device in self.client_devices]
+    broadcast = type_leaves(work.type_signature.parameter)[feed.replaces:]
+    n_client = len(feed.signature)
+    self.clients = clients
+    self._outputs = 0
+
+    def body(*flat):
+      outputs = _client_outputs(works, self.client_devices,
+                                _split(flat, n_client, clients), flat[clients * n_client:],
+                                max_concurrent)
+      self._outputs = len(outputs[0])
+      return [t for output in outputs for t in output]
+
+    signature = [*(list(feed.signature) * clients),
+                 *(tf.TensorSpec(t.shape, t.dtype) for t in broadcast)]
+    self._function = tf.compat.v1.wrap_function(body, signature)
+
+  def __call__(self, client_args: Sequence[Sequence], broadcast: Sequence) -> list:
+    if len(client_args) != self.clients:
+      raise ValueError(f"this call takes {self.clients} clients, found {len(client_args)}")
+    flat = [*(a for args in client_args for a in args), *broadcast]
+    return _split(_flat_call(self._function, flat), self._outputs, self.clients)

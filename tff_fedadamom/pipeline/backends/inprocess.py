@@ -17,7 +17,10 @@ without it:
    (`tff.backends.mapreduce.get_computation_for_map_reduce_form` is the
    reference): `prepare` on the server state, `work` on each client's dataset
    and the broadcast, `zero`/`accumulate` over the clients in the order they
-   were given, `report`, then `update`.
+   were given, `report`, then `update`. Rounds over client ids run, by
+   default, as one TensorFlow call that holds all of these
+   (`fused_round.FusedRound`); each computation in it is optimized alone, so
+   its numbers are those of the same calls made one by one.
 
 Why clients give results independent of timing: each call of a computation first runs
 the graph's own initializer (`initialize_op`, which creates the model's and
@@ -100,23 +103,29 @@ class ClientFold:
     devices: Full TensorFlow device names; client i runs on
       `devices[i % len(devices)]`, `zero`/`accumulate` on the first.
     max_concurrent_clients: How many clients run at once (at least one per
-      device). Default: one per device; on a lone CPU, as many as TensorFlow's
-      inter-op threads (each client's kernels run on one thread; see
-      `tff_fedadamom.session`).
+      device). Default: one per device; on a lone CPU, in one TensorFlow call
+      (`fused_concurrency`), all of the call's clients, and called one by one,
+      as many as TensorFlow's inter-op threads (each client's kernels run on
+      one thread; see `tff_fedadamom.session`).
     feed: A `tf_computation.Feed` that `work` takes in place of its dataset
       (the client's example tensors and round seed; see `ClientTensors`), or
       None for a dataset.
+    fused: With `feed`, `work_outputs` runs its clients as one TensorFlow call
+      (`fused_round.FusedWork`, one per client count; the same bits as one
+      call per client), unless `work` needs fresh kernels.
   """
 
   def __init__(self, work, zero, accumulate, devices: Sequence[str],
-               max_concurrent_clients: Optional[int] = None, feed: Optional[Feed] = None):
+               max_concurrent_clients: Optional[int] = None, feed: Optional[Feed] = None,
+               fused: bool = False):
     if max_concurrent_clients is not None and max_concurrent_clients < 1:
       raise ValueError(
           f"max_concurrent_clients must be an integer >= 1 or None, found {max_concurrent_clients!r}")
     devices = list(devices)
+    self._lone_cpu = devices[0].endswith("CPU:0") and len(devices) == 1
+    self._limit = max_concurrent_clients
     if max_concurrent_clients is None:
-      max_concurrent_clients = (cpu_threads() if devices[0].endswith("CPU:0") and len(devices) == 1
-                                else len(devices))
+      max_concurrent_clients = cpu_threads() if self._lone_cpu else len(devices)
     self.max_concurrent_clients = max(max_concurrent_clients, len(devices))
     slots = -(-self.max_concurrent_clients // len(devices))
     self.work = TFComputation(work, devices, slots_per_device=slots, feed=feed)
@@ -124,6 +133,10 @@ class ClientFold:
     self._accumulate = TFComputation(accumulate, devices[:1])
     self._pool = concurrent.futures.ThreadPoolExecutor(
         self.max_concurrent_clients, thread_name_prefix="tff-client")
+    self._devices = devices
+    self._fused_work = ({} if fused and feed is not None and not self.work.fresh_kernels
+                        else None)
+    self._work_computation, self._feed = work, feed
 
   def __call__(self, client_args: Sequence[Sequence[Any]], broadcast: Sequence[Any]) -> list:
     """The accumulator (flat tensors) of the clients whose leading `work`
@@ -136,9 +149,34 @@ class ClientFold:
     return [self._pool.submit(self.work.call_flat_leaves, [*args, *broadcast], i)
             for i, args in enumerate(client_args)]
 
+  def fused_concurrency(self, clients: int) -> int:
+    """How many of `clients` clients run at once in one TensorFlow call.
+
+    Without a limit, on a lone CPU, all of them, as TFF's C++ runtime runs a
+    round's clients by default: a client's ops form mostly one chain, so with
+    only as many clients as threads, threads wait; clients interleaved on the
+    inter-op threads fill each other's gaps (MLP-64, 5 clients on 2 threads:
+    40.7 against 52.8 ms a round). The cost is memory: every client's
+    activations at once.
+    """
+    return clients if self._limit is None and self._lone_cpu else self.max_concurrent_clients
+
   def work_outputs(self, client_args: Sequence[Sequence[Any]], broadcast: Sequence[Any]) -> list:
     """`work`'s flat outputs per client, in client order (run concurrently)."""
-    return [future.result() for future in self._submit(client_args, broadcast)]
+    if self._fused_work is None:
+      return [future.result() for future in self._submit(client_args, broadcast)]
+    from tff_fedadamom.pipeline.backends.fused_round import FusedWork, build_or_none
+
+    k = len(client_args)
+    if k not in self._fused_work:
+      fused = build_or_none(lambda: FusedWork(self._work_computation, self._devices, k,
+                                              self._feed, self.fused_concurrency(k)),
+                            f"{k} clients' work")
+      if fused is None:
+        self._fused_work = None
+        return self.work_outputs(client_args, broadcast)
+      self._fused_work[k] = fused
+    return self._fused_work[k](client_args, broadcast)
 
   def fold(self, outputs, accumulator: Optional[Sequence[Any]] = None) -> list:
     """`accumulator` (default: `zero`) with `outputs` accumulated onto it, in order.
@@ -205,25 +243,24 @@ class InProcessLearningProcess(ServerCalls):
       computations (`server.ServerComputations`) run on the first. Default:
       every visible GPU, else the CPU.
     max_concurrent_clients: How many clients run at once (at least one per
-      device). Default: one per device; on a lone CPU, as many as TensorFlow's
-      inter-op threads.
+      device). Default: one per device; on a lone CPU, every client of a fused
+      round, and as many as TensorFlow's inter-op threads call by call
+      (`ClientFold.fused_concurrency`).
     client_tensors: A `data.client_tensors.ClientTensors` of the training set:
       rounds are then `next_for_clients(state, client_ids, round_num)`, and
       each client's dataset is built inside its `work` call, from its example
       tensors and round seed (no Python per client beyond the call).
     fused_rounds: With `client_tensors`, run each round as one TensorFlow call
-      (`fused_round.FusedRound`: the same computations in the same order)
-      rather than call by call; not for computations that need fresh kernels.
-      Off by default: TensorFlow optimizes the fused graph as a whole, and on
-      the quickstart CNN that changed the weights after 2 rounds by 0.7%
-      (relative) against call-by-call rounds, which the ray backend runs;
-      logistic and MLP rounds were bit-identical and faster
-      (`benchmarks/round_floor.py`).
+      (`fused_round.FusedRound`: the same computations in the same order, each
+      optimized alone, so the same bits as call by call) rather than 2K + 4
+      calls from Python. On by default: it is the faster of the two
+      (`benchmarks/round_floor.py`). Computations that need fresh kernels
+      (`tf_computation.needs_fresh_kernels`) always run call by call.
   """
 
   def __init__(self, process, devices: Optional[Sequence[str]] = None,
                max_concurrent_clients: Optional[int] = None, client_tensors=None,
-               fused_rounds: bool = False):
+               fused_rounds: bool = True):
     from tff_fedadamom.pipeline.compiled import compile_process
 
     compiled = compile_process(process)
@@ -270,18 +307,22 @@ class InProcessLearningProcess(ServerCalls):
     return self._fused is not None
 
   def _fused_round(self, state, client_args):
-    from tff_fedadamom.pipeline.backends.fused_round import FusedRound
+    from tff_fedadamom.pipeline.backends.fused_round import FusedRound, build_or_none
 
     created = []
     state_leaves = flatten_value(state, self.state_type, created)
     k = len(client_args)
     if k not in self._fused:
-      self._fused[k] = FusedRound(
+      fused = build_or_none(lambda: FusedRound(
           self.compiled, self.devices, k, client_feed(self._client_tensors),
           [tf.TensorSpec(t.shape, t.dtype) for t in state_leaves],
-          self.max_concurrent_clients)
-    fused = self._fused[k]
-    result = fused(state_leaves, client_args)
+          self._clients.fused_concurrency(k)), f"a round of {k} clients")
+      if fused is None:
+        self._fused = None
+        release(created)
+        return self._round(state, client_args)
+      self._fused[k] = fused
+    result = self._fused[k](state_leaves, client_args)
     output = self.server.to_python(result)
     release([*created, *result])
     return output

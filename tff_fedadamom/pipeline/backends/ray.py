@@ -16,7 +16,8 @@ the experiment's data through the data registry itself, and per round
 receives only the broadcast (put into Ray's object store once) and the ids of
 its clients; it builds their datasets exactly as the driver would
 (`process.client_datasets`: shuffles are a function of (seed, round, client)).
-All actors run their clients' `work` at once; then the accumulator goes from
+All actors run their clients' `work` at once (each actor its block of clients
+as one TensorFlow call, `fused_round.FusedWork`); then the accumulator goes from
 actor to actor in actor order (as an object reference: through Ray's object
 store, not through the driver), each folding its clients onto it in client
 order, with the same `inprocess.ClientFold` the in-process backend runs its
@@ -137,7 +138,7 @@ class ClientActor:
     self._fold = inprocess.ClientFold(
         *(deserialize(computations[name]) for name in CLIENT_COMPUTATIONS),
         inprocess.visible_devices(), max_concurrent_clients,
-        feed=inprocess.client_feed(self._client_tensors))
+        feed=inprocess.client_feed(self._client_tensors), fused=True)
 
   def work(self, client_ids: Sequence[Any], round_num: int,
            broadcast: Sequence[np.ndarray]) -> int:
@@ -187,9 +188,9 @@ class RayLearningProcess(ServerCalls):
     threads: TensorFlow threads per actor (default: `plan.threads_for_cpus`
       of its CPUs).
     max_concurrent_clients: Clients run at once within each actor. Default:
-      `threads_for_cpus(cpus_per_actor)` when it has no GPU, so that an
-      actor uses the CPUs Ray gave it and no more (two concurrent clients, each
-      on its own thread, would keep two cores busy); with a GPU, one.
+      with a GPU, one; else the actor's `ClientFold` default, all of its
+      block of clients, interleaved on its `threads` (so an actor keeps busy
+      the CPUs Ray gave it and no more).
     actor_class: The actors' class (`ClientActor` or a subclass).
   """
 
@@ -207,10 +208,9 @@ class RayLearningProcess(ServerCalls):
       raise ValueError(f"actors must be an integer >= 1, found {actors!r}")
     self.num_actors = actors
     self._experiment = load_config(experiment)
-    whole_cpus = threads_for_cpus(cpus_per_actor)
-    self._threads = threads or whole_cpus
+    self._threads = threads or threads_for_cpus(cpus_per_actor)
     self.max_concurrent_clients = (max_concurrent_clients if max_concurrent_clients is not None
-                                   else 1 if gpus_per_actor else whole_cpus)
+                                   else 1 if gpus_per_actor else None)
     compiled = compile_process(process)
     self.server = ServerComputations(compiled, inprocess.visible_devices()[0])
     self._computations = {name: compiled.computations[name] for name in CLIENT_COMPUTATIONS}
