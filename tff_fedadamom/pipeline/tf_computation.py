@@ -315,12 +315,13 @@ class TFComputation:
     parameter = self.type_signature.parameter
     self._param_leaves = type_leaves(parameter) if parameter is not None else []
     self._devices = list(devices)
-    self._pools = []
-    for device in self._devices:
-      pool = queue.SimpleQueue()
-      for _ in range(0 if self.fresh_kernels else slots_per_device):
-        pool.put(_Slot(proto, self._param_leaves, device, feed))
-      self._pools.append(pool)
+    # Slots are imported on first need, at most `slots_per_device` per device:
+    # a fused round runs the computations in its own graph, so the slots of a
+    # process whose rounds are all fused are never needed.
+    self._slots_per_device = 0 if self.fresh_kernels else slots_per_device
+    self._pools = [queue.SimpleQueue() for _ in self._devices]
+    self._made = [0] * len(self._devices)
+    self._lock = threading.Lock()
 
   @property
   def num_devices(self) -> int:
@@ -332,12 +333,26 @@ class TFComputation:
     device = self._devices[device_index % len(self._devices)]
     if self.fresh_kernels:
       return _Slot(self._proto, self._param_leaves, device, self._feed)(leaves)
-    pool = self._pools[device_index % len(self._pools)]
-    slot = pool.get()
+    index = device_index % len(self._pools)
+    slot = self._take(index)
     try:
       return slot(leaves)
     finally:
-      pool.put(slot)
+      self._pools[index].put(slot)
+
+  def _take(self, index: int) -> _Slot:
+    """An idle slot of device `index`: a new one while fewer than
+    `slots_per_device` exist, else the next one a caller gives back."""
+    try:
+      return self._pools[index].get_nowait()
+    except queue.Empty:
+      pass
+    with self._lock:  # one import at a time, as when they were all made up front
+      if self._made[index] < self._slots_per_device:
+        slot = _Slot(self._proto, self._param_leaves, self._devices[index], self._feed)
+        self._made[index] += 1
+        return slot
+    return self._pools[index].get()
 
   def __call__(self, arg=None, device_index: int = 0):
     parameter = self.type_signature.parameter
