@@ -49,12 +49,11 @@ def build_or_none(build: Callable[[], _Fused], what: str) -> Optional[_Fused]:
   """`build()`, or None, with a one-line warning, when TensorFlow cannot build
   the one graph.
 
-  Seen once: a freshly built ResNet-18 `work`, whose graph holds its training
-  loop as v1 control flow (TFF's compiler lowers it), called inside another
-  graph failed TensorFlow's shape inference of the call ("Missing src context",
-  an InternalError) while the same computation loaded from an older cache
-  entry did not. The calls one by one give the same bits, so the caller falls
-  back to them.
+  Seen once: a freshly built ResNet-18 `work` (width 0.125), called inside
+  another graph, failed when TensorFlow added the call op ("Missing src
+  context", an InternalError), while the same structure loaded from an older
+  cache entry did not; the cause was not found. The calls one by one give the
+  same bits, so the caller falls back to them.
   """
   try:
     return build()
