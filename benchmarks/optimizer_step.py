@@ -15,9 +15,10 @@ possible math (one fused add per array) is timed on the same structure.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
-import time
+import sys
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
@@ -25,6 +26,9 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import tensorflow_federated as tff  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.timing import interleaved  # noqa: E402
 from tff_fedadamom.optimizers import build_fedadamom  # noqa: E402
 
 # ResNet-18 (CIFAR stem, 10 classes) trainable tensor shapes, merged per block
@@ -42,11 +46,9 @@ RESNET18_SHAPES = [
 ]
 
 
-def _timed(fn, args) -> float:
-  start = time.perf_counter()
+def _materialized(fn, args) -> None:
   out = fn(*args)
   tf.nest.map_structure(lambda t: t.numpy() if tf.is_tensor(t) else t, out)
-  return time.perf_counter() - start
 
 
 def _optimizer_step(opt, weights, grads):
@@ -66,19 +68,6 @@ def _floor_step(weights, grads):
             [a + b for a, b in zip(v, w)])
 
   return traffic, (weights, grads, m, v)
-
-
-def _interleaved(steps: dict, repeats: int) -> dict[str, list[float]]:
-  """Times every step once per repeat, round-robin, so that load on a shared
-  machine falls on all of them alike; the paired ratios are what to read."""
-  for fn, args in steps.values():
-    fn(*args)  # trace and warm up
-    fn(*args)
-  times = {name: [] for name in steps}
-  for _ in range(repeats):
-    for name, (fn, args) in steps.items():
-      times[name].append(_timed(fn, args))
-  return times
 
 
 def main(argv=None):
@@ -105,7 +94,9 @@ def main(argv=None):
   }
   steps = {name: _optimizer_step(opt, weights, grads) for name, opt in optimizers.items()}
   steps['floor'] = _floor_step(weights, grads)
-  times = _interleaved(steps, args.repeats)
+  # Two untimed steps each: tracing, then warm-up.
+  times = interleaved({name: functools.partial(_materialized, fn, args)
+                       for name, (fn, args) in steps.items()}, args.repeats, warmups=2)
   for name, values in times.items():
     note = '  (reads w, g, m, v; writes 3 arrays)' if name == 'floor' else ''
     print(f'{name:>10}: {statistics.median(values) * 1e3:8.1f} ms{note}')

@@ -28,7 +28,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -40,6 +39,7 @@ Session().apply()  # this script is its process's entry point
 
 import tensorflow as tf  # noqa: E402
 
+from benchmarks.timing import interleaved  # noqa: E402
 from tests.data.fixtures import write_cifar10  # noqa: E402
 from tff_fedadamom import models  # noqa: E402
 from tff_fedadamom.config import load_config  # noqa: E402
@@ -92,20 +92,6 @@ def _config(name: str, backend: str, output_dir: str):
   if name in DATA_FILES:
     raw["data"] = {**raw["data"], "path": output_dir}
   return load_config(raw)
-
-
-def _interleaved(fns: dict, rounds: int) -> dict[str, float]:
-  """Median ms per call of each of `fns`, their calls interleaved (the first
-  one called rotates each time), so load on a shared machine falls on all alike."""
-  for fn in fns.values():
-    fn()  # warm-up: compiles what the first call compiles
-  names, times = list(fns), {name: [] for name in fns}
-  for i in range(rounds):
-    for name in names[i % len(names):] + names[:i % len(names)]:
-      start = time.perf_counter()
-      fns[name]()
-      times[name].append(time.perf_counter() - start)
-  return {name: 1000 * statistics.median(t) for name, t in times.items()}
 
 
 def _floor(config, data, clients):
@@ -168,7 +154,7 @@ def measure(name: str, rounds: int) -> dict[str, float]:
       for backend in (INPROCESS, TFF_CPP):
         fns[backend], process = _backend_round(_config(name, backend, tmp), data, clients)
         processes.append(process)
-      return _interleaved(fns, rounds)
+      return {name: 1000 * statistics.median(t) for name, t in interleaved(fns, rounds).items()}
     finally:
       for process in processes:
         process.close()
