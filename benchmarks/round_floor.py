@@ -4,9 +4,10 @@ arithmetic in one `tf.function`.
 For each config, the same sampled clients train from the same global weights:
 
 * `inprocess`: the pipeline's round (`next_for_clients` on the in-process
-  backend: one TensorFlow call, `pipeline.backends.fused_round`);
-* `call by call`: the same round as 2K + 4 calls from Python, as the ray
-  backend's actors and driver make them (`fused_rounds=False`; the same bits);
+  backend) as a run's rounds become after `runtime.fuse_after_rounds`: one
+  TensorFlow call (`pipeline.backends.fused_round`), here from the first round;
+* `call by call`: the same round as 2K + 4 calls from Python, as a run's first
+  rounds are made (`fuse_after_rounds=None`; the same bits);
 * `tff_cpp`: TFF's own runtime on the same learning process and batches;
 * `floor`: the clients' SGD steps over the same batches, materialized
   beforehand, plus the mean of their deltas, in one `tf.function` (the
@@ -88,7 +89,8 @@ def _config(name: str, backend: str, output_dir: str):
   raw = {"seed": 0, "rounds": 1, "output_dir": output_dir, "telemetry": False,
          "server": {"optimizer": "fedavg", "learning_rate": 1.0,
                     "client_weighting": "uniform"},
-         "runtime": {"backend": backend}, **{**CONFIGS, **EXTRA_CONFIGS}[name]}
+         "runtime": {"backend": backend, "fuse_after_rounds": 0},
+         **{**CONFIGS, **EXTRA_CONFIGS}[name]}
   if name in DATA_FILES:
     raw["data"] = {**raw["data"], "path": output_dir}
   return load_config(raw)
@@ -129,13 +131,13 @@ def _backend_round(config, data, clients):
 
 
 def _call_by_call_round(config, data, clients):
-  """The in-process round as 2K + 4 calls (`fused_rounds=False`)."""
+  """The in-process round as 2K + 4 calls (`fuse_after_rounds=None`)."""
   from tff_fedadamom.pipeline.backends.inprocess import InProcessLearningProcess
 
   compiled = parts_lib.learning_process(config, data)
   process = InProcessLearningProcess(
       compiled, client_tensors=process_lib.make_client_tensors(config, data),
-      fused_rounds=False)
+      fuse_after_rounds=None)
   state = parts_lib.initial_state(config, process)
   return lambda: process.next_for_clients(state, clients, 1)
 

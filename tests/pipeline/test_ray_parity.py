@@ -48,15 +48,23 @@ def local_ray():
 # ResNet-18 on one actor (its two clients one after the other): each actor
 # process pays seconds to optimize the ResNet's graphs on its first call, and
 # the fold across actors is the same for every model (the others use two).
-@pytest.mark.parametrize("make,actors", [(_mlp, 2), (_char_lstm, 2), (_resnet18, 1)],
+# `fuse`: each side's `runtime.fuse_after_rounds`. The MLP's in-process rounds
+# are one TensorFlow call each, and the actors' first block runs call by call,
+# their second as one call; the others run as a short run does by default, call
+# by call (tests/pipeline/test_round_speed_parts.py checks one call against
+# call by call on a CNN).
+@pytest.mark.parametrize("make,actors,fuse", [
+    (_mlp, 2, {"inprocess": 0, "ray": 1}), (_char_lstm, 2, {}), (_resnet18, 1, {})],
                          ids=["mlp", "char_lstm", "resnet18"])
-def test_ray_equals_inprocess_bit_for_bit(tmp_path, local_ray, make, actors):
+def test_ray_equals_inprocess_bit_for_bit(tmp_path, local_ray, make, actors, fuse):
   raw = make(tmp_path / "data")
   raw["client"] = {**raw["client"], "max_examples": 32, "batch_size": 16}
   raw.update(rounds=2, eval_every=2, checkpoint_every=2)
   runs = {}
   for name, runtime in (("inprocess", {"backend": "inprocess"}),
                         ("ray", {**RAY, "workers": actors})):
+    if name in fuse:
+      runtime = {**runtime, "fuse_after_rounds": fuse[name]}
     runs[name] = run_experiment({**raw, "output_dir": str(tmp_path / name), "runtime": runtime},
                                 progress=False)
   assert runs["ray"].summary["backend"] == "ray"

@@ -147,11 +147,12 @@ _CNN = {"clients_per_round": 8, "model": {"name": "cnn"},
 @pytest.mark.parametrize("concurrent,overrides", [(1, {}), (None, {}), (2, _CNN)],
                          ids=["logistic-1", "logistic-default", "cnn-2"])
 def test_a_fused_round_is_the_call_by_call_round(tmp_path, concurrent, overrides):
-  """One TensorFlow call per round (`fused_round`, the default) gives bit for bit
-  the state of the same rounds run call by call, whatever the model and the
-  concurrent clients (by default, all of them; and on two devices:
+  """One TensorFlow call per round (`fused_round`) gives bit for bit the state of
+  the same rounds run call by call, whatever the model and the concurrent
+  clients (by default, all of them; and on two devices:
   tests/pipeline/test_inprocess.py's child runs fused rounds on one and on two
-  logical CPUs and compares them)."""
+  logical CPUs and compares them); so does a run whose rounds switch from one
+  to the other (`fuse_after_rounds`, the default's behaviour)."""
   from tff_fedadamom.pipeline import parts as parts_lib
   from tff_fedadamom.pipeline.process import make_client_tensors
 
@@ -160,25 +161,58 @@ def test_a_fused_round_is_the_call_by_call_round(tmp_path, concurrent, overrides
   data = load_data(config)
   compiled = parts_lib.learning_process(config, data, [])
   states = {}
-  for fused in (None, False):  # None: the default
-    kwargs = {} if fused is None else {"fused_rounds": fused}
+  # 0: one call from the first round; 1: each client count's first round call by
+  # call, its second as one call; None: always call by call.
+  for after in (0, 1, None):
     process = inprocess.InProcessLearningProcess(
         compiled, max_concurrent_clients=concurrent,
-        client_tensors=make_client_tensors(config, data), **kwargs)
-    assert process.fused_rounds is (fused is None)
+        client_tensors=make_client_tensors(config, data), fuse_after_rounds=after)
+    assert process.fused_rounds is (after is not None)
     # Default on the lone CPU: all of a fused round's clients at once.
     assert process._clients.fused_concurrency(k) == (concurrent or k)  # noqa: SLF001
     state = process.initialize()
-    for r in (1, 2, 3):  # k clients, then k - 1: a fused round per client count
-      clients = data.train.client_ids[r:r + (k if r < 3 else k - 1)]
-      state = process.next_for_clients(state, clients, r).state
-    states[fused] = [np.asarray(x) for x in tf.nest.flatten(state)]
+    sizes = (k, k, k - 1, k - 1)  # a fused round per client count
+    for r, size in enumerate(sizes, 1):
+      state = process.next_for_clients(state, data.train.client_ids[r:r + size], r).state
+    assert sorted(process._fusion._built) == ([] if after is None else [k - 1, k])  # noqa: SLF001
+    states[after] = [np.asarray(x) for x in tf.nest.flatten(state)]
     process.close()
-  assert len(states[None]) == len(states[False]) > 2
-  for fused_leaf, call_leaf in zip(states[None], states[False]):
-    np.testing.assert_array_equal(fused_leaf, call_leaf)
-  assert not np.array_equal(states[None][0], np.asarray(
+  assert len(states[0]) == len(states[None]) > 2
+  for after in (0, 1):
+    for fused_leaf, call_leaf in zip(states[after], states[None], strict=True):
+      np.testing.assert_array_equal(fused_leaf, call_leaf)
+  assert not np.array_equal(states[0][0], np.asarray(
       tf.nest.flatten(process.initialize())[0]))  # the rounds did train
+
+
+def test_fusion_waits_its_rounds_then_builds_once():
+  """`Fusion` runs `after` groups of a client count one by one, then builds that
+  count's one call once; None never builds; what TensorFlow cannot build, it
+  stops asking for."""
+  from tff_fedadamom.pipeline.backends.fused_round import Fusion
+
+  built = []
+
+  def build(k):
+    built.append(k)
+    return f"one call of {k}"
+
+  fusion = Fusion(2)
+  got = [fusion.get(k, lambda k=k: build(k), "x") for k in (5, 5, 4, 5, 5, 4, 4)]
+  assert got == [None, None, None, "one call of 5", "one call of 5", None, "one call of 4"]
+  assert built == [5, 4] and fusion.enabled
+  never = Fusion(None)
+  assert [never.get(5, lambda: build(5), "x") for _ in range(3)] == [None] * 3
+  assert built == [5, 4] and not never.enabled
+  with pytest.raises(ValueError, match="fuse_after_rounds must be an integer >= 0"):
+    Fusion(-1)
+
+  def refuse():
+    raise tf.errors.InternalError(None, None, "Missing src context")
+
+  failing = Fusion(0)
+  assert failing.get(3, refuse, "x") is None and not failing.enabled
+  assert failing.get(3, lambda: build(3), "x") is None and built == [5, 4]
 
 
 @pytest.mark.parametrize("part", ["FusedRound", "FusedWork"])
@@ -208,18 +242,18 @@ def test_a_round_tensorflow_cannot_fuse_runs_call_by_call(tmp_path, monkeypatch,
     return inprocess.InProcessLearningProcess(
         compiled, client_tensors=make_client_tensors(config, data), **kwargs)
 
-  expected = rounds(process(fused_rounds=False))
+  expected = rounds(process(fuse_after_rounds=None))
 
   def refuse(*args, **kwargs):
     raise tf.errors.InternalError(None, None, "Missing src context")
 
   monkeypatch.setattr(getattr(fused_round, part), "__init__", refuse)
-  fallback = process()
+  fallback = process(fuse_after_rounds=0)
   fold = None
   if part == "FusedWork":
     fold = inprocess.ClientFold(*(compiled.computation(n) for n in inprocess.CLIENT_COMPUTATIONS),
                                 fallback.devices, feed=inprocess.client_feed(
-                                    fallback._client_tensors), fused=True)  # noqa: SLF001
+                                    fallback._client_tensors), fuse_after=0)  # noqa: SLF001
   with caplog.at_level("WARNING", logger=fused_round.__name__):
     actual = rounds(fallback, fold)
   assert [r.getMessage() for r in caplog.records if "could not build" in r.getMessage()]

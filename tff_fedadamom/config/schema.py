@@ -131,6 +131,11 @@ AUTO, INPROCESS, TFF_CPP, RAY = "auto", "inprocess", "tff_cpp", "ray"
 BACKENDS = (AUTO, INPROCESS, TFF_CPP, RAY)
 # The ray backend's settings when left null.
 RAY_WORKERS, RAY_CPUS_PER_WORKER, RAY_GPUS_PER_WORKER = 2, 1.0, 0.0
+# Rounds of one client count run call by call before the in-process and ray
+# backends build that count's round as one TensorFlow call: it costs about a
+# second more to build and saves milliseconds a round
+# (`pipeline.backends.fused_round.Fusion`).
+FUSE_AFTER_ROUNDS = 50
 # A Ray cluster to join: 'auto' (the one this machine belongs to) or a head's host:port.
 RAY_ADDRESS = re.compile(r"^(auto|(ray://)?[A-Za-z0-9_.\-\[\]:]+:\d+)$")
 _DEVICE = re.compile(r"^/?(device:)?(CPU|GPU):\d+$", re.IGNORECASE)
@@ -179,6 +184,11 @@ class RuntimeConfig:
   entry point (the `tff-fedadamom` command, a trial worker, an actor); a
   library run whose process has another pool size fails with a `SessionError`.
 
+  `fuse_after_rounds`: after that many rounds of the same number of clients,
+  the in-process backend runs such a round as one TensorFlow call, and a ray
+  actor its block of clients (`pipeline.backends.fused_round`); the numbers
+  are the same bits as call by call, only the speed changes.
+
   `cache` keeps the compiled learning process of the in-process and ray
   backends in a machine-wide cache (`pipeline.process_cache`) at `cache_dir`,
   so that every later run, trial or actor of the same structure loads it
@@ -191,6 +201,10 @@ class RuntimeConfig:
       None, check=positive,
       allowed="an integer >= 1 or null (one per device; on a lone CPU, all of a round's "
       "clients)")
+  fuse_after_rounds: Optional[int] = _field(
+      FUSE_AFTER_ROUNDS, check=nonnegative,
+      allowed=f"an integer >= 0 (0: from the first round; default {FUSE_AFTER_ROUNDS}) or null "
+      "(rounds always run call by call)")
   backend: str = _field(AUTO, check=lambda s: s in BACKENDS,
                         allowed="'auto' (= 'inprocess'), 'inprocess', 'tff_cpp' or 'ray'")
   devices: Optional[tuple] = _field(

@@ -44,7 +44,8 @@ import tensorflow as tf
 
 from tff_fedadamom.pipeline.backends.server import ServerCalls, ServerComputations
 from tff_fedadamom.pipeline.eager_release import release
-from tff_fedadamom.pipeline.py_containers import flatten_value
+from tff_fedadamom.config.schema import FUSE_AFTER_ROUNDS
+from tff_fedadamom.pipeline.py_containers import flatten_value, type_leaves
 from tff_fedadamom.pipeline.tf_computation import Feed, TFComputation
 
 # The form's computations that run a round's clients: here in one `ClientFold`,
@@ -110,14 +111,18 @@ class ClientFold:
     feed: A `tf_computation.Feed` that `work` takes in place of its dataset
       (the client's example tensors and round seed; see `ClientTensors`), or
       None for a dataset.
-    fused: With `feed`, `work_outputs` runs its clients as one TensorFlow call
-      (`fused_round.FusedWork`, one per client count; the same bits as one
-      call per client), unless `work` needs fresh kernels.
+    fuse_after: With `feed`, `work_outputs` runs its clients as one
+      TensorFlow call (`fused_round.FusedWork`, one per client count; the same
+      bits as one call per client) once it has run that many clients
+      `fuse_after` times one by one (`fused_round.Fusion`); None: always one
+      by one, as when `work` needs fresh kernels.
   """
 
   def __init__(self, work, zero, accumulate, devices: Sequence[str],
                max_concurrent_clients: Optional[int] = None, feed: Optional[Feed] = None,
-               fused: bool = False):
+               fuse_after: Optional[int] = None):
+    from tff_fedadamom.pipeline.backends.fused_round import Fusion
+
     if max_concurrent_clients is not None and max_concurrent_clients < 1:
       raise ValueError(
           f"max_concurrent_clients must be an integer >= 1 or None, found {max_concurrent_clients!r}")
@@ -134,8 +139,8 @@ class ClientFold:
     self._pool = concurrent.futures.ThreadPoolExecutor(
         self.max_concurrent_clients, thread_name_prefix="tff-client")
     self._devices = devices
-    self._fused_work = ({} if fused and feed is not None and not self.work.fresh_kernels
-                        else None)
+    self._fused_work = Fusion(
+        fuse_after if feed is not None and not self.work.fresh_kernels else None)
     self._work_computation, self._feed = work, feed
 
   def __call__(self, client_args: Sequence[Sequence[Any]], broadcast: Sequence[Any]) -> list:
@@ -163,20 +168,15 @@ class ClientFold:
 
   def work_outputs(self, client_args: Sequence[Sequence[Any]], broadcast: Sequence[Any]) -> list:
     """`work`'s flat outputs per client, in client order (run concurrently)."""
-    if self._fused_work is None:
-      return [future.result() for future in self._submit(client_args, broadcast)]
-    from tff_fedadamom.pipeline.backends.fused_round import FusedWork, build_or_none
+    from tff_fedadamom.pipeline.backends.fused_round import FusedWork
 
     k = len(client_args)
-    if k not in self._fused_work:
-      fused = build_or_none(lambda: FusedWork(self._work_computation, self._devices, k,
-                                              self._feed, self.fused_concurrency(k)),
-                            f"{k} clients' work")
-      if fused is None:
-        self._fused_work = None
-        return self.work_outputs(client_args, broadcast)
-      self._fused_work[k] = fused
-    return self._fused_work[k](client_args, broadcast)
+    fused = self._fused_work.get(
+        k, lambda: FusedWork(self._work_computation, self._devices, k, self._feed,
+                             self.fused_concurrency(k)), f"{k} clients' work")
+    if fused is None:
+      return [future.result() for future in self._submit(client_args, broadcast)]
+    return fused(client_args, broadcast)
 
   def fold(self, outputs, accumulator: Optional[Sequence[Any]] = None) -> list:
     """`accumulator` (default: `zero`) with `outputs` accumulated onto it, in order.
@@ -250,17 +250,21 @@ class InProcessLearningProcess(ServerCalls):
       rounds are then `next_for_clients(state, client_ids, round_num)`, and
       each client's dataset is built inside its `work` call, from its example
       tensors and round seed (no Python per client beyond the call).
-    fused_rounds: With `client_tensors`, run each round as one TensorFlow call
-      (`fused_round.FusedRound`: the same computations in the same order, each
-      optimized alone, so the same bits as call by call) rather than 2K + 4
-      calls from Python. On by default: it is the faster of the two
-      (`benchmarks/round_floor.py`). Computations that need fresh kernels
-      (`tf_computation.needs_fresh_kernels`) always run call by call.
+    fuse_after_rounds: With `client_tensors`, how many rounds of K clients
+      run call by call (2K + 4 calls from Python) before the rounds of K
+      clients run as one TensorFlow call (`fused_round.FusedRound`: the same
+      computations in the same order, each optimized alone, so the same bits).
+      One call is the faster round (`benchmarks/round_floor.py`) but costs
+      more to build (`fused_round.Fusion`). 0: one call from the first round;
+      None: always call by call, as for computations that need fresh kernels
+      (`tf_computation.needs_fresh_kernels`). Default: the config's
+      (`runtime.fuse_after_rounds`).
   """
 
   def __init__(self, process, devices: Optional[Sequence[str]] = None,
                max_concurrent_clients: Optional[int] = None, client_tensors=None,
-               fused_rounds: bool = True):
+               fuse_after_rounds: Optional[int] = FUSE_AFTER_ROUNDS):
+    from tff_fedadamom.pipeline.backends.fused_round import Fusion
     from tff_fedadamom.pipeline.compiled import compile_process
 
     compiled = compile_process(process)
@@ -274,9 +278,8 @@ class InProcessLearningProcess(ServerCalls):
     self.max_concurrent_clients = self._clients.max_concurrent_clients
     self._work = self._clients.work
     # Rounds as one TensorFlow call (`fused_round`), one per number of clients.
-    self._fused: Optional[dict] = (
-        {} if fused_rounds and client_tensors is not None and not self._work.fresh_kernels
-        else None)
+    self._fusion = Fusion(fuse_after_rounds if client_tensors is not None
+                          and not self._work.fresh_kernels else None)
 
   @property
   def process(self):
@@ -296,36 +299,31 @@ class InProcessLearningProcess(ServerCalls):
     if self._client_tensors is None:
       raise TypeError("next_for_clients needs client_tensors=...; call next(state, datasets)")
     client_args = [self._client_tensors.args(cid, round_num) for cid in client_ids]
-    round_fn = self._round if self._fused is None else self._fused_round
-    output = round_fn(state, client_args)
+    fused = self._fused_round(len(client_args))
+    if fused is None:
+      output = self._round(state, client_args)
+    else:
+      created = []
+      result = fused(flatten_value(state, self.state_type, created), client_args)
+      output = self.server.to_python(result)
+      release([*created, *result])
     release(args[-1] for args in client_args)  # the round seeds; the examples stay
     return output
 
   @property
   def fused_rounds(self) -> bool:
-    """Whether rounds over client ids run as one TensorFlow call (`fused_round`)."""
-    return self._fused is not None
+    """Whether rounds over client ids run, or will run, as one TensorFlow call
+    (`fused_round`)."""
+    return self._fusion.enabled
 
-  def _fused_round(self, state, client_args):
-    from tff_fedadamom.pipeline.backends.fused_round import FusedRound, build_or_none
+  def _fused_round(self, k: int):
+    """The one-call round of `k` clients, or None while it is not due (`fused_round.Fusion`)."""
+    from tff_fedadamom.pipeline.backends.fused_round import FusedRound
 
-    created = []
-    state_leaves = flatten_value(state, self.state_type, created)
-    k = len(client_args)
-    if k not in self._fused:
-      fused = build_or_none(lambda: FusedRound(
-          self.compiled, self.devices, k, client_feed(self._client_tensors),
-          [tf.TensorSpec(t.shape, t.dtype) for t in state_leaves],
-          self._clients.fused_concurrency(k)), f"a round of {k} clients")
-      if fused is None:
-        self._fused = None
-        release(created)
-        return self._round(state, client_args)
-      self._fused[k] = fused
-    result = self._fused[k](state_leaves, client_args)
-    output = self.server.to_python(result)
-    release([*created, *result])
-    return output
+    return self._fusion.get(k, lambda: FusedRound(
+        self.compiled, self.devices, k, client_feed(self._client_tensors),
+        [tf.TensorSpec(t.shape, t.dtype) for t in type_leaves(self.state_type)],
+        self._clients.fused_concurrency(k)), f"a round of {k} clients")
 
   def _round(self, state, client_args):
     return self.server.round(state, lambda broadcast: self._clients(client_args, broadcast))

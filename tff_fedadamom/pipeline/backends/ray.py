@@ -124,6 +124,9 @@ class ClientActor:
       (`work`, `zero` and `accumulate`).
     threads: TensorFlow's intra-op threads in this actor.
     max_concurrent_clients: Clients run at once in this actor (see `ClientFold`).
+
+  After `runtime.fuse_after_rounds` blocks of the same size, the actor runs
+  such a block as one TensorFlow call (`ClientFold`'s `fuse_after`).
   """
 
   def __init__(self, experiment, computations: Mapping[str, bytes], threads: int,
@@ -138,7 +141,8 @@ class ClientActor:
     self._fold = inprocess.ClientFold(
         *(deserialize(computations[name]) for name in CLIENT_COMPUTATIONS),
         inprocess.visible_devices(), max_concurrent_clients,
-        feed=inprocess.client_feed(self._client_tensors), fused=True)
+        feed=inprocess.client_feed(self._client_tensors),
+        fuse_after=experiment.runtime.fuse_after_rounds)
 
   def work(self, client_ids: Sequence[Any], round_num: int,
            broadcast: Sequence[np.ndarray]) -> int:
