@@ -14,6 +14,12 @@ They alternate (rounds, run, rounds, run, ...) so that load on a shared machine
 falls on both alike, and the medians are compared. The issue's goal: a whole
 quickstart run within 1.15x of its rounds.
 
+Where the difference goes: each round hook's seconds over the whole run
+(`pipeline.hooks`, timed around its `end_round` in this process), and what is
+left (start, the final outputs and plots). Evaluation is compute, not
+overhead: on the quickstart it is a forward pass over the 10,000 test images,
+every 5 rounds.
+
     .venv/bin/python benchmarks/run_overhead.py [--config configs/quickstart.yaml]
         [--repeats 2] [--rounds N]
 """
@@ -34,6 +40,7 @@ Session().apply()  # this script is its process's entry point
 
 from tff_fedadamom.config import load_config  # noqa: E402
 from tff_fedadamom.data.sampling import UniformSampler  # noqa: E402
+from tff_fedadamom.pipeline import hooks as hooks_lib  # noqa: E402
 from tff_fedadamom.pipeline import parts as parts_lib  # noqa: E402
 from tff_fedadamom.pipeline import run_experiment  # noqa: E402
 
@@ -51,6 +58,20 @@ def rounds_only(plan, parts) -> float:
     state = parts.process.next_for_clients(state, sampler(round_num), round_num).state
   parts.process.get_model_weights(state)  # the last round's result, as numbers
   return time.perf_counter() - started
+
+
+def time_hooks(seconds: dict) -> None:
+  """Adds each hook class's `end_round` seconds to `seconds[class name]` (this
+  process's hook classes, for the benchmark's runs)."""
+  for cls in vars(hooks_lib).values():
+    if isinstance(cls, type) and issubclass(cls, hooks_lib.RoundHook) and "end_round" in vars(cls):
+      def timed(self, end, _end_round=cls.end_round, _name=cls.__name__):
+        started = time.perf_counter()
+        try:
+          return _end_round(self, end)
+        finally:
+          seconds[_name] = seconds.get(_name, 0.0) + time.perf_counter() - started
+      cls.end_round = timed
 
 
 def whole_run(plan, parts) -> float:
@@ -74,6 +95,8 @@ def main(argv=None) -> int:
     try:
       parts_lib.warm_up(base, parts)
       times = {"rounds": [], "run": []}
+      hook_seconds: dict = {}
+      time_hooks(hook_seconds)
       for i in range(args.repeats):
         plan = parts_lib.make_plan(load_config(
             args.config, overrides=[*round_override, f"output_dir={os.path.join(tmp, f'run{i}')}"]))
@@ -89,6 +112,15 @@ def main(argv=None) -> int:
   print(f"  whole run:    {run:7.2f} s   ({', '.join(f'{t:.2f}' for t in times['run'])})")
   ratio = run / rounds
   print(f"  run / rounds: {ratio:.3f} (goal <= {GOAL}) {'OK' if ratio <= GOAL else 'ABOVE GOAL'}")
+  # Per run: the hooks' seconds over all repeats, divided by the repeats.
+  per_run = {name: t / args.repeats for name, t in sorted(hook_seconds.items(),
+                                                          key=lambda item: -item[1])}
+  print("  each run's hooks (mean s): " + ", ".join(f"{n} {t:.2f}" for n, t in per_run.items()))
+  evaluation = per_run.get(hooks_lib.Evaluate.__name__, 0.0)
+  rest = statistics.mean(times["run"]) - statistics.mean(times["rounds"]) - sum(per_run.values())
+  print(f"  start, outputs and plots (mean s): {rest:.2f}")
+  print(f"  run without its evaluation / rounds (means): "
+        f"{(statistics.mean(times['run']) - evaluation) / statistics.mean(times['rounds']):.3f}")
   return 0
 
 
