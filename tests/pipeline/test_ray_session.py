@@ -82,3 +82,36 @@ def test_a_local_session_ends_its_reaper_and_every_process_it_started():
   while processes.still_running(pids) and time.monotonic() < deadline:
     time.sleep(0.5)
   assert not processes.still_running(pids)
+
+
+# A local start whose first `ray.init` fails after starting a process (as a GCS
+# server that exits at once does, seen under load): the session warns, ends
+# that process, and starts Ray again.
+_FAILING_START = """
+import logging, os, subprocess
+import ray
+from tests import process_table as processes
+from tff_fedadamom.pipeline import ray_session
+real_init, left = ray.init, []
+def init(**kwargs):
+  if not left:
+    left.append(subprocess.Popen(["sleep", "60"]))
+    raise FileNotFoundError("gcs_server.err")
+  return real_init(**kwargs)
+ray.init = init
+logging.basicConfig()
+with ray_session.ray_session(None):
+  print(ray.is_initialized(), left[0].poll() is not None,
+        left[0].pid in processes.descendants(os.getpid()), flush=True)
+"""
+
+
+def test_a_local_start_that_fails_once_is_tried_again():
+  env = {**os.environ, "PYTHONPATH": REPO, "RAY_ADDRESS": ""}
+  out = subprocess.run([sys.executable, "-c", _FAILING_START], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  # Ray runs; the failed start's process was ended (and reaped by its Popen's poll).
+  assert out.stdout.strip().splitlines()[-1] == "True True False"
+  assert "a local Ray failed to start (FileNotFoundError: gcs_server.err); starting it again" \
+      in out.stderr

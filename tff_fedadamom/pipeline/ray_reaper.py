@@ -29,22 +29,29 @@ def _identities(argv: list) -> list:
   return [tuple(int(part) for part in arg.split(":")) for arg in argv]
 
 
-def main() -> None:
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+def kill(targets) -> None:
+  """SIGKILL to each process of `targets` ((pid, start time) pairs,
+  `process_table.identity`) that still runs as itself: a pid reused by another
+  process is left alone."""
   from tff_fedadamom.process_table import identity
 
-  targets = _identities(sys.argv[1:])
-  # A Ctrl-C in the driver's terminal reaches this process group too: the driver
-  # decides when Ray ends, through the pipe.
-  signal.signal(signal.SIGINT, signal.SIG_IGN)
-  while sys.stdin.buffer.read(1 << 16):
-    pass  # nothing is ever written: end of file is the only message
   for pid, start_time in targets:
     if identity(pid) == (pid, start_time):
       try:
         os.kill(pid, signal.SIGKILL)
       except OSError:
         pass  # ended meanwhile
+
+
+def main() -> None:
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+  targets = _identities(sys.argv[1:])
+  # A Ctrl-C in the driver's terminal reaches this process group too: the driver
+  # decides when Ray ends, through the pipe.
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  while sys.stdin.buffer.read(1 << 16):
+    pass  # nothing is ever written: end of file is the only message
+  kill(targets)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ experiment (`backends.ray`). Ray is imported only when a session starts, so
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import subprocess
 import sys
@@ -15,6 +16,9 @@ import warnings
 from typing import Any, Optional
 
 from tff_fedadamom import process_table
+from tff_fedadamom.pipeline import ray_reaper
+
+LOG = logging.getLogger(__name__)
 
 _LOOPBACK = ("127.0.0.1", "localhost")
 REAPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ray_reaper.py")
@@ -63,18 +67,37 @@ def connect(address: Optional[str]) -> bool:
     kwargs.pop("include_dashboard")  # the cluster's own setting applies
   # The processes ray.init starts are this process' new descendants.
   before = set(process_table.descendants(os.getpid())) if address is None else None
-  with warnings.catch_warnings():
-    # Ray's notice that zero-GPU tasks will see the GPUs one day: tasks without
-    # a GPU hide them themselves.
-    warnings.filterwarnings("ignore", message="Tip: In future versions of Ray",
-                            category=FutureWarning)
-    ray.init(**kwargs)
+
+  def started() -> list:
+    return [process_table.identity(pid) for pid in process_table.descendants(os.getpid())
+            if pid not in before]
+
+  # A local start is tried twice. Twice in this project's test suite, with
+  # other tests starting local Rays at the same time, the GCS server of a new
+  # local Ray exited before writing its log and `ray.init` failed; the cause
+  # was not found (Ray picks its ports by binding and releasing them, so two
+  # starts at once can pick the same one). What the failed start left running
+  # is ended before the second try.
+  for tries_left in range(2 if address is None else 1, 0, -1):
+    try:
+      with warnings.catch_warnings():
+        # Ray's notice that zero-GPU tasks will see the GPUs one day: tasks
+        # without a GPU hide them themselves.
+        warnings.filterwarnings("ignore", message="Tip: In future versions of Ray",
+                                category=FutureWarning)
+        ray.init(**kwargs)
+      break
+    except Exception as error:  # noqa: BLE001 - Ray raises many kinds at start
+      if tries_left == 1:
+        raise
+      LOG.warning("a local Ray failed to start (%s: %s); starting it again",
+                  type(error).__name__, error)
+      ray.shutdown()
+      ray_reaper.kill(filter(None, started()))
   if before is not None:
-    started = [process_table.identity(pid) for pid in process_table.descendants(os.getpid())
-               if pid not in before]
     # -I: the reaper needs the standard library and process_table only.
     _reaper = subprocess.Popen(
-        [sys.executable, "-I", REAPER, *(f"{pid}:{t}" for pid, t in filter(None, started))],
+        [sys.executable, "-I", REAPER, *(f"{pid}:{t}" for pid, t in filter(None, started()))],
         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         close_fds=True)
   return True

@@ -17,8 +17,9 @@ without it:
    (`tff.backends.mapreduce.get_computation_for_map_reduce_form` is the
    reference): `prepare` on the server state, `work` on each client's dataset
    and the broadcast, `zero`/`accumulate` over the clients in the order they
-   were given, `report`, then `update`. Rounds over client ids run, by
-   default, as one TensorFlow call that holds all of these
+   were given, `report`, then `update`. Once a process has run
+   `fuse_after_rounds` rounds of K clients so, its rounds over K client ids
+   run as one TensorFlow call that holds all of these
    (`fused_round.FusedRound`); each computation in it is optimized alone, so
    its numbers are those of the same calls made one by one.
 
@@ -42,9 +43,9 @@ from typing import Any, Optional, Sequence
 
 import tensorflow as tf
 
+from tff_fedadamom.config.schema import FUSE_AFTER_ROUNDS
 from tff_fedadamom.pipeline.backends.server import ServerCalls, ServerComputations
 from tff_fedadamom.pipeline.eager_release import release
-from tff_fedadamom.config.schema import FUSE_AFTER_ROUNDS
 from tff_fedadamom.pipeline.py_containers import flatten_value, type_leaves
 from tff_fedadamom.pipeline.tf_computation import Feed, TFComputation
 
@@ -257,8 +258,8 @@ class InProcessLearningProcess(ServerCalls):
       One call is the faster round (`benchmarks/round_floor.py`) but costs
       more to build (`fused_round.Fusion`). 0: one call from the first round;
       None: always call by call, as for computations that need fresh kernels
-      (`tf_computation.needs_fresh_kernels`). Default: the config's
-      (`runtime.fuse_after_rounds`).
+      (`tf_computation.needs_fresh_kernels`). Default: `FUSE_AFTER_ROUNDS`,
+      as `runtime.fuse_after_rounds`.
   """
 
   def __init__(self, process, devices: Optional[Sequence[str]] = None,
