@@ -144,9 +144,13 @@ _CNN = {"clients_per_round": 8, "model": {"name": "cnn"},
         "client": {"learning_rate": 0.05, "batch_size": 16, "max_examples": 32}}
 
 
-@pytest.mark.parametrize("concurrent,overrides", [(1, {}), (None, {}), (2, _CNN)],
+# `afters`: the processes' `fuse_after_rounds`, compared with call by call
+# (None): 0, one call from the first round; 1, each client count's first round
+# call by call and its second as one call (the switch a run's default makes).
+@pytest.mark.parametrize("concurrent,overrides,afters", [
+    (1, {}, (0, 1)), (None, {}, (0, 1)), (2, _CNN, (0,))],
                          ids=["logistic-1", "logistic-default", "cnn-2"])
-def test_a_fused_round_is_the_call_by_call_round(tmp_path, concurrent, overrides):
+def test_a_fused_round_is_the_call_by_call_round(tmp_path, concurrent, overrides, afters):
   """One TensorFlow call per round (`fused_round`) gives bit for bit the state of
   the same rounds run call by call, whatever the model and the concurrent
   clients (by default, all of them; and on two devices:
@@ -161,9 +165,7 @@ def test_a_fused_round_is_the_call_by_call_round(tmp_path, concurrent, overrides
   data = load_data(config)
   compiled = parts_lib.learning_process(config, data, [])
   states = {}
-  # 0: one call from the first round; 1: each client count's first round call by
-  # call, its second as one call; None: always call by call.
-  for after in (0, 1, None):
+  for after in (*afters, None):
     process = inprocess.InProcessLearningProcess(
         compiled, max_concurrent_clients=concurrent,
         client_tensors=make_client_tensors(config, data), fuse_after_rounds=after)
@@ -178,7 +180,7 @@ def test_a_fused_round_is_the_call_by_call_round(tmp_path, concurrent, overrides
     states[after] = [np.asarray(x) for x in tf.nest.flatten(state)]
     process.close()
   assert len(states[0]) == len(states[None]) > 2
-  for after in (0, 1):
+  for after in afters:
     for fused_leaf, call_leaf in zip(states[after], states[None], strict=True):
       np.testing.assert_array_equal(fused_leaf, call_leaf)
   assert not np.array_equal(states[0][0], np.asarray(
