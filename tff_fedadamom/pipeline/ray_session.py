@@ -69,8 +69,10 @@ def connect(address: Optional[str]) -> bool:
   before = set(process_table.descendants(os.getpid())) if address is None else None
 
   def started() -> list:
-    return [process_table.identity(pid) for pid in process_table.descendants(os.getpid())
-            if pid not in before]
+    """(pid, start time) of each process started since `before` that still runs."""
+    return [identity for identity in (process_table.identity(pid)
+                                      for pid in process_table.descendants(os.getpid())
+                                      if pid not in before) if identity is not None]
 
   # A local start is tried twice. Twice in this project's test suite, with
   # other tests starting local Rays at the same time, the GCS server of a new
@@ -93,11 +95,11 @@ def connect(address: Optional[str]) -> bool:
       LOG.warning("a local Ray failed to start (%s: %s); starting it again",
                   type(error).__name__, error)
       ray.shutdown()
-      ray_reaper.kill(filter(None, started()))
+      ray_reaper.kill(started())
   if before is not None:
     # -I: the reaper needs the standard library and process_table only.
     _reaper = subprocess.Popen(
-        [sys.executable, "-I", REAPER, *(f"{pid}:{t}" for pid, t in filter(None, started()))],
+        [sys.executable, "-I", REAPER, *(f"{pid}:{t}" for pid, t in started())],
         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         close_fds=True)
   return True

@@ -317,7 +317,7 @@ class TFComputation:
     self._devices = list(devices)
     # Slots are imported on first need, at most `slots_per_device` per device:
     # a fused round runs the computations in its own graph, so the slots of a
-    # process whose rounds are all fused are never needed.
+    # process whose rounds are all fused (`fuse_after_rounds` 0) are never needed.
     self._slots_per_device = 0 if self.fresh_kernels else slots_per_device
     self._pools = [queue.SimpleQueue() for _ in self._devices]
     self._made = [0] * len(self._devices)

@@ -140,8 +140,11 @@ class ClientFold:
     self._pool = concurrent.futures.ThreadPoolExecutor(
         self.max_concurrent_clients, thread_name_prefix="tff-client")
     self._devices = devices
-    self._fused_work = Fusion(
-        fuse_after if feed is not None and not self.work.fresh_kernels else None)
+    # Whether the clients' `work` may run as one TensorFlow call (here, and in
+    # `InProcessLearningProcess`'s rounds): it needs the clients' tensors, and
+    # kernels that may be kept from one call to the next.
+    self.fusable = feed is not None and not self.work.fresh_kernels
+    self._fused_work = Fusion(fuse_after if self.fusable else None)
     self._work_computation, self._feed = work, feed
 
   def __call__(self, client_args: Sequence[Sequence[Any]], broadcast: Sequence[Any]) -> list:
@@ -279,8 +282,7 @@ class InProcessLearningProcess(ServerCalls):
     self.max_concurrent_clients = self._clients.max_concurrent_clients
     self._work = self._clients.work
     # Rounds as one TensorFlow call (`fused_round`), one per number of clients.
-    self._fusion = Fusion(fuse_after_rounds if client_tensors is not None
-                          and not self._work.fresh_kernels else None)
+    self._fusion = Fusion(fuse_after_rounds if self._clients.fusable else None)
 
   @property
   def process(self):
