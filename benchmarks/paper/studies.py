@@ -116,16 +116,17 @@ def _hparams(entry: Mapping) -> dict:
 # ---------------------------------------------------------------------------- studies 1, 2
 
 
-def compare(ctx: Context, requests: Mapping[str, tuple]) -> dict:
+def compare(ctx: Context, requests: Mapping[str, tuple], alongside: Sequence = ()) -> dict:
   """Equal-budget tuning of each base's methods on each base of `requests` (name
   -> (base, data budget, client learning-rate range, methods)), all trials in one
-  batch. Returns {name: {"tuning": outcome, "base": base}} for the sweeps that
-  ran; an outcome's "best" holds one entry per method, in `methods`' order."""
+  batch, with the units `alongside` (`tune.tune`). Returns {name: {"tuning":
+  outcome, "base": base}} for the sweeps that ran; an outcome's "best" holds one
+  entry per method, in `methods`' order."""
   tuned = tune_lib.tune(ctx, {
       name: {"base": base, "trials": db.tune_trials, "rounds": db.tune_rounds,
              "space": plan.search_space(client_lr, methods), "optimizers": methods}
       for name, (base, db, client_lr, methods) in requests.items()},
-      seed=ctx.budget.tune_seed)
+      seed=ctx.budget.tune_seed, alongside=alongside)
   return {name: {"tuning": outcome, "base": requests[name][0]}
           for name, outcome in tuned.items() if outcome is not None}
 

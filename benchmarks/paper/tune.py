@@ -138,19 +138,26 @@ def _trial_records(sweep_dir: str, optimizers: Sequence[str]) -> dict:
     return {}
 
 
-def tune(ctx, requests: Mapping[str, Mapping[str, Any]], seed: int) -> dict:
+def tune(ctx, requests: Mapping[str, Mapping[str, Any]], seed: int,
+         alongside: Sequence = ()) -> dict:
   """Tunes each base's optimizers with the same budget on each requested base; returns
   {name: outcome or None}, an outcome holding, per optimizer, the best params,
   its objective, the trial list and the best trial's experiment config.
 
   `requests` maps a sweep name to its `base`, `optimizers`, `trials`, `rounds`
-  and `space`.
+  and `space`; its order is the order trials are submitted in (the costliest
+  first, so that the pool's last minutes are not one long trial).
   In process, every trial of every sweep is a unit of `ctx.store`, all run as
   one batch (stored, and committed with --commit-units, as each completes; a
   rerun runs only the trials not stored). Through Ray, each sweep is one entry
   of the local cache (Tune resumes its own interrupted sweep on the same
   machine). With `ctx.execute` False, nothing runs: the outcome of the stored
   trials, or None for a sweep without any.
+
+  `alongside`: units that do not depend on tuning (the escape simulation), run
+  in process in the same batch, submitted first, and stored as they complete,
+  so that they fill the pool while the trials run instead of running after
+  them. Through Ray they are left to the caller's next batch.
   """
   from tuning import load_sweep
 
@@ -166,8 +173,9 @@ def tune(ctx, requests: Mapping[str, Mapping[str, Any]], seed: int) -> dict:
              for name, (sweep, _, spec) in sweeps.items()}
   elif ctx.backend == "inprocess":
     planned = {name: trial_units(sweep, name) for name, (sweep, _, _) in sweeps.items()}
-    results = ctx.run([u for trials in planned.values() for u, _, _ in trials],
-                      "tuning " + ", ".join(sweeps))
+    results = ctx.run(list(alongside) + [u for trials in planned.values() for u, _, _ in trials],
+                      "tuning " + ", ".join(sweeps)
+                      + "".join(f" (and {u.name})" for u in alongside))
     bests = {name: _outcomes(sweeps[name][0], trials, results)
              if any(u.name in results for u, _, _ in trials) else None
              for name, trials in planned.items()}

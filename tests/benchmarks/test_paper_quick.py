@@ -154,7 +154,7 @@ def test_rerun_runs_only_the_missing_unit(quick_run):
   started = time.monotonic()
   proc = _run(out, TIMEOUT_S / 2)
   assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-  assert "tuning fmnist-dir0.3, shakespeare: all 13 units stored" in proc.stdout
+  assert "tuning shakespeare, fmnist-dir0.3 (and escape/study): all 14 units stored" in proc.stdout
   assert re.search(r"runs: 1 of \d+ units to run", proc.stdout), proc.stdout[-3000:]
   assert time.monotonic() - started < max(120.0, 0.75 * elapsed)
   rerun = json.loads(missing.read_text())

@@ -59,16 +59,29 @@ class Evaluator:
     from tff_fedadamom import models
 
     if not self._compiled:
-      import tensorflow as tf
-
       loss_factory, self._metric_factories = models.loss_and_metrics(
           models.MODELS[self._config.model.name].task)
       self._model.compile(loss=loss_factory(), metrics=[m() for m in self._metric_factories])
-      model = self._model
-      # The forward pass of `evaluate`'s step, traced once per batch shape.
-      self._predict = tf.function(lambda x: model(x, training=False))
       self._compiled = True
     return self._model
+
+  def _forward(self):
+    """The forward pass of `evaluate`'s step, traced once, for any batch size.
+
+    Keras traces its step for the dataset's element spec, whose batch size is
+    unknown (a last batch may be partial). One trace per batch shape would trace
+    a char-LSTM again for the partial batch, and concurrent first calls would
+    each trace it anew: the concrete function is made here, before the batches
+    run side by side."""
+    import tensorflow as tf
+
+    if self._predict is None:
+      model = self.compiled_model()
+      x = self._test_batches()[0][0]
+      spec = tf.TensorSpec([None, *x.shape[1:]], x.dtype)
+      self._predict = tf.function(lambda x: model(x, training=False),
+                                  input_signature=[spec]).get_concrete_function()
+    return self._predict
 
   def _test_batches(self) -> list:
     """The test set as (x, y) tensors, one pair per batch, made once."""
@@ -102,6 +115,7 @@ class Evaluator:
 
     model = self.compiled_model()
     process.get_model_weights(state).assign_weights_to(model)
+    self._forward()
     batches = self._test_batches()
     # As many batches at once as clients run (each batch's kernels on one thread).
     with concurrent.futures.ThreadPoolExecutor(
