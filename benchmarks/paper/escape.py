@@ -53,7 +53,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Mapping, Sequence
+from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -238,13 +238,24 @@ def _batch_arrays(setup: EscapeSetup, ks: Sequence[float], particles: int):
 
 
 def mean_step_at_minimum(name: str, lr: float, setup: EscapeSetup, *, particles: int = 256,
-                         burn_in: int = 400, rounds: int = 400, seed: int = 1) -> float:
-  """Mean |step| per coordinate in the harmonic well of the minimum at k_ref."""
+                         burn_in: int = 400, rounds: int = 400, seed: int = 1,
+                         compiled: Optional[dict] = None) -> float:
+  """Mean |step| per coordinate in the harmonic well of the minimum at k_ref.
+
+  `compiled`: a dict this call may keep its compiled rounds in, by optimizer,
+  for later calls with other learning rates to reuse. The learning rate is in
+  the optimizer's state, an argument of the compiled rounds, not in their graph,
+  so one trace serves every learning rate (tracing `tf.vectorized_map` costs
+  more than the rounds it runs here).
+  """
   import tensorflow as tf
 
   batched = BatchedOptimizer(build_optimizer(name, lr, setup), setup.dim)
   sqrt_k, noise_std, x0 = _batch_arrays(setup, [setup.k_ref], particles)
-  run = _simulate_fn(batched, setup, sqrt_k, noise_std, quadratic=True)
+  compiled = {} if compiled is None else compiled
+  if name not in compiled:
+    compiled[name] = _simulate_fn(batched, setup, sqrt_k, noise_std, quadratic=True)
+  run = compiled[name]
   state = batched.initialize(particles)
   escaped = tf.fill([particles], tf.constant(-1, tf.int32))
   _, _, _, total, count = run(state, x0, escaped, tf.constant(0, tf.int32),
@@ -260,6 +271,7 @@ def match_learning_rates(setup: EscapeSetup, *, iterations: int = 3,
   The step is close to proportional to the learning rate; a few multiplicative
   corrections converge. Returns {optimizer: {lr, mean_step}} and the target.
   """
+  compiled: dict = {}
   target = mean_step_at_minimum("fedavgm", setup.sgd_lr, setup, particles=particles)
   out = {"fedavgm": {"lr": setup.sgd_lr, "mean_step": target}}
   guesses = {
@@ -269,10 +281,10 @@ def match_learning_rates(setup: EscapeSetup, *, iterations: int = 3,
       "fedadamom": target / float(np.sqrt(setup.noise_scale * setup.k_ref * H0)),
   }
   for name, lr in guesses.items():
-    step = mean_step_at_minimum(name, lr, setup, particles=particles)
+    step = mean_step_at_minimum(name, lr, setup, particles=particles, compiled=compiled)
     for _ in range(iterations):
       lr *= target / step
-      step = mean_step_at_minimum(name, lr, setup, particles=particles)
+      step = mean_step_at_minimum(name, lr, setup, particles=particles, compiled=compiled)
     out[name] = {"lr": lr, "mean_step": step}
   return {"target_mean_step": target, "optimizers": out}
 
