@@ -49,6 +49,20 @@ def test_batched_next_equals_one_model_at_a_time(name):
                              atol=1e-6)
 
 
+def test_matching_traces_each_optimizers_rounds_once_for_every_learning_rate():
+  """The learning rate is in the optimizer's state: one trace of the rounds
+  serves every rate, with each rate's own steps (those of rounds traced for it)."""
+  setup = plan.QUICK.escape
+  kwargs = dict(particles=8, burn_in=5, rounds=5)
+  compiled = {}
+  low = escape.mean_step_at_minimum("fedadamom", 0.01, setup, compiled=compiled, **kwargs)
+  high = escape.mean_step_at_minimum("fedadamom", 0.04, setup, compiled=compiled, **kwargs)
+  assert list(compiled) == ["fedadamom"]
+  assert compiled["fedadamom"].experimental_get_tracing_count() == 1
+  assert high != low
+  assert high == escape.mean_step_at_minimum("fedadamom", 0.04, setup, **kwargs)
+
+
 def test_rate_estimate_censoring():
   out = escape.rate_estimate([10, 30, -1, -1], max_rounds=100)
   assert out["escaped"] == 2

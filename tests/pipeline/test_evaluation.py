@@ -66,6 +66,10 @@ def test_evaluator_equals_keras_evaluate_bit_for_bit(tmp_path, case, monkeypatch
     theirs = _keras_evaluate(model, data, config.data.eval_batch_size)
     assert ours == theirs, (case, threads)
     assert 0.0 < ours[TEST_ACCURACY] < 1.0 and np.isfinite(ours[TEST_LOSS])
+  # One forward pass for every batch size, the partial last batch's included.
+  forward = evaluator._forward()  # noqa: SLF001
+  assert forward is evaluator._forward()  # noqa: SLF001
+  assert forward.structured_input_signature[0][0].shape[0] is None
   n = sum(1 for _ in data.test)
   assert batches == -(-n // config.data.eval_batch_size) > 2
   assert n % config.data.eval_batch_size, "a partial last batch"
