@@ -326,6 +326,18 @@ def main(argv=None) -> int:
     return 130
   finally:
     pool.shutdown()
+    _stop_resource_tracker()
+
+
+def _stop_resource_tracker() -> None:
+  """Ends multiprocessing's resource tracker (the spawn pool's start made it) and
+  reaps it. Left alone, it would read the end of its pipe only once this process
+  has exited, and outlive the command by a moment. A later pool starts it again."""
+  from multiprocessing import resource_tracker
+
+  stop = getattr(resource_tracker._resource_tracker, "_stop", None)  # noqa: SLF001
+  if stop is not None:
+    stop()
 
 
 if __name__ == "__main__":

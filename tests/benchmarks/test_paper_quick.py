@@ -47,6 +47,15 @@ def _run(out_dir, timeout, *extra):
     os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate()
     raise
+  # Nothing it started outlives it: not a pool worker, not multiprocessing's
+  # resource tracker.
+  try:
+    os.killpg(proc.pid, 0)
+  except ProcessLookupError:
+    pass
+  else:
+    os.killpg(proc.pid, signal.SIGKILL)
+    raise AssertionError("a process of the reproduction outlived it")
   return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
