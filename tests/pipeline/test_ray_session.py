@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from tests import process_table as processes
 from tff_fedadamom.pipeline import ray_session
 
@@ -115,3 +117,9 @@ def test_a_local_start_that_fails_once_is_tried_again():
   assert out.stdout.strip().splitlines()[-1] == "True True False"
   assert "a local Ray failed to start (FileNotFoundError: gcs_server.err); starting it again" \
       in out.stderr
+
+
+def test_resources_are_told_to_a_new_local_ray_only():
+  with pytest.raises(ValueError, match=r"resources=\{'num_gpus': 1\} apply to a new local "
+                                       r"Ray only, not to address='auto'"):
+    ray_session.connect("auto", resources={"num_gpus": 1})

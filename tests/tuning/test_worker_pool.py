@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from tff_fedadamom.pipeline.ray_session import ray_session
 from tuning.pools import WorkerPool, shared_worker_pool
 from tuning.workers import NAMESPACE, process_identity
 
@@ -36,9 +37,9 @@ def test_a_worker_sees_the_gpus_of_its_trial_and_ray_leaves_them_alone(monkeypat
 
   monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)  # tests/conftest.py hides GPUs
 
-  ray.init(address="local", num_cpus=1, num_gpus=1, include_dashboard=False,
-           _node_ip_address="127.0.0.1", log_to_driver=False, configure_logging=False)
-  try:
+  # Started as every local Ray of the project is (`ray_session.connect`: on
+  # loopback, tried again if its first start fails).
+  with ray_session(None, resources={"num_cpus": 1, "num_gpus": 1}):
     pool = ray.remote(WorkerPool).options(namespace=NAMESPACE, num_cpus=0).remote()
     node = ray.get_runtime_context().get_node_id()
     owner = process_identity(os.getpid())
@@ -53,5 +54,3 @@ def test_a_worker_sees_the_gpus_of_its_trial_and_ray_leaves_them_alone(monkeypat
     again = ray.get(pool.acquire.remote(node, 1, ["0"], "c", owner))
     assert _in_actor(again, os.getpid) != _in_actor(gpu, os.getpid)
     ray.get(pool.shutdown.remote())
-  finally:
-    ray.shutdown()

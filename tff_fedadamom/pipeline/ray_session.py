@@ -35,7 +35,7 @@ def is_loopback(address: Optional[str]) -> bool:
   return host in _LOOPBACK
 
 
-def connect(address: Optional[str]) -> bool:
+def connect(address: Optional[str], resources: Optional[dict] = None) -> bool:
   """Connects this process to Ray as `address` says; True if it started a session.
 
   `None` starts a new local Ray bound to 127.0.0.1 with the dashboard off,
@@ -44,10 +44,16 @@ def connect(address: Optional[str]) -> bool:
   process' logging is left as it is. An already initialised Ray (a test, a
   notebook, a sweep) is used as it is, and False is returned: the caller must
   then not shut it down.
+
+  `resources` (a new local instance only) are what Ray is told the machine
+  has, e.g. `{"num_cpus": 1, "num_gpus": 1}`, instead of what it detects.
   """
   global _reaper
   import ray
 
+  if resources and address is not None:
+    raise ValueError(f"resources={resources!r} apply to a new local Ray only, "
+                     f"not to address={address!r}")
   if ray.is_initialized():
     return False
   env = {"TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
@@ -59,7 +65,7 @@ def connect(address: Optional[str]) -> bool:
   if address is None:
     # "local": a new instance even if RAY_ADDRESS is set or a `ray start`
     # cluster runs on this machine (ray.init() would silently join those).
-    kwargs.update(address="local", _node_ip_address="127.0.0.1")
+    kwargs.update(address="local", _node_ip_address="127.0.0.1", **(resources or {}))
   else:
     kwargs["address"] = address
     if address != "auto" and is_loopback(address):
@@ -74,10 +80,10 @@ def connect(address: Optional[str]) -> bool:
                                       for pid in process_table.descendants(os.getpid())
                                       if pid not in before) if identity is not None]
 
-  # A local start is tried twice. Twice in this project's test suite, with
-  # other tests starting local Rays at the same time, the GCS server of a new
-  # local Ray exited before writing its log and `ray.init` failed; the cause
-  # was not found (Ray picks its ports by binding and releasing them, so two
+  # A local start is tried twice. Three times in this project's test suite,
+  # with other tests starting local Rays at the same time, the GCS server of a
+  # new local Ray exited, or hung, before writing its log and `ray.init` failed
+  # (the hung one after about 35 s of Ray's own retries); the cause was not found (Ray picks its ports by binding and releasing them, so two
   # starts at once can pick the same one). What the failed start left running
   # is ended before the second try.
   for tries_left in range(2 if address is None else 1, 0, -1):
@@ -121,11 +127,12 @@ def disconnect() -> None:
 
 
 @contextlib.contextmanager
-def ray_session(address: Optional[str]):
-  """`connect(address)` for the duration of a block; shuts down only what it started."""
+def ray_session(address: Optional[str], resources: Optional[dict] = None):
+  """`connect(address, resources)` for the duration of a block; shuts down only
+  what it started."""
   import ray
 
-  started = connect(address)
+  started = connect(address, resources)
   try:
     yield ray
   finally:
