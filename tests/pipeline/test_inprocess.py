@@ -228,7 +228,7 @@ _CHILD = textwrap.dedent("""
     from tff_fedadamom.config import load_config
     from tff_fedadamom.pipeline import run_experiment
     from tff_fedadamom.pipeline.backends import inprocess
-    from tff_fedadamom.pipeline.process import build_process, client_datasets, load_data
+    from tff_fedadamom.pipeline.process import client_datasets, load_data
     started = []
     _Popen = subprocess.Popen
     class Recording(_Popen):
@@ -243,7 +243,9 @@ _CHILD = textwrap.dedent("""
 
     config = load_config(json.loads(sys.argv[1]))
     data = load_data(config)
-    process = build_process(config, data)
+    # The run above stored its compiled process in the session's cache.
+    from tff_fedadamom.pipeline.parts import learning_process
+    process = learning_process(config, data)
     states, used = {}, {}
     for devices in (["CPU:0"], ["CPU:0", "CPU:1"]):
       local = inprocess.InProcessLearningProcess(process, devices=devices)

@@ -68,7 +68,7 @@ def test_bundle_rejects_what_it_cannot_read(built):
     CompiledProcess.from_bytes(b"garbage")
 
 
-def test_process_key_ignores_state_hparams_run_settings_and_the_partition_only():
+def test_process_key_ignores_state_hparams_run_settings_and_the_clients_data_only():
   def process_key(config):
     signature = process_lib.data_signature(config, process_lib.load_data(config))
     return cache_lib.process_key(
@@ -82,30 +82,35 @@ def test_process_key_ignores_state_hparams_run_settings_and_the_partition_only()
           tiny(rounds=9, eval_every=3, checkpoint_every=2, telemetry=False),
           tiny(runtime={"threads": 1, "max_concurrent_clients": 1, "cache": False}),
           tiny(data={"partition": {"kind": "iid"}, "num_clients": 5, "seed": 7,
-                     "eval_batch_size": 64})]
+                     "eval_batch_size": 64}),
+          # Batching and client sampling shape the datasets, not the computation.
+          tiny(clients_per_round=3, client={"batch_size": 7, "local_epochs": 2,
+                                            "max_examples": 11})]
   assert {process_key(c) for c in same} == {key}
   # A dataset of another input shape (synthetic: 60 features, 10 classes).
   other_data = tiny(data={"name": "synthetic", "num_clients": 8})
   assert process_lib.data_signature(other_data, process_lib.load_data(other_data))[
       "input_shape"] != process_lib.data_signature(base, process_lib.load_data(base))["input_shape"]
-  other = [tiny(seed=4), tiny(model={"name": "mlp"}), tiny(client={"local_epochs": 2}),
+  other = [tiny(seed=4), tiny(model={"name": "mlp"}), tiny(client={"clip_norm": 1.0}),
            tiny(server={"optimizer": "fedadam"}), other_data]
   keys = {process_key(c) for c in other}
   assert key not in keys and len(keys) == len(other)
 
 
-def test_runs_that_differ_in_partition_share_one_compiled_process(tmp_path):
-  """A cached process built on one partition runs another partition's config
-  exactly as that config's own uncached process does."""
+def test_runs_that_differ_in_partition_and_batching_share_one_compiled_process(tmp_path):
+  """A cached process built on one partition, batching and client count runs
+  another's config exactly as that config's own uncached process does."""
   from tff_fedadamom.pipeline import run_experiment
 
   cache = str(tmp_path / "cache")
-  other = {"partition": {"kind": "iid"}, "num_clients": 6, "seed": 2}
+  other = {"data": {"partition": {"kind": "iid"}, "num_clients": 6, "seed": 2},
+           "client": {"batch_size": 5, "local_epochs": 2, "max_examples": 12},
+           "clients_per_round": 2}
   rows = {}
-  for name, data, runtime in (("first", {}, {"cache_dir": cache}),
-                              ("shared", other, {"cache_dir": cache}),
-                              ("own", other, {"cache": False})):
-    config = tiny(tmp_path / name, rounds=2, data=data, runtime=runtime)
+  for name, sections, runtime in (("first", {}, {"cache_dir": cache}),
+                                  ("shared", other, {"cache_dir": cache}),
+                                  ("own", other, {"cache": False})):
+    config = tiny(tmp_path / name, rounds=2, runtime=runtime, **sections)
     run_experiment(config, progress=False)
     rows[name] = _rows(tmp_path / name)
   entries = [n for n in os.listdir(cache) if n.endswith(".tffproc")]

@@ -27,7 +27,7 @@ from tff_fedadamom.pipeline import backends, run_experiment
 from tff_fedadamom.pipeline import parts as parts_lib
 from tff_fedadamom.pipeline.backends import inprocess
 from tff_fedadamom.pipeline.backends import ray as ray_backend
-from tff_fedadamom.pipeline.process import build_process, load_data, make_client_tensors
+from tff_fedadamom.pipeline.process import load_data, make_client_tensors
 from tff_fedadamom.pipeline.ray_session import ray_session
 
 # Two threads per actor, as this 2-core machine's in-process runs have: the
@@ -188,7 +188,7 @@ def test_two_node_cluster_matches_inprocess(tmp_path, two_node_cluster):  # noqa
   config = load_config(tiny(tmp_path, clients_per_round=4, runtime={
       **RAY, "address": two_node_cluster}))
   data = load_data(config)
-  process = build_process(config, data)
+  process = parts_lib.learning_process(config, data)  # from the session's process cache
   local = inprocess.InProcessLearningProcess(
       process, client_tensors=make_client_tensors(config, data))
   expected = _rounds(local, config, data, 3)
@@ -290,8 +290,8 @@ class TestOnOneLocalRay:
     its validated mark), not a mapping each would validate again."""
     config = load_config(tiny(tmp_path, clients_per_round=2, runtime={**RAY, "workers": 1}))
     data = load_data(config)
-    remote = ray_backend.RayLearningProcess(build_process(config, data), config, actors=1,
-                                            actor_class=RevalidationRefusingActor)
+    remote = ray_backend.RayLearningProcess(parts_lib.learning_process(config, data), config,
+                                            actors=1, actor_class=RevalidationRefusingActor)
     try:
       sampled = sample_clients(list(data.train.client_ids), 2, config.seed, 1)
       output = remote.next_for_clients(remote.initialize(), sampled, 1)
@@ -308,8 +308,8 @@ class TestOnOneLocalRay:
     ray, arm = local_ray, os.environ["RAY_TEST_ARM"]  # the actors inherit it
     config = load_config(tiny(tmp_path, clients_per_round=4, runtime=RAY))
     data = load_data(config)
-    remote = ray_backend.RayLearningProcess(build_process(config, data), config, actors=2,
-                                            actor_class=DyingActor)
+    remote = ray_backend.RayLearningProcess(parts_lib.learning_process(config, data), config,
+                                            actors=2, actor_class=DyingActor)
     try:
       # No GPU: each actor runs its block's clients interleaved on its one thread.
       assert remote.max_concurrent_clients is None and remote._threads == 1  # noqa: SLF001
@@ -360,11 +360,12 @@ _BUSY_CHILD = textwrap.dedent("""
     from tests.pipeline.test_ray_backend import SlowActor
     from tff_fedadamom.config import load_config
     from tff_fedadamom.pipeline.backends import ray as ray_backend
-    from tff_fedadamom.pipeline.process import build_process, load_data
+    from tff_fedadamom.pipeline.parts import learning_process
+    from tff_fedadamom.pipeline.process import load_data
 
     config = load_config(json.loads(sys.argv[1]))
     data = load_data(config)
-    remote = ray_backend.RayLearningProcess(build_process(config, data), config, actors=2,
+    remote = ray_backend.RayLearningProcess(learning_process(config, data), config, actors=2,
                                             actor_class=SlowActor)
     print(json.dumps(ray.get([a.pid.remote() for a in remote.actors])), flush=True)
     remote.next_for_clients(remote.initialize(), list(data.train.client_ids)[:2], 1)

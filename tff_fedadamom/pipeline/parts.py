@@ -48,8 +48,12 @@ RUN_ONLY_FIELDS = ("output_dir", "name", "rounds", "runtime.threads", "runtime.c
 # process cache keys on the rest (`process_structure`). The `data` section goes
 # too: the process sees the data only through `process.data_signature`, so configs that
 # differ only in partition, client count or split seed share one compiled process.
+# So do the fields that only shape the clients' datasets or pick the clients:
+# TFF's client work iterates whatever batches it is given (the batch dimension
+# of its input spec is unknown), and a round's clients are its arguments.
 PROCESS_FREE_FIELDS = ("runtime", "eval_every", "checkpoint_every", "telemetry", "targets",
-                       "data")
+                       "data", "clients_per_round", "client.batch_size",
+                       "client.local_epochs", "client.max_examples")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,8 +10,9 @@ milliseconds.
 Key: the experiment's `parts.process_structure` (the config without run-only
 settings, without the hparams that live in the process state and without what
 the compiled computations do not depend on: where and how rounds run,
-evaluation and checkpoint cadence, and of the data all but its
-`process.data_signature`, the clients' element spec and the class count), plus the versions of
+evaluation and checkpoint cadence, the clients' batching and how many run
+a round, and of the data all but its `process.data_signature`, the clients'
+element spec and the class count), plus the versions of
 TensorFlow, TFF and this package's source (`versions`). A change of any
 source file of the package is a new key: an entry can never outlive the code
 that compiled it.

@@ -35,6 +35,26 @@ def is_loopback(address: Optional[str]) -> bool:
   return host in _LOOPBACK
 
 
+def _init_kwargs(address: Optional[str], resources: Optional[dict]) -> dict[str, Any]:
+  """`ray.init`'s arguments for `connect(address, resources)`."""
+  env = {"TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
+  # configure_logging=False: Ray leaves this process' loggers alone (its own
+  # would get a handler and a level for good); its warnings still reach stderr
+  # through Python's last-resort handler, or through the caller's logging set-up.
+  kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False,
+                                configure_logging=False, runtime_env={"env_vars": env})
+  if address is None:
+    # "local": a new instance even if RAY_ADDRESS is set or a `ray start`
+    # cluster runs on this machine (ray.init() would silently join those).
+    kwargs.update(address="local", _node_ip_address="127.0.0.1", **(resources or {}))
+  else:
+    kwargs["address"] = address
+    if address != "auto" and is_loopback(address):
+      kwargs["_node_ip_address"] = "127.0.0.1"
+    kwargs.pop("include_dashboard")  # the cluster's own setting applies
+  return kwargs
+
+
 def connect(address: Optional[str], resources: Optional[dict] = None) -> bool:
   """Connects this process to Ray as `address` says; True if it started a session.
 
@@ -56,21 +76,7 @@ def connect(address: Optional[str], resources: Optional[dict] = None) -> bool:
                      f"not to address={address!r}")
   if ray.is_initialized():
     return False
-  env = {"TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
-  # configure_logging=False: Ray leaves this process' loggers alone (its own
-  # would get a handler and a level for good); its warnings still reach stderr
-  # through Python's last-resort handler, or through the caller's logging set-up.
-  kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False,
-                                configure_logging=False, runtime_env={"env_vars": env})
-  if address is None:
-    # "local": a new instance even if RAY_ADDRESS is set or a `ray start`
-    # cluster runs on this machine (ray.init() would silently join those).
-    kwargs.update(address="local", _node_ip_address="127.0.0.1", **(resources or {}))
-  else:
-    kwargs["address"] = address
-    if address != "auto" and is_loopback(address):
-      kwargs["_node_ip_address"] = "127.0.0.1"
-    kwargs.pop("include_dashboard")  # the cluster's own setting applies
+  kwargs = _init_kwargs(address, resources)
   # The processes ray.init starts are this process' new descendants.
   before = set(process_table.descendants(os.getpid())) if address is None else None
 
@@ -83,8 +89,9 @@ def connect(address: Optional[str], resources: Optional[dict] = None) -> bool:
   # A local start is tried twice. Three times in this project's test suite,
   # with other tests starting local Rays at the same time, the GCS server of a
   # new local Ray exited, or hung, before writing its log and `ray.init` failed
-  # (the hung one after about 35 s of Ray's own retries); the cause was not found (Ray picks its ports by binding and releasing them, so two
-  # starts at once can pick the same one). What the failed start left running
+  # (the hung one after about 35 s of Ray's own retries); the cause was not
+  # found (Ray picks its ports by binding and releasing them, so two starts at
+  # once can pick the same one). What the failed start left running
   # is ended before the second try.
   for tries_left in range(2 if address is None else 1, 0, -1):
     try:
