@@ -131,7 +131,13 @@ def test_close_ends_the_worker_and_is_idempotent(wrapped):
   assert processes.still_running(pids) == pids
   socket_dir = os.path.dirname(worker.path)
   assert os.stat(socket_dir).st_mode & 0o077 == 0  # the socket's directory is ours alone
+  # gRPC's connectivity poller of the channel (TFF's stub subscribes to it) has
+  # stopped when the channel closes: a poller still running then can raise in
+  # its thread ("Channel closed!"), printed to stderr.
+  poller = wrapped.runtime._channel._connectivity_state  # noqa: SLF001 - gRPC's own
+  assert poller.polling
   wrapped.close()
+  assert not poller.polling
   wrapped.close()
   assert processes.still_running(pids) == []
   assert not os.path.exists(socket_dir)

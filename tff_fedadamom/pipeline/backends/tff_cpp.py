@@ -185,6 +185,28 @@ def _stop(relay: subprocess.Popen, directory: str, worker_binaries: list[tuple[i
   shutil.rmtree(directory, ignore_errors=True)
 
 
+def _close_channel(channel, timeout_s: float = 1.0) -> None:
+  """`channel.close()`, once the channel's connectivity poller has stopped.
+
+  TFF's executor stub subscribes to the channel's connectivity, so gRPC runs a
+  poller thread that calls the channel every 0.2 s. gRPC's `close()` drops the
+  subscriptions and closes the channel at once; a poller then between two of
+  its calls raises "Cannot invoke RPC: Channel closed!" in its thread, which
+  Python prints to stderr. Here the subscriptions are dropped first and the
+  poller, which stops once it sees none, is waited for (at most `timeout_s`).
+  The poller's state is gRPC's own (`_connectivity_state`); a gRPC without it
+  is closed at once.
+  """
+  state = getattr(channel, "_connectivity_state", None)
+  if state is not None and hasattr(state, "polling"):
+    with state.lock:
+      del state.callbacks_and_connectivities[:]
+    deadline = time.monotonic() + timeout_s
+    while state.polling and time.monotonic() < deadline:
+      time.sleep(0.01)
+  channel.close()
+
+
 def execution_context(worker: WorkerBinary):
   """A TFF sync execution context whose executors run on `worker` (see the module
   docstring for what it mirrors), and its gRPC channel."""
@@ -263,7 +285,7 @@ class Runtime(context_base.SyncContext):
       worker, channel = self._worker_binary, self._channel
       self._worker_binary = self._context = self._channel = None
     if channel is not None:
-      channel.close()
+      _close_channel(channel)
     if worker is not None:
       worker.close()
 
