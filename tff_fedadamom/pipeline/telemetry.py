@@ -102,11 +102,16 @@ def _concat(leaves: Sequence[np.ndarray]) -> np.ndarray:
 
 
 def _sq_norm(leaves: Iterable[np.ndarray]) -> float:
-  """The squared global L2 norm: squares in the leaf dtype, sums in float64."""
+  """The squared global L2 norm: squares in the leaf dtype, sums in float64.
+
+  A square beyond the dtype's range is inf, which is the norm's value in that
+  dtype (a diverging run records it); numpy's overflow warning, printed once per
+  process, would say nothing more."""
   total = 0.0
-  for x in leaves:
-    if x.size:
-      total += float(np.sum(np.square(x), dtype=np.float64))
+  with np.errstate(over="ignore"):
+    for x in leaves:
+      if x.size:
+        total += float(np.sum(np.square(x), dtype=np.float64))
   return total
 
 
