@@ -92,12 +92,12 @@ class Evaluator:
       self._batches = [(b["x"], b["y"]) for b in batches]
     return self._batches
 
-  def _contributions(self, x, y) -> list:
+  def _contributions(self, predict, x, y) -> list:
     """One batch's (total, count) for the loss, then for each metric: what
     `evaluate`'s step adds to each running mean for this batch."""
     import tensorflow as tf
 
-    y_pred = self._predict(x)
+    y_pred = predict(x)
     # Keras' loss tracker: the batch's mean loss, weighted by its size. (The
     # container also updates the model's own tracker, which nothing here reads.)
     loss = tf.keras.metrics.Mean()
@@ -115,11 +115,11 @@ class Evaluator:
 
     model = self.compiled_model()
     process.get_model_weights(state).assign_weights_to(model)
-    self._forward()
+    predict = self._forward()
     batches = self._test_batches()
     # As many batches at once as clients run (each batch's kernels on one thread).
     with concurrent.futures.ThreadPoolExecutor(
         max(1, min(inprocess.cpu_threads(), len(batches))), thread_name_prefix="tff-eval") as pool:
-      per_batch = list(pool.map(lambda b: self._contributions(*b), batches))
+      per_batch = list(pool.map(lambda b: self._contributions(predict, *b), batches))
     loss, accuracy = (_combine(parts) for parts in list(zip(*per_batch))[:2])
     return {TEST_LOSS: float(loss), TEST_ACCURACY: float(accuracy)}
