@@ -192,15 +192,15 @@ def _close_channel(channel, timeout_s: float = 1.0) -> None:
   poller thread that calls the channel every 0.2 s. gRPC's `close()` drops the
   subscriptions and closes the channel at once; a poller then between two of
   its calls raises "Cannot invoke RPC: Channel closed!" in its thread, which
-  Python prints to stderr. Here the subscriptions are dropped first and the
-  poller, which stops once it sees none, is waited for (at most `timeout_s`).
-  The poller's state is gRPC's own (`_connectivity_state`); a gRPC without it
-  is closed at once.
+  Python prints to stderr. Here the subscriptions are dropped first (gRPC's
+  own `_unsubscribe_all`, the first step of its `close()`) and the poller,
+  which stops once it sees none, is waited for (at most `timeout_s`). Both are
+  gRPC's private parts; a gRPC without them is closed at once.
   """
   state = getattr(channel, "_connectivity_state", None)
-  if state is not None and hasattr(state, "polling"):
-    with state.lock:
-      del state.callbacks_and_connectivities[:]
+  unsubscribe_all = getattr(channel, "_unsubscribe_all", None)
+  if state is not None and hasattr(state, "polling") and unsubscribe_all is not None:
+    unsubscribe_all()
     deadline = time.monotonic() + timeout_s
     while state.polling and time.monotonic() < deadline:
       time.sleep(0.01)
