@@ -167,7 +167,8 @@ def parse_args(argv=None):
                       "stored as it completes) or 'ray' (tuning/, Ray Tune; the sweep is "
                       "cached locally as a whole)")
   parser.add_argument("--workers", type=int, default=None,
-                      help="experiments in parallel (default 2)")
+                      help="experiments in parallel, each in a worker process (default 2); "
+                      "with 1 they run in this process, one after the other")
   parser.add_argument("--commit-units", action="store_true",
                       help="git-commit each unit file as it is written (the output "
                       "directory must be inside a git work tree; nothing is pushed)")
@@ -296,10 +297,11 @@ def _command(args) -> str:
 def main(argv=None) -> int:
   from tff_fedadamom.session import Session
 
-  Session().apply()  # this command is its process's entry point
   args = parse_args(argv)
   mode = "quick" if args.quick else "full"
   b = plan.budget(mode, args.workers)
+  # This command is its process's entry point; with one worker its units run here.
+  (runs_lib.unit_session() if b.workers == 1 else Session()).apply()
   out = os.path.abspath(args.out or DEFAULT_OUT[mode])
   os.makedirs(out, exist_ok=True)
   cache = runs_lib.Cache(out)

@@ -11,7 +11,10 @@ worker logs, the calibration runs, the log of wall times) is local and never
 committed.
 
 Experiments run in a pool of spawned worker processes (one TensorFlow thread
-each); each worker's TensorFlow/TFF logging goes to `<out>/cache/logs/`.
+each); each worker's TensorFlow/TFF logging goes to `<out>/cache/logs/`. A pool
+of one worker is the study's own process: its units run there one after the
+other, in the same session a worker has (`unit_session`), without a second
+process that would import TensorFlow and TFF again.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import multiprocessing
 import os
 import sys
 import time
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 from tff_fedadamom.metric_names import ELAPSED_S, ROUND, TEST_ACCURACY
 
@@ -49,12 +52,20 @@ class Cache:
 # ---------------------------------------------------------------------------- workers
 
 
+def unit_session(**kwargs):
+  """The session units run in: one thread per kernel (the pool runs units side by
+  side, one per worker) and no GPU. A worker applies it; so does the study's
+  process when it runs the units itself (a pool of one worker)."""
+  from tff_fedadamom.session import Session
+
+  return Session(threads=1, environ={"CUDA_VISIBLE_DEVICES": ""}, **kwargs)
+
+
 def _init_worker(log_dir: str) -> None:
   """Runs in each spawned worker, before TensorFlow is imported there: quiet
   TensorFlow, no GPU, stderr to a log file. The environment it edits is the
   worker's own; the parent's is never changed."""
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-  os.environ["CUDA_VISIBLE_DEVICES"] = ""
   os.makedirs(log_dir, exist_ok=True)
   log = open(os.path.join(log_dir, f"worker-{os.getpid()}.log"), "a", buffering=1)
   os.dup2(log.fileno(), 2)
@@ -62,11 +73,9 @@ def _init_worker(log_dir: str) -> None:
   import logging
 
   logging.getLogger("tensorflow").setLevel(logging.ERROR)
-  # The worker is its process's entry point: one thread per kernel, one unit at a time.
-  from tff_fedadamom.session import Session
-
-  # It ends with the study: a study killed (even with SIGKILL) cannot stop its pool.
-  Session(threads=1, exit_with_parent=True).apply()
+  # The worker is its process's entry point, running one unit at a time. It ends
+  # with the study: a study killed (even with SIGKILL) cannot stop its pool.
+  unit_session(exit_with_parent=True).apply()
   # Imported once per worker, so that no unit's time includes it.
   import tensorflow_federated  # noqa: F401
   import tff_fedadamom.pipeline  # noqa: F401
@@ -126,15 +135,38 @@ def call_unit(fn_path: str, kwargs: Mapping[str, Any]) -> Any:
   return getattr(importlib.import_module(module), name)(**kwargs)
 
 
+class InlineExecutor:
+  """Runs each call when it is submitted, in this process: the pool of one worker.
+  The caller submits one unit at a time, so that each is stored before the next
+  starts (`completed`)."""
+
+  runs_inline = True
+
+  def submit(self, fn, *args) -> futures.Future:
+    future: futures.Future = futures.Future()
+    try:
+      future.set_result(fn(*args))
+    except Exception as e:  # noqa: BLE001 - the unit's failure, reported by its caller
+      future.set_exception(e)
+    return future
+
+  def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+    del wait, cancel_futures
+
+
 class Pool:
-  """A lazily started pool of spawned workers, shared by every study."""
+  """A lazily started pool of spawned workers, shared by every study; with one
+  worker, the calling process itself (`InlineExecutor`), which must then have
+  applied `unit_session`."""
 
   def __init__(self, workers: int, log_dir: str):
     self.workers = workers
     self.log_dir = log_dir
-    self._executor: Optional[futures.ProcessPoolExecutor] = None
+    self._executor = None
 
-  def executor(self) -> futures.ProcessPoolExecutor:
+  def executor(self):
+    if self._executor is None and self.workers == 1:
+      self._executor = InlineExecutor()
     if self._executor is None:
       self._executor = futures.ProcessPoolExecutor(
           max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"),
@@ -169,19 +201,26 @@ def timed_unit(config: Optional[Mapping[str, Any]], fn: Optional[str],
   return result, seconds, dict(fingerprint.fingerprints(methods))
 
 
-def submit(units: Sequence[Unit], pool: Pool, run_dir: Callable[[Unit], str]) -> dict:
-  """Starts every unit in the pool, an experiment writing to `run_dir(unit)`;
-  {future: unit}."""
+def completed(units: Sequence[Unit], pool: Pool,
+              run_dir: Callable[[Unit], str]) -> Iterator[tuple[Unit, futures.Future]]:
+  """Runs every unit in the pool, an experiment writing to `run_dir(unit)`, and
+  yields (unit, its done future) as each completes."""
   if not units:
-    return {}
+    return
   executor = pool.executor()
-  pending = {}
+  calls = []
   for unit in units:
     config = None
     if unit.config is not None:
       config = dict(unit.config, output_dir=run_dir(unit), name=unit.name)
-    pending[executor.submit(timed_unit, config, unit.fn, unit.kwargs, unit.methods)] = unit
-  return pending
+    calls.append((unit, (timed_unit, config, unit.fn, unit.kwargs, unit.methods)))
+  if getattr(executor, "runs_inline", False):
+    for unit, call in calls:
+      yield unit, executor.submit(*call)
+    return
+  pending = {executor.submit(*call): unit for unit, call in calls}
+  for future in futures.as_completed(pending):
+    yield pending[future], future
 
 
 def _done_line(unit: Unit, result: Any) -> str:
@@ -224,9 +263,7 @@ def run_units(units: Sequence[Unit], store: Store, cache: Cache, pool: Pool, *,
   log(f"  {label}: {len(todo)} of {len(units)} units to run "
       f"({len(units) - len(todo)} stored)")
   started = time.perf_counter()
-  pending = submit(todo, pool, cache.run_dir)
-  for done, future in enumerate(futures.as_completed(pending), 1):
-    unit = pending[future]
+  for done, (unit, future) in enumerate(completed(todo, pool, cache.run_dir), 1):
     try:
       result, seconds, fingerprints = future.result()
       unit.adopt_fingerprints(fingerprints)

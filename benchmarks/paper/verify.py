@@ -14,7 +14,6 @@ the models, the round loop, the platform's floating point.
 
 from __future__ import annotations
 
-import concurrent.futures as futures
 import os
 import random
 import tempfile
@@ -65,12 +64,10 @@ def verify(store: units_lib.Store, k: int, seed: int, cache: runs_lib.Cache,
     else:
       todo.append((unit, record))
   fresh = tempfile.mkdtemp(prefix="verify-", dir=cache.root)
-  pending = runs_lib.submit(
-      [u for u, _ in todo], pool,
-      run_dir=lambda unit: os.path.join(fresh, f"{unit.name}-{unit.key}"))
   records_by_name = {u.name: r for u, r in todo}
-  for future in futures.as_completed(pending):
-    unit = pending[future]
+  for unit, future in runs_lib.completed(
+      [u for u, _ in todo], pool,
+      run_dir=lambda unit: os.path.join(fresh, f"{unit.name}-{unit.key}")):
     try:
       result, seconds, _ = future.result()
     except Exception as e:  # noqa: BLE001 - a unit that fails does not verify

@@ -3,13 +3,14 @@
 
 import concurrent.futures as futures
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
 
 import pytest
 
-from benchmarks.paper import fingerprint, reproduce, runs, units, verify
+from benchmarks.paper import fingerprint, runs, units, verify
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # A tiny unit with real numerics: one server optimizer's fingerprint computation.
@@ -164,6 +165,30 @@ def test_stored_units_are_loaded_not_run(tmp_path):
   assert loaded == first
 
 
+def stored_files(root, index):
+  """A call unit of the test below: how many unit files `root` holds when it runs."""
+  del index  # only makes each unit's key its own
+  return sum(len(files) for _, _, files in os.walk(root))
+
+
+def test_a_pool_of_one_worker_runs_each_unit_here_once_the_last_is_stored(tmp_path):
+  root = str(tmp_path / "results")
+  batch = [units.Unit(f"t/{i}", fn=f"{__name__}:{fn}", kwargs={"root": root, "index": i})
+           for i, fn in enumerate(("stored_files", "no_such_function", "stored_files"))]
+  pool = runs.Pool(1, str(tmp_path / "logs"))
+  lines = []
+  out = runs.run_units(batch, units.Store(root), runs.Cache(str(tmp_path)), pool,
+                       log=lines.append)
+  assert isinstance(pool.executor(), runs.InlineExecutor)
+  assert multiprocessing.active_children() == []  # nothing was spawned
+  assert not os.path.exists(tmp_path / "logs")  # no worker made its log
+  # The first unit was stored before the third ran; the failed one in between is
+  # reported, left out, and stops nothing.
+  assert out == {"t/0": 0, "t/2": 1}
+  assert any("t/1: FAILED: AttributeError" in line for line in lines), lines
+  assert sorted(os.listdir(os.path.join(root, "t"))) == ["0.json", "2.json"]
+
+
 def test_a_unit_with_a_stale_fingerprint_runs_again(tmp_path):
   root = tmp_path / "results"
   stale = units.Unit("t/fedadam", fn=TINY_FN, kwargs={"name": "fedadam"},
@@ -235,13 +260,17 @@ def test_verify_fails_on_a_stale_unit(tmp_path):
   assert any("t/x: key:" in l and "fingerprint of fedavg changed" in l for l in lines)
 
 
-def test_reproduce_verify_reruns_stored_units(tmp_path, capsys):
-  """`reproduce --verify 2` in the real worker pool: identical results, exit 0."""
+def test_reproduce_verify_reruns_stored_units(tmp_path):
+  """`reproduce --verify 2`, the command, with one worker (its own process runs
+  the units): identical results, exit 0."""
   _stored(tmp_path)
-  assert reproduce.main(["--verify", "2", "--verify-seed", "3", "--out", str(tmp_path),
-                         "--workers", "1"]) == 0
-  out = capsys.readouterr().out
-  assert out.count(": identical (") == 2 and "2 of 2 units identical" in out
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+  done = subprocess.run(
+      [sys.executable, "-m", "benchmarks.paper.reproduce", "--verify", "2", "--verify-seed",
+       "3", "--out", str(tmp_path), "--workers", "1"],
+      cwd=REPO, capture_output=True, text=True, env=env, timeout=900)
+  assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+  assert done.stdout.count(": identical (") == 2 and "2 of 2 units identical" in done.stdout
 
 
 # ---------------------------------------------------------------------------- git

@@ -1,6 +1,7 @@
 """Fashion-MNIST from the Debian package's IDX files (real data), and the IDX reader."""
 
 import gzip
+import os
 
 import numpy as np
 import pytest
@@ -68,3 +69,14 @@ def test_idx_round_trip_and_corrupt_files(tmp_path):
   (tmp_path / "text").write_text("hello")
   with pytest.raises(ValueError, match="not an IDX"):
     read_idx(tmp_path / "text")
+
+
+def test_a_file_is_read_once_until_it_changes(tmp_path):
+  path = tmp_path / "a.idx"
+  write_idx(path, np.arange(6, dtype=np.uint8))
+  first = read_idx(path)
+  assert read_idx(path) is first  # kept: the runs of one process share it
+  assert not first.flags.writeable  # so that no run can change another's
+  write_idx(path, np.arange(7, dtype=np.uint8))
+  os.utime(path, ns=(1, 1))  # a new modification time even on a coarse clock
+  np.testing.assert_array_equal(read_idx(path), np.arange(7, dtype=np.uint8))
