@@ -8,7 +8,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_fedadamom.data import ArrayClientData
-from tff_fedadamom.data.client_data import client_id_strings
+from tff_fedadamom.data.client_data import arrays_to_dataset, client_id_strings, held_out_dataset
 
 
 def _data(num_clients=12, per_client=5):
@@ -78,3 +78,22 @@ def test_unknown_client_and_bad_input_raise():
   with pytest.raises(ValueError, match="signature"):
     ArrayClientData({"a": {"x": np.zeros((1, 2)), "y": np.zeros(1)},
                      "b": {"x": np.zeros((1, 3)), "y": np.zeros(1)}})
+
+
+@pytest.mark.parametrize("n", [2503, 7])
+def test_a_held_out_set_converts_in_blocks_to_the_same_examples(n):
+  rng = np.random.default_rng(n)
+  arrays = collections.OrderedDict(x=rng.integers(0, 256, (n, 5, 3), dtype=np.uint8),
+                                   y=rng.integers(0, 10, n).astype(np.int64))
+  per_example = arrays_to_dataset(arrays)
+  blocks = held_out_dataset(arrays)
+  assert blocks.element_spec == per_example.element_spec
+  assert int(blocks.cardinality()) == n
+  expected, actual = list(per_example.batch(1000)), list(blocks.batch(1000))
+  assert len(actual) == len(expected) == -(-n // 1000)
+  for e, a in zip(expected, actual):
+    for key in ("x", "y"):
+      np.testing.assert_array_equal(a[key].numpy(), e[key].numpy())
+  # Arrays that need no conversion are sliced as they are.
+  floats = collections.OrderedDict(x=rng.normal(size=(n, 2)).astype(np.float32))
+  np.testing.assert_array_equal(next(iter(held_out_dataset(floats).batch(n)))["x"], floats["x"])

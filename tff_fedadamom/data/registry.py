@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from tff_fedadamom.data import partition as partition_lib
 from tff_fedadamom.data.base import CentralizedData, DatasetSpec, FederatedData
-from tff_fedadamom.data.client_data import ArrayClientData, arrays_to_dataset
+from tff_fedadamom.data.client_data import ArrayClientData, held_out_dataset
 from tff_fedadamom.data.datasets import (cifar, digits, emnist, fashion_mnist, mnist5k,
                                          shakespeare, synthetic, tiny_imagenet)
 from tff_fedadamom.data.summary import partition_summary
@@ -101,7 +101,7 @@ def _federate(name: str, data: CentralizedData, *, num_clients: int, method: str
                                                 **partition_options)
   train = ArrayClientData.from_partition(
       collections.OrderedDict(x=data.x_train, y=data.y_train), parts)
-  test = arrays_to_dataset(collections.OrderedDict(x=data.x_test, y=data.y_test))
+  test = held_out_dataset(collections.OrderedDict(x=data.x_test, y=data.y_test))
   summary = partition_summary(data.y_train, parts, data.num_classes)
   summary["partition"] = {"method": method, "options": dict(partition_options),
                           "seed": int(seed)}

@@ -30,7 +30,7 @@ from typing import Optional
 import numpy as np
 
 from tff_fedadamom.data.base import FederatedData, not_found
-from tff_fedadamom.data.client_data import ArrayClientData, arrays_to_dataset
+from tff_fedadamom.data.client_data import ArrayClientData, held_out_dataset
 from tff_fedadamom.data.datasets._common import package_dir
 from tff_fedadamom.data.summary import summary_from_client_labels
 
@@ -191,7 +191,7 @@ def load(*, path: Optional[str] = None, seed: int = 0, num_clients: Optional[int
     test_x.append(tx)
     test_y.append(ty)
   train = ArrayClientData(clients)
-  test = arrays_to_dataset(collections.OrderedDict(
+  test = held_out_dataset(collections.OrderedDict(
       x=np.concatenate(test_x), y=np.concatenate(test_y)))
   targets = [clients[c]["y"][clients[c]["y"] != PAD_ID] for c in train.client_ids]
   return FederatedData(

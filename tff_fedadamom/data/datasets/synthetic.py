@@ -24,7 +24,7 @@ from typing import Optional
 import numpy as np
 
 from tff_fedadamom.data.base import FederatedData
-from tff_fedadamom.data.client_data import ArrayClientData, arrays_to_dataset, client_id_strings
+from tff_fedadamom.data.client_data import ArrayClientData, client_id_strings, held_out_dataset
 from tff_fedadamom.data.summary import summary_from_client_labels
 
 NUM_FEATURES = 60
@@ -75,7 +75,7 @@ def load(*, path: Optional[str] = None, seed: int = 0, num_clients: Optional[int
     clients[cid] = collections.OrderedDict(x=x[:n_train], y=y[:n_train])
     test_x.append(x[n_train:])
     test_y.append(y[n_train:])
-  test = arrays_to_dataset(collections.OrderedDict(
+  test = held_out_dataset(collections.OrderedDict(
       x=np.concatenate(test_x), y=np.concatenate(test_y)))
   train = ArrayClientData(clients)
   return FederatedData(
