@@ -200,11 +200,11 @@ def _simulate_fn(batched: BatchedOptimizer, setup: EscapeSetup, sqrt_k, noise_st
   u_local = tf.constant(U_LOCAL, tf.float32)
   h0 = tf.constant(H0, tf.float32)
 
-  @tf.function
+  # The loop is written out (no autograph): converting the optimizers' own code,
+  # which needs no conversion, was most of the first trace.
+  @tf.function(autograph=False)
   def run(state, x, escaped_at, start, rounds, seed, measure_from):
-    step_sum = tf.zeros([], tf.float32)
-    step_count = tf.zeros([], tf.float32)
-    for i in tf.range(rounds):
+    def body(i, state, x, escaped_at, step_sum, step_count):
       t = start + i
       u = sqrt_k * x
       if quadratic:
@@ -214,12 +214,19 @@ def _simulate_fn(batched: BatchedOptimizer, setup: EscapeSetup, sqrt_k, noise_st
       z = tf.random.stateless_normal(shape, seed=tf.stack([seed, t]))
       g = grad + noise_std * z
       state, new_x = batched.next(state, x, g)
-      if t >= measure_from:
-        step_sum += tf.reduce_sum(tf.abs(new_x - x))
-        step_count += tf.cast(tf.size(x), tf.float32)
-      x = new_x
-      out = tf.reduce_any(sqrt_k * x < U_ESCAPED, axis=-1)
+      step_sum, step_count = tf.cond(
+          t >= measure_from,
+          lambda: (step_sum + tf.reduce_sum(tf.abs(new_x - x)),
+                   step_count + tf.cast(tf.size(x), tf.float32)),
+          lambda: (step_sum, step_count))
+      out = tf.reduce_any(sqrt_k * new_x < U_ESCAPED, axis=-1)
       escaped_at = tf.where(out & (escaped_at < 0), t + 1, escaped_at)
+      return i + 1, state, new_x, escaped_at, step_sum, step_count
+
+    zero = tf.zeros([], tf.float32)
+    _, state, x, escaped_at, step_sum, step_count = tf.while_loop(
+        lambda i, *_: i < rounds, body, (tf.constant(0, tf.int32), state, x, escaped_at,
+                                         zero, zero))
     return state, x, escaped_at, step_sum, step_count
 
   return run
