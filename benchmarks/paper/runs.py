@@ -61,6 +61,14 @@ def unit_session(**kwargs):
   return Session(threads=1, environ={"CUDA_VISIBLE_DEVICES": ""}, **kwargs)
 
 
+# How many structures' parts (built process, data, evaluator) a process running
+# units keeps (`parts.PartsCache`): the trials of one method share a structure
+# (their hparams live in the state) and run one after the other.
+PARTS_PER_PROCESS = 2
+# A spawned worker's cache, made by its initializer (the worker's entry point).
+_worker_parts = None
+
+
 def _init_worker(log_dir: str) -> None:
   """Runs in each spawned worker, before TensorFlow is imported there: quiet
   TensorFlow, no GPU, stderr to a log file. The environment it edits is the
@@ -79,19 +87,30 @@ def _init_worker(log_dir: str) -> None:
   # Imported once per worker, so that no unit's time includes it.
   import tensorflow_federated  # noqa: F401
   import tff_fedadamom.pipeline  # noqa: F401
+  from tff_fedadamom.pipeline.parts import PartsCache
+
+  global _worker_parts
+  _worker_parts = PartsCache(PARTS_PER_PROCESS)
 
 
-def run_experiment_unit(config: Mapping[str, Any]) -> dict:
+def run_experiment_unit(config: Mapping[str, Any], parts_cache=None) -> dict:
   """One experiment in this process; returns what the report needs from it.
 
-  Its parts (data, process, evaluator) are built for it and dropped with it: a
-  process kept beyond the unit (in a worker-wide cache) keeps TFF's executor
-  service alive until interpreter exit, whose teardown then fails to end it,
-  leaving an orphaned `worker_binary` that holds the run's output pipes."""
+  With `parts_cache` (a `parts.PartsCache`), an in-process run takes its parts
+  (data, process, evaluator) from it, which gives the same results as parts of
+  its own. Parts of another backend are built for the unit and dropped with it:
+  a `tff_cpp` process kept beyond the unit keeps TFF's executor service alive
+  until interpreter exit, whose teardown then fails to end it, leaving an
+  orphaned `worker_binary` that holds the run's output pipes."""
+  from tff_fedadamom.config.schema import INPROCESS
   from tff_fedadamom.pipeline import outputs, run_experiment
+  from tff_fedadamom.pipeline.parts import make_plan
 
   started = time.perf_counter()
-  result = run_experiment(dict(config), progress=False)
+  plan = make_plan(dict(config))
+  parts = (parts_cache.get(plan) if parts_cache is not None and plan.backend == INPROCESS
+           else None)
+  result = run_experiment(plan, progress=False, parts=parts)
   summary = result.summary
   rows = outputs.read_metrics(result.output_dir)
   elapsed = [float(r[ELAPSED_S]) for r in rows if ELAPSED_S in r]
@@ -142,6 +161,11 @@ class InlineExecutor:
 
   runs_inline = True
 
+  def __init__(self):
+    from tff_fedadamom.pipeline.parts import PartsCache
+
+    self.parts = PartsCache(PARTS_PER_PROCESS)
+
   def submit(self, fn, *args) -> futures.Future:
     future: futures.Future = futures.Future()
     try:
@@ -187,14 +211,16 @@ class Pool:
 
 
 def timed_unit(config: Optional[Mapping[str, Any]], fn: Optional[str],
-               kwargs: Mapping[str, Any], methods: Sequence[str]) -> tuple:
+               kwargs: Mapping[str, Any], methods: Sequence[str], parts_cache=None) -> tuple:
   """Runs one unit in a worker: (its result, its wall seconds, the fingerprints
-  of its methods, computed here once per worker and method)."""
+  of its methods, computed here once per worker and method). `parts_cache`: the
+  running process's (a spawned worker's own by default)."""
   from benchmarks.paper import fingerprint
 
   started = time.perf_counter()
   if config is not None:
-    result = run_experiment_unit(config)
+    result = run_experiment_unit(
+        config, parts_cache if parts_cache is not None else _worker_parts)
   else:
     result = call_unit(fn, kwargs)
   seconds = time.perf_counter() - started
@@ -216,7 +242,7 @@ def completed(units: Sequence[Unit], pool: Pool,
     calls.append((unit, (timed_unit, config, unit.fn, unit.kwargs, unit.methods)))
   if getattr(executor, "runs_inline", False):
     for unit, call in calls:
-      yield unit, executor.submit(*call)
+      yield unit, executor.submit(*call, executor.parts)
     return
   pending = {executor.submit(*call): unit for unit, call in calls}
   for future in futures.as_completed(pending):

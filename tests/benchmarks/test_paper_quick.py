@@ -161,7 +161,9 @@ def test_every_method_has_its_unit_files(quick_run):
 def test_rerun_runs_only_the_missing_unit(quick_run):
   out, _, elapsed = quick_run
   before = (out / "results.json").read_text()
-  missing = out / "results" / "hetero" / "aiid" / "fedadam" / "seed0.json"
+  # A unit that ran on the parts of the two before it (one structure: FedAdamom,
+  # beta_2 held in the state) in the study's own process.
+  missing = out / "results" / "beta2" / "dir0.3" / "b0.3" / "seed0.json"
   stored = json.loads(missing.read_text())
   missing.unlink()
   started = time.monotonic()
@@ -174,7 +176,8 @@ def test_rerun_runs_only_the_missing_unit(quick_run):
   assert os.listdir(out / "cache" / "logs")  # its worker's log: the unit ran in the pool
   rerun = json.loads(missing.read_text())
   assert rerun["key"] == stored["key"]
-  # A spawned worker gives the unit the numbers the study's own process gave it.
+  # A spawned worker, building its own parts, gives the unit the numbers the
+  # study's own process gave it.
   assert units.comparable(rerun["result"]) == units.comparable(stored["result"])
   after = json.loads((out / "results.json").read_text())
   assert after["results"] == json.loads(before)["results"]

@@ -189,6 +189,30 @@ def test_a_pool_of_one_worker_runs_each_unit_here_once_the_last_is_stored(tmp_pa
   assert sorted(os.listdir(os.path.join(root, "t"))) == ["0.json", "2.json"]
 
 
+def _tiny_trial(server_lr):
+  return {"seed": 1, "rounds": 2, "clients_per_round": 3, "eval_every": 1,
+          "checkpoint_every": 2, "output_dir": "unused",
+          "data": {"name": "digits", "num_clients": 6, "partition": {"kind": "iid"}},
+          "model": {"name": "logistic"}, "client": {"learning_rate": 0.1, "batch_size": 16},
+          "server": {"optimizer": "fedadam", "learning_rate": server_lr}}
+
+
+def test_a_pool_of_one_worker_runs_trials_of_one_method_on_shared_parts(tmp_path):
+  """Two trials of one method (their server learning rates live in the state):
+  the second runs on the parts the first built, with the numbers it has on
+  parts of its own."""
+  batch = [units.Unit(f"t/{lr}", config=_tiny_trial(lr)) for lr in (0.5, 0.05)]
+  pool = runs.Pool(1, str(tmp_path / "logs"))
+  cache = runs.Cache(str(tmp_path))
+  out = runs.run_units(batch, units.Store(str(tmp_path / "results")), cache, pool,
+                       log=lambda _: None)
+  shared = pool.executor().parts
+  assert (shared.misses, shared.hits) == (1, 1)
+  own = runs.run_experiment_unit(dict(_tiny_trial(0.05), output_dir=str(tmp_path / "own")))
+  assert out["t/0.05"]["history"] != out["t/0.5"]["history"]
+  assert units.comparable(out["t/0.05"]) == units.comparable(own)
+
+
 def test_a_unit_with_a_stale_fingerprint_runs_again(tmp_path):
   root = tmp_path / "results"
   stale = units.Unit("t/fedadam", fn=TINY_FN, kwargs={"name": "fedadam"},

@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 from tff_fedadamom.config import load_config
+from tff_fedadamom.metric_names import TEST_ACCURACY
 from tff_fedadamom.optimizers import OPTIMIZERS, default_hparams, is_learning_process
 from tff_fedadamom.pipeline import build_process, run_experiment
 from tff_fedadamom.pipeline import parts as parts_lib
@@ -200,6 +201,39 @@ def test_a_run_with_reused_parts_equals_a_run_with_its_own(tmp_path):
   rows = _rows(first.output_dir)
   assert len(rows) == 3 and rows != _rows(tmp_path / "other0")
   assert rows == _rows(again.output_dir) == _rows(own.output_dir)
+
+
+def _model_weights(output_dir):
+  model = tf.keras.models.load_model(os.path.join(output_dir, "model.keras"))
+  return [w.numpy() for w in model.weights]
+
+
+def test_structures_of_one_model_and_data_share_an_evaluator_and_run_as_with_their_own(
+    tmp_path):
+  """Another optimizer or seed is another structure with the same model and test
+  data: its parts reuse the first parts' evaluator and Keras model, which the
+  first run's weights were assigned to, and its run's metrics (test loss and
+  accuracy included) and saved model are those of a run with parts of its own.
+  Another model or evaluation batch size has an evaluator of its own."""
+  cache = parts_lib.PartsCache(max_size=2)
+  other = {"seed": 5, "server": {"optimizer": "fedadam"}}
+  first = cache.get(tiny())
+  run_experiment(tiny(tmp_path / "first"), progress=False, parts=first)
+  second = cache.get(tiny(**other))
+  shared = run_experiment(tiny(tmp_path / "shared", **other), progress=False, parts=second)
+  own = run_experiment(tiny(tmp_path / "own", **other), progress=False)
+  assert cache.misses == 2 and second.process is not first.process
+  assert second.evaluator is first.evaluator and second.keras_model is first.keras_model
+  assert second.layer_names == first.layer_names
+  rows = _rows(shared.output_dir)
+  assert len(rows) == 3 and rows[-1][TEST_ACCURACY] and rows != _rows(tmp_path / "first")
+  assert rows == _rows(own.output_dir)
+  for a, b in zip(_model_weights(shared.output_dir), _model_weights(own.output_dir), strict=True):
+    np.testing.assert_array_equal(a, b)
+  for config in (tiny(model={"name": "mlp", "options": {"hidden": [4]}}),
+                 tiny(data={"eval_batch_size": 7})):
+    assert parts_lib.evaluator_key(config) != parts_lib.evaluator_key(tiny())
+    assert cache.get(config).evaluator is not first.evaluator
 
 
 def test_cache_keeps_at_most_max_size_and_parts_serve_their_structure_only(tmp_path):

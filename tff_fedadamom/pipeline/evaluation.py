@@ -54,6 +54,12 @@ class Evaluator:
     self._batches = None
     self._predict = None
 
+  @property
+  def keras_model(self):
+    """The model evaluated (not compiled here): parts that share this evaluator
+    save their runs' models with it too."""
+    return self._model
+
   def compiled_model(self):
     """The Keras model, compiled with the task's loss and metrics (as it is saved)."""
     from tff_fedadamom import models

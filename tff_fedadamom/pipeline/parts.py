@@ -19,7 +19,8 @@ batch size, local epochs, seed, a learning-rate schedule, which bakes the base
 rate into the computation, ...) is part of `structure_key` and builds anew.
 
 `PartsCache` keeps the parts of the last few structure keys for one process (a
-sweep worker holds one); it is passed explicitly, never a module global.
+sweep worker holds one, and so does a process that runs the paper study's
+units); it is passed explicitly, never a module global.
 """
 
 from __future__ import annotations
@@ -161,6 +162,16 @@ def data_key(config: ExperimentConfig) -> str:
   return json.dumps(config_to_dict(config)["data"], sort_keys=True, default=repr)
 
 
+def evaluator_key(config: ExperimentConfig) -> str:
+  """What an `Evaluator` and its Keras model depend on: the `data` section (the
+  test split, the evaluation batch size) and the `model` section. Not the seed:
+  the model's initial weights are never read (a run's own weights are assigned
+  before each evaluation and before the model is saved)."""
+  tree = config_to_dict(config)
+  return json.dumps({"data": tree["data"], "model": tree["model"]}, sort_keys=True,
+                    default=repr)
+
+
 def make_plan(config) -> RunPlan:
   """The `RunPlan` of `config` (a RunPlan is returned as it is; anything else
   goes through `load_config` first, which returns a validated config as it is).
@@ -190,10 +201,11 @@ def make_plan(config) -> RunPlan:
                  server_optimizer=optimizer)
 
 
-def build_parts(config, data=None) -> ExperimentParts:
+def build_parts(config, data=None, evaluator: Optional[Evaluator] = None) -> ExperimentParts:
   """Builds the parts of `config` (a `RunPlan`, or a config planned here),
   loading its data unless `data` is given: the process is the plan's backend
-  (`backends.build_backend`), compiled for its devices."""
+  (`backends.build_backend`), compiled for its devices. `evaluator`: one made
+  for a config of the same `evaluator_key` (its Keras model is used too)."""
   from tff_fedadamom.pipeline import backends
   from tff_fedadamom.pipeline import process as process_lib
 
@@ -202,6 +214,11 @@ def build_parts(config, data=None) -> ExperimentParts:
   data = data if data is not None else process_lib.load_data(config)
   process = backends.build_backend(plan, learning_process(plan, data),
                                    process_lib.make_client_tensors(config, data))
+  if evaluator is not None:
+    return ExperimentParts(key=plan.key, data=data, process=process,
+                           keras_model=evaluator.keras_model,
+                           layer_names=tuple(layer_labels(evaluator.keras_model)),
+                           evaluator=evaluator)
   keras_model = process_lib.make_keras_model(config, data)
   return ExperimentParts(
       key=plan.key, data=data, process=process, keras_model=keras_model,
@@ -298,7 +315,10 @@ class PartsCache:
   """The parts of the last `max_size` structure keys, least recently used out.
 
   Data is cached apart from the rest, by `data_key`, so that configs with the
-  same data but another model or optimizer load it once.
+  same data but another model or optimizer load it once; so is the `Evaluator`
+  (with its Keras model), by `evaluator_key`, so that configs with the same data
+  and model but another optimizer trace its forward pass once. A cache serves
+  one run at a time: the runs of its parts share their Keras model.
 
   Args:
     max_size: How many `ExperimentParts` to keep (>= 1). Each holds a built
@@ -311,6 +331,7 @@ class PartsCache:
     self.max_size = max_size
     self._parts: collections.OrderedDict[str, ExperimentParts] = collections.OrderedDict()
     self._data: collections.OrderedDict[str, Any] = collections.OrderedDict()
+    self._evaluators: collections.OrderedDict[str, Evaluator] = collections.OrderedDict()
     self.hits = 0
     self.misses = 0
 
@@ -326,27 +347,43 @@ class PartsCache:
     (and cached) on a miss."""
     plan = make_plan(config)
     key = plan.key
-    if key in self._parts:
+    parts = _lru_get(self._parts, key)
+    if parts is not None:
       self.hits += 1
-      self._parts.move_to_end(key)
-      return self._parts[key]
+      return parts
     self.misses += 1
-    parts = build_parts(plan, data=self._get_data(plan.config))
-    self._parts[key] = parts
-    while len(self._parts) > self.max_size:
-      self._parts.popitem(last=False)
+    model_key = evaluator_key(plan.config)
+    parts = build_parts(plan, data=self._get_data(plan.config),
+                        evaluator=_lru_get(self._evaluators, model_key))
+    _lru_put(self._parts, key, parts, self.max_size)
+    _lru_put(self._evaluators, model_key, parts.evaluator, self.max_size)
     return parts
 
   def _get_data(self, config: ExperimentConfig):
     from tff_fedadamom.pipeline import process as process_lib
 
     key = data_key(config)
-    if key not in self._data:
-      self._data[key] = process_lib.load_data(config)
-      while len(self._data) > self.max_size:
-        self._data.popitem(last=False)
-    self._data.move_to_end(key)
-    return self._data[key]
+    data = _lru_get(self._data, key)
+    if data is None:
+      data = process_lib.load_data(config)
+      _lru_put(self._data, key, data, self.max_size)
+    return data
+
+
+def _lru_get(entries: collections.OrderedDict, key: str):
+  """`entries[key]`, now the most recently used, or None."""
+  if key not in entries:
+    return None
+  entries.move_to_end(key)
+  return entries[key]
+
+
+def _lru_put(entries: collections.OrderedDict, key: str, value, max_size: int) -> None:
+  """Sets `entries[key]`, the most recently used, keeping the last `max_size`."""
+  entries[key] = value
+  entries.move_to_end(key)
+  while len(entries) > max_size:
+    entries.popitem(last=False)
 
 
 def check_parts(config, parts: Optional[ExperimentParts]) -> None:
