@@ -94,7 +94,7 @@ def partition_text(setup: Mapping) -> str:
 
 def planned_methods(setup: Mapping, methods: Sequence[str]) -> list:
   """The methods a comparison planned, in the order of `methods`: those its setup
-  names (a quick run's Shakespeare study compares three); every one of `methods`
+  names (a quick run's Shakespeare study compares two); every one of `methods`
   for results written before setups named them."""
   planned = setup.get("methods")
   return [m for m in methods if planned is None or m in planned]
