@@ -300,8 +300,13 @@ def main(argv=None) -> int:
   args = parse_args(argv)
   mode = "quick" if args.quick else "full"
   b = plan.budget(mode, args.workers)
-  # This command is its process's entry point; with one worker its units run here.
-  (runs_lib.unit_session() if b.workers == 1 else Session()).apply()
+  # This command is its process's entry point; with one worker its units run here,
+  # in a worker's session and with a worker's logging.
+  if b.workers == 1:
+    runs_lib.unit_session().apply()
+    runs_lib.quiet_tensorflow()
+  else:
+    Session().apply()
   out = os.path.abspath(args.out or DEFAULT_OUT[mode])
   os.makedirs(out, exist_ok=True)
   cache = runs_lib.Cache(out)

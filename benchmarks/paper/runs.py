@@ -69,6 +69,17 @@ PARTS_PER_PROCESS = 2
 _worker_parts = None
 
 
+def quiet_tensorflow() -> None:
+  """TensorFlow's Python logger at errors only, in a process that runs units (a
+  worker, or the study's own with one worker): its notes on tracing, such as
+  the escape study's one trace per optimizer, are for whoever writes the traced
+  code, not for the study's reader. For an entry point only: the logger is the
+  process's."""
+  import logging
+
+  logging.getLogger("tensorflow").setLevel(logging.ERROR)
+
+
 def _init_worker(log_dir: str) -> None:
   """Runs in each spawned worker, before TensorFlow is imported there: quiet
   TensorFlow, no GPU, stderr to a log file. The environment it edits is the
@@ -78,9 +89,7 @@ def _init_worker(log_dir: str) -> None:
   log = open(os.path.join(log_dir, f"worker-{os.getpid()}.log"), "a", buffering=1)
   os.dup2(log.fileno(), 2)
   sys.stderr = log
-  import logging
-
-  logging.getLogger("tensorflow").setLevel(logging.ERROR)
+  quiet_tensorflow()
   # The worker is its process's entry point, running one unit at a time. It ends
   # with the study: a study killed (even with SIGKILL) cannot stop its pool.
   unit_session(exit_with_parent=True).apply()
