@@ -303,8 +303,7 @@ def main(argv=None) -> int:
   # This command is its process's entry point; with one worker its units run here,
   # in a worker's session and with a worker's logging.
   if b.workers == 1:
-    runs_lib.unit_session().apply()
-    runs_lib.quiet_tensorflow()
+    runs_lib.become_unit_process()
   else:
     Session().apply()
   out = os.path.abspath(args.out or DEFAULT_OUT[mode])

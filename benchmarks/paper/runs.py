@@ -69,15 +69,16 @@ PARTS_PER_PROCESS = 2
 _worker_parts = None
 
 
-def quiet_tensorflow() -> None:
-  """TensorFlow's Python logger at errors only, in a process that runs units (a
-  worker, or the study's own with one worker): its notes on tracing, such as
-  the escape study's one trace per optimizer, are for whoever writes the traced
-  code, not for the study's reader. For an entry point only: the logger is the
-  process's."""
+def become_unit_process(**session_kwargs) -> None:
+  """Makes this process one that runs units (a worker, or the study's own with
+  one worker): `unit_session(**session_kwargs)` applied, and TensorFlow's Python
+  logger at errors only (its notes on tracing, such as the escape study's one
+  trace per optimizer, are for whoever writes the traced code, not for the
+  study's reader). For an entry point only: both are the process's."""
   import logging
 
   logging.getLogger("tensorflow").setLevel(logging.ERROR)
+  unit_session(**session_kwargs).apply()
 
 
 def _init_worker(log_dir: str) -> None:
@@ -89,10 +90,9 @@ def _init_worker(log_dir: str) -> None:
   log = open(os.path.join(log_dir, f"worker-{os.getpid()}.log"), "a", buffering=1)
   os.dup2(log.fileno(), 2)
   sys.stderr = log
-  quiet_tensorflow()
   # The worker is its process's entry point, running one unit at a time. It ends
   # with the study: a study killed (even with SIGKILL) cannot stop its pool.
-  unit_session(exit_with_parent=True).apply()
+  become_unit_process(exit_with_parent=True)
   # Imported once per worker, so that no unit's time includes it.
   import tensorflow_federated  # noqa: F401
   import tff_fedadamom.pipeline  # noqa: F401
@@ -190,7 +190,7 @@ class InlineExecutor:
 class Pool:
   """A lazily started pool of spawned workers, shared by every study; with one
   worker, the calling process itself (`InlineExecutor`), which must then have
-  applied `unit_session`."""
+  become a unit process (`become_unit_process`)."""
 
   def __init__(self, workers: int, log_dir: str):
     self.workers = workers

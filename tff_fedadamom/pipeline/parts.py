@@ -214,16 +214,12 @@ def build_parts(config, data=None, evaluator: Optional[Evaluator] = None) -> Exp
   data = data if data is not None else process_lib.load_data(config)
   process = backends.build_backend(plan, learning_process(plan, data),
                                    process_lib.make_client_tensors(config, data))
-  if evaluator is not None:
-    return ExperimentParts(key=plan.key, data=data, process=process,
-                           keras_model=evaluator.keras_model,
-                           layer_names=tuple(layer_labels(evaluator.keras_model)),
-                           evaluator=evaluator)
-  keras_model = process_lib.make_keras_model(config, data)
+  if evaluator is None:
+    evaluator = Evaluator(config, data, process_lib.make_keras_model(config, data))
+  keras_model = evaluator.keras_model
   return ExperimentParts(
       key=plan.key, data=data, process=process, keras_model=keras_model,
-      layer_names=tuple(layer_labels(keras_model)),
-      evaluator=Evaluator(config, data, keras_model))
+      layer_names=tuple(layer_labels(keras_model)), evaluator=evaluator)
 
 
 def learning_process(config, data, devices=None):
