@@ -185,7 +185,7 @@ def _child(argv) -> None:
   timeline.install()
   from tff_fedadamom import cli
 
-  sys.exit(cli.main(cli_args))
+  sys.exit(cli.main(cli_args, owns_process=True))  # as `cli.entry` calls it
 
 
 if __name__ == "__main__":

@@ -21,11 +21,15 @@ os.environ["TFF_FEDADAMOM_CACHE_DIR"] = _PROCESS_CACHE
 
 import pytest  # noqa: E402
 
-from tensorflow_federated.python.core.impl.context_stack import context_stack_impl  # noqa: E402
+from tff_fedadamom.session import Session, startup_imports  # noqa: E402
 
-from tff_fedadamom.config.schema import INPROCESS, resolved_backend  # noqa: E402
-from tff_fedadamom.pipeline.backends import tff_cpp  # noqa: E402
-from tff_fedadamom.session import Session  # noqa: E402
+# The test run is an entry point: its imports are frozen out of the garbage
+# collector's walks, as the CLI's are.
+with startup_imports():
+  from tensorflow_federated.python.core.impl.context_stack import context_stack_impl
+  from tff_fedadamom.config.schema import INPROCESS, resolved_backend
+  from tff_fedadamom.pipeline.backends import tff_cpp
+  import tff_fedadamom.pipeline  # noqa: F401
 
 # The test run is an entry point: it sizes TensorFlow's threads, as the CLI does.
 Session().apply()

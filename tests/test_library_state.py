@@ -5,8 +5,8 @@ learning process, runs rounds in-process with evaluations and checkpoints, and
 evaluates through `run_experiment`. Around those library calls nothing
 process-wide may change: the environment, signal handlers, the hooks for
 uncaught and unraisable exceptions, logging's root handlers and level,
-TensorFlow's thread pools, TFF's execution context. And the interpreter's own
-exit, with its teardown, prints no traceback.
+TensorFlow's thread pools, TFF's execution context, Python's garbage collector.
+And the interpreter's own exit, with its teardown, prints no traceback.
 """
 
 import os
@@ -16,7 +16,7 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PROGRAM = """
-import logging, os, signal, sys
+import gc, logging, os, signal, sys
 import tff_fedadamom
 tff_fedadamom.Session().apply()
 import tensorflow as tf
@@ -32,7 +32,8 @@ def snapshot():
       logging=(list(logging.getLogger().handlers), logging.getLogger().level),
       threads=(tf.config.threading.get_intra_op_parallelism_threads(),
                tf.config.threading.get_inter_op_parallelism_threads()),
-      tff_context=(stack.current, list(stack._stack)))
+      tff_context=(stack.current, list(stack._stack)),
+      gc=(gc.isenabled(), gc.get_freeze_count(), gc.get_threshold()))
 
 before = snapshot()
 from tff_fedadamom.pipeline import run_experiment

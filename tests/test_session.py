@@ -81,3 +81,77 @@ def test_a_session_that_exits_with_its_parent_ends_when_the_parent_is_killed(tmp
   if left:
     os.kill(child, signal.SIGKILL)
   assert not left, "the child outlived its killed parent"
+
+
+STARTUP_PROGRAM = """
+import gc, weakref
+from tff_fedadamom.session import startup_imports
+
+class Node:
+  pass
+
+def cycle():
+  a, b = Node(), Node()
+  a.other, b.other = b, a
+  return a
+
+gc.collect()
+before = gc.get_freeze_count()
+with startup_imports():
+  inside = gc.isenabled()
+  made = cycle()
+  import json  # noqa: F401 - an import in the block
+dead = weakref.ref(made)
+del made
+gc.collect()
+after = cycle()
+later = weakref.ref(after)
+del after
+gc.collect()
+print(inside, gc.isenabled(), gc.get_freeze_count() > before, dead() is not None, later() is None)
+gc.disable()
+with startup_imports():
+  pass
+print(gc.isenabled())
+"""
+
+
+def test_startup_imports_freeze_what_the_block_made_and_give_the_collector_back():
+  """In the block the collector is off; what it made is frozen (a cycle made in
+  it outlives a full collection); a cycle made after it is collected; the
+  collector ends as it was before the block (on, or off)."""
+  child = subprocess.run([sys.executable, "-c", STARTUP_PROGRAM], capture_output=True,
+                         text=True, check=True)
+  assert child.stdout.split() == ["False", "True", "True", "True", "True", "False"]
+
+
+CLI_PROGRAM = """
+import gc, sys
+from tff_fedadamom import cli
+config = {config!r}
+gc.collect()
+status = cli.main(["run", config, "--quiet"])
+print("caller's program:", status, gc.isenabled(), gc.get_freeze_count())
+status = cli.main(["run", config, "--quiet", "--set", "rounds=2"], owns_process=True)
+print("command's process:", status, gc.isenabled(), gc.get_freeze_count() > 0)
+"""
+
+
+def test_the_command_freezes_its_imports_only_in_a_process_of_its_own(tmp_path):
+  """`cli.main` called by a program leaves its collector alone; as `entry`
+  calls it (`owns_process`), its imports are frozen and the collector is on."""
+  import yaml
+
+  config = tmp_path / "run.yaml"
+  config.write_text(yaml.safe_dump({
+      "seed": 0, "rounds": 1, "clients_per_round": 2, "eval_every": 1,
+      "output_dir": str(tmp_path / "run"), "data": {"name": "digits", "num_clients": 4},
+      "model": {"name": "logistic"}, "client": {"learning_rate": 0.1, "batch_size": 32},
+      "server": {"optimizer": "fedavg", "learning_rate": 1.0}, "telemetry": False}))
+  child = subprocess.run([sys.executable, "-c", CLI_PROGRAM.format(config=str(config))],
+                         capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+  assert child.returncode == 0, child.stderr
+  lines = child.stdout.splitlines()
+  assert "caller's program: 0 True 0" in lines, child.stdout
+  assert "command's process: 0 True True" in lines, child.stdout

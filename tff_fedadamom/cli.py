@@ -72,10 +72,21 @@ def _start_session(config) -> None:
   Session(threads=config.runtime.threads).apply()
 
 
+def _imports(args):
+  """The context of a command's heavy imports: `session.startup_imports` when
+  the command owns its process (`entry`), else nothing (a caller's program)."""
+  import contextlib
+
+  from tff_fedadamom import session
+
+  return session.startup_imports() if args.owns_process else contextlib.nullcontext()
+
+
 def _cmd_run(args) -> int:
   from tff_fedadamom.config import load_config
-  from tff_fedadamom.pipeline import run_experiment
 
+  with _imports(args):
+    from tff_fedadamom.pipeline import run_experiment
   config = load_config(args.config, args.overrides)
   _start_session(config)
   result = run_experiment(config, progress=not args.quiet, on_round=args.interrupts.check)
@@ -84,9 +95,10 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_compare(args) -> int:
-  from tff_fedadamom.pipeline.compare import compare
-
   from tff_fedadamom.config import load_config
+
+  with _imports(args):
+    from tff_fedadamom.pipeline.compare import compare
 
   names = [n.strip() for n in args.optimizers.split(",") if n.strip()]
   config = load_config(args.config, args.overrides)
@@ -208,10 +220,12 @@ class _Interrupts:
     self._previous_hook(unraisable)
 
 
-def main(argv=None, interrupts: Optional[_Interrupts] = None) -> int:
+def main(argv=None, interrupts: Optional[_Interrupts] = None, owns_process: bool = False) -> int:
   """The command with `argv` (default: `sys.argv[1:]`); returns its exit status.
   `entry` is the process around it (signals, a prompt exit) and passes its
-  `interrupts`, which a run checks after every round."""
+  `interrupts`, which a run checks after every round, and `owns_process`: the
+  command may then set Python's garbage collector around its imports
+  (`session.startup_imports`), which a caller's program keeps as it is."""
   from tff_fedadamom import session
 
   for name, value in QUIET_ENV.items():
@@ -220,6 +234,7 @@ def main(argv=None, interrupts: Optional[_Interrupts] = None) -> int:
 
   args = build_parser().parse_args(argv)
   args.interrupts = interrupts if interrupts is not None else _Interrupts()
+  args.owns_process = owns_process
   session.release_tff_at_exit()
   try:
     return args.fn(args)
@@ -265,7 +280,7 @@ def entry() -> None:
   interrupts = _Interrupts()
   interrupts.install()
   try:
-    code = _exit_code(main(interrupts=interrupts))
+    code = _exit_code(main(interrupts=interrupts, owns_process=True))
   except SystemExit as e:  # SIGTERM (`_Interrupts`), or argparse's usage errors
     code = _exit_code(e.code)
   except KeyboardInterrupt:  # a Ctrl-C raised again after `main` returned

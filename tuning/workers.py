@@ -196,6 +196,13 @@ class TrialWorker:
     self._jobs.put(None)  # wakes the loop if it waits for a trial
 
   def _loop(self) -> None:
+    from tff_fedadamom.session import startup_imports
+
+    try:
+      with startup_imports():  # the worker is its process's entry point
+        import tff_fedadamom.pipeline  # noqa: F401 - what every trial and warm-up runs
+    except ImportError:  # a trial imports it again, and its error goes to its trainable
+      pass
     while True:
       try:
         job = self._jobs.get(block=not self._warm)

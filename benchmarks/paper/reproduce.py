@@ -295,17 +295,19 @@ def _command(args) -> str:
 
 
 def main(argv=None) -> int:
-  from tff_fedadamom.session import Session
+  from tff_fedadamom.session import Session, startup_imports
 
   args = parse_args(argv)
   mode = "quick" if args.quick else "full"
   b = plan.budget(mode, args.workers)
   # This command is its process's entry point; with one worker its units run here,
   # in a worker's session and with a worker's logging.
-  if b.workers == 1:
-    runs_lib.become_unit_process()
-  else:
-    Session().apply()
+  with startup_imports():
+    if b.workers == 1:
+      runs_lib.become_unit_process()
+    else:
+      Session().apply()
+    import tff_fedadamom.pipeline  # noqa: F401 - what calibration and the units run
   out = os.path.abspath(args.out or DEFAULT_OUT[mode])
   os.makedirs(out, exist_ok=True)
   cache = runs_lib.Cache(out)

@@ -90,12 +90,15 @@ def _init_worker(log_dir: str) -> None:
   log = open(os.path.join(log_dir, f"worker-{os.getpid()}.log"), "a", buffering=1)
   os.dup2(log.fileno(), 2)
   sys.stderr = log
+  from tff_fedadamom.session import startup_imports
+
   # The worker is its process's entry point, running one unit at a time. It ends
   # with the study: a study killed (even with SIGKILL) cannot stop its pool.
-  become_unit_process(exit_with_parent=True)
-  # Imported once per worker, so that no unit's time includes it.
-  import tensorflow_federated  # noqa: F401
-  import tff_fedadamom.pipeline  # noqa: F401
+  with startup_imports():
+    become_unit_process(exit_with_parent=True)
+    # Imported once per worker, so that no unit's time includes it.
+    import tensorflow_federated  # noqa: F401
+    import tff_fedadamom.pipeline  # noqa: F401
   from tff_fedadamom.pipeline.parts import PartsCache
 
   global _worker_parts
