@@ -34,15 +34,16 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from tff_fedadamom.session import Session  # noqa: E402
+from tff_fedadamom.session import Session, startup_imports  # noqa: E402
 
-Session().apply()  # this script is its process's entry point
-
-from tff_fedadamom.config import load_config  # noqa: E402
-from tff_fedadamom.data.sampling import UniformSampler  # noqa: E402
-from tff_fedadamom.pipeline import hooks as hooks_lib  # noqa: E402
-from tff_fedadamom.pipeline import parts as parts_lib  # noqa: E402
-from tff_fedadamom.pipeline import run_experiment  # noqa: E402
+# This script is its process's entry point, set up as the command's process is.
+with startup_imports():
+  Session().apply()
+  from tff_fedadamom.config import load_config
+  from tff_fedadamom.data.sampling import UniformSampler
+  from tff_fedadamom.pipeline import hooks as hooks_lib
+  from tff_fedadamom.pipeline import parts as parts_lib
+  from tff_fedadamom.pipeline import run_experiment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOAL = 1.15
