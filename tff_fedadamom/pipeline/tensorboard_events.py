@@ -13,7 +13,8 @@ summaries grew a long run's memory by about 10 MB per 1,000 rounds
 Here the summaries are the protos TensorBoard's own `scalar_pb` and
 `histogram_pb` build in numpy (the same tags, plugin metadata and float32
 values as `tf.summary.scalar`; histograms with TensorBoard's default of 30
-buckets), written by TensorBoard's event file writer.
+buckets, counted as `histogram_pb` below says), written by TensorBoard's event
+file writer.
 """
 
 from __future__ import annotations
@@ -23,6 +24,45 @@ from typing import Any, Mapping
 
 import numpy as np
 import tensorflow_federated as tff
+
+
+def histogram_pb(tag: str, data):
+  """TensorBoard's `histogram_pb(tag, data)` (its default bucket count): the
+  same summary proto, with the buckets counted by `np.bincount`.
+
+  Why not TensorBoard's own: it counts by comparing every value with every
+  bucket, an N x 30 boolean matrix. On the quickstart CNN's 1.2 million
+  parameters that took 167 ms (and 36 MB) a histogram, against 16 ms here; on
+  ResNet-18's 11 million the matrix alone is 335 MB. Everything else is
+  TensorBoard's: the values as float64, the edges (`linspace` from the minimum
+  to the maximum), a value's bucket, floor((value - min) / width), clamped to
+  the last, so the maximum lands there, and values that land nowhere (NaN, or
+  every value when the range is infinite) counted nowhere. Empty data and
+  data of one value go to TensorBoard's function itself: it builds no matrix
+  for them.
+  """
+  from tensorboard.compat.proto import summary_pb2
+  from tensorboard.plugins.histogram import metadata, summary_v2
+  from tensorboard.util import tensor_util
+
+  values = np.asarray(data).ravel().astype(float)
+  if values.size == 0 or np.max(values) - np.min(values) == 0:
+    return summary_v2.histogram_pb(tag, values)
+  buckets = summary_v2.DEFAULT_BUCKET_COUNT
+  low, high = np.min(values), np.max(values)
+  width = (high - low) / buckets
+  # NaN and inf land nowhere, as in TensorBoard's; a diverged run's histogram
+  # says so without numpy's warnings.
+  with np.errstate(invalid="ignore", over="ignore"):
+    index = np.minimum(np.floor((values - low) / width).astype(int), buckets - 1)
+    edges = np.linspace(low, high, buckets + 1)
+  counts = np.bincount(index[index >= 0], minlength=buckets)
+  table = np.array([edges[:-1], edges[1:], counts]).transpose()
+  summary = summary_pb2.Summary()
+  summary.value.add(tag=tag, metadata=metadata.create_summary_metadata(
+      display_name=None, description=None),
+      tensor=tensor_util.make_tensor_proto(table, dtype=np.float64))
+  return summary
 
 
 class EventWriter:
@@ -49,8 +89,6 @@ class EventWriter:
 
   def histograms(self, values: Mapping[str, np.ndarray], step: int) -> None:
     """One histogram per name, of the array's values."""
-    from tensorboard.plugins.histogram.summary_v2 import histogram_pb
-
     self._write([histogram_pb(name, np.asarray(value)) for name, value in values.items()],
                 step)
 
