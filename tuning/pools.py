@@ -95,6 +95,19 @@ def _prestart_count(resources) -> int:
   return max(1, min(fits, resources.max_concurrent_trials or fits))
 
 
+def spare_cpus(cluster_cpus: float, resources) -> float:
+  """CPUs of a cluster of `cluster_cpus` beyond those a sweep's concurrent trials
+  hold (`max_concurrent_trials` x `cpus_per_trial`); none when the number of
+  concurrent trials is not capped (Tune then fills every CPU)."""
+  if not resources.max_concurrent_trials:
+    return 0.0
+  return max(0.0, cluster_cpus - resources.max_concurrent_trials * resources.cpus_per_trial)
+
+
+def _cluster_cpus() -> float:
+  return float(sum(n["Resources"].get("CPU", 0) for n in ray.nodes() if n.get("Alive")))
+
+
 @dataclasses.dataclass(frozen=True)
 class SharedWorkerPool:
   """A trial-worker pool that outlives sweeps (`shared_worker_pool`); pass it to
@@ -160,7 +173,9 @@ def worker_pool(sweep, enabled: bool = True, shared: Optional[SharedWorkerPool] 
 
   Must run inside a Ray session. On a one-node cluster it starts the workers
   the first trials will use right away (those a shared pool lacks), so that
-  their imports and warm-up overlap Tune's own start. On exit a pool of the
+  their imports overlap Tune's own start. Where the cluster has CPUs beyond
+  those the concurrent trials hold (`spare_cpus`), idle workers also warm up
+  each optimizer's structure ahead of its trials. On exit a pool of the
   sweep's own ends, with its workers; a shared one stays.
   """
   if not enabled:
@@ -171,14 +186,19 @@ def worker_pool(sweep, enabled: bool = True, shared: Optional[SharedWorkerPool] 
   from tuning import space as space_lib
 
   threads = threads_for_cpus(sweep.resources.cpus_per_trial)  # as `trial_threads` has it
+  # Workers reserve no CPU, so a warm-up runs on the CPUs the running trials
+  # hold unless the cluster has some to spare. On 2 cores with 2 trials of 1
+  # CPU, the warm quickstart sweep took 13.9 s without warm-ups against 15.9 s
+  # with them (a trial besides its rounds: 0.25 s against 0.62 s, median).
+  spare = spare_cpus(_cluster_cpus(), sweep.resources) >= sweep.resources.cpus_per_trial
   warm = [functools.partial(space_lib.experiment_dict, sweep, optimizer, {},
                             output_dir=os.path.join("warm-up", optimizer), threads=threads)
-          for optimizer in sweep.optimizers]
+          for optimizer in sweep.optimizers] if spare else []
   with contextlib.ExitStack() as own:
     if shared is None:  # the sweep's own pool: a shared one whose block is the sweep
       shared = own.enter_context(_new_pool("trial-pool"))
     pool = ray.get_actor(shared.name, namespace=NAMESPACE)
-    ray.get(pool.configure.remote(max(PARTS_PER_WORKER, len(warm)), warm))
+    ray.get(pool.configure.remote(max(PARTS_PER_WORKER, len(sweep.optimizers)), warm))
     count = _prestart_count(sweep.resources)
     if count:
       pool.prestart.remote(ray.get_runtime_context().get_node_id(), threads, count)

@@ -69,7 +69,7 @@ from tff_fedadamom.process_table import identity as process_identity
 NAMESPACE = "tff_fedadamom"
 # Built experiments each worker keeps at least; a sweep's pool keeps one per
 # optimizer (a joint sweep interleaves them), which it warms up ahead of their
-# trials.
+# trials where the cluster has CPUs to spare (`pools.spare_cpus`).
 PARTS_PER_WORKER = 2
 # How often a waiting worker checks that its trial's process still runs.
 _POLL_S = 0.2

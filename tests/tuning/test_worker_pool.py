@@ -8,7 +8,7 @@ import os
 import pytest
 
 from tff_fedadamom.pipeline.ray_session import ray_session
-from tuning.pools import WorkerPool, shared_worker_pool
+from tuning.pools import WorkerPool, shared_worker_pool, spare_cpus
 from tuning.workers import NAMESPACE, process_identity
 
 
@@ -19,6 +19,19 @@ def test_a_shared_pool_needs_a_ray_session_first():
   with pytest.raises(RuntimeError, match=r"needs this process connected to Ray"):
     with shared_worker_pool():
       pass
+
+
+def test_workers_warm_up_only_on_cpus_the_concurrent_trials_do_not_hold():
+  """A warm-up runs beside the trials: only CPUs beyond those the concurrent
+  trials hold are spare, and none when Tune may fill every CPU."""
+  from tuning.schema import Resources
+
+  two_of_one = Resources(cpus_per_trial=1, max_concurrent_trials=2)
+  assert spare_cpus(2, two_of_one) == 0          # this machine: no warm-ups
+  assert spare_cpus(8, two_of_one) == 6
+  assert spare_cpus(8, Resources(cpus_per_trial=2, max_concurrent_trials=3)) == 2
+  assert spare_cpus(1, two_of_one) == 0          # oversubscribed: nothing spare
+  assert spare_cpus(64, Resources(cpus_per_trial=1, max_concurrent_trials=None)) == 0
 
 
 def _in_actor(actor, fn, *args):
