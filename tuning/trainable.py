@@ -238,6 +238,6 @@ def train_trial(config: dict, *, sweep, optimizer: Optional[str], pool: Optional
     # The run closes the parts it builds (a tff_cpp backend's worker_binary with them).
     run_experiment(make_experiment(),
                    hooks=[TuneReport(output_dir, make_result, _report_to_tune)],
-                   progress=False)
+                   progress=False, model_and_plot=False)
   finally:
     shutil.rmtree(scratch, ignore_errors=True)

@@ -259,8 +259,10 @@ class TrialWorker:
     trial.check()
     plan = self._plan(make_experiment)
     parts = self._parts(plan)
+    # The run directory is scratch (`trainable.train_trial`): no model or plot.
     run_experiment(plan, parts=parts, progress=False, on_round=trial.check,
-                   on_eval=lambda event: trial.hand_over(make_result(event)))
+                   on_eval=lambda event: trial.hand_over(make_result(event)),
+                   model_and_plot=False)
     trial.events.put(("done", None))
 
 

@@ -90,6 +90,26 @@ def test_rerunning_a_finished_run_changes_nothing(tmp_path, run_shared):
   assert again.summary == first.summary
 
 
+def test_a_run_without_model_and_plot_has_the_same_summary_and_metrics(tmp_path, run_shared):
+  """A sweep trial's run (`model_and_plot=False`) writes neither the model nor
+  the plot; its metrics rows and summary are those of a run that does."""
+  full = run_shared(tiny(tmp_path / "full", rounds=2))
+  bare = run_shared(tiny(tmp_path / "bare", rounds=2), model_and_plot=False)
+  for name in (outputs.MODEL_FILE, outputs.CURVES_FILE):
+    assert os.path.exists(os.path.join(full.output_dir, name))
+    assert not os.path.exists(os.path.join(bare.output_dir, name))
+  def untimed(rows):
+    return [{k: v for k, v in row.items() if not k.startswith("time/")} for row in rows]
+
+  assert (untimed(outputs.read_metrics(bare.output_dir))
+          == untimed(outputs.read_metrics(full.output_dir)))
+  timing = ("wall_time_s", "rounds_per_second")
+  assert ({k: v for k, v in bare.summary.items() if k not in timing}
+          == {k: v for k, v in full.summary.items() if k not in timing})
+  with open(os.path.join(bare.output_dir, outputs.SUMMARY_FILE)) as f:
+    assert json.load(f)["status"] == "completed"
+
+
 def test_other_config_in_same_output_dir_is_refused(tmp_path, run_shared):
   run_shared(tiny(tmp_path / "run", rounds=1))
   with pytest.raises(ConfigError, match="server.beta_2.*different config"):
