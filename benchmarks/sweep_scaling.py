@@ -10,8 +10,9 @@
    20 trials (each optimizer's two sampled configs, all rounds) as separate
    `tff-fedadamom run` commands, two at a time, on the warm cache; the ratios
    (the sweep's speed-up over a shell loop); and the time from
-   starting `tff-fedadamom run configs/quickstart.yaml` to its first row of
-   metrics (after round 1), with a cold and with a warm cache.
+   starting `tff-fedadamom run configs/quickstart.yaml` to its first round's
+   start and to its end (its first row of metrics), with a cold and with a
+   warm cache.
 
 1. `configs/sweeps/quickstart.yaml` (20 trials x 6 rounds, 2 at a time), the
    same trials three ways, one after the other in this run: the "before" (a
@@ -148,24 +149,23 @@ class _Run:
     return 1 - self.round_seconds / self.trial_seconds, 1 - self.round_seconds / slots
 
 
-def _first_round_s(config_path: str, output_dir: str, overrides: list) -> float:
-  """Seconds from starting `tff-fedadamom run` to its first metrics row (round 1)."""
+def _first_round_s(config_path: str, output_dir: str, overrides: list) -> tuple[float, float]:
+  """Seconds from starting `tff-fedadamom run` to its first round's start and to
+  its end (its first metrics row), timed by `startup_timeline.py`'s child: the
+  command's `main` as `entry` calls it, which exits once round 1's row is written."""
+  import json
   import subprocess
 
-  metrics = os.path.join(output_dir, "metrics.csv")
-  start = time.perf_counter()
-  proc = subprocess.Popen([sys.executable, "-m", "tff_fedadamom", "run", config_path, "--quiet",
-                           "--set", f"output_dir={output_dir}", *overrides],
-                          cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  try:
-    while proc.poll() is None:
-      if os.path.exists(metrics) and sum(1 for _ in open(metrics)) >= 2:
-        return time.perf_counter() - start
-      time.sleep(0.02)
-    raise RuntimeError(f"run of {config_path} ended (status {proc.returncode}) before round 1")
-  finally:
-    proc.kill()
-    proc.wait()
+  from benchmarks.startup_timeline import first_round
+
+  timeline = output_dir + "-timeline.json"
+  subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "startup_timeline.py"),
+                  repr(time.time()), timeline, "run", config_path, "--quiet",
+                  "--set", f"output_dir={output_dir}", *overrides],
+                 cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True,
+                 env={**os.environ, "PYTHONPATH": ROOT})
+  with open(timeline) as f:
+    return first_round(json.load(f))
 
 
 def _cli_loop(raw: dict, root: str, concurrent: int) -> tuple[int, float]:
@@ -235,10 +235,10 @@ def process_cache(root: str) -> None:
   quick = os.path.join(ROOT, "configs", "quickstart.yaml")
   fresh = os.path.join(root, "first-round-cache")
   for label in ("cold", "warm"):
-    seconds = _first_round_s(quick, os.path.join(root, f"first_{label}"),
-                             ["--set", f"runtime.cache_dir={fresh}"])
-    print(f"  tff-fedadamom run configs/quickstart.yaml, {label} cache: first round after "
-          f"{seconds:5.2f} s", flush=True)
+    start, end = _first_round_s(quick, os.path.join(root, f"first_{label}"),
+                                ["--set", f"runtime.cache_dir={fresh}"])
+    print(f"  tff-fedadamom run configs/quickstart.yaml, {label} cache: first round starts "
+          f"{start:5.2f} s and ends {end:5.2f} s after launch", flush=True)
 
 
 def quickstart(root: str) -> None:
