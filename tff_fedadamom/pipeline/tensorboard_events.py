@@ -46,10 +46,12 @@ def histogram_pb(tag: str, data):
   from tensorboard.util import tensor_util
 
   values = np.asarray(data).ravel().astype(float)
-  if values.size == 0 or np.max(values) - np.min(values) == 0:
+  if values.size == 0:
+    return summary_v2.histogram_pb(tag, values)
+  low, high = np.min(values), np.max(values)
+  if high - low == 0:
     return summary_v2.histogram_pb(tag, values)
   buckets = summary_v2.DEFAULT_BUCKET_COUNT
-  low, high = np.min(values), np.max(values)
   width = (high - low) / buckets
   # NaN and inf land nowhere, as in TensorBoard's; a diverged run's histogram
   # says so without numpy's warnings.
