@@ -29,7 +29,7 @@ with startup_imports():
   from tensorflow_federated.python.core.impl.context_stack import context_stack_impl
   from tff_fedadamom.config.schema import INPROCESS, resolved_backend
   from tff_fedadamom.pipeline.backends import tff_cpp
-  import tff_fedadamom.pipeline  # noqa: F401
+  import tff_fedadamom.pipeline.runner  # noqa: F401
 
 # The test run is an entry point: it sizes TensorFlow's threads, as the CLI does.
 Session().apply()

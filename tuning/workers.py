@@ -200,7 +200,7 @@ class TrialWorker:
 
     try:
       with startup_imports():  # the worker is its process's entry point
-        import tff_fedadamom.pipeline  # noqa: F401 - what every trial and warm-up runs
+        import tff_fedadamom.pipeline.runner  # noqa: F401 - TensorFlow, TFF, what trials run
     except ImportError:  # a trial imports it again, and its error goes to its trainable
       pass
     while True:

@@ -307,7 +307,7 @@ def main(argv=None) -> int:
       runs_lib.become_unit_process()
     else:
       Session().apply()
-    import tff_fedadamom.pipeline  # noqa: F401 - what calibration and the units run
+    import tff_fedadamom.pipeline.runner  # noqa: F401 - what calibration and the units run
   out = os.path.abspath(args.out or DEFAULT_OUT[mode])
   os.makedirs(out, exist_ok=True)
   cache = runs_lib.Cache(out)
