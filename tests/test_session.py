@@ -113,16 +113,24 @@ gc.disable()
 with startup_imports():
   pass
 print(gc.isenabled())
+gc.enable()
+frozen = gc.get_freeze_count()
+with startup_imports(enabled=False):  # a command called by a caller's program
+  inside = gc.isenabled()
+  kept = cycle()
+print(inside, gc.isenabled(), gc.get_freeze_count() == frozen)
 """
 
 
 def test_startup_imports_freeze_what_the_block_made_and_give_the_collector_back():
   """In the block the collector is off; what it made is frozen (a cycle made in
   it outlives a full collection); a cycle made after it is collected; the
-  collector ends as it was before the block (on, or off)."""
+  collector ends as it was before the block (on, or off). Not enabled, the
+  block changes nothing."""
   child = subprocess.run([sys.executable, "-c", STARTUP_PROGRAM], capture_output=True,
                          text=True, check=True)
-  assert child.stdout.split() == ["False", "True", "True", "True", "True", "False"]
+  assert child.stdout.split() == ["False", "True", "True", "True", "True", "False",
+                                  "True", "True", "True"]
 
 
 CLI_PROGRAM = """

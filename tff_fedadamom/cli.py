@@ -72,20 +72,11 @@ def _start_session(config) -> None:
   Session(threads=config.runtime.threads).apply()
 
 
-def _imports(args):
-  """The context of a command's heavy imports: `session.startup_imports` when
-  the command owns its process (`entry`), else nothing (a caller's program)."""
-  import contextlib
-
-  from tff_fedadamom import session
-
-  return session.startup_imports() if args.owns_process else contextlib.nullcontext()
-
-
 def _cmd_run(args) -> int:
   from tff_fedadamom.config import load_config
+  from tff_fedadamom.session import startup_imports
 
-  with _imports(args):
+  with startup_imports(args.owns_process):  # only in a process of its own (`entry`)
     from tff_fedadamom.pipeline import run_experiment
   config = load_config(args.config, args.overrides)
   _start_session(config)
@@ -96,8 +87,9 @@ def _cmd_run(args) -> int:
 
 def _cmd_compare(args) -> int:
   from tff_fedadamom.config import load_config
+  from tff_fedadamom.session import startup_imports
 
-  with _imports(args):
+  with startup_imports(args.owns_process):  # only in a process of its own (`entry`)
     from tff_fedadamom.pipeline.compare import compare
 
   names = [n.strip() for n in args.optimizers.split(",") if n.strip()]

@@ -70,10 +70,12 @@ def release_tff_at_exit() -> None:
 
 
 @contextlib.contextmanager
-def startup_imports():
+def startup_imports(enabled: bool = True):
   """For an entry point's start-up imports (TensorFlow, TFF, the pipeline):
   Python's cyclic garbage collector is off during the block, and every object
-  alive at its end is frozen out of later collections (`gc.freeze`).
+  alive at its end is frozen out of later collections (`gc.freeze`). With
+  `enabled` False, nothing is changed (a command called by a caller's program,
+  `cli.main`).
 
   Why: those imports make about 450,000 objects that live as long as the
   process (modules, classes, functions, op registrations). With the collector
@@ -88,6 +90,9 @@ def startup_imports():
   For an entry point only: the collector's state is the process's. It is on
   again after the block if it was before.
   """
+  if not enabled:
+    yield
+    return
   was_enabled = gc.isenabled()
   gc.disable()
   try:

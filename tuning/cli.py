@@ -14,11 +14,19 @@ import sys
 
 
 def _cmd_tune(args) -> int:
+  from tff_fedadamom.session import startup_imports
+  from tuning import schema
   from tuning.errors import SweepConfigError, SweepError
-  from tuning.sweep import run_sweep
 
   try:
-    result = run_sweep(args.sweep, resume=args.resume, smoke_test=args.smoke_test,
+    # In a process of its own (`cli.entry`), the driver's imports (Ray Tune, and
+    # TensorFlow and TFF, which validating the base experiment imports) are
+    # frozen out of the garbage collector's walks, as a run's are.
+    with startup_imports(getattr(args, "owns_process", False)):
+      from tuning.sweep import run_sweep
+
+      sweep = schema.load_sweep(args.sweep)
+    result = run_sweep(sweep, resume=args.resume, smoke_test=args.smoke_test,
                        progress_interval_s=args.progress_every,
                        reuse_workers=not args.no_reuse)
   except SweepConfigError as e:

@@ -156,3 +156,17 @@ def test_schedule_parameters_are_sweepable_like_any_hparam():
   raw["space"]["server.schedule.decay_rate"] = {"dist": "uniform", "low": 0.9, "high": 1.5}
   with pytest.raises(SweepConfigError, match="decay_rate"):
     load_sweep(raw)
+
+
+def test_the_tune_command_refuses_an_invalid_sweep_before_it_starts(tmp_path, capsys):
+  """`tff-fedadamom tune` on a sweep file with a bad field: exit status 2, one
+  line naming the field, and no sweep directory made."""
+  from tff_fedadamom import cli
+
+  path = tmp_path / "bad.yaml"
+  path.write_text("name: bad\nbase: {}\noptimizers: [nosuch]\n"
+                  f"resources: {{storage_path: {tmp_path / 'sweeps'}}}\n")
+  assert cli.main(["tune", str(path)]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith("sweep config error:") and "optimizers" in err, err
+  assert not (tmp_path / "sweeps").exists()
