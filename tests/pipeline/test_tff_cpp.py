@@ -204,3 +204,28 @@ def test_stop_kills_a_worker_that_outlives_its_relay(tmp_path):
   while processes.identity(worker[0]) == worker and time.monotonic() < deadline:
     time.sleep(0.1)
   assert processes.identity(worker[0]) != worker
+
+
+def test_a_killed_owner_leaves_no_worker_and_no_socket_directory():
+  """A process that started a worker_binary is killed (SIGKILL) before it could
+  close it: the relay sees its stdin end, ends the worker and itself, and
+  removes the socket and its directory."""
+  owner = subprocess.Popen(
+      [sys.executable, "-c",
+       "import os, time\n"
+       "from tff_fedadamom.pipeline.backends import tff_cpp\n"
+       "worker = tff_cpp.WorkerBinary()\n"
+       "print(worker.relay_pid, worker.pid, os.path.dirname(worker.path), flush=True)\n"
+       "time.sleep(600)"],
+      stdout=subprocess.PIPE, text=True)
+  relay, worker, socket_dir = owner.stdout.readline().split()
+  pids = [int(relay), int(worker)]
+  assert processes.still_running(pids) == pids and os.path.isdir(socket_dir)
+  owner.kill()
+  owner.wait()
+  deadline = time.monotonic() + 30
+  while (processes.still_running(pids) or os.path.exists(socket_dir)) and \
+      time.monotonic() < deadline:
+    time.sleep(0.1)
+  assert processes.still_running(pids) == []
+  assert not os.path.exists(socket_dir)

@@ -25,7 +25,7 @@ kernel closes when the parent ends, however it ends (a parent death signal
 would fire when the parent's *thread* that started this process ends, and
 the parent may start it from a short-lived thread), and on SIGTERM; it ends
 its worker first. It ends too when the worker ends, with the worker's exit
-status.
+status. Ending, it removes its socket and the socket's directory.
 
 Only the standard library is used: this file runs as a script, without the
 package or TensorFlow.
@@ -149,21 +149,28 @@ def _relay(client: socket.socket, port: int) -> None:
   upstream.close()
 
 
-def _end(worker: subprocess.Popen, status: int) -> None:
+def _end(worker: subprocess.Popen, status: int, path: str) -> None:
   """Ends this process, its worker first (reaped here: the machine's init may
-  not reap orphans)."""
+  not reap orphans), and removes the socket at `path` and its directory, which
+  the parent made for this relay alone: a parent killed before it could close
+  leaves nothing behind."""
   worker.kill()
   worker.wait()
+  try:
+    os.unlink(path)
+    os.rmdir(os.path.dirname(path))
+  except OSError:  # not bound yet, or removed by another ending thread or the parent
+    pass
   os._exit(status)
 
 
 def serve(path: str, binary: str, max_calls: str) -> None:
   port = _free_port()
   worker = _start_worker(binary, port, max_calls)
-  signal.signal(signal.SIGTERM, lambda *_: _end(worker, 0))
-  threading.Thread(target=lambda: (sys.stdin.buffer.read(), _end(worker, 0)),
+  signal.signal(signal.SIGTERM, lambda *_: _end(worker, 0, path))
+  threading.Thread(target=lambda: (sys.stdin.buffer.read(), _end(worker, 0, path)),
                    daemon=True).start()
-  threading.Thread(target=lambda: (worker.wait(), _end(worker, worker.returncode or 1)),
+  threading.Thread(target=lambda: (worker.wait(), _end(worker, worker.returncode or 1, path)),
                    daemon=True).start()
   listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
   listener.bind(path)
