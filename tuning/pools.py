@@ -84,11 +84,15 @@ class WorkerPool:
     self._workers.clear()
 
 
-def _prestart_count(resources) -> int:
+def _alive_nodes() -> list[dict]:
+  """The cluster's live nodes, as `ray.nodes()` describes them."""
+  return [n for n in ray.nodes() if n.get("Alive")]
+
+
+def _prestart_count(resources, nodes: list[dict]) -> int:
   """How many trials of `resources` fit on this node at once, when this node is
-  the whole cluster and trials need no GPU (else 0: where and with which GPUs
-  trials will run is known only when they start)."""
-  nodes = [n for n in ray.nodes() if n.get("Alive")]
+  the whole cluster (`nodes`: its live nodes) and trials need no GPU (else 0:
+  where and with which GPUs trials will run is known only when they start)."""
   if len(nodes) != 1 or resources.gpus_per_trial:
     return 0
   fits = int(nodes[0]["Resources"].get("CPU", 0) // resources.cpus_per_trial)
@@ -102,10 +106,6 @@ def spare_cpus(cluster_cpus: float, resources) -> float:
   if not resources.max_concurrent_trials:
     return 0.0
   return max(0.0, cluster_cpus - resources.max_concurrent_trials * resources.cpus_per_trial)
-
-
-def _cluster_cpus() -> float:
-  return float(sum(n["Resources"].get("CPU", 0) for n in ray.nodes() if n.get("Alive")))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,7 +190,9 @@ def worker_pool(sweep, enabled: bool = True, shared: Optional[SharedWorkerPool] 
   # hold unless the cluster has some to spare. On 2 cores with 2 trials of 1
   # CPU, the warm quickstart sweep took 13.9 s without warm-ups against 15.9 s
   # with them (a trial besides its rounds: 0.25 s against 0.62 s, median).
-  spare = spare_cpus(_cluster_cpus(), sweep.resources) >= sweep.resources.cpus_per_trial
+  nodes = _alive_nodes()
+  cluster_cpus = float(sum(n["Resources"].get("CPU", 0) for n in nodes))
+  spare = spare_cpus(cluster_cpus, sweep.resources) >= sweep.resources.cpus_per_trial
   warm = [functools.partial(space_lib.experiment_dict, sweep, optimizer, {},
                             output_dir=os.path.join("warm-up", optimizer), threads=threads)
           for optimizer in sweep.optimizers] if spare else []
@@ -199,7 +201,7 @@ def worker_pool(sweep, enabled: bool = True, shared: Optional[SharedWorkerPool] 
       shared = own.enter_context(_new_pool("trial-pool"))
     pool = ray.get_actor(shared.name, namespace=NAMESPACE)
     ray.get(pool.configure.remote(max(PARTS_PER_WORKER, len(sweep.optimizers)), warm))
-    count = _prestart_count(sweep.resources)
+    count = _prestart_count(sweep.resources, nodes)
     if count:
       pool.prestart.remote(ray.get_runtime_context().get_node_id(), threads, count)
     yield shared.name

@@ -97,7 +97,6 @@ def _init_worker(log_dir: str) -> None:
   with startup_imports():
     become_unit_process(exit_with_parent=True)
     # Imported once per worker, so that no unit's time includes it.
-    import tensorflow_federated  # noqa: F401
     import tff_fedadamom.pipeline.runner  # noqa: F401 - TensorFlow, TFF, the run's modules
   from tff_fedadamom.pipeline.parts import PartsCache
 
