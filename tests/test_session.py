@@ -136,30 +136,27 @@ def test_startup_imports_freeze_what_the_block_made_and_give_the_collector_back(
 CLI_PROGRAM = """
 import gc, sys
 from tff_fedadamom import cli
-config = {config!r}
+sweep = {sweep!r}
 gc.collect()
-status = cli.main(["run", config, "--quiet"])
+status = cli.main(["tune", sweep])
 print("caller's program:", status, gc.isenabled(), gc.get_freeze_count())
-status = cli.main(["run", config, "--quiet", "--set", "rounds=2"], owns_process=True)
+status = cli.main(["tune", sweep], owns_process=True)
 print("command's process:", status, gc.isenabled(), gc.get_freeze_count() > 0)
 """
 
 
 def test_the_command_freezes_its_imports_only_in_a_process_of_its_own(tmp_path):
   """`cli.main` called by a program leaves its collector alone; as `entry`
-  calls it (`owns_process`), its imports are frozen and the collector is on."""
-  import yaml
-
-  config = tmp_path / "run.yaml"
-  config.write_text(yaml.safe_dump({
-      "seed": 0, "rounds": 1, "clients_per_round": 2, "eval_every": 1,
-      "output_dir": str(tmp_path / "run"), "data": {"name": "digits", "num_clients": 4},
-      "model": {"name": "logistic"}, "client": {"learning_rate": 0.1, "batch_size": 32},
-      "server": {"optimizer": "fedavg", "learning_rate": 1.0}, "telemetry": False}))
-  child = subprocess.run([sys.executable, "-c", CLI_PROGRAM.format(config=str(config))],
+  calls it (`owns_process`), its imports are frozen and the collector is on.
+  Shown on `tune` with a sweep it refuses (its imports run, nothing else):
+  `run` and `compare` pass the same `owns_process` to `startup_imports`."""
+  sweep = tmp_path / "bad.yaml"
+  sweep.write_text("name: bad\nbase: {}\noptimizers: [nosuch]\n"
+                   f"resources: {{storage_path: {tmp_path / 'sweeps'}}}\n")
+  child = subprocess.run([sys.executable, "-c", CLI_PROGRAM.format(sweep=str(sweep))],
                          capture_output=True, text=True, timeout=600,
                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
   assert child.returncode == 0, child.stderr
   lines = child.stdout.splitlines()
-  assert "caller's program: 0 True 0" in lines, child.stdout
-  assert "command's process: 0 True True" in lines, child.stdout
+  assert "caller's program: 2 True 0" in lines, child.stdout
+  assert "command's process: 2 True True" in lines, child.stdout
