@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 from typing import Iterable, Optional
 
-from tff_fedadamom.process_table import (Stat, descendants, identity, pids, stat,  # noqa: F401
-                                         stats, still_running)
+from tff_fedadamom.process_table import (Stat, descendants, how_it_ended,  # noqa: F401
+                                         identity, pids, stat, stats, still_running)
 
 
 def cmdline(pid: int) -> Optional[bytes]:

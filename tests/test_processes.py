@@ -80,3 +80,31 @@ def test_listening_sees_a_tcp_listener_and_a_bound_udp_socket_of_this_process():
     tcp.close()
     udp.close()
   assert ours(port, "tcp") == []
+
+
+def _zombie(argv):
+  """A child of this process that has ended and is not reaped yet (its Popen)."""
+  child = subprocess.Popen(argv)
+  deadline = time.monotonic() + 10
+  while processes.stat(child.pid).running and time.monotonic() < deadline:
+    time.sleep(0.02)
+  return child
+
+
+def test_how_a_process_ended_is_read_from_its_zombie():
+  exited, killed = _zombie(["sh", "-c", "exit 70"]), subprocess.Popen(["sleep", "60"])
+  try:
+    running = processes.stat(killed.pid)
+    assert running.name == "sleep" and running.wait_status is None
+    assert processes.how_it_ended(running) in ("runs (S)", "runs (R)")
+    killed.kill()
+    while processes.stat(killed.pid).running:
+      time.sleep(0.02)
+    assert processes.how_it_ended(processes.stat(killed.pid)) == "killed by signal 9"
+    zombie = processes.stat(exited.pid)
+    assert zombie.name == "sh" and zombie.wait_status == 70 << 8
+    assert processes.how_it_ended(zombie) == "exited with code 70"
+  finally:
+    for child in (exited, killed):
+      child.kill()
+      child.wait()

@@ -29,11 +29,17 @@ class Stat:
     ppid: The parent's pid.
     start_time: When the process started, in clock ticks after boot; tells a
       reused pid apart.
+    name: The executable's name as the kernel keeps it (`comm`, at most 15
+      characters), e.g. 'gcs_server'.
+    wait_status: A zombie's status as `waitpid` would report it (exit code or
+      signal), None while it runs or where the kernel does not say (before 3.5).
   """
   pid: int
   state: str
   ppid: int
   start_time: int
+  name: str = ""
+  wait_status: Optional[int] = None
 
   @property
   def running(self) -> bool:
@@ -47,11 +53,27 @@ def stat(pid: int) -> Optional[Stat]:
     with open(f"/proc/{pid}/stat", "rb") as f:
       text = f.read().decode(errors="replace")
     # The fields follow the parenthesised command name, which may hold spaces
-    # and parentheses: state is field 3, ppid field 4, starttime field 22.
-    fields = text.rsplit(")", 1)[1].split()
-    return Stat(pid=pid, state=fields[0], ppid=int(fields[1]), start_time=int(fields[19]))
+    # and parentheses: state is field 3, ppid field 4, starttime field 22,
+    # exit_code field 52 (meaningful for a zombie only).
+    head, tail = text.rsplit(")", 1)
+    fields = tail.split()
+    status = int(fields[49]) if fields[0] == "Z" and len(fields) > 49 else None
+    return Stat(pid=pid, state=fields[0], ppid=int(fields[1]), start_time=int(fields[19]),
+                name=head.split("(", 1)[1], wait_status=status)
   except (OSError, IndexError, ValueError):
     return None
+
+
+def how_it_ended(s: Stat) -> str:
+  """'runs (S)', 'exited with code 70', 'killed by signal 9' or 'ended': what a
+  process' `Stat` says of it, for messages about processes that misbehaved."""
+  if s.running:
+    return f"runs ({s.state})"
+  if s.wait_status is None:
+    return "ended"
+  if s.wait_status & 0x7F:
+    return f"killed by signal {s.wait_status & 0x7F}"
+  return f"exited with code {s.wait_status >> 8}"
 
 
 def still_running(pids_: Iterable[int]) -> list[int]:

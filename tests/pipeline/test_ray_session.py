@@ -86,37 +86,45 @@ def test_a_local_session_ends_its_reaper_and_every_process_it_started():
   assert not processes.still_running(pids)
 
 
-# A local start whose first `ray.init` fails after starting a process (as a GCS
-# server that exits at once does, seen under load): the session warns, ends
-# that process, and starts Ray again.
+# A local start whose first two `ray.init` calls fail after starting processes
+# (as a GCS server that ends at once does, seen under load): the session names
+# what each failed try left and how it ended, ends what still runs, and starts
+# Ray again; the third try succeeds. The pauses between tries are shortened.
 _FAILING_START = """
-import logging, os, subprocess
+import logging, os, subprocess, time
 import ray
 from tests import process_table as processes
 from tff_fedadamom.pipeline import ray_session
+ray_session._PAUSE_BEFORE_TRY_S = (0.0, 0.1, 0.2)
 real_init, left = ray.init, []
 def init(**kwargs):
-  if not left:
-    left.append(subprocess.Popen(["sleep", "60"]))
+  if len(left) < 2:
+    left.append((subprocess.Popen(["sleep", "60"]), subprocess.Popen(["sh", "-c", "exit 70"])))
+    while processes.stat(left[-1][1].pid).running:
+      time.sleep(0.02)
     raise FileNotFoundError("gcs_server.err")
   return real_init(**kwargs)
 ray.init = init
 logging.basicConfig()
 with ray_session.ray_session(None):
-  print(ray.is_initialized(), left[0].poll() is not None,
-        left[0].pid in processes.descendants(os.getpid()), flush=True)
+  print(ray.is_initialized(), *(f"{s.pid} {e.pid} {s.poll()}" for s, e in left), flush=True)
 """
 
 
-def test_a_local_start_that_fails_once_is_tried_again():
+def test_a_local_start_that_fails_twice_is_tried_a_third_time():
   env = {**os.environ, "PYTHONPATH": REPO, "RAY_ADDRESS": ""}
   out = subprocess.run([sys.executable, "-c", _FAILING_START], cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
-  # Ray runs; the failed start's process was ended (and reaped by its Popen's poll).
-  assert out.stdout.strip().splitlines()[-1] == "True True False"
-  assert "a local Ray failed to start (FileNotFoundError: gcs_server.err); starting it again" \
-      in out.stderr
+  line = out.stdout.strip().splitlines()[-1].split(" ")
+  assert line[0] == "True"
+  for sleeper, exited, code in zip(line[1::3], line[2::3], line[3::3]):
+    # The process still running was killed (SIGKILL: -9 from its Popen's poll).
+    assert code == "-9"
+    assert (f"it had left sleep {sleeper} (runs (S)), sh {exited} (exited with code 70);"
+            in out.stderr), out.stderr[-3000:]
+  assert out.stderr.count("a local Ray failed to start (FileNotFoundError: gcs_server.err)") == 2
+  assert "starting it again in 0.1 s" in out.stderr and "starting it again in 0.2 s" in out.stderr
 
 
 def test_resources_are_told_to_a_new_local_ray_only():

@@ -12,6 +12,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 import warnings
 from typing import Any, Optional
 
@@ -55,6 +56,49 @@ def _init_kwargs(address: Optional[str], resources: Optional[dict]) -> dict[str,
   return kwargs
 
 
+# A local start is tried up to three times. Now and then in this project's test
+# suite (3 of 424 local starts in one day's runs, two of them one after the
+# other in the same process), the GCS server of a new local Ray ended before
+# writing its log: `ray.init` waited about 35 s on a GCS it could not reach,
+# saw that the process had ended, and failed with FileNotFoundError on the
+# missing log. The cause was not found. The warning says how each process a
+# failed try left had ended (exit code or signal, read from its zombie), so
+# that the next occurrence names it. What the failed try left running is
+# ended, and each try waits longer than the one before.
+_LOCAL_TRIES = 3
+_PAUSE_BEFORE_TRY_S = (0.0, 2.0, 10.0)
+
+
+def _init(ray, kwargs: dict, tries: int, left_by) -> None:
+  """`ray.init(**kwargs)`, tried `tries` times; `left_by()` lists the pids the
+  tries may have left (each failed try's are described in its warning, then
+  killed)."""
+  told: set[int] = set()
+  for attempt in range(tries):
+    time.sleep(_PAUSE_BEFORE_TRY_S[attempt])
+    try:
+      with warnings.catch_warnings():
+        # Ray's notice that zero-GPU tasks will see the GPUs one day: tasks
+        # without a GPU hide them themselves.
+        warnings.filterwarnings("ignore", message="Tip: In future versions of Ray",
+                                category=FutureWarning)
+        ray.init(**kwargs)
+      return
+    except Exception as error:  # noqa: BLE001 - Ray raises many kinds at start
+      if attempt == tries - 1:
+        raise
+      # Read before `ray.shutdown`: a process that ended is still a zombie with
+      # its exit status while Ray's handle on it lives.
+      left = [s for s in map(process_table.stat, sorted(set(left_by()) - told)) if s is not None]
+      told.update(s.pid for s in left)
+      LOG.warning("a local Ray failed to start (%s: %s); it had left %s; starting it again "
+                  "in %g s", type(error).__name__, error,
+                  ", ".join(f"{s.name} {s.pid} ({process_table.how_it_ended(s)})"
+                            for s in left) or "no process", _PAUSE_BEFORE_TRY_S[attempt + 1])
+      ray.shutdown()
+      ray_reaper.kill([(s.pid, s.start_time) for s in left if s.running])
+
+
 def connect(address: Optional[str], resources: Optional[dict] = None) -> bool:
   """Connects this process to Ray as `address` says; True if it started a session.
 
@@ -80,39 +124,17 @@ def connect(address: Optional[str], resources: Optional[dict] = None) -> bool:
   # The processes ray.init starts are this process' new descendants.
   before = set(process_table.descendants(os.getpid())) if address is None else None
 
-  def started() -> list:
-    """(pid, start time) of each process started since `before` that still runs."""
-    return [identity for identity in (process_table.identity(pid)
-                                      for pid in process_table.descendants(os.getpid())
-                                      if pid not in before) if identity is not None]
+  def new_pids() -> list[int]:
+    """The processes started since `before` (ended ones included)."""
+    return [pid for pid in process_table.descendants(os.getpid()) if pid not in before]
 
-  # A local start is tried twice. Three times in this project's test suite,
-  # with other tests starting local Rays at the same time, the GCS server of a
-  # new local Ray exited, or hung, before writing its log and `ray.init` failed
-  # (the hung one after about 35 s of Ray's own retries); the cause was not
-  # found (Ray picks its ports by binding and releasing them, so two starts at
-  # once can pick the same one). What the failed start left running
-  # is ended before the second try.
-  for tries_left in range(2 if address is None else 1, 0, -1):
-    try:
-      with warnings.catch_warnings():
-        # Ray's notice that zero-GPU tasks will see the GPUs one day: tasks
-        # without a GPU hide them themselves.
-        warnings.filterwarnings("ignore", message="Tip: In future versions of Ray",
-                                category=FutureWarning)
-        ray.init(**kwargs)
-      break
-    except Exception as error:  # noqa: BLE001 - Ray raises many kinds at start
-      if tries_left == 1:
-        raise
-      LOG.warning("a local Ray failed to start (%s: %s); starting it again",
-                  type(error).__name__, error)
-      ray.shutdown()
-      ray_reaper.kill(started())
+  _init(ray, kwargs, tries=_LOCAL_TRIES if address is None else 1,
+        left_by=new_pids if address is None else list)
   if before is not None:
     # -I: the reaper needs the standard library and process_table only.
     _reaper = subprocess.Popen(
-        [sys.executable, "-I", REAPER, *(f"{pid}:{t}" for pid, t in started())],
+        [sys.executable, "-I", REAPER,
+         *(f"{pid}:{t}" for pid, t in filter(None, map(process_table.identity, new_pids())))],
         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         close_fds=True)
   return True
