@@ -61,7 +61,10 @@ def test_missing_files_say_what_where_and_how(tmp_path):
 def test_idx_round_trip_and_corrupt_files(tmp_path):
   array = np.arange(24, dtype=np.int32).reshape(2, 3, 4) - 5
   write_idx(tmp_path / "a.idx.gz", array)
-  np.testing.assert_array_equal(read_idx(tmp_path / "a.idx.gz"), array)
+  read = read_idx(tmp_path / "a.idx.gz")
+  np.testing.assert_array_equal(read, array)
+  # Big-endian on disk, native in memory, and read-only like a one-byte array.
+  assert read.dtype == np.dtype("=i4") and not read.flags.writeable
   with gzip.open(tmp_path / "bad.gz", "wb") as f:
     f.write(b"\x00\x00\x08\x01\x00\x00\x00\x09abc")  # says 9 bytes, holds 3
   with pytest.raises(ValueError, match="9 bytes"):

@@ -45,10 +45,12 @@ def load(*, path: Optional[str] = None, seed: int = 0) -> CentralizedData:
   if missing:
     raise not_found(f"Fashion-MNIST file(s) {', '.join(missing)}", folder, HOW_TO_GET)
   arrays = {key: read_idx(p) for key, p in found.items()}
+  # The images are uint8 in the files: no copy (the arrays are read-only, and
+  # `read_idx` keeps them for the process' later loads).
   return CentralizedData(
-      x_train=arrays["x_train"].astype(np.uint8)[..., None],
+      x_train=arrays["x_train"].astype(np.uint8, copy=False)[..., None],
       y_train=arrays["y_train"].astype(np.int32),
-      x_test=arrays["x_test"].astype(np.uint8)[..., None],
+      x_test=arrays["x_test"].astype(np.uint8, copy=False)[..., None],
       y_test=arrays["y_test"].astype(np.int32),
       num_classes=10,
   )
