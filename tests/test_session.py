@@ -144,12 +144,23 @@ status = cli.main(["tune", sweep], owns_process=True)
 print("command's process:", status, gc.isenabled(), gc.get_freeze_count() > 0)
 """
 
+# `python -m tuning.cli tune`, as its own entry point.
+MODULE_PROGRAM = """
+import gc, runpy, sys
+sys.argv = ["tuning.cli", "tune", {sweep!r}]
+try:
+  runpy.run_module("tuning.cli", run_name="__main__")
+except SystemExit as end:
+  print("module's process:", end.code, gc.isenabled(), gc.get_freeze_count() > 0)
+"""
+
 
 def test_the_command_freezes_its_imports_only_in_a_process_of_its_own(tmp_path):
   """`cli.main` called by a program leaves its collector alone; as `entry`
   calls it (`owns_process`), its imports are frozen and the collector is on.
   Shown on `tune` with a sweep it refuses (its imports run, nothing else):
-  `run` and `compare` pass the same `owns_process` to `startup_imports`."""
+  `run` and `compare` pass the same `owns_process` to `startup_imports`; so
+  does `python -m tuning.cli tune`."""
   sweep = tmp_path / "bad.yaml"
   sweep.write_text("name: bad\nbase: {}\noptimizers: [nosuch]\n"
                    f"resources: {{storage_path: {tmp_path / 'sweeps'}}}\n")
@@ -160,3 +171,7 @@ def test_the_command_freezes_its_imports_only_in_a_process_of_its_own(tmp_path):
   lines = child.stdout.splitlines()
   assert "caller's program: 2 True 0" in lines, child.stdout
   assert "command's process: 2 True True" in lines, child.stdout
+  module = subprocess.run([sys.executable, "-c", MODULE_PROGRAM.format(sweep=str(sweep))],
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+  assert "module's process: 2 True True" in module.stdout.splitlines(), module.stderr

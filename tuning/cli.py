@@ -88,13 +88,19 @@ def add_export_parser(subparsers) -> argparse.ArgumentParser:
   return p
 
 
-def main(argv=None) -> int:
-  """`python -m tuning.cli tune ...` / `export ...` (the same as tff-fedadamom's)."""
+def main(argv=None, owns_process: bool = False) -> int:
+  """`python -m tuning.cli tune ...` / `export ...` (the same as tff-fedadamom's).
+
+  `owns_process`: the caller is this process' entry point (`__main__`), so
+  `tune` may freeze its imports out of the garbage collector's walks
+  (`session.startup_imports`), as `tff-fedadamom tune` does; a program calling
+  `main` keeps its collector as it is."""
   parser = argparse.ArgumentParser(prog="python -m tuning.cli")
   sub = parser.add_subparsers(dest="command", required=True)
   add_tune_parser(sub)
   add_export_parser(sub)
   args = parser.parse_args(argv)
+  args.owns_process = owns_process
   try:
     return args.fn(args)
   except KeyboardInterrupt:
@@ -103,4 +109,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  sys.exit(main(owns_process=True))
