@@ -58,21 +58,18 @@ parent (the raylet of its node) and ends its own process as soon as it is gone
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any, Mapping, Optional, Sequence
 
-import numpy as np
 import tensorflow as tf
 
 from tff_fedadamom.config.schema import RAY_CPUS_PER_WORKER, RAY_GPUS_PER_WORKER, RAY_WORKERS
 from tff_fedadamom.pipeline import ray_session
 from tff_fedadamom.pipeline.backends import inprocess
 from tff_fedadamom.pipeline.backends.inprocess import CLIENT_COMPUTATIONS
+from tff_fedadamom.pipeline.backends.ray_actor import ClientActor
 from tff_fedadamom.pipeline.backends.server import ServerCalls, ServerComputations
 from tff_fedadamom.pipeline.plan import threads_for_cpus
-from tff_fedadamom.pipeline.tf_computation import deserialize
-from tff_fedadamom.session import Session
 
 # Replacements of one actor within one round before the round fails.
 MAX_REPLACEMENTS = 3
@@ -113,61 +110,6 @@ def assign_clients(client_ids: Sequence[Any], actors: int) -> list[list]:
     blocks.append(list(client_ids[start:start + size]))
     start += size
   return blocks
-
-
-class ClientActor:
-  """One actor's state: the experiment's data and the form's client computations.
-
-  Args:
-    experiment: The validated experiment config (`load_config`); pickled to the
-      actor, it keeps its validated mark, so the actor does not validate it again.
-    computations: `serialize`d bytes of the form's `CLIENT_COMPUTATIONS`
-      (`work`, `zero` and `accumulate`).
-    threads: TensorFlow's intra-op threads in this actor.
-    max_concurrent_clients: Clients run at once in this actor (see `ClientFold`).
-
-  After `runtime.fuse_after_rounds` blocks of the same size, the actor runs
-  such a block as one TensorFlow call (`ClientFold`'s `fuse_after`).
-  """
-
-  def __init__(self, experiment, computations: Mapping[str, bytes], threads: int,
-               max_concurrent_clients: Optional[int] = None):
-    from tff_fedadamom.pipeline import process as process_lib
-    # The actor is its process's entry point; it ends with its raylet.
-    Session(threads=threads, exit_with_parent=True).apply()
-    self._client_tensors = process_lib.make_client_tensors(
-        experiment, process_lib.load_data(experiment))
-    self._outputs: list = []
-    # Ray exposes to an actor only the GPUs it was given.
-    self._fold = inprocess.ClientFold(
-        *(deserialize(computations[name]) for name in CLIENT_COMPUTATIONS),
-        inprocess.visible_devices(), max_concurrent_clients,
-        feed=inprocess.client_feed(self._client_tensors),
-        fuse_after=experiment.runtime.fuse_after_rounds)
-
-  def work(self, client_ids: Sequence[Any], round_num: int,
-           broadcast: Sequence[np.ndarray]) -> int:
-    """Runs `work` for `client_ids` in round `round_num`; keeps the outputs for `fold`."""
-    client_args = [self._client_tensors.args(cid, round_num) for cid in client_ids]
-    self._outputs = self._fold.work_outputs(client_args,
-                                            [tf.convert_to_tensor(b) for b in broadcast])
-    return len(self._outputs)
-
-  def fold(self, accumulator: Optional[Sequence[np.ndarray]]) -> list:
-    """`accumulator` (None: `zero`) with the last `work`'s outputs accumulated
-    onto it in client order (numpy leaves)."""
-    if accumulator is not None:
-      accumulator = [tf.convert_to_tensor(a) for a in accumulator]
-    return [t.numpy() for t in self._fold.fold(self._outputs, accumulator)]
-
-  def pid(self) -> int:
-    return os.getpid()
-
-  def node(self) -> str:
-    """The id of the Ray node this actor runs on."""
-    import ray
-
-    return ray.get_runtime_context().get_node_id()
 
 
 class RayLearningProcess(ServerCalls):
