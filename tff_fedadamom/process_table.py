@@ -64,6 +64,12 @@ def stat(pid: int) -> Optional[Stat]:
     return None
 
 
+def exit_text(returncode: int) -> str:
+  """'exited with code N', or 'killed by signal N' for a negative `returncode`
+  (`subprocess.Popen`'s convention)."""
+  return f"killed by signal {-returncode}" if returncode < 0 else f"exited with code {returncode}"
+
+
 def how_it_ended(s: Stat) -> str:
   """'runs (S)', 'exited with code 70', 'killed by signal 9' or 'ended': what a
   process' `Stat` says of it, for messages about processes that misbehaved."""
@@ -71,9 +77,8 @@ def how_it_ended(s: Stat) -> str:
     return f"runs ({s.state})"
   if s.wait_status is None:
     return "ended"
-  if s.wait_status & 0x7F:
-    return f"killed by signal {s.wait_status & 0x7F}"
-  return f"exited with code {s.wait_status >> 8}"
+  signal = s.wait_status & 0x7F
+  return exit_text(-signal if signal else s.wait_status >> 8)
 
 
 def still_running(pids_: Iterable[int]) -> list[int]:

@@ -62,8 +62,8 @@ def _init_kwargs(address: Optional[str], resources: Optional[dict]) -> dict[str,
 # writing its log: `ray.init` waited about 35 s on a GCS it could not reach,
 # saw that the process had ended, and failed with FileNotFoundError on the
 # missing log. The cause was not found. The warning says how each process a
-# failed try left had ended (exit code or signal, read from its zombie), so
-# that the next occurrence names it. What the failed try left running is
+# failed try left had ended (exit code or signal, from Ray's handle on it or
+# from its zombie), so that the next occurrence names it. What the failed try left running is
 # ended, and each try waits longer than the one before.
 _LOCAL_TRIES = 3
 _PAUSE_BEFORE_TRY_S = (0.0, 2.0, 10.0)
@@ -87,16 +87,37 @@ def _init(ray, kwargs: dict, tries: int, left_by) -> None:
     except Exception as error:  # noqa: BLE001 - Ray raises many kinds at start
       if attempt == tries - 1:
         raise
-      # Read before `ray.shutdown`: a process that ended is still a zombie with
-      # its exit status while Ray's handle on it lives.
+      # Read before `ray.shutdown`: Ray's handles on its processes, and the
+      # zombies of those it has not waited for.
       left = [s for s in map(process_table.stat, sorted(set(left_by()) - told)) if s is not None]
-      told.update(s.pid for s in left)
+      said = {s.pid: f"{s.name} {s.pid} ({process_table.how_it_ended(s)})" for s in left}
+      said.update(_started_by_ray(error))
+      told.update(said)
       LOG.warning("a local Ray failed to start (%s: %s); it had left %s; starting it again "
                   "in %g s", type(error).__name__, error,
-                  ", ".join(f"{s.name} {s.pid} ({process_table.how_it_ended(s)})"
-                            for s in left) or "no process", _PAUSE_BEFORE_TRY_S[attempt + 1])
+                  ", ".join(said[pid] for pid in sorted(said)) or "no process",
+                  _PAUSE_BEFORE_TRY_S[attempt + 1])
       ray.shutdown()
       ray_reaper.kill([(s.pid, s.start_time) for s in left if s.running])
+
+
+def _started_by_ray(error: BaseException) -> dict[int, str]:
+  """pid -> 'gcs_server 123 (exited with code 1)' for each process a failed
+  `ray.init` had started, from Ray's `Node` among the error's frames
+  (`Node.all_processes`). Ray waits on a GCS server it finds ended, so the
+  kernel no longer has its exit status: Ray's handle does."""
+  found: dict[int, str] = {}
+  frame = error.__traceback__
+  while frame is not None:
+    processes = getattr(frame.tb_frame.f_locals.get("self"), "all_processes", None)
+    for kind, infos in (processes if isinstance(processes, dict) else {}).items():
+      for handle in (getattr(info, "process", None) for info in infos):
+        if isinstance(handle, subprocess.Popen):
+          code = handle.poll()
+          found[handle.pid] = (f"{kind} {handle.pid} ("
+                               f"{'runs' if code is None else process_table.exit_text(code)})")
+    frame = frame.tb_next
+  return found
 
 
 def connect(address: Optional[str], resources: Optional[dict] = None) -> bool:
