@@ -229,3 +229,28 @@ def test_a_killed_owner_leaves_no_worker_and_no_socket_directory():
     time.sleep(0.1)
   assert processes.still_running(pids) == []
   assert not os.path.exists(socket_dir)
+
+
+# The relay's end, in a process of its own (it exits): called by two threads at
+# once, as when the parent is killed and the worker ends with it, after the
+# socket is gone (the state the second of two racing callers used to find).
+_END_TWICE = """
+import os, subprocess, sys, threading, time
+from tff_fedadamom.pipeline.backends import tff_cpp_relay as relay
+socket_dir = sys.argv[1]
+worker = subprocess.Popen(["sleep", "60"])
+print(worker.pid, flush=True)
+for _ in range(2):
+  threading.Thread(target=relay._end, args=(worker, 7, os.path.join(socket_dir, "s"))).start()
+time.sleep(60)
+"""
+
+
+def test_the_relay_ends_once_and_removes_its_directory_without_a_socket(tmp_path):
+  socket_dir = tmp_path / "tff-cpp-x"
+  socket_dir.mkdir()
+  ended = subprocess.run([sys.executable, "-c", _END_TWICE, str(socket_dir)],
+                         capture_output=True, text=True, timeout=60)
+  assert ended.returncode == 7, ended.stderr
+  assert not socket_dir.exists()
+  assert processes.still_running([int(ended.stdout.split()[0])]) == []

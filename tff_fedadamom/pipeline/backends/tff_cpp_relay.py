@@ -149,18 +149,31 @@ def _relay(client: socket.socket, port: int) -> None:
   upstream.close()
 
 
+# Held by the one thread that ends this process (`_end`).
+_ENDING = threading.Lock()
+
+
 def _end(worker: subprocess.Popen, status: int, path: str) -> None:
   """Ends this process, its worker first (reaped here: the machine's init may
   not reap orphans), and removes the socket at `path` and its directory, which
   the parent made for this relay alone: a parent killed before it could close
-  leaves nothing behind."""
+  leaves nothing behind.
+
+  The first caller ends the process; another (a parent gone and the worker
+  ended with it, both seen at once) waits for that. Without the lock, the
+  second caller found the socket removed, skipped the directory, and exited
+  before the first could remove it.
+  """
+  _ENDING.acquire()  # never released: this process ends here
   worker.kill()
   worker.wait()
-  try:
-    os.unlink(path)
-    os.rmdir(os.path.dirname(path))
-  except OSError:  # not bound yet, or removed by another ending thread or the parent
-    pass
+  # Each apart: the socket may be missing (not bound yet, or removed by the
+  # parent), and its directory must go all the same.
+  for remove, target in ((os.unlink, path), (os.rmdir, os.path.dirname(path))):
+    try:
+      remove(target)
+    except OSError:
+      pass
   os._exit(status)
 
 
