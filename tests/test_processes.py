@@ -44,11 +44,17 @@ def test_descendants_find_children_and_grandchildren():
   assert processes.still_running([grandchild]) == []
 
 
-def test_a_zombie_has_no_identity_but_a_stat():
-  child = subprocess.Popen([sys.executable, "-c", "pass"])
+def _until_ended(child: subprocess.Popen) -> subprocess.Popen:
+  """`child`, once it has ended (a zombie: not reaped, its Popen not polled),
+  or after 10 s."""
   deadline = time.monotonic() + 10
   while processes.stat(child.pid).running and time.monotonic() < deadline:
-    time.sleep(0.05)
+    time.sleep(0.02)
+  return child
+
+
+def test_a_zombie_has_no_identity_but_a_stat():
+  child = _until_ended(subprocess.Popen([sys.executable, "-c", "pass"]))
   zombie = processes.stat(child.pid)
   assert zombie.state == "Z" and not zombie.running
   assert processes.identity(child.pid) is None
@@ -88,26 +94,17 @@ def test_listening_sees_a_tcp_listener_and_a_bound_udp_socket_of_this_process():
   assert ours(port, "tcp") == []
 
 
-def _zombie(argv):
-  """A child of this process that has ended and is not reaped yet (its Popen)."""
-  child = subprocess.Popen(argv)
-  deadline = time.monotonic() + 10
-  while processes.stat(child.pid).running and time.monotonic() < deadline:
-    time.sleep(0.02)
-  return child
-
-
 def test_how_a_process_ended_is_read_from_its_zombie():
-  exited, killed = _zombie(["sh", "-c", "exit 70"]), subprocess.Popen(["sleep", "60"])
+  exited = _until_ended(subprocess.Popen(["sh", "-c", "exit 70"]))
+  killed = subprocess.Popen(["sleep", "60"])
   try:
     running = processes.stat(killed.pid)
     assert running.name == "sleep" and running.wait_status is None
     # Its state letter, whichever it is this moment (S sleeping, R, D while paged in).
     assert processes.how_it_ended(running) == f"runs ({running.state})" != "runs (Z)"
     killed.kill()
-    while processes.stat(killed.pid).running:
-      time.sleep(0.02)
-    assert processes.how_it_ended(processes.stat(killed.pid)) == "killed by signal 9"
+    assert processes.how_it_ended(processes.stat(_until_ended(killed).pid)) == \
+        "killed by signal 9"
     zombie = processes.stat(exited.pid)
     assert zombie.name == "sh" and zombie.wait_status == 70 << 8
     assert processes.how_it_ended(zombie) == "exited with code 70"
