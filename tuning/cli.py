@@ -22,7 +22,7 @@ def _cmd_tune(args) -> int:
     # In a process of its own (`cli.entry`), the driver's imports (Ray Tune, and
     # TensorFlow and TFF, which validating the base experiment imports) are
     # frozen out of the garbage collector's walks, as a run's are.
-    with startup_imports(getattr(args, "owns_process", False)):
+    with startup_imports(args.owns_process):
       from tuning.sweep import run_sweep
 
       sweep = schema.load_sweep(args.sweep)
