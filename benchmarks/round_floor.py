@@ -11,12 +11,23 @@ For each config, the same sampled clients train from the same global weights:
 * `tff_cpp`: TFF's own runtime on the same learning process and batches;
 * `floor`: the clients' SGD steps over the same batches, materialized
   beforehand, plus the mean of their deltas, in one `tf.function` (the
-  arithmetic of a FedAvg round with nothing around it).
+  arithmetic of a FedAvg round with nothing around it; the steps unrolled);
+* `iterator floor`: the floor's steps reading the same batches from a
+  `tf.data` iterator in TFF's own client loop, as the learning process's
+  `work` reads its client data (a `tf.data.Dataset`, TFF's sequence type):
+  what any round on TFF's client work pays besides its steps, with no
+  shuffle, metrics or function calls;
+* `drawn floor`: the floor's steps over each round's batches drawn in-graph
+  from the client's examples and round seed (the pipeline's shuffle order,
+  one gather, a batch sliced at a time in a `tf.while_loop`; checked to be
+  the pipeline's batches): a round that feeds today's batches without
+  `tf.data` iteration pays at least this.
 
 Prints ms per round (median of the timed rounds, after one warm-up round each)
-and the ratios measured in this run. Every timed round starts from the same
-state, so all four do the same work each time, and their rounds are
-interleaved.
+and the ratios measured in this run, among them `inproc/iterator`: the
+pipeline's round against the least a round on TFF's client loop costs. Every
+timed round starts from the same state, so all six do the same work each
+time, and their rounds are interleaved.
 
     .venv/bin/python benchmarks/round_floor.py [--rounds 10] [--configs logistic,mlp,cnn,char_lstm]
     .venv/bin/python benchmarks/round_floor.py --configs resnet18 --rounds 4
@@ -25,10 +36,12 @@ interleaved.
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import statistics
 import sys
 import tempfile
+from typing import Callable, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -38,15 +51,20 @@ from tff_fedadamom.session import Session  # noqa: E402
 
 Session().apply()  # this script is its process's entry point
 
+import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from benchmarks.timing import interleaved  # noqa: E402
 from tests.data.fixtures import write_cifar10  # noqa: E402
 from tff_fedadamom import models  # noqa: E402
+from tff_fedadamom.algorithms._common import training_loop  # noqa: E402
 from tff_fedadamom.config import load_config  # noqa: E402
 from tff_fedadamom.config.schema import INPROCESS, TFF_CPP  # noqa: E402
+from tff_fedadamom.data.client_data import convert_elements  # noqa: E402
+from tff_fedadamom.data.client_tensors import STATIC_OPTIONS  # noqa: E402
 from tff_fedadamom.data.sampling import UniformSampler  # noqa: E402
 from tff_fedadamom.pipeline import parts as parts_lib  # noqa: E402
+from tff_fedadamom.pipeline import plan as plan_lib  # noqa: E402
 from tff_fedadamom.pipeline import process as process_lib  # noqa: E402
 
 # The four configs of the round-speed goals: the quickstart sweep's trials, the
@@ -96,31 +114,114 @@ def _config(name: str, backend: str, output_dir: str):
   return load_config(raw)
 
 
-def _floor(config, data, clients):
-  """A callable running the round's arithmetic in one `tf.function`."""
+def _sgd(config, data):
+  """The config's Keras model, the round's start weights, and one plain SGD step on it."""
   model = process_lib.make_keras_model(config, data)
   loss_fn = models.loss_and_metrics(models.MODELS[config.model.name].task)[0]()
-  tensors = process_lib.make_client_tensors(config, data)
-  batches = [[(b["x"], b["y"]) for b in ds] for ds in tensors.datasets(clients, 1)]
   lr = config.client.learning_rate
   start = [tf.identity(v) for v in model.trainable_variables]
+
+  def step(x, y):
+    with tf.GradientTape() as tape:
+      loss = loss_fn(y, model(x, training=True))
+    for var, grad in zip(model.trainable_variables,
+                         tape.gradient(loss, model.trainable_variables)):
+      var.assign_sub(lr * tf.convert_to_tensor(grad))
+
+  return model, start, step
+
+
+def _round_fn(config, data, clients: Sequence, train_client: Callable):
+  """A `tf.function` of FedAvg's arithmetic: for each of `clients`, the start
+  weights, `train_client(client, step)`, its delta; the start plus their mean."""
+  model, start, step = _sgd(config, data)
 
   @tf.function
   def round_fn():
     deltas = [tf.zeros_like(v) for v in start]
-    for client in batches:
+    for client in clients:
       for var, value in zip(model.trainable_variables, start):
         var.assign(value)
-      for x, y in client:
-        with tf.GradientTape() as tape:
-          loss = loss_fn(y, model(x, training=True))
-        for var, grad in zip(model.trainable_variables,
-                             tape.gradient(loss, model.trainable_variables)):
-          var.assign_sub(lr * tf.convert_to_tensor(grad))
+      train_client(client, step)
       deltas = [d + v - s for d, v, s in zip(deltas, model.trainable_variables, start)]
-    return [s + d / len(batches) for s, d in zip(start, deltas)]
+    return [s + d / len(clients) for s, d in zip(start, deltas)]
 
   return round_fn
+
+
+def _batches(config, data, clients) -> list[list[tuple]]:
+  """Each client's round-1 batches as the pipeline makes them, materialized."""
+  tensors = process_lib.make_client_tensors(config, data)
+  return [[(b["x"], b["y"]) for b in ds] for ds in tensors.datasets(clients, 1)]
+
+
+def _floor(config, data, clients):
+  """The floor: the steps over the batches materialized beforehand, unrolled."""
+  def train(batches, step):
+    for x, y in batches:
+      step(x, y)
+
+  return _round_fn(config, data, _batches(config, data, clients), train)
+
+
+def _iterator_floor(config, data, clients):
+  """The floor's steps reading the same batches from a `tf.data` iterator, in
+  TFF's own client loop (the one the learning process's `work` runs), over a
+  dataset of the batches as they are: the least a client computation whose
+  data is a `tf.data.Dataset` (TFF's sequence type) does besides its steps."""
+  loop = training_loop(plan_lib.training_loop(()))
+
+  def dataset(batches):
+    full = [b for b in batches if b[0].shape[0] == config.client.batch_size]
+    ds = tf.data.Dataset.from_tensor_slices(tuple(tf.stack(t) for t in zip(*full)))
+    for last in batches[len(full):]:
+      ds = ds.concatenate(tf.data.Dataset.from_tensors(last))
+    return ds.with_options(STATIC_OPTIONS)
+
+  def train(batches, step):
+    loop(lambda state, batch: (step(*batch), state)[1], dataset(batches), lambda: tf.constant(0))
+
+  return _round_fn(config, data, _batches(config, data, clients), train)
+
+
+def _drawn_order(tensors, epochs: int, examples, seed):
+  """A client's examples in its round order, drawn by graph ops: its positions
+  shuffled as `preprocess.client_dataset` shuffles its examples (the same op
+  and seed, so the same order), repeated for its epochs, then one gather."""
+  size = tf.shape(examples[0], out_type=tf.int64)[0]
+  positions = (tf.data.Dataset.range(size)
+               .shuffle(tf.maximum(size, 1), seed=seed, reshuffle_each_iteration=True)
+               .repeat(epochs).batch(size * epochs)
+               .with_options(STATIC_OPTIONS).get_single_element())
+  arrays = convert_elements(collections.OrderedDict(zip(tensors.keys, examples)))
+  return arrays["x"], arrays["y"], positions
+
+
+def _drawn_floor(config, data, clients):
+  """The floor's steps over each round's batches drawn in-graph from the
+  client's examples and round seed (`_drawn_order`), sliced a batch at a time
+  in a `tf.while_loop`: the pipeline's batches without `tf.data` iteration.
+  Checked here to be the batches the pipeline makes."""
+  tensors = process_lib.make_client_tensors(config, data)
+  args = [tensors.args(cid, 1) for cid in clients]
+  size = config.client.batch_size
+
+  epochs = config.client.local_epochs
+
+  def train(client_args, step):
+    x, y, order = _drawn_order(tensors, epochs, client_args[:-1], client_args[-1])
+    for i in tf.range((tf.size(order, out_type=tf.int64) + size - 1) // size):
+      batch = order[i * size:(i + 1) * size]
+      step(tf.gather(x, batch), tf.gather(y, batch))
+
+  for client_args, batches in zip(args, _batches(config, data, clients)):
+    x, y, order = _drawn_order(tensors, epochs, client_args[:-1], client_args[-1])
+    drawn = [(tf.gather(x, order[i:i + size]), tf.gather(y, order[i:i + size]))
+             for i in range(0, int(tf.size(order)), size)]
+    if len(drawn) != len(batches) or not all(
+        np.array_equal(a, b) for d, p in zip(drawn, batches) for a, b in zip(d, p)):
+      raise AssertionError("the drawn batches are not the pipeline's")
+  return _round_fn(config, data, args, train)
 
 
 def _backend_round(config, data, clients):
@@ -150,6 +251,8 @@ def measure(name: str, rounds: int) -> dict[str, float]:
     data = process_lib.load_data(config)
     clients = UniformSampler(data.train.client_ids, config.clients_per_round, config.seed)(1)
     fns = {"floor": _floor(config, data, clients),
+           "iterator": _iterator_floor(config, data, clients),
+           "drawn": _drawn_floor(config, data, clients),
            "call": _call_by_call_round(config, data, clients)}
     processes = []
     try:
@@ -168,14 +271,24 @@ def main(argv=None) -> None:
   parser.add_argument("--configs", default=",".join(CONFIGS),
                       help=f"comma-separated, of {', '.join([*CONFIGS, *EXTRA_CONFIGS])}")
   args = parser.parse_args(argv)
-  print(f"{'config':<10} {'inprocess ms':>13} {'call-by-call ms':>16} {'tff_cpp ms':>11} "
-        f"{'floor ms':>9} {'inproc/floor':>13} {'call/inproc':>12} {'cpp/inproc':>11}")
+  columns = {  # heading: (width, the figure from a measurement's ms)
+      "inprocess ms": (13, lambda m: f"{m['inprocess']:.1f}"),
+      "call-by-call ms": (16, lambda m: f"{m['call']:.1f}"),
+      "tff_cpp ms": (11, lambda m: f"{m['tff_cpp']:.1f}"),
+      "floor ms": (9, lambda m: f"{m['floor']:.1f}"),
+      "iterator floor": (15, lambda m: f"{m['iterator']:.1f}"),
+      "drawn floor": (12, lambda m: f"{m['drawn']:.1f}"),
+      "inproc/floor": (13, lambda m: f"{m['inprocess'] / m['floor']:.2f}"),
+      "iterator/floor": (15, lambda m: f"{m['iterator'] / m['floor']:.2f}"),
+      "drawn/floor": (12, lambda m: f"{m['drawn'] / m['floor']:.2f}"),
+      "inproc/iterator": (16, lambda m: f"{m['inprocess'] / m['iterator']:.2f}"),
+      "call/inproc": (12, lambda m: f"{m['call'] / m['inprocess']:.2f}"),
+      "cpp/inproc": (11, lambda m: f"{m['tff_cpp'] / m['inprocess']:.2f}"),
+  }
+  print(f"{'config':<10}" + "".join(f" {h:>{w}}" for h, (w, _) in columns.items()))
   for name in args.configs.split(","):
     m = measure(name, args.rounds)
-    print(f"{name:<10} {m['inprocess']:>13.1f} {m['call']:>16.1f} {m['tff_cpp']:>11.1f} "
-          f"{m['floor']:>9.1f} {m['inprocess'] / m['floor']:>13.2f} "
-          f"{m['call'] / m['inprocess']:>12.2f} {m['tff_cpp'] / m['inprocess']:>11.2f}",
-          flush=True)
+    print(f"{name:<10}" + "".join(f" {f(m):>{w}}" for w, f in columns.values()), flush=True)
 
 
 if __name__ == "__main__":

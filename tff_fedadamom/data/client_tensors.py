@@ -42,7 +42,8 @@ def _static_options() -> tf.data.Options:
   return options
 
 
-_STATIC_OPTIONS = _static_options()
+# What a client's round pipeline runs with (also the benchmarks' tf.data floors).
+STATIC_OPTIONS = _static_options()
 
 
 def _materialize(dataset: tf.data.Dataset) -> collections.OrderedDict:
@@ -127,7 +128,7 @@ class ClientTensors:
                         local_epochs=self._local_epochs, seed=seed,
                         shuffle_buffer=tf.maximum(size, 1), augment=self._augment,
                         prefetch=False)
-    return ds.with_options(_STATIC_OPTIONS)
+    return ds.with_options(STATIC_OPTIONS)
 
   def datasets(self, client_ids, round_num: int) -> list[tf.data.Dataset]:
     """Round `round_num`'s datasets of `client_ids`, built eagerly (for runtimes
