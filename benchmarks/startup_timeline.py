@@ -179,6 +179,9 @@ def _child(argv) -> None:
     with open(out, "w") as f:
       json.dump(timeline.spans, f)
     sys.stdout.flush()
+    from tff_fedadamom.session import remove_autograph_files
+
+    remove_autograph_files()  # what the exit handlers skipped below would have done
     os._exit(0)  # noqa: SLF001 - the rest of the run is not measured
 
   timeline._on_round_end = write_and_exit  # noqa: SLF001

@@ -40,9 +40,55 @@ def test_a_trial_in_its_own_process_sizes_its_threads_and_devices():
   assert gpu.environ["TF_NUM_INTRAOP_THREADS"] == "1"
 
 
+# A function AutoGraph converts (a Python `if` on a tensor), then the paths of
+# the files AutoGraph wrote for this process's converted functions.
+CONVERT_A_FUNCTION = """
+import sys
+import tensorflow as tf
+
+@tf.function
+def bump(x):
+  if x > 0:
+    x += 1
+  return x
+
+assert int(bump(tf.constant(1))) == 2
+autograph_files = [m.__file__ for n, m in list(sys.modules.items())
+                   if n.startswith("__autograph_generated_file")]
+"""
+
+
+def _autograph_files() -> set:
+  """The files AutoGraph wrote for this process's converted functions."""
+  return {m.__file__ for n, m in list(sys.modules.items())
+          if n.startswith("__autograph_generated_file")}
+
+
+def test_the_files_autograph_wrote_are_removed_and_the_converted_code_still_runs():
+  import tensorflow as tf
+
+  from tff_fedadamom.session import remove_autograph_files
+
+  @tf.function
+  def bump(x):
+    if x > 0:  # a Python `if` on a tensor: AutoGraph converts `bump`
+      x += 1
+    return x
+
+  before = _autograph_files()
+  assert int(bump(tf.constant(1))) == 2
+  written = _autograph_files() - before
+  assert written and all(os.path.exists(path) for path in written)
+  removed = remove_autograph_files()
+  assert written <= set(removed)
+  assert not any(os.path.exists(path) for path in removed)
+  assert int(bump(tf.constant(-3))) == -3  # a new trace of the converted code
+
+
 def test_a_session_that_exits_with_its_parent_ends_when_the_parent_is_killed(tmp_path):
   """A child applies `Session(exit_with_parent=True)` and sleeps; its parent is
-  killed with SIGKILL; the child ends within seconds instead of running on."""
+  killed with SIGKILL; the child ends within seconds instead of running on, and
+  removes the files AutoGraph wrote for it (its exit handlers do not run)."""
   import signal
   import subprocess
   import sys
@@ -50,12 +96,14 @@ def test_a_session_that_exits_with_its_parent_ends_when_the_parent_is_killed(tmp
 
   from tff_fedadamom import process_table as processes
 
-  pid_file = tmp_path / "child.pid"
+  pid_file, files = tmp_path / "child.pid", tmp_path / "autograph_files"
   child_py, parent_py = tmp_path / "child.py", tmp_path / "parent.py"
   child_py.write_text(
       "import os, time\n"
       "from tff_fedadamom.session import Session\n"
       "Session(threads=1, exit_with_parent=True).apply()\n"
+      + CONVERT_A_FUNCTION +
+      f"open({str(files)!r}, 'w').write('\\n'.join(autograph_files))\n"
       f"open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
       "time.sleep(120)\n")
   parent_py.write_text(
@@ -81,6 +129,8 @@ def test_a_session_that_exits_with_its_parent_ends_when_the_parent_is_killed(tmp
   if left:
     os.kill(child, signal.SIGKILL)
   assert not left, "the child outlived its killed parent"
+  written = files.read_text().split()
+  assert written and not any(os.path.exists(path) for path in written)
 
 
 STARTUP_PROGRAM = """

@@ -59,6 +59,35 @@ def release_tff_default_context() -> None:
       runtime_error_context.create_runtime_error_context())
 
 
+# AutoGraph names the module of each function it converts after the file it
+# writes the converted source to: <temp dir>/__autograph_generated_file<random>.py.
+_AUTOGRAPH_PREFIX = "__autograph_generated_file"
+
+
+def remove_autograph_files() -> list[str]:
+  """Removes the source files TensorFlow's AutoGraph wrote for the functions
+  this process has converted; returns their paths.
+
+  Why: AutoGraph writes each converted function to a file in the temp
+  directory and removes it at interpreter exit (`atexit`), which a process
+  ended by a signal or `os._exit` never reaches. Each trial worker a sweep
+  ends with `ray.kill` left its files in /tmp: 90 after one quickstart sweep.
+  For a process about to end that way (`tuning.pools.WorkerPool`'s
+  workers, an `exit_with_parent` session's last step). The converted code
+  stays loaded and runs as before; tracebacks through it lose their source
+  lines.
+  """
+  removed = []
+  for name, module in list(sys.modules.items()):
+    path = getattr(module, "__file__", None)
+    if (name.startswith(_AUTOGRAPH_PREFIX) and path
+        and os.path.basename(path) == name + ".py"):
+      with contextlib.suppress(FileNotFoundError):
+        os.remove(path)
+        removed.append(path)
+  return removed
+
+
 _RELEASING: list = []  # the exit handler, registered once per process
 
 
@@ -120,6 +149,8 @@ def _watch_parent() -> None:
   def watch():
     while os.getppid() == parent:
       time.sleep(PARENT_POLL_S)
+    with contextlib.suppress(Exception):  # best effort: the process ends either way
+      remove_autograph_files()
     os._exit(1)  # noqa: SLF001 - the parent is gone: no one is left to report to
 
   threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()

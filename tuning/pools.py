@@ -20,6 +20,9 @@ import ray
 
 from tuning.workers import NAMESPACE, PARTS_PER_WORKER, TrialWorker, worker_env
 
+# Seconds `WorkerPool.shutdown` waits for its workers to remove their AutoGraph files.
+_TIDY_S = 10.0
+
 
 class WorkerPool:
   """Hands out `TrialWorker`s by (node, threads, GPU ids); see the module doc."""
@@ -79,7 +82,14 @@ class WorkerPool:
     return [w for ws in self._workers.values() for w in ws]
 
   def shutdown(self) -> None:
-    for worker in self.workers():
+    """Ends the workers. `ray.kill` ends a process without its exit handlers,
+    so each worker first removes the files AutoGraph wrote for it
+    (`session.remove_autograph_files`; at most `_TIDY_S` waited for)."""
+    workers = self.workers()
+    if workers:
+      ray.wait([w.remove_autograph_files.remote() for w in workers], num_returns=len(workers),
+               timeout=_TIDY_S)
+    for worker in workers:
       ray.kill(worker)
     self._workers.clear()
 

@@ -195,6 +195,13 @@ class TrialWorker:
     self._warm.extend(warm)
     self._jobs.put(None)  # wakes the loop if it waits for a trial
 
+  def remove_autograph_files(self) -> list[str]:
+    """Removes the files AutoGraph wrote for this worker's process, before the
+    pool ends it (`session.remove_autograph_files`); returns their paths."""
+    from tff_fedadamom.session import remove_autograph_files
+
+    return remove_autograph_files()
+
   def _loop(self) -> None:
     from tff_fedadamom.session import startup_imports
 

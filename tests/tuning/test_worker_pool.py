@@ -66,4 +66,25 @@ def test_a_worker_sees_the_gpus_of_its_trial_and_ray_leaves_them_alone(monkeypat
     # A busy worker is not handed out again: another trial of its key gets a new one.
     again = ray.get(pool.acquire.remote(node, 1, ["0"], "c", owner))
     assert _in_actor(again, os.getpid) != _in_actor(gpu, os.getpid)
+
+    def convert_a_function():  # in the worker: AutoGraph writes a file for `bump`
+      import sys
+
+      import tensorflow as tf
+
+      @tf.function
+      def bump(x):
+        if x > 0:
+          x += 1
+        return x
+
+      bump(tf.constant(1))
+      return [m.__file__ for n, m in list(sys.modules.items())
+              if n.startswith("__autograph_generated_file")]
+
+    # The pool ends its workers with ray.kill, which skips their exit handlers
+    # (AutoGraph's among them): each first removes the files AutoGraph wrote for it.
+    written = _in_actor(cpu, convert_a_function)
+    assert written and all(os.path.exists(path) for path in written)
     ray.get(pool.shutdown.remote())
+    assert not any(os.path.exists(path) for path in written)
