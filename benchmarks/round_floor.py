@@ -21,12 +21,15 @@ For each config, the same sampled clients train from the same global weights:
   from the client's examples and round seed (the pipeline's shuffle order,
   one gather, a batch sliced at a time in a `tf.while_loop`; checked to be
   the pipeline's batches): a round that feeds today's batches without
-  `tf.data` iteration pays at least this.
+  `tf.data` iteration pays at least this;
+* `tff update`: TFF's own client update over the floor's materialized
+  batches, unrolled as the floor's steps are: what TFF's per-step
+  bookkeeping (metrics, client optimizer, delta checks) adds to the floor.
 
 Prints ms per round (median of the timed rounds, after one warm-up round each)
 and the ratios measured in this run, among them `inproc/iterator`: the
 pipeline's round against the least a round on TFF's client loop costs. Every
-timed round starts from the same state, so all six do the same work each
+timed round starts from the same state, so all seven do the same work each
 time, and their rounds are interleaved.
 
     .venv/bin/python benchmarks/round_floor.py [--rounds 10] [--configs logistic,mlp,cnn,char_lstm]
@@ -53,6 +56,7 @@ Session().apply()  # this script is its process's entry point
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+import tensorflow_federated as tff  # noqa: E402
 
 from benchmarks.timing import interleaved  # noqa: E402
 from tests.data.fixtures import write_cifar10  # noqa: E402
@@ -63,6 +67,7 @@ from tff_fedadamom.config.schema import INPROCESS, TFF_CPP  # noqa: E402
 from tff_fedadamom.data.client_data import convert_elements  # noqa: E402
 from tff_fedadamom.data.client_tensors import STATIC_OPTIONS  # noqa: E402
 from tff_fedadamom.data.sampling import UniformSampler  # noqa: E402
+from tff_fedadamom.optimizers.client import build_client_sgd  # noqa: E402
 from tff_fedadamom.pipeline import parts as parts_lib  # noqa: E402
 from tff_fedadamom.pipeline import plan as plan_lib  # noqa: E402
 from tff_fedadamom.pipeline import process as process_lib  # noqa: E402
@@ -184,6 +189,39 @@ def _iterator_floor(config, data, clients):
   return _round_fn(config, data, _batches(config, data, clients), train)
 
 
+def _tff_update_floor(config, data, clients):
+  """TFF's own client update (`model_delta_client_work`: the model's
+  `forward_pass` with its metrics, the client optimizer, the delta and its
+  non-finite check, the client weight) over the floor's materialized batches,
+  handed to it as a Python list so that TFF's loop unrolls like the floor's,
+  then the mean of the updates: what the clients' training costs on TFF's
+  client update however its batches arrive."""
+  from tensorflow_federated.python.learning.templates import model_delta_client_work
+
+  uniform = config.server.client_weighting == "uniform"
+  update = model_delta_client_work.build_model_delta_update_with_tff_optimizer(
+      process_lib.make_model_fn(config, data),
+      weighting=tff.learning.ClientWeighting.UNIFORM if uniform
+      else tff.learning.ClientWeighting.NUM_EXAMPLES,
+      loop_implementation=plan_lib.training_loop(()))
+  client = config.client
+  optimizer = build_client_sgd(client.learning_rate, momentum=client.momentum,
+                               weight_decay=client.weight_decay, clip_norm=client.clip_norm)
+  model = process_lib.make_keras_model(config, data)
+  start = tff.learning.models.ModelWeights(
+      [tf.identity(v) for v in model.trainable_variables],
+      [tf.identity(v) for v in model.non_trainable_variables])
+  batches = [[collections.OrderedDict(x=x, y=y) for x, y in client_batches]
+             for client_batches in _batches(config, data, clients)]
+
+  @tf.function
+  def round_fn():
+    updates = [update(optimizer, start, client_batches)[0].update for client_batches in batches]
+    return [s - tf.add_n(list(u)) / len(updates) for s, u in zip(start.trainable, zip(*updates))]
+
+  return round_fn
+
+
 def _drawn_order(tensors, epochs: int, examples, seed):
   """A client's examples in its round order, drawn by graph ops: its positions
   shuffled as `preprocess.client_dataset` shuffles its examples (the same op
@@ -253,6 +291,7 @@ def measure(name: str, rounds: int) -> dict[str, float]:
     fns = {"floor": _floor(config, data, clients),
            "iterator": _iterator_floor(config, data, clients),
            "drawn": _drawn_floor(config, data, clients),
+           "tff update": _tff_update_floor(config, data, clients),
            "call": _call_by_call_round(config, data, clients)}
     processes = []
     try:
@@ -278,9 +317,11 @@ def main(argv=None) -> None:
       "floor ms": (9, lambda m: f"{m['floor']:.1f}"),
       "iterator floor": (15, lambda m: f"{m['iterator']:.1f}"),
       "drawn floor": (12, lambda m: f"{m['drawn']:.1f}"),
+      "tff update ms": (14, lambda m: f"{m['tff update']:.1f}"),
       "inproc/floor": (13, lambda m: f"{m['inprocess'] / m['floor']:.2f}"),
       "iterator/floor": (15, lambda m: f"{m['iterator'] / m['floor']:.2f}"),
       "drawn/floor": (12, lambda m: f"{m['drawn'] / m['floor']:.2f}"),
+      "tff update/floor": (17, lambda m: f"{m['tff update'] / m['floor']:.2f}"),
       "inproc/iterator": (16, lambda m: f"{m['inprocess'] / m['iterator']:.2f}"),
       "call/inproc": (12, lambda m: f"{m['call'] / m['inprocess']:.2f}"),
       "cpp/inproc": (11, lambda m: f"{m['tff_cpp'] / m['inprocess']:.2f}"),
