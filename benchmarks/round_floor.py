@@ -177,10 +177,14 @@ def _iterator_floor(config, data, clients):
   loop = training_loop(plan_lib.training_loop(()))
 
   def dataset(batches):
+    """The batches, in order: the full ones sliced from one stacked tensor each."""
     full = [b for b in batches if b[0].shape[0] == config.client.batch_size]
-    ds = tf.data.Dataset.from_tensor_slices(tuple(tf.stack(t) for t in zip(*full)))
-    for last in batches[len(full):]:
-      ds = ds.concatenate(tf.data.Dataset.from_tensors(last))
+    parts = ([tf.data.Dataset.from_tensor_slices(tuple(tf.stack(t) for t in zip(*full)))]
+             if full else [])
+    parts += [tf.data.Dataset.from_tensors(last) for last in batches[len(full):]]
+    ds = parts[0]
+    for part in parts[1:]:
+      ds = ds.concatenate(part)
     return ds.with_options(STATIC_OPTIONS)
 
   def train(batches, step):
@@ -194,8 +198,8 @@ def _tff_update_floor(config, data, clients):
   `forward_pass` with its metrics, the client optimizer, the delta and its
   non-finite check, the client weight) over the floor's materialized batches,
   handed to it as a Python list so that TFF's loop unrolls like the floor's,
-  then the mean of the updates: what the clients' training costs on TFF's
-  client update however its batches arrive."""
+  then the mean of the updates: TFF's per-step bookkeeping on top of the
+  floor, with no loop over the batches."""
   from tensorflow_federated.python.learning.templates import model_delta_client_work
 
   uniform = config.server.client_weighting == "uniform"
@@ -242,9 +246,7 @@ def _drawn_floor(config, data, clients):
   Checked here to be the batches the pipeline makes."""
   tensors = process_lib.make_client_tensors(config, data)
   args = [tensors.args(cid, 1) for cid in clients]
-  size = config.client.batch_size
-
-  epochs = config.client.local_epochs
+  size, epochs = config.client.batch_size, config.client.local_epochs
 
   def train(client_args, step):
     x, y, order = _drawn_order(tensors, epochs, client_args[:-1], client_args[-1])
