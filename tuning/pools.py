@@ -17,6 +17,7 @@ import uuid
 from typing import Callable, Optional, Sequence
 
 import ray
+from ray import cloudpickle
 
 from tuning.workers import NAMESPACE, PARTS_PER_WORKER, TrialWorker, worker_env
 
@@ -52,8 +53,9 @@ class WorkerPool:
     structures of `warm` they have not built."""
     self._parts_per_worker = parts_per_worker
     self._warm = list(warm)
+    pickled = cloudpickle.dumps(self._warm)  # loaded in each worker's trial thread
     for worker in self.workers():
-      worker.add_warm.remote(parts_per_worker, warm)
+      worker.add_warm.remote(parts_per_worker, pickled)
 
   def prestart(self, node_id: str, threads: int, count: int) -> None:
     """Starts CPU workers on `node_id` ahead of the first trials, until it has

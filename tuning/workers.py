@@ -62,9 +62,11 @@ import uuid
 from typing import Any, Callable, Optional, Sequence
 
 import ray
+from ray import cloudpickle
 
 # (pid, start time) of a running process: a trial's owner, told apart from a reused pid.
 from tff_fedadamom.process_table import identity as process_identity
+from tff_fedadamom.session import remove_autograph_files as _remove_autograph_files
 
 NAMESPACE = "tff_fedadamom"
 # Built experiments each worker keeps at least; a sweep's pool keeps one per
@@ -160,9 +162,17 @@ class TrialWorker:
       self._current = self._trials[token] = _Trial(token, owner)
       return True
 
-  def start(self, token: str, make_experiment: Callable[[], dict],
-            make_result: Callable[[Any], Any], scratch: str) -> None:
-    self._jobs.put((self._trials[token], make_experiment, make_result, scratch))
+  def start(self, token: str, callables: bytes, scratch: str) -> None:
+    """Queues trial `token`: `callables` is `(make_experiment, make_result)`
+    pickled (`cloudpickle`), loaded in the trial thread (`_loop`).
+
+    Why pickled: Ray unpickles a method's arguments in one of its own threads,
+    and these import the project's modules when unpickled. In a new worker
+    that ran beside the trial thread's start-up imports of the same modules,
+    and Python handed one thread a partially initialized module (seen once:
+    "cannot import name 'apply_overrides' from partially initialized module
+    'tff_fedadamom.config.loader'", a restarted trial lost)."""
+    self._jobs.put((self._trials[token], callables, scratch))
 
   def next_event(self, token: str):
     """The trial's next event: ('eval', make_result(EvalEvent)), ('done', None),
@@ -186,21 +196,19 @@ class TrialWorker:
     if trial is not None:
       trial.released.set()
 
-  def add_warm(self, parts_per_worker: int, warm: Sequence[Callable[[], dict]]) -> None:
+  def add_warm(self, parts_per_worker: int, warm: bytes) -> None:
     """Another sweep of a shared pool: keep at least `parts_per_worker` parts,
-    and warm up those of `warm`'s structures this worker has not built."""
+    and warm up those of `warm`'s structures this worker has not built
+    (`warm`: the callables pickled, loaded in the trial thread as in `start`)."""
     self._parts_per_worker = max(self._parts_per_worker, parts_per_worker)
     if self._cache is not None:
       self._cache.max_size = max(self._cache.max_size, parts_per_worker)
-    self._warm.extend(warm)
-    self._jobs.put(None)  # wakes the loop if it waits for a trial
+    self._jobs.put(warm)  # also wakes the loop if it waits for a trial
 
   def remove_autograph_files(self) -> list[str]:
     """Removes the files AutoGraph wrote for this worker's process, before the
     pool ends it (`session.remove_autograph_files`); returns their paths."""
-    from tff_fedadamom.session import remove_autograph_files
-
-    return remove_autograph_files()
+    return _remove_autograph_files()
 
   def _loop(self) -> None:
     from tff_fedadamom.session import startup_imports
@@ -216,10 +224,12 @@ class TrialWorker:
       except queue.Empty:
         self._warm_up(self._warm.pop(0))
         continue
-      if job is None:
+      if isinstance(job, bytes):  # add_warm's callables
+        self._warm.extend(cloudpickle.loads(job))
         continue
-      trial, make_experiment, make_result, scratch = job
+      trial, callables, scratch = job
       try:
+        make_experiment, make_result = cloudpickle.loads(callables)
         self._run(trial, make_experiment, make_result)
       except BaseException:  # noqa: BLE001 - the error goes to the trainable
         if trial.given_up():
@@ -289,7 +299,8 @@ def run_trial(pool_name: str, make_experiment: Callable[[], dict],
   node_id = ray.get_runtime_context().get_node_id()
   worker = ray.get(pool.acquire.remote(node_id, threads, list(gpu_ids), token, owner))
   try:
-    ray.get(worker.start.remote(token, make_experiment, make_result, scratch))
+    ray.get(worker.start.remote(token, cloudpickle.dumps((make_experiment, make_result)),
+                                scratch))
     while True:
       kind, payload = ray.get(worker.next_event.remote(token))
       if kind == "eval":

@@ -155,3 +155,44 @@ def test_run_sweep_refuses_a_pool_it_cannot_use_before_writing_anything(tmp_path
     with pytest.raises(ValueError, match=wording):
       run_sweep(path, **kwargs)
   assert not os.path.exists(tmp_path / "sweeps")
+
+
+
+# The threads that unpickled a `_MakeExperiment` (`TrialWorker.start`'s bytes).
+_UNPICKLED_IN: list = []
+
+
+def _unpickle_make_experiment():
+  import threading
+
+  _UNPICKLED_IN.append(threading.current_thread().name)
+  return _MakeExperiment()
+
+
+class _MakeExperiment:
+  """A trial's `make_experiment` that records which thread unpickled it, and fails."""
+
+  def __reduce__(self):
+    return _unpickle_make_experiment, ()
+
+  def __call__(self):
+    raise RuntimeError("no experiment here")
+
+
+def test_a_trials_callables_are_unpickled_in_the_trial_thread(tmp_path):
+  """`start` takes the trial's callables pickled, and the worker's trial thread
+  loads them, after its start-up imports: unpickled in Ray's thread, they once
+  imported the project's modules while the trial thread did, and a restarted
+  trial failed on a partially initialized module. The worker runs in this
+  process here (no Ray), so the thread names are this process's."""
+  from ray import cloudpickle
+
+  from tuning.workers import TrialWorker
+
+  worker = TrialWorker()
+  assert worker.claim("t", process_identity(os.getpid()))
+  worker.start("t", cloudpickle.dumps((_MakeExperiment(), None)), str(tmp_path))
+  kind, payload = worker.next_event("t")
+  worker.release("t")
+  assert kind == "error" and "no experiment here" in payload
+  assert _UNPICKLED_IN == ["tff-trials"]
