@@ -16,13 +16,13 @@ its examples and round seed (`round_floor._drawn_order`).
 The catch, and why it is a benchmark and not the pipeline: N is part of the
 process's type, so a run needs one process per distinct client batch count,
 and one fused round per combination of counts among a round's clients. Here
-every client has the same count (digits split i.i.d.).
+every client has the same count (the data split i.i.d.).
 
 Prints ms per round of the floor, today's round and the candidate's (one run,
 interleaved), their ratios, and whether the candidate's new weights and
 training metrics equal today's bit for bit.
 
-    .venv/bin/python benchmarks/unrolled_round.py [--rounds 40]
+    .venv/bin/python benchmarks/unrolled_round.py [--config logistic|mlp] [--rounds 40]
 """
 
 from __future__ import annotations
@@ -59,13 +59,19 @@ from tff_fedadamom.pipeline.backends.inprocess import InProcessLearningProcess  
 from tff_fedadamom.pipeline.py_containers import flatten_value, type_leaves  # noqa: E402
 from tff_fedadamom.pipeline.tf_computation import Feed  # noqa: E402
 
-# digits/logistic as `round_floor.py` has it, split i.i.d. so that every
-# client has the same number of batches.
-CONFIG = {"seed": 0, "rounds": 1, "telemetry": False, "clients_per_round": 5,
+# `round_floor.py`'s logistic and MLP configs, split i.i.d. so that every client
+# has the same number of batches (digits: 4, Fashion-MNIST: 30).
+CONFIGS = {
+    "logistic": {"data": {"name": "digits", "num_clients": 20, "partition": {"kind": "iid"}},
+                 "model": {"name": "logistic"},
+                 "client": {"learning_rate": 0.1, "batch_size": 20}},
+    "mlp": {"data": {"name": "fashion_mnist", "num_clients": 100, "partition": {"kind": "iid"}},
+            "model": {"name": "mlp", "options": {"hidden": [64]}},
+            "client": {"learning_rate": 0.05, "batch_size": 20}},
+}
+COMMON = {"seed": 0, "rounds": 1, "telemetry": False, "clients_per_round": 5,
           "server": {"optimizer": "fedavg", "learning_rate": 1.0, "client_weighting": "uniform"},
-          "runtime": {"backend": "inprocess", "fuse_after_rounds": 0, "cache": False},
-          "data": {"name": "digits", "num_clients": 20, "partition": {"kind": "iid"}},
-          "model": {"name": "logistic"}, "client": {"learning_rate": 0.1, "batch_size": 20}}
+          "runtime": {"backend": "inprocess", "fuse_after_rounds": 0, "cache": False}}
 
 
 def _element_spec(input_spec, batches: int, size: int) -> collections.OrderedDict:
@@ -161,9 +167,10 @@ def _same(a, b) -> bool:
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--rounds", type=int, default=40, help="timed rounds per variant")
+  parser.add_argument("--config", choices=sorted(CONFIGS), default="logistic")
   args = parser.parse_args(argv)
   with tempfile.TemporaryDirectory() as tmp:
-    config = load_config({**CONFIG, "output_dir": tmp})
+    config = load_config({**COMMON, **CONFIGS[args.config], "output_dir": tmp})
     data = process_lib.load_data(config)
     clients = UniformSampler(data.train.client_ids, config.clients_per_round, config.seed)(1)
     tensors = process_lib.make_client_tensors(config, data)
@@ -189,7 +196,7 @@ def main(argv=None) -> None:
     ms = {k: 1000 * statistics.median(t) for k, t in interleaved(fns, args.rounds).items()}
     today = parts.process.next_for_clients(state, clients, 1)
     unrolled = candidate.server.to_python(fused(flat, client_args))
-  print(f"digits/logistic, {len(clients)} clients of {batches} batches, ms per round: floor "
+  print(f"{args.config}, {len(clients)} clients of {batches} batches, ms per round: floor "
         f"{ms['floor']:.2f}, today {ms['today']:.2f}, unrolled {ms['unrolled']:.2f}; "
         f"today/floor {ms['today'] / ms['floor']:.2f}, unrolled/floor "
         f"{ms['unrolled'] / ms['floor']:.2f}, today/unrolled {ms['today'] / ms['unrolled']:.2f}")
