@@ -224,8 +224,11 @@ class TrialWorker:
       except queue.Empty:
         self._warm_up(self._warm.pop(0))
         continue
-      if isinstance(job, bytes):  # add_warm's callables
-        self._warm.extend(cloudpickle.loads(job))
+      if isinstance(job, bytes):  # add_warm's callables; best effort, as warm-ups are
+        try:
+          self._warm.extend(cloudpickle.loads(job))
+        except Exception:  # noqa: BLE001 - the trials build what warming could not
+          traceback.print_exc()
         continue
       trial, callables, scratch = job
       try:
