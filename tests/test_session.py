@@ -43,8 +43,8 @@ def test_a_trial_in_its_own_process_sizes_its_threads_and_devices():
 # A function AutoGraph converts (a Python `if` on a tensor), then the paths of
 # the files AutoGraph wrote for this process's converted functions.
 CONVERT_A_FUNCTION = """
-import sys
 import tensorflow as tf
+from tff_fedadamom.session import autograph_files
 
 @tf.function
 def bump(x):
@@ -53,21 +53,14 @@ def bump(x):
   return x
 
 assert int(bump(tf.constant(1))) == 2
-autograph_files = [m.__file__ for n, m in list(sys.modules.items())
-                   if n.startswith("__autograph_generated_file")]
+written = autograph_files()
 """
-
-
-def _autograph_files() -> set:
-  """The files AutoGraph wrote for this process's converted functions."""
-  return {m.__file__ for n, m in list(sys.modules.items())
-          if n.startswith("__autograph_generated_file")}
 
 
 def test_the_files_autograph_wrote_are_removed_and_the_converted_code_still_runs():
   import tensorflow as tf
 
-  from tff_fedadamom.session import remove_autograph_files
+  from tff_fedadamom.session import autograph_files, remove_autograph_files
 
   @tf.function
   def bump(x):
@@ -75,9 +68,9 @@ def test_the_files_autograph_wrote_are_removed_and_the_converted_code_still_runs
       x += 1
     return x
 
-  before = _autograph_files()
+  before = set(autograph_files())
   assert int(bump(tf.constant(1))) == 2
-  written = _autograph_files() - before
+  written = set(autograph_files()) - before
   assert written and all(os.path.exists(path) for path in written)
   removed = remove_autograph_files()
   assert written <= set(removed)
@@ -103,7 +96,7 @@ def test_a_session_that_exits_with_its_parent_ends_when_the_parent_is_killed(tmp
       "from tff_fedadamom.session import Session\n"
       "Session(threads=1, exit_with_parent=True).apply()\n"
       + CONVERT_A_FUNCTION +
-      f"open({str(files)!r}, 'w').write('\\n'.join(autograph_files))\n"
+      f"open({str(files)!r}, 'w').write('\\n'.join(written))\n"
       f"open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
       "time.sleep(120)\n")
   parent_py.write_text(

@@ -64,9 +64,17 @@ def release_tff_default_context() -> None:
 _AUTOGRAPH_PREFIX = "__autograph_generated_file"
 
 
+def autograph_files() -> list[str]:
+  """The source files TensorFlow's AutoGraph wrote for the functions this
+  process has converted (each one's module is named after its file)."""
+  return [module.__file__ for name, module in list(sys.modules.items())
+          if name.startswith(_AUTOGRAPH_PREFIX)
+          and os.path.basename(getattr(module, "__file__", None) or "") == name + ".py"]
+
+
 def remove_autograph_files() -> list[str]:
   """Removes the source files TensorFlow's AutoGraph wrote for the functions
-  this process has converted; returns their paths.
+  this process has converted (`autograph_files`); returns their paths.
 
   Why: AutoGraph writes each converted function to a file in the temp
   directory and removes it at interpreter exit (`atexit`), which a process
@@ -78,13 +86,10 @@ def remove_autograph_files() -> list[str]:
   lines.
   """
   removed = []
-  for name, module in list(sys.modules.items()):
-    path = getattr(module, "__file__", None)
-    if (name.startswith(_AUTOGRAPH_PREFIX) and path
-        and os.path.basename(path) == name + ".py"):
-      with contextlib.suppress(FileNotFoundError):
-        os.remove(path)
-        removed.append(path)
+  for path in autograph_files():
+    with contextlib.suppress(FileNotFoundError):
+      os.remove(path)
+      removed.append(path)
   return removed
 
 

@@ -68,9 +68,9 @@ def test_a_worker_sees_the_gpus_of_its_trial_and_ray_leaves_them_alone(monkeypat
     assert _in_actor(again, os.getpid) != _in_actor(gpu, os.getpid)
 
     def convert_a_function():  # in the worker: AutoGraph writes a file for `bump`
-      import sys
-
       import tensorflow as tf
+
+      from tff_fedadamom.session import autograph_files
 
       @tf.function
       def bump(x):
@@ -79,8 +79,7 @@ def test_a_worker_sees_the_gpus_of_its_trial_and_ray_leaves_them_alone(monkeypat
         return x
 
       bump(tf.constant(1))
-      return [m.__file__ for n, m in list(sys.modules.items())
-              if n.startswith("__autograph_generated_file")]
+      return autograph_files()
 
     # The pool ends its workers with ray.kill, which skips their exit handlers
     # (AutoGraph's among them): each first removes the files AutoGraph wrote for it.

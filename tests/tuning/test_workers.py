@@ -157,7 +157,6 @@ def test_run_sweep_refuses_a_pool_it_cannot_use_before_writing_anything(tmp_path
   assert not os.path.exists(tmp_path / "sweeps")
 
 
-
 # The threads that unpickled a `_MakeExperiment` (`TrialWorker.start`'s bytes).
 _UNPICKLED_IN: list = []
 
