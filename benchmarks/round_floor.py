@@ -154,46 +154,47 @@ def _round_fn(config, data, clients: Sequence, train_client: Callable):
   return round_fn
 
 
-def _batches(config, data, clients) -> list[list[tuple]]:
-  """Each client's round-1 batches as the pipeline makes them, materialized."""
-  tensors = process_lib.make_client_tensors(config, data)
+def _batches(tensors, clients) -> list[list[tuple]]:
+  """Each client's round-1 batches as the pipeline makes them (from `tensors`,
+  its `ClientTensors`), materialized."""
   return [[(b["x"], b["y"]) for b in ds] for ds in tensors.datasets(clients, 1)]
 
 
-def _floor(config, data, clients):
-  """The floor: the steps over the batches materialized beforehand, unrolled."""
-  def train(batches, step):
-    for x, y in batches:
+def _floor(config, data, batches):
+  """The floor: the steps over `batches` (`_batches`), unrolled."""
+  def train(client_batches, step):
+    for x, y in client_batches:
       step(x, y)
 
-  return _round_fn(config, data, _batches(config, data, clients), train)
+  return _round_fn(config, data, batches, train)
 
 
-def _iterator_floor(config, data, clients):
+def _iterator_floor(config, data, batches):
   """The floor's steps reading the same batches from a `tf.data` iterator, in
   TFF's own client loop (the one the learning process's `work` runs), over a
   dataset of the batches as they are: the least a client computation whose
   data is a `tf.data.Dataset` (TFF's sequence type) does besides its steps."""
   loop = training_loop(plan_lib.training_loop(()))
 
-  def dataset(batches):
-    """The batches, in order: the full ones sliced from one stacked tensor each."""
-    full = [b for b in batches if b[0].shape[0] == config.client.batch_size]
+  def dataset(client_batches):
+    """A client's batches, in order: the full ones sliced from one stacked tensor each."""
+    full = [b for b in client_batches if b[0].shape[0] == config.client.batch_size]
     parts = ([tf.data.Dataset.from_tensor_slices(tuple(tf.stack(t) for t in zip(*full)))]
              if full else [])
-    parts += [tf.data.Dataset.from_tensors(last) for last in batches[len(full):]]
+    parts += [tf.data.Dataset.from_tensors(last) for last in client_batches[len(full):]]
     ds = parts[0]
     for part in parts[1:]:
       ds = ds.concatenate(part)
     return ds.with_options(STATIC_OPTIONS)
 
-  def train(batches, step):
-    loop(lambda state, batch: (step(*batch), state)[1], dataset(batches), lambda: tf.constant(0))
+  def train(client_batches, step):
+    loop(lambda state, batch: (step(*batch), state)[1], dataset(client_batches),
+         lambda: tf.constant(0))
 
-  return _round_fn(config, data, _batches(config, data, clients), train)
+  return _round_fn(config, data, batches, train)
 
 
-def _tff_update_floor(config, data, clients):
+def _tff_update_floor(config, data, batches):
   """TFF's own client update (`model_delta_client_work`: the model's
   `forward_pass` with its metrics, the client optimizer, the delta and its
   non-finite check, the client weight) over the floor's materialized batches,
@@ -216,7 +217,7 @@ def _tff_update_floor(config, data, clients):
       [tf.identity(v) for v in model.trainable_variables],
       [tf.identity(v) for v in model.non_trainable_variables])
   batches = [[collections.OrderedDict(x=x, y=y) for x, y in client_batches]
-             for client_batches in _batches(config, data, clients)]
+             for client_batches in batches]
 
   @tf.function
   def round_fn():
@@ -239,12 +240,11 @@ def _drawn_order(tensors, epochs: int, examples, seed):
   return arrays["x"], arrays["y"], positions
 
 
-def _drawn_floor(config, data, clients):
+def _drawn_floor(config, data, tensors, clients, batches):
   """The floor's steps over each round's batches drawn in-graph from the
   client's examples and round seed (`_drawn_order`), sliced a batch at a time
   in a `tf.while_loop`: the pipeline's batches without `tf.data` iteration.
-  Checked here to be the batches the pipeline makes."""
-  tensors = process_lib.make_client_tensors(config, data)
+  Checked here to be the pipeline's `batches` (`_batches`)."""
   args = [tensors.args(cid, 1) for cid in clients]
   size, epochs = config.client.batch_size, config.client.local_epochs
 
@@ -254,12 +254,12 @@ def _drawn_floor(config, data, clients):
       batch = order[i * size:(i + 1) * size]
       step(tf.gather(x, batch), tf.gather(y, batch))
 
-  for client_args, batches in zip(args, _batches(config, data, clients)):
+  for client_args, client_batches in zip(args, batches):
     x, y, order = _drawn_order(tensors, epochs, client_args[:-1], client_args[-1])
     drawn = [(tf.gather(x, order[i:i + size]), tf.gather(y, order[i:i + size]))
              for i in range(0, int(tf.size(order)), size)]
-    if len(drawn) != len(batches) or not all(
-        np.array_equal(a, b) for d, p in zip(drawn, batches) for a, b in zip(d, p)):
+    if len(drawn) != len(client_batches) or not all(
+        np.array_equal(a, b) for d, p in zip(drawn, client_batches) for a, b in zip(d, p)):
       raise AssertionError("the drawn batches are not the pipeline's")
   return _round_fn(config, data, args, train)
 
@@ -290,10 +290,12 @@ def measure(name: str, rounds: int) -> dict[str, float]:
     config = _config(name, INPROCESS, tmp)
     data = process_lib.load_data(config)
     clients = UniformSampler(data.train.client_ids, config.clients_per_round, config.seed)(1)
-    fns = {"floor": _floor(config, data, clients),
-           "iterator": _iterator_floor(config, data, clients),
-           "drawn": _drawn_floor(config, data, clients),
-           "tff update": _tff_update_floor(config, data, clients),
+    tensors = process_lib.make_client_tensors(config, data)
+    batches = _batches(tensors, clients)
+    fns = {"floor": _floor(config, data, batches),
+           "iterator": _iterator_floor(config, data, batches),
+           "drawn": _drawn_floor(config, data, tensors, clients, batches),
+           "tff update": _tff_update_floor(config, data, batches),
            "call": _call_by_call_round(config, data, clients)}
     processes = []
     try:

@@ -46,7 +46,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import tensorflow_federated as tff  # noqa: E402
 
-from benchmarks.round_floor import _drawn_order, _floor  # noqa: E402
+from benchmarks.round_floor import _batches, _drawn_order, _floor  # noqa: E402
 from benchmarks.timing import interleaved  # noqa: E402
 from tff_fedadamom.config import load_config  # noqa: E402
 from tff_fedadamom.data.sampling import UniformSampler  # noqa: E402
@@ -190,7 +190,7 @@ def main(argv=None) -> None:
                        len(clients))
     flat = flatten_value(start, candidate.state_type, [])
     client_args = [tensors.args(c, 1) for c in clients]
-    fns = {"floor": _floor(config, data, clients),
+    fns = {"floor": _floor(config, data, _batches(tensors, clients)),
            "today": lambda: parts.process.next_for_clients(state, clients, 1),
            "unrolled": lambda: fused(flat, client_args)}
     ms = {k: 1000 * statistics.median(t) for k, t in interleaved(fns, args.rounds).items()}
