@@ -5,7 +5,11 @@ For each config, the same sampled clients train from the same global weights:
 
 * `inprocess`: the pipeline's round (`next_for_clients` on the in-process
   backend) as a run's rounds become after `runtime.fuse_after_rounds`: one
-  TensorFlow call (`pipeline.backends.fused_round`), here from the first round;
+  TensorFlow call (`pipeline.backends.fused_round`), here from the first round,
+  with the clients' steps unrolled where the config's clients have few enough
+  batches (`unrolled`: the steps, `runtime.unroll_max_batches`);
+* `loop`: where `inprocess` is unrolled, the same round on TFF's client loop
+  over each client's dataset (`unroll_max_batches: 0`; the same bits), else `=`;
 * `call by call`: the same round as 2K + 4 calls from Python, as a run's first
   rounds are made (`fuse_after_rounds=None`; the same bits);
 * `tff_cpp`: TFF's own runtime on the same learning process and batches;
@@ -19,9 +23,9 @@ For each config, the same sampled clients train from the same global weights:
   shuffle, metrics or function calls;
 * `drawn floor`: the floor's steps over each round's batches drawn in-graph
   from the client's examples and round seed (the pipeline's shuffle order,
-  one gather, a batch sliced at a time in a `tf.while_loop`; checked to be
-  the pipeline's batches): a round that feeds today's batches without
-  `tf.data` iteration pays at least this;
+  one gather: `ClientTensors.stacked_element`, what an unrolled client is
+  given), read a batch at a time in a `tf.while_loop`; checked to be the
+  pipeline's batches;
 * `tff update`: TFF's own client update over the floor's materialized
   batches, unrolled as the floor's steps are: what TFF's per-step
   bookkeeping (metrics, client optimizer, delta checks) adds to the floor.
@@ -44,7 +48,7 @@ import os
 import statistics
 import sys
 import tempfile
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -64,7 +68,6 @@ from tff_fedadamom import models  # noqa: E402
 from tff_fedadamom.algorithms._common import training_loop  # noqa: E402
 from tff_fedadamom.config import load_config  # noqa: E402
 from tff_fedadamom.config.schema import INPROCESS, TFF_CPP  # noqa: E402
-from tff_fedadamom.data.client_data import convert_elements  # noqa: E402
 from tff_fedadamom.data.client_tensors import STATIC_OPTIONS  # noqa: E402
 from tff_fedadamom.data.sampling import UniformSampler  # noqa: E402
 from tff_fedadamom.optimizers.client import build_client_sgd  # noqa: E402
@@ -108,11 +111,16 @@ EXTRA_CONFIGS = {
 DATA_FILES = {"resnet18": lambda root: write_cifar10(root, per_batch=100, test=10, seed=0)}
 
 
-def _config(name: str, backend: str, output_dir: str):
-  raw = {"seed": 0, "rounds": 1, "output_dir": output_dir, "telemetry": False,
+def _config(name: str, backend: str, output_dir: str, unroll_max_batches: Optional[int] = None):
+  runtime = {"backend": backend, "fuse_after_rounds": 0}
+  if unroll_max_batches is not None:
+    runtime["unroll_max_batches"] = unroll_max_batches
+  # A long run's rounds (the goals are about those): with rounds >= UNROLL_MIN_ROUNDS
+  # the clients' steps are unrolled where they have few batches.
+  raw = {"seed": 0, "rounds": 1000, "output_dir": output_dir, "telemetry": False,
          "server": {"optimizer": "fedavg", "learning_rate": 1.0,
                     "client_weighting": "uniform"},
-         "runtime": {"backend": backend, "fuse_after_rounds": 0},
+         "runtime": runtime,
          **{**CONFIGS, **EXTRA_CONFIGS}[name]}
   if name in DATA_FILES:
     raw["data"] = {**raw["data"], "path": output_dir}
@@ -227,37 +235,28 @@ def _tff_update_floor(config, data, batches):
   return round_fn
 
 
-def _drawn_order(tensors, epochs: int, examples, seed):
-  """A client's examples in its round order, drawn by graph ops: its positions
-  shuffled as `preprocess.client_dataset` shuffles its examples (the same op
-  and seed, so the same order), repeated for its epochs, then one gather."""
-  size = tf.shape(examples[0], out_type=tf.int64)[0]
-  positions = (tf.data.Dataset.range(size)
-               .shuffle(tf.maximum(size, 1), seed=seed, reshuffle_each_iteration=True)
-               .repeat(epochs).batch(size * epochs)
-               .with_options(STATIC_OPTIONS).get_single_element())
-  arrays = convert_elements(collections.OrderedDict(zip(tensors.keys, examples)))
-  return arrays["x"], arrays["y"], positions
-
-
 def _drawn_floor(config, data, tensors, clients, batches):
   """The floor's steps over each round's batches drawn in-graph from the
-  client's examples and round seed (`_drawn_order`), sliced a batch at a time
-  in a `tf.while_loop`: the pipeline's batches without `tf.data` iteration.
+  client's examples and round seed (`ClientTensors.stacked_element`: the
+  pipeline's shuffle order, one gather), read a batch at a time in a
+  `tf.while_loop`: the pipeline's batches without `tf.data` iteration.
   Checked here to be the pipeline's `batches` (`_batches`)."""
+  from tff_fedadamom.data.client_tensors import FULL, LAST
+
   args = [tensors.args(cid, 1) for cid in clients]
-  size, epochs = config.client.batch_size, config.client.local_epochs
 
   def train(client_args, step):
-    x, y, order = _drawn_order(tensors, epochs, client_args[:-1], client_args[-1])
-    for i in tf.range((tf.size(order, out_type=tf.int64) + size - 1) // size):
-      batch = order[i * size:(i + 1) * size]
-      step(tf.gather(x, batch), tf.gather(y, batch))
+    element = tensors.stacked_element(*client_args)
+    full, last = element[FULL], element[LAST]
+    for i in tf.range(tf.shape(full["x"])[0]):
+      step(full["x"][i], full["y"][i])
+    if tf.shape(last["x"])[0] > 0:
+      step(last["x"], last["y"])
 
   for client_args, client_batches in zip(args, batches):
-    x, y, order = _drawn_order(tensors, epochs, client_args[:-1], client_args[-1])
-    drawn = [(tf.gather(x, order[i:i + size]), tf.gather(y, order[i:i + size]))
-             for i in range(0, int(tf.size(order)), size)]
+    element = tensors.stacked_element(*client_args)
+    drawn = [(x, y) for x, y in zip(element[FULL]["x"], element[FULL]["y"])]
+    drawn += [(element[LAST]["x"], element[LAST]["y"])] if len(element[LAST]["x"]) else []
     if len(drawn) != len(client_batches) or not all(
         np.array_equal(a, b) for d, p in zip(drawn, client_batches) for a, b in zip(d, p)):
       raise AssertionError("the drawn batches are not the pipeline's")
@@ -297,12 +296,17 @@ def measure(name: str, rounds: int) -> dict[str, float]:
            "drawn": _drawn_floor(config, data, tensors, clients, batches),
            "tff update": _tff_update_floor(config, data, batches),
            "call": _call_by_call_round(config, data, clients)}
+    steps = process_lib.unrolled_steps(config, INPROCESS, tensors)
     processes = []
     try:
       for backend in (INPROCESS, TFF_CPP):
         fns[backend], process = _backend_round(_config(name, backend, tmp), data, clients)
         processes.append(process)
-      return {name: 1000 * statistics.median(t) for name, t in interleaved(fns, rounds).items()}
+      if steps is not None:  # the same round on TFF's client loop
+        fns["loop"], process = _backend_round(_config(name, INPROCESS, tmp, 0), data, clients)
+        processes.append(process)
+      ms = {name: 1000 * statistics.median(t) for name, t in interleaved(fns, rounds).items()}
+      return {**ms, "steps": steps}
     finally:
       for process in processes:
         process.close()
@@ -315,7 +319,9 @@ def main(argv=None) -> None:
                       help=f"comma-separated, of {', '.join([*CONFIGS, *EXTRA_CONFIGS])}")
   args = parser.parse_args(argv)
   columns = {  # heading: (width, the figure from a measurement's ms)
+      "unrolled": (9, lambda m: "no" if m["steps"] is None else f"{m['steps']} steps"),
       "inprocess ms": (13, lambda m: f"{m['inprocess']:.1f}"),
+      "loop ms": (8, lambda m: f"{m['loop']:.1f}" if "loop" in m else "="),
       "call-by-call ms": (16, lambda m: f"{m['call']:.1f}"),
       "tff_cpp ms": (11, lambda m: f"{m['tff_cpp']:.1f}"),
       "floor ms": (9, lambda m: f"{m['floor']:.1f}"),
@@ -327,6 +333,7 @@ def main(argv=None) -> None:
       "drawn/floor": (12, lambda m: f"{m['drawn'] / m['floor']:.2f}"),
       "tff update/floor": (17, lambda m: f"{m['tff update'] / m['floor']:.2f}"),
       "inproc/iterator": (16, lambda m: f"{m['inprocess'] / m['iterator']:.2f}"),
+      "loop/inproc": (12, lambda m: f"{m['loop'] / m['inprocess']:.2f}" if "loop" in m else "="),
       "call/inproc": (12, lambda m: f"{m['call'] / m['inprocess']:.2f}"),
       "cpp/inproc": (11, lambda m: f"{m['tff_cpp'] / m['inprocess']:.2f}"),
   }

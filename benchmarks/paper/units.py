@@ -39,7 +39,7 @@ TIMING_KEYS = frozenset({"total_s", "wall_time_s", "round_seconds", "seconds"})
 # Runtime settings that change no result: whether and where compiled processes
 # are cached, and when rounds become one TensorFlow call (keys of units stored
 # before these settings existed stay the same).
-RESULT_FREE_RUNTIME = ("cache", "cache_dir", "fuse_after_rounds")
+RESULT_FREE_RUNTIME = ("cache", "cache_dir", "fuse_after_rounds", "unroll_max_batches")
 
 
 def spec_of_config(config: Mapping[str, Any]) -> dict:

@@ -99,7 +99,11 @@ def test_process_key_ignores_state_hparams_run_settings_and_the_clients_data_onl
 
 def test_runs_that_differ_in_partition_and_batching_share_one_compiled_process(tmp_path):
   """A cached process built on one partition, batching and client count runs
-  another's config exactly as that config's own uncached process does."""
+  another's config exactly as that config's own uncached process does.
+
+  Processes on TFF's client loop: one whose clients' steps are unrolled takes
+  their batches stacked (its type has the batch size, its graph the most
+  batches a client has), so it is built for its batching; the next test."""
   from tff_fedadamom.pipeline import run_experiment
 
   cache = str(tmp_path / "cache")
@@ -107,15 +111,29 @@ def test_runs_that_differ_in_partition_and_batching_share_one_compiled_process(t
            "client": {"batch_size": 5, "local_epochs": 2, "max_examples": 12},
            "clients_per_round": 2}
   rows = {}
-  for name, sections, runtime in (("first", {}, {"cache_dir": cache}),
-                                  ("shared", other, {"cache_dir": cache}),
-                                  ("own", other, {"cache": False})):
+  loop = {"unroll_max_batches": 0}
+  for name, sections, runtime in (("first", {}, {"cache_dir": cache, **loop}),
+                                  ("shared", other, {"cache_dir": cache, **loop}),
+                                  ("own", other, {"cache": False, **loop})):
     config = tiny(tmp_path / name, rounds=2, runtime=runtime, **sections)
     run_experiment(config, progress=False)
     rows[name] = _rows(tmp_path / name)
   entries = [n for n in os.listdir(cache) if n.endswith(".tffproc")]
   assert len(entries) == 1, entries  # the second run loaded the first's entry
   assert rows["shared"] == rows["own"] and rows["shared"] != rows["first"]
+
+
+def test_unrolled_processes_are_cached_per_batching(tmp_path):
+  """Two configs that differ only in batch size unroll into two processes; a
+  config of the first's batching loads the first's."""
+  from tff_fedadamom.pipeline import run_experiment
+
+  cache = str(tmp_path / "cache")
+  for name, batch in (("a", 16), ("b", 20), ("c", 16)):
+    run_experiment(tiny(tmp_path / name, rounds=1, client={"batch_size": batch, "max_examples": 40},
+                        runtime={"cache_dir": cache, "unroll_max_batches": 16}), progress=False)
+    entries = [n for n in os.listdir(cache) if n.endswith(".tffproc")]
+    assert len(entries) == {"a": 1, "b": 2, "c": 2}[name], (name, entries)
 
 
 def test_warm_run_loads_instead_of_building_and_equals_an_uncached_run(tmp_path, monkeypatch):

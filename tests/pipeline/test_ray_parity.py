@@ -53,16 +53,26 @@ def local_ray():
 # their second as one call; the others run as a short run does by default, call
 # by call (tests/pipeline/test_round_speed_parts.py checks one call against
 # call by call on a CNN).
-@pytest.mark.parametrize("make,actors,fuse", [
-    (_mlp, 2, {"inprocess": 0, "ray": 1}), (_char_lstm, 2, {}), (_resnet18, 1, {})],
-                         ids=["mlp", "char_lstm", "resnet18"])
-def test_ray_equals_inprocess_bit_for_bit(tmp_path, local_ray, make, actors, fuse):
+#
+#
+# `loop`: every client here has at most 4 batches; both sides unroll its steps
+# (`algorithms.unrolled`, `unroll_max_batches: 4`), and a third run, in-process
+# on TFF's client loop over datasets (`unroll_max_batches: 0`), must give the
+# same bits too (the char-LSTM's two local epochs make batches that span both).
+@pytest.mark.parametrize("make,actors,fuse,epochs,loop", [
+    (_mlp, 2, {"inprocess": 0, "ray": 1}, 1, True), (_char_lstm, 2, {}, 2, True),
+    (_resnet18, 1, {}, 1, False)], ids=["mlp", "char_lstm", "resnet18"])
+def test_ray_equals_inprocess_bit_for_bit(tmp_path, local_ray, make, actors, fuse, epochs, loop):
   raw = make(tmp_path / "data")
-  raw["client"] = {**raw["client"], "max_examples": 32, "batch_size": 16}
+  raw["client"] = {**raw["client"], "max_examples": 32, "batch_size": 16, "local_epochs": epochs}
   raw.update(rounds=2, eval_every=2, checkpoint_every=2)
   runs = {}
-  for name, runtime in (("inprocess", {"backend": "inprocess"}),
-                        ("ray", {**RAY, "workers": actors})):
+  unrolled = {"unroll_max_batches": 4} if loop else {}
+  sides = [("inprocess", {"backend": "inprocess", **unrolled}),
+           ("ray", {**RAY, "workers": actors, **unrolled})]
+  if loop:
+    sides.append(("loop", {"backend": "inprocess", "unroll_max_batches": 0}))
+  for name, runtime in sides:
     if name in fuse:
       runtime = {**runtime, "fuse_after_rounds": fuse[name]}
     runs[name] = run_experiment({**raw, "output_dir": str(tmp_path / name), "runtime": runtime},
@@ -70,8 +80,11 @@ def test_ray_equals_inprocess_bit_for_bit(tmp_path, local_ray, make, actors, fus
   assert runs["ray"].summary["backend"] == "ray"
   assert len(runs["ray"].summary["devices"]) == actors
   assert local_ray.is_initialized()  # the runs joined the module's Ray, as their own
-  assert runs["ray"].summary["final_test_loss"] == runs["inprocess"].summary["final_test_loss"]
-  expected, actual = _weights(tmp_path / "inprocess"), _weights(tmp_path / "ray")
-  assert len(expected) == len(actual) > 0
-  for e, a in zip(expected, actual):
-    np.testing.assert_array_equal(a, e)
+  expected = _weights(tmp_path / "inprocess")
+  assert len(expected) > 0
+  for name, _ in sides[1:]:
+    assert runs[name].summary["final_test_loss"] == runs["inprocess"].summary["final_test_loss"]
+    actual = _weights(tmp_path / name)
+    assert len(actual) == len(expected)
+    for e, a in zip(expected, actual):
+      np.testing.assert_array_equal(a, e)

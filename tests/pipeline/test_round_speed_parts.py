@@ -255,7 +255,8 @@ def test_a_round_tensorflow_cannot_fuse_runs_call_by_call(tmp_path, monkeypatch,
   if part == "FusedWork":
     fold = inprocess.ClientFold(*(compiled.computation(n) for n in inprocess.CLIENT_COMPUTATIONS),
                                 fallback.devices, feed=inprocess.client_feed(
-                                    fallback._client_tensors), fuse_after=0)  # noqa: SLF001
+                                    fallback._client_tensors,  # noqa: SLF001
+                                    compiled.computation("work")), fuse_after=0)
   with caplog.at_level("WARNING", logger=fused_round.__name__):
     actual = rounds(fallback, fold)
   assert [r.getMessage() for r in caplog.records if "could not build" in r.getMessage()]

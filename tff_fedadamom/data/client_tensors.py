@@ -45,6 +45,10 @@ def _static_options() -> tf.data.Options:
 # What a client's round pipeline runs with (also the benchmarks' tf.data floors).
 STATIC_OPTIONS = _static_options()
 
+# The keys of a client's stacked round batches (`ClientTensors.stacked_element`),
+# which the unrolled client work reads (`algorithms.unrolled`).
+FULL, LAST = "full", "last"
+
 
 def _materialize(dataset: tf.data.Dataset) -> collections.OrderedDict:
   """A finite dataset of dict elements as one numpy array per key."""
@@ -129,6 +133,49 @@ class ClientTensors:
                         shuffle_buffer=tf.maximum(size, 1), augment=self._augment,
                         prefetch=False)
     return ds.with_options(STATIC_OPTIONS)
+
+  def batch_count(self, client_id: str) -> int:
+    """How many batches the client's round dataset has (every round the same)."""
+    size = int(self._arrays(client_id)[self.keys[0]].shape[0])
+    return -(-size * self._local_epochs // self._batch_size)
+
+  def max_batches(self) -> int:
+    """The most batches of any client's round (reads every client's arrays)."""
+    return max(self.batch_count(cid) for cid in self._client_data.client_ids)
+
+  def stacked(self, *args) -> tf.data.Dataset:
+    """The client's round batches as one stacked element (`algorithms.unrolled`),
+    from `args(...)`'s tensors: the batches `dataset(*args)` yields, in order.
+
+    The round's order is drawn as `preprocess.client_dataset` draws it: the same
+    shuffle op, seed and buffer, over the examples' positions instead of the
+    examples (a shuffle's order depends only on its seed, buffer and element
+    count), repeated for the local epochs; then one gather per key, the full
+    batches reshaped to `[F, batch, ...]` and the rest, `[r, ...]`, kept as the
+    last batch. Not for augmented data (its batches are not a gather).
+    """
+    return tf.data.Dataset.from_tensors(self.stacked_element(*args))
+
+  def stacked_element(self, *args) -> collections.OrderedDict:
+    """`stacked(*args)`'s one element (see there)."""
+    if self._augment is not None:
+      raise ValueError("stacked batches cannot augment; use dataset(...)")
+    *examples, seed = args
+    arrays = convert_elements(collections.OrderedDict(zip(self.keys, examples)))
+    size = tf.shape(examples[0], out_type=tf.int64)[0]
+    epochs = self._local_epochs
+    order = (tf.data.Dataset.range(size)
+             .shuffle(tf.maximum(size, 1), seed=seed, reshuffle_each_iteration=True)
+             .repeat(epochs).batch(size * epochs).with_options(STATIC_OPTIONS)
+             .get_single_element())
+    split = size * epochs // self._batch_size * self._batch_size
+    full, last = collections.OrderedDict(), collections.OrderedDict()
+    for key, array in arrays.items():
+      gathered = tf.gather(array, order)
+      full[key] = tf.reshape(gathered[:split], tf.concat(
+          [[-1, self._batch_size], tf.shape(array)[1:]], 0))
+      last[key] = gathered[split:]
+    return collections.OrderedDict([(FULL, full), (LAST, last)])
 
   def datasets(self, client_ids, round_num: int) -> list[tf.data.Dataset]:
     """Round `round_num`'s datasets of `client_ids`, built eagerly (for runtimes

@@ -212,8 +212,9 @@ def build_parts(config, data=None, evaluator: Optional[Evaluator] = None) -> Exp
   plan = make_plan(config)
   config = plan.config
   data = data if data is not None else process_lib.load_data(config)
-  process = backends.build_backend(plan, learning_process(plan, data),
-                                   process_lib.make_client_tensors(config, data))
+  tensors = process_lib.make_client_tensors(config, data)
+  process = backends.build_backend(plan, learning_process(plan, data, client_tensors=tensors),
+                                   tensors)
   if evaluator is None:
     evaluator = Evaluator(config, data, process_lib.make_keras_model(config, data))
   keras_model = evaluator.keras_model
@@ -222,12 +223,13 @@ def build_parts(config, data=None, evaluator: Optional[Evaluator] = None) -> Exp
       layer_names=tuple(layer_labels(keras_model)), evaluator=evaluator)
 
 
-def learning_process(config, data, devices=None):
+def learning_process(config, data, devices=None, client_tensors=None):
   """What `backends.build_backend` runs for `config` (a `RunPlan`, or a config
   planned here): TFF's process for `tff_cpp`; for the in-process and ray
   backends its `CompiledProcess`, from the machine's process cache when
-  `runtime.cache` is on (built and stored on a miss). `devices`: those the
-  rounds run on, by default the plan's."""
+  `runtime.cache` is on (built and stored on a miss), its clients' steps
+  unrolled where `process.unrolled_steps` says. `devices`: those the rounds
+  run on, by default the plan's; `client_tensors`: the run's, if at hand."""
   from tff_fedadamom.config.schema import TFF_CPP
   from tff_fedadamom.pipeline import process as process_lib
   from tff_fedadamom.pipeline.compiled import compile_process
@@ -237,12 +239,15 @@ def learning_process(config, data, devices=None):
   config = plan.config
   devices = plan.devices if devices is None else devices
 
-  def build(config):
+  def build(config, steps=None):
     return process_lib.build_process(config, data, training_loop(devices),
-                                     server_optimizer=plan.server_optimizer)
+                                     server_optimizer=plan.server_optimizer, unroll_steps=steps)
 
   if plan.backend == TFF_CPP:
     return build(config)
+  if client_tensors is None:
+    client_tensors = process_lib.make_client_tensors(config, data)
+  steps = process_lib.unrolled_steps(config, plan.backend, client_tensors)
   # A compiled process serves every config of its structure, whose values
   # `initial_state` sets; so it is built at the default client learning rate
   # when the state holds the rate, and the rates a sweep samples share one
@@ -252,12 +257,13 @@ def learning_process(config, data, devices=None):
     built_from = dataclasses.replace(config, client=dataclasses.replace(
         config.client, learning_rate=schema.ClientConfig().learning_rate))
   if not config.runtime.cache:
-    return compile_process(build(built_from))
+    return compile_process(build(built_from, steps))
   from tff_fedadamom.pipeline.process_cache import ProcessCache, process_key
 
   return ProcessCache(config.runtime.cache_dir).get_or_build(
-      process_key(process_structure(plan.key, process_lib.data_signature(config, data))),
-      lambda: compile_process(build(built_from)))
+      process_key(process_structure(
+          plan.key, process_lib.data_signature(config, data, unroll_steps=steps))),
+      lambda: compile_process(build(built_from, steps)))
 
 
 def initial_state(config, process):

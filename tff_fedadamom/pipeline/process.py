@@ -19,6 +19,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_fedadamom import models, optimizers
+from tff_fedadamom.algorithms.unrolled import build_unrolled_client_work
 from tff_fedadamom.config import ExperimentConfig, config_to_dict, schema
 from tff_fedadamom.data import FederatedData, load_federated_data
 from tff_fedadamom.optimizers.client import build_client_sgd
@@ -69,15 +70,47 @@ def input_spec(config: ExperimentConfig, data: FederatedData):
   return client_datasets(config, data, [cid], 0)[0].element_spec
 
 
-def data_signature(config: ExperimentConfig, data: FederatedData, spec=None) -> dict:
+def data_signature(config: ExperimentConfig, data: FederatedData, spec=None,
+                   unroll_steps: Optional[int] = None) -> dict:
   """What a learning process built by `build_process` sees of `data`: the
   batched element spec of its clients' datasets (TFF's input spec, `spec` if
-  the caller has it) and the model's input shape and class count. Nothing else
-  of the data enters a traced computation: examples reach the process as its
-  clients' datasets."""
+  the caller has it), the model's input shape and class count, and with
+  `unroll_steps` (`unrolled_steps`) the steps and batch size its clients'
+  stacked batches have. Nothing else of the data enters a traced computation:
+  examples reach the process as its clients' datasets."""
   spec = spec if spec is not None else input_spec(config, data)
-  return {"input_spec": repr(spec), "input_shape": list(data.input_shape),
-          "num_classes": int(data.num_classes)}
+  signature = {"input_spec": repr(spec), "input_shape": list(data.input_shape),
+               "num_classes": int(data.num_classes)}
+  if unroll_steps is not None:
+    signature["unrolled"] = {"steps": int(unroll_steps),
+                             "batch_size": config.client.batch_size}
+  return signature
+
+
+def unrolled_steps(config: ExperimentConfig, backend: str, client_tensors) -> Optional[int]:
+  """The full batches a client's local steps are unrolled over
+  (`algorithms.unrolled`), or None: TFF's loop over the client's dataset.
+
+  Unrolled when every client has at most `runtime.unroll_max_batches` batches
+  (`client_tensors.max_batches()`; null: `UNROLL_MAX_BATCHES` in runs of
+  `UNROLL_MIN_ROUNDS` rounds or more, which pay back the dearer build), on the
+  in-process and ray backends (TFF's runtime is given datasets), for the
+  FedAvg processes whose client work this project composes
+  (`_weighted_fed_avg`; not the learning-process entries nor a decaying
+  client rate), without augmentation (its batches are not a gather). Either
+  way the numbers are the same bits; unrolled, a small model's round is
+  faster (`benchmarks/round_floor.py`).
+  """
+  from tff_fedadamom.config.schema import TFF_CPP, UNROLL_MAX_BATCHES, UNROLL_MIN_ROUNDS
+
+  limit = config.runtime.unroll_max_batches
+  if limit is None:
+    limit = UNROLL_MAX_BATCHES if config.rounds >= UNROLL_MIN_ROUNDS else 0
+  if (not limit or backend == TFF_CPP or not client_lr_in_state(config)
+      or config.data.augment is not None):
+    return None
+  most = client_tensors.max_batches()
+  return most if most <= limit else None
 
 
 def make_keras_model(config: ExperimentConfig, data: FederatedData) -> tf.keras.Model:
@@ -151,8 +184,8 @@ def client_lr_in_state(config: ExperimentConfig) -> bool:
 
 
 def build_process(config: ExperimentConfig, data: Optional[FederatedData] = None,
-                  loop_implementation=None,
-                  server_optimizer=None) -> tff.learning.templates.LearningProcess:
+                  loop_implementation=None, server_optimizer=None,
+                  unroll_steps: Optional[int] = None) -> tff.learning.templates.LearningProcess:
   """Builds the TFF learning process an experiment config describes.
 
   Args:
@@ -165,6 +198,9 @@ def build_process(config: ExperimentConfig, data: Optional[FederatedData] = None
       caller built it already (`plan.RunPlan.server_optimizer`); TFF's
       optimizers hold no state of their own, so one object serves any number
       of processes.
+    unroll_steps: `unrolled_steps(...)`: with a number, the clients' data are
+      stacked batches and their steps unrolled (`algorithms.unrolled`); only
+      for the processes `unrolled_steps` names.
 
   Returns:
     TFF's `build_weighted_fed_avg` process (composed as that builder composes
@@ -204,7 +240,11 @@ def build_process(config: ExperimentConfig, data: Optional[FederatedData] = None
     return _weighted_fed_avg(
         model_fn, client_optimizer_fn(client.learning_rate), server_optimizer, weighting,
         loop_implementation, client_work_key=_client_work_key(
-            config, data_signature(config, data, element_spec), weighting, loop_implementation))
+            config, data_signature(config, data, element_spec, unroll_steps), weighting,
+            loop_implementation), unroll=(unroll_steps, client.batch_size))
+  if unroll_steps is not None:
+    raise ValueError("unroll_steps is for processes that keep the client learning rate in "
+                     "their state (see unrolled_steps)")
   lr0, decay = client.learning_rate, client.lr_decay
   return tff.learning.algorithms.build_weighted_fed_avg_with_optimizer_schedule(
       model_fn,
@@ -250,7 +290,7 @@ def _shared_client_work(key: str, build: Callable[[], tff.learning.templates.Cli
 
 
 def _weighted_fed_avg(model_fn, client_optimizer, server_optimizer, weighting,
-                      loop_implementation, client_work_key: str):
+                      loop_implementation, client_work_key: str, unroll=(None, None)):
   """`tff.learning.algorithms.build_weighted_fed_avg(model_fn, client_optimizer,
   server_optimizer, client_weighting=weighting, loop_implementation=...)`, made
   of the same TFF pieces composed the same way (TFF 0.87's
@@ -264,6 +304,10 @@ def _weighted_fed_avg(model_fn, client_optimizer, server_optimizer, weighting,
   for each; a study or sweep that runs several optimizers in one process
   traces it once. The process is the builder's: same type signatures and,
   from the same state and data, the same results (tests/pipeline/test_process.py).
+
+  `unroll`: (steps, batch size) for the client work of `algorithms.unrolled`
+  (TFF's update unrolled over a client's stacked batches; the same results),
+  or (None, None) for TFF's.
   """
 
   @tff.tensorflow.computation()
@@ -271,11 +315,19 @@ def _weighted_fed_avg(model_fn, client_optimizer, server_optimizer, weighting,
     return tff.learning.models.ModelWeights.from_model(model_fn())
 
   weights_type = initial_model_weights_fn.type_signature.result
-  client_work = _shared_client_work(
-      client_work_key, lambda: tff.learning.templates.build_model_delta_client_work(
-          model_fn, client_optimizer, weighting,
-          metrics_aggregator=tff.learning.metrics.sum_then_finalize,
-          loop_implementation=loop_implementation))
+  steps, batch_size = unroll
+
+  def build_client_work():
+    if steps is not None:
+      return build_unrolled_client_work(
+          model_fn, client_optimizer, weighting, steps=steps, batch_size=batch_size,
+          metrics_aggregator=tff.learning.metrics.sum_then_finalize)
+    return tff.learning.templates.build_model_delta_client_work(
+        model_fn, client_optimizer, weighting,
+        metrics_aggregator=tff.learning.metrics.sum_then_finalize,
+        loop_implementation=loop_implementation)
+
+  client_work = _shared_client_work(client_work_key, build_client_work)
   aggregator = tff.aggregators.MeanFactory().create(weights_type.trainable,
                                                      tff.TensorType(np.float32))
   return tff.learning.templates.compose_learning_process(

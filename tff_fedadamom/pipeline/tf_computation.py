@@ -29,6 +29,7 @@ from tensorflow_federated.python.core.impl.utils import tensorflow_utils
 from tensorflow_federated.python.tensorflow_libs import serialization_utils
 
 from tff_fedadamom.pipeline.eager_release import release
+from tff_fedadamom.pipeline.feed import Feed
 from tff_fedadamom.pipeline.py_containers import flatten_value, to_python, type_leaves
 
 _IMPORTS = itertools.count()
@@ -138,28 +139,6 @@ def needs_fresh_kernels(graph_def) -> bool:
   return False
 
 
-class Feed:
-  """What turns a slot's own arguments into the computation's leading parameters.
-
-  A client's `work` takes its data as a dataset; building that dataset in
-  Python for every client and round costs more than a small model's training.
-  With a feed, the slot takes the client's example tensors and its round seed
-  instead, and `to_params` builds the dataset inside the same graph, so a
-  client's round is one TensorFlow call.
-
-  Attributes:
-    signature: `tf.TensorSpec`s of the arguments that replace the parameters.
-    replaces: How many leading parameter leaves they replace.
-    to_params: `(*feed_args) -> list` of those `replaces` parameter tensors,
-      called once, while the slot's graph is built.
-  """
-
-  def __init__(self, signature: Sequence[tf.TensorSpec], replaces: int, to_params):
-    self.signature = list(signature)
-    self.replaces = replaces
-    self.to_params = to_params
-
-
 def _wrap_alone(body, signature):
   """`tf.compat.v1.wrap_function(body, signature)`, marked never to be inlined
   into a caller (the function attribute `_noinline`).
@@ -218,13 +197,16 @@ class _Slot:
     if feed is not None:
       signature = feed.signature + signature[feed.replaces:]
       replaced = len(feed.signature)
+      feed_inputs = feed.inputs(graph_def, in_names[0])
     traced = {}
 
     def body(*args):
       with tf.device(device):
+        input_map = {}
         if feed is not None:
-          args = [*feed.to_params(*args[:replaced]), *args[replaced:]]
-        input_map = dict(zip(in_names, args))
+          input_map, params = feed_inputs(args[:replaced])
+          args = [*params, *args[replaced:]]
+        input_map.update(zip(in_names, args))
         if token_name:
           input_map[token_name] = tf.constant("inprocess")
         wanted = [name for _, name in out_names] + ([init_name] if init_name else [])

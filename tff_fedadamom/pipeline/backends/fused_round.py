@@ -39,7 +39,8 @@ from typing import Callable, Optional, Sequence, TypeVar
 import tensorflow as tf
 
 from tff_fedadamom.pipeline.py_containers import type_leaves
-from tff_fedadamom.pipeline.tf_computation import Feed, _flat_call, _Slot
+from tff_fedadamom.pipeline.feed import Feed
+from tff_fedadamom.pipeline.tf_computation import _flat_call, _Slot
 
 
 LOG = logging.getLogger(__name__)

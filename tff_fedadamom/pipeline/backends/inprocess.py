@@ -47,7 +47,8 @@ from tff_fedadamom.config.schema import FUSE_AFTER_ROUNDS
 from tff_fedadamom.pipeline.backends.server import ServerCalls, ServerComputations
 from tff_fedadamom.pipeline.eager_release import release
 from tff_fedadamom.pipeline.py_containers import flatten_value, type_leaves
-from tff_fedadamom.pipeline.tf_computation import Feed, TFComputation
+from tff_fedadamom.pipeline.feed import Feed
+from tff_fedadamom.pipeline.tf_computation import TFComputation
 
 # The form's computations that run a round's clients: here in one `ClientFold`,
 # on the ray backend in one per actor.
@@ -109,7 +110,7 @@ class ClientFold:
       (`fused_concurrency`), all of the call's clients, and called one by one,
       as many as TensorFlow's inter-op threads (each client's kernels run on
       one thread; see `tff_fedadamom.session`).
-    feed: A `tf_computation.Feed` that `work` takes in place of its dataset
+    feed: A `feed.Feed` that `work` takes in place of its dataset
       (the client's example tensors and round seed; see `ClientTensors`), or
       None for a dataset.
     fuse_after: With `feed`, `work_outputs` runs its clients as one
@@ -206,11 +207,19 @@ class ClientFold:
       pool.shutdown(wait=False)
 
 
-def client_feed(client_tensors) -> Optional[Feed]:
-  """The `Feed` that builds a client's dataset inside its `work` call from
-  `client_tensors.args(...)` (None: `work` takes a dataset)."""
+def client_feed(client_tensors, work) -> Optional[Feed]:
+  """The `Feed` that builds a client's data inside its `work` call from
+  `client_tensors.args(...)` (None: `work` takes a dataset): its round
+  dataset, or its stacked batches when `work` takes those
+  (`algorithms.unrolled`)."""
+  from tff_fedadamom.algorithms.unrolled import is_stacked
+
   if client_tensors is None:
     return None
+  if is_stacked(type_leaves(work.type_signature.parameter)[0]):
+    return Feed(client_tensors.signature, 1,
+                lambda *args: [client_tensors.stacked(*args)._variant_tensor],  # noqa: SLF001
+                to_element=lambda *args: tf.nest.flatten(client_tensors.stacked_element(*args)))
   return Feed(client_tensors.signature, 1,
               lambda *args: [client_tensors.dataset(*args)._variant_tensor])  # noqa: SLF001
 
@@ -278,7 +287,7 @@ class InProcessLearningProcess(ServerCalls):
     self.server = ServerComputations(compiled, self.devices[0])
     self._clients = ClientFold(
         *(compiled.computation(name) for name in CLIENT_COMPUTATIONS), self.devices,
-        max_concurrent_clients, feed=client_feed(client_tensors))
+        max_concurrent_clients, feed=client_feed(client_tensors, compiled.computation("work")))
     self.max_concurrent_clients = self._clients.max_concurrent_clients
     self._work = self._clients.work
     # Rounds as one TensorFlow call (`fused_round`), one per number of clients.
@@ -324,7 +333,8 @@ class InProcessLearningProcess(ServerCalls):
     from tff_fedadamom.pipeline.backends.fused_round import FusedRound
 
     return self._fusion.get(k, lambda: FusedRound(
-        self.compiled, self.devices, k, client_feed(self._client_tensors),
+        self.compiled, self.devices, k,
+        client_feed(self._client_tensors, self.compiled.computation("work")),
         [tf.TensorSpec(t.shape, t.dtype) for t in type_leaves(self.state_type)],
         self._clients.fused_concurrency(k)), f"a round of {k} clients")
 

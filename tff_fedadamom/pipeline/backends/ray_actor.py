@@ -44,10 +44,11 @@ class ClientActor:
         experiment, process_lib.load_data(experiment))
     self._outputs: list = []
     # Ray exposes to an actor only the GPUs it was given.
+    work, zero, accumulate = (deserialize(computations[name])
+                              for name in inprocess.CLIENT_COMPUTATIONS)
     self._fold = inprocess.ClientFold(
-        *(deserialize(computations[name]) for name in inprocess.CLIENT_COMPUTATIONS),
-        inprocess.visible_devices(), max_concurrent_clients,
-        feed=inprocess.client_feed(self._client_tensors),
+        work, zero, accumulate, inprocess.visible_devices(), max_concurrent_clients,
+        feed=inprocess.client_feed(self._client_tensors, work),
         fuse_after=experiment.runtime.fuse_after_rounds)
 
   def work(self, client_ids: Sequence[Any], round_num: int, broadcast: Sequence) -> int:

@@ -1,0 +1,132 @@
+"""The unrolled client work: the batches it is given, when the pipeline uses it,
+and results bit-identical to TFF's client work over the client's dataset."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.pipeline.test_runner import tiny
+from tff_fedadamom.algorithms.unrolled import is_stacked
+from tff_fedadamom.config import ConfigError, load_config
+from tff_fedadamom.data.client_tensors import FULL, LAST, ClientTensors
+from tff_fedadamom.data.sampling import UniformSampler
+from tff_fedadamom.pipeline import parts as parts_lib
+from tff_fedadamom.pipeline import process as process_lib
+
+
+def _tensors(tmp_path, **client):
+  config = load_config(tiny(tmp_path, client={"learning_rate": 0.1, **client}))
+  data = process_lib.load_data(config)
+  return config, data, process_lib.make_client_tensors(config, data)
+
+
+@pytest.mark.parametrize("client", [
+    {"batch_size": 16},
+    {"batch_size": 7, "local_epochs": 2, "max_examples": 30},  # batches across epochs
+    {"batch_size": 5, "max_examples": 20},  # no last, shorter batch
+])
+def test_stacked_batches_are_the_round_datasets_batches(tmp_path, client):
+  """Eagerly and inside a graph: the full batches, then the last, are what
+  `ClientTensors.dataset` yields for the same client and round."""
+  _, data, tensors = _tensors(tmp_path, **client)
+  stacked = tf.function(lambda *args: tensors.stacked(*args).get_single_element())
+  for cid in data.train.client_ids[:3]:
+    expected = list(tensors.datasets([cid], 5)[0].as_numpy_iterator())
+    for element in (tensors.stacked(*tensors.args(cid, 5)).get_single_element(),
+                    stacked(*tensors.args(cid, 5))):
+      full = [{k: v[i] for k, v in element[FULL].items()}
+              for i in range(element[FULL]["x"].shape[0])]
+      last = [element[LAST]] if element[LAST]["x"].shape[0] else []
+      got = full + last
+      assert len(got) == len(expected) == tensors.batch_count(cid)
+      for e, g in zip(expected, got):
+        for key in e:
+          np.testing.assert_array_equal(e[key], g[key])
+
+
+def test_augmented_data_has_no_stacked_batches(tmp_path):
+  """Augmented batches are not a gather of the examples: asked for, refused."""
+  config, data, _ = _tensors(tmp_path, batch_size=16)
+  tensors = ClientTensors(data.train, seed=config.seed, batch_size=16, local_epochs=1,
+                          augment="crop_flip")
+  with pytest.raises(ValueError, match="stacked batches cannot augment"):
+    tensors.stacked(*tensors.args(data.train.client_ids[0], 1))
+
+
+class _Batches:
+  def __init__(self, most):
+    self.most = most
+
+  def max_batches(self):
+    return self.most
+
+
+LONG = {"rounds": 300}  # UNROLL_MIN_ROUNDS: long enough to unroll by default
+
+
+@pytest.mark.parametrize("overrides,most,expected", [
+    (LONG, 11, 11),
+    (LONG, 17, None),  # more batches than UNROLL_MAX_BATCHES (16)
+    ({"rounds": 299}, 11, None),  # too short a run to pay for the dearer build
+    ({"runtime": {"unroll_max_batches": 40}}, 17, 17),  # any run, when asked for
+    ({**LONG, "runtime": {"unroll_max_batches": 0}}, 3, None),
+    ({**LONG, "runtime": {"backend": "tff_cpp"}}, 3, None),  # TFF's runtime takes datasets
+    ({**LONG, "server": {"optimizer": "fedcada"}}, 3, None),  # a learning process of its own
+    ({**LONG, "client": {"learning_rate": 0.1, "batch_size": 16, "lr_decay": 0.9}}, 3, None),
+])
+def test_which_runs_unroll(tmp_path, overrides, most, expected):
+  config = load_config({**tiny(tmp_path), **overrides})
+  plan = parts_lib.make_plan(config)
+  assert process_lib.unrolled_steps(config, plan.backend, _Batches(most)) == expected
+
+
+def test_unroll_max_batches_is_checked(tmp_path):
+  with pytest.raises(ConfigError, match="unroll_max_batches.*0 \\(never\\) or an integer >= 1"):
+    load_config({**tiny(tmp_path), "runtime": {"unroll_max_batches": -1}})
+
+
+def _rounds(tmp_path, name, unroll, fuse, rounds=2, **overrides):
+  raw = tiny(tmp_path / name, **overrides)
+  raw["runtime"] = {**raw.get("runtime", {}), "unroll_max_batches": unroll,
+                    "fuse_after_rounds": fuse, "cache": False}
+  config = load_config(raw)
+  parts = parts_lib.build_parts(config)
+  data_type = parts.process.compiled.computation("work").type_signature.parameter[0]
+  assert is_stacked(data_type) == bool(unroll)
+  state = parts_lib.initial_state(config, parts.process)
+  sampler = UniformSampler(parts.data.train.client_ids, config.clients_per_round, config.seed)
+  for r in range(1, rounds + 1):
+    output = parts.process.next_for_clients(state, sampler(r), r)
+    state = output.state
+  parts.process.close()
+  return [np.asarray(w) for w in state.global_model_weights.trainable], output.metrics
+
+
+def test_unrolled_rounds_equal_tffs_client_loop_bit_for_bit(tmp_path):
+  """As one fused round, the unrolled client work gives the weights and
+  training metrics of TFF's client work over the same batches: with client
+  momentum and clipping, two local epochs (batches that span both) and
+  clients weighted by their examples. (The ray backend's parity test compares
+  unrolled rounds called one by one, on the MLP and the char-LSTM.)"""
+  overrides = {
+      "client": {"learning_rate": 0.1, "batch_size": 16, "momentum": 0.9, "clip_norm": 1.0,
+                 "local_epochs": 2},
+      "server": {"optimizer": "fedadam", "learning_rate": 0.1,
+                 "client_weighting": "num_examples"}}
+  expected, metrics = _rounds(tmp_path, "loop", 0, None, **overrides)
+  weights, got = _rounds(tmp_path, "fused", 100, 0, **overrides)
+  assert got["client_work"] == metrics["client_work"]
+  for e, w in zip(expected, weights):
+    np.testing.assert_array_equal(e, w)
+
+
+def test_a_non_finite_client_is_dropped_as_tff_drops_it(tmp_path):
+  """A client learning rate that overflows: TFF's update is zeroed with weight
+  0 and its metrics reset; the unrolled work does the same."""
+  overrides = {"client": {"learning_rate": 1e38, "batch_size": 16}}
+  expected, metrics = _rounds(tmp_path, "loop", 0, None, rounds=1, **overrides)
+  weights, got = _rounds(tmp_path, "unrolled", 100, None, rounds=1, **overrides)
+  assert got["client_work"] == metrics["client_work"]
+  assert got["client_work"]["train"]["num_examples"] == 0  # every client's metrics reset
+  for e, w in zip(expected, weights):
+    np.testing.assert_array_equal(e, w)

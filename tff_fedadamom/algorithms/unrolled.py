@@ -1,0 +1,158 @@
+"""FedAvg's client work with the local steps unrolled: no loop over a dataset.
+
+TFF's client work (`tff.learning.templates.build_model_delta_client_work`)
+reads a client's batches from a `tf.data` iterator inside a loop. On a small
+model that loop, not the training, is most of a client's time: reading a
+digits/logistic client's batches from an iterator alone costs about 1.5x the
+steps themselves, while TFF's own update unrolled over the same batches is
+within 1.1x of them (`benchmarks/round_floor.py`). This client work runs the
+same update with the steps written out:
+
+* A client's data is still a TFF sequence (the only client data TFF 0.87's
+  `ClientWorkProcess` accepts), of one element: the client's round batches,
+  stacked, `OrderedDict(full=<the full batches, [F, batch, ...] per key>,
+  last=<the last, shorter batch, [r, ...] per key; r may be 0>)`.
+  `data.client_tensors.ClientTensors.stacked` builds it from the batches
+  `ClientTensors.dataset` would yield, in their order.
+* The update is TFF's (`model_delta_client_work.
+  build_model_delta_update_with_tff_optimizer`, TFF 0.87): the model's
+  `forward_pass` on each batch with its metrics, the client optimizer's
+  `next`, the delta `initial - trained` zeroed with weight 0 when not finite,
+  weight 1 (UNIFORM) or the examples seen (NUM_EXAMPLES). Departure: the loop
+  over the batches is `steps` guarded copies of the step (`tf.cond(i < F)`)
+  and one for the last batch (`tf.cond(r > 0)`), so one computation serves
+  every client with at most `steps` batches. The arithmetic is the same ops
+  on the same batches in the same order, so the results are bit-identical to
+  TFF's client work over the client's dataset (tests/algorithms/test_unrolled.py).
+
+The graph grows with `steps` (its tracing and optimization too), so the
+pipeline unrolls only clients with few batches (`runtime.unroll_max_batches`).
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Callable
+
+import tensorflow as tf
+import tensorflow_federated as tff
+from tensorflow_federated.python.learning import tensor_utils
+
+from tff_fedadamom.data.client_tensors import FULL, LAST
+
+
+def stacked_spec(input_spec, batch_size: int) -> collections.OrderedDict:
+  """The element spec of a stacked client sequence, given the model's batch
+  spec (`OrderedDict(x=TensorSpec([None, ...]), y=...)`)."""
+  def full(spec):
+    return tf.TensorSpec([None, batch_size, *spec.shape[1:]], spec.dtype)
+
+  return collections.OrderedDict([(FULL, tf.nest.map_structure(full, input_spec)),
+                                  (LAST, input_spec)])
+
+
+def is_stacked(sequence_type) -> bool:
+  """Whether a TFF `SequenceType` is one of stacked client batches."""
+  element = getattr(sequence_type, "element", None)
+  names = [name for name, _ in tff.structure.iter_elements(element)] if isinstance(
+      element, tff.StructType) else []
+  return names == [FULL, LAST]
+
+
+def build_unrolled_update(model_fn: Callable[[], tff.learning.models.VariableModel],
+                          weighting: tff.learning.ClientWeighting, steps: int):
+  """TFF's `build_model_delta_update_with_tff_optimizer` over one stacked
+  element with at most `steps` full batches: a `tf.function`
+  `(optimizer, initial_weights, element, hparams) -> (ClientResult, metrics)`."""
+  model = model_fn()
+
+  @tf.function
+  def client_update(optimizer, initial_weights, element, hparams):
+    weights = tff.learning.models.ModelWeights.from_model(model)
+    tf.nest.map_structure(lambda v, t: v.assign(t), weights, initial_weights)
+    specs = tuple(tf.TensorSpec(v.shape, v.dtype) for v in tf.nest.flatten(weights.trainable))
+    state = (tf.zeros([], tf.int64),
+             optimizer.set_hparams(optimizer.initialize(specs), hparams))
+
+    def step(state, batch):
+      examples, optimizer_state = state
+      with tf.GradientTape() as tape:
+        output = model.forward_pass(batch, training=True)
+      gradients = tape.gradient(output.loss, weights.trainable)
+      optimizer_state, trained = optimizer.next(
+          optimizer_state, tuple(tf.nest.flatten(weights.trainable)),
+          tuple(tf.nest.flatten(gradients)))
+      tf.nest.map_structure(lambda v, t: v.assign(t), weights.trainable,
+                            tf.nest.pack_sequence_as(weights.trainable, trained))
+      if output.num_examples is None:
+        examples += tf.shape(output.predictions, out_type=tf.int64)[0]
+      else:
+        examples += tf.cast(output.num_examples, tf.int64)
+      return examples, optimizer_state
+
+    full, last = element[FULL], element[LAST]
+    count = tf.shape(tf.nest.flatten(full)[0])[0]
+    for i in range(steps):
+      state = tf.cond(i < count,
+                      lambda i=i: step(state, tf.nest.map_structure(lambda t: t[i], full)),
+                      lambda: state)
+    state = tf.cond(tf.shape(tf.nest.flatten(last)[0])[0] > 0,
+                    lambda: step(state, last), lambda: state)
+    delta = tf.nest.map_structure(tf.subtract, initial_weights.trainable, weights.trainable)
+    delta, non_finite = tensor_utils.zero_all_if_any_non_finite(delta)
+    if non_finite > 0:  # as TFF: the client's metrics are dropped with its update
+      weight = tf.constant(0.0, tf.float32)
+      model.reset_metrics()
+    elif weighting == tff.learning.ClientWeighting.NUM_EXAMPLES:
+      weight = tf.cast(state[0], tf.float32)
+    else:
+      weight = tf.constant(1.0, tf.float32)
+    return (tff.learning.templates.ClientResult(update=delta, update_weight=weight),
+            model.report_local_unfinalized_metrics())
+
+  return client_update
+
+
+def build_unrolled_client_work(model_fn, optimizer, weighting, *, steps: int, batch_size: int,
+                               metrics_aggregator=None):
+  """`tff.learning.templates.build_model_delta_client_work(model_fn, optimizer,
+  weighting, metrics_aggregator)`, composed as TFF 0.87 composes it (the
+  client optimizer's hparams as its state), with client data of stacked
+  batches of `batch_size` (`stacked_spec`) and the update unrolled over at
+  most `steps` full batches (`build_unrolled_update`)."""
+  if steps < 1 or batch_size < 1:
+    raise ValueError(f"steps and batch_size must be >= 1, found {steps} and {batch_size}")
+  metrics_aggregator = metrics_aggregator or tff.learning.metrics.sum_then_finalize
+  with tf.Graph().as_default():
+    model = model_fn()
+    aggregate_metrics = metrics_aggregator(model.metric_finalizers())
+  data_type = tff.SequenceType(tff.types.tensorflow_to_type(
+      stacked_spec(model.input_spec, batch_size)))
+  weights_type = tff.learning.models.weights_type_from_model(model)
+  hparams = optimizer.get_hparams(optimizer.initialize(tf.TensorSpec((), tf.float32)))
+
+  @tff.federated_computation
+  def init_fn():
+    return tff.federated_value(hparams, tff.SERVER)
+
+  state_type = init_fn.type_signature.result.member
+
+  @tff.tensorflow.computation(state_type, weights_type, data_type)
+  def client_update(state, weights, dataset):
+    update = build_unrolled_update(model_fn, weighting, steps)
+    return update(optimizer, weights, dataset.get_single_element(), state)
+
+  @tff.federated_computation(init_fn.type_signature.result,
+                             tff.FederatedType(weights_type, tff.CLIENTS),
+                             tff.FederatedType(data_type, tff.CLIENTS))
+  def next_fn(state, weights, client_data):
+    result, outputs = tff.federated_map(
+        client_update, (tff.federated_broadcast(state), weights, client_data))
+    measurements = tff.federated_zip(collections.OrderedDict(train=aggregate_metrics(outputs)))
+    return tff.templates.MeasuredProcessOutput(state, result, measurements)
+
+  return tff.learning.templates.ClientWorkProcess(
+      init_fn, next_fn,
+      get_hparams_fn=tff.tensorflow.computation(lambda state: state, state_type),
+      set_hparams_fn=tff.tensorflow.computation(lambda state, hparams: hparams, state_type,
+                                                state_type))
