@@ -86,19 +86,25 @@ def test_unroll_max_batches_is_checked(tmp_path):
 
 
 def _rounds(tmp_path, name, unroll, fuse, rounds=2, **overrides):
+  """The global weights and last metrics after `rounds` in-process rounds."""
+  from tff_fedadamom.pipeline.backends.inprocess import InProcessLearningProcess
+
   raw = tiny(tmp_path / name, **overrides)
-  raw["runtime"] = {**raw.get("runtime", {}), "unroll_max_batches": unroll,
-                    "fuse_after_rounds": fuse, "cache": False}
+  raw["runtime"] = {**raw.get("runtime", {}), "unroll_max_batches": unroll, "cache": False}
   config = load_config(raw)
-  parts = parts_lib.build_parts(config)
-  data_type = parts.process.compiled.computation("work").type_signature.parameter[0]
-  assert is_stacked(data_type) == bool(unroll)
-  state = parts_lib.initial_state(config, parts.process)
-  sampler = UniformSampler(parts.data.train.client_ids, config.clients_per_round, config.seed)
+  data = process_lib.load_data(config)
+  tensors = process_lib.make_client_tensors(config, data)
+  process = InProcessLearningProcess(
+      parts_lib.learning_process(config, data, client_tensors=tensors), client_tensors=tensors,
+      fuse_after_rounds=fuse)
+  assert is_stacked(process.compiled.computation("work").type_signature.parameter[0]) == bool(
+      unroll)
+  state = parts_lib.initial_state(config, process)
+  sampler = UniformSampler(data.train.client_ids, config.clients_per_round, config.seed)
   for r in range(1, rounds + 1):
-    output = parts.process.next_for_clients(state, sampler(r), r)
+    output = process.next_for_clients(state, sampler(r), r)
     state = output.state
-  parts.process.close()
+  process.close()
   return [np.asarray(w) for w in state.global_model_weights.trainable], output.metrics
 
 
@@ -107,7 +113,7 @@ def test_unrolled_rounds_equal_tffs_client_loop_bit_for_bit(tmp_path):
   training metrics of TFF's client work over the same batches: with client
   momentum and clipping, two local epochs (batches that span both) and
   clients weighted by their examples. (The ray backend's parity test compares
-  unrolled rounds called one by one, on the MLP and the char-LSTM.)"""
+  the MLP's unrolled rounds, on actors and in-process, with its loop.)"""
   overrides = {
       "client": {"learning_rate": 0.1, "batch_size": 16, "momentum": 0.9, "clip_norm": 1.0,
                  "local_epochs": 2},
