@@ -53,6 +53,17 @@ def test_augmented_data_has_no_stacked_batches(tmp_path):
     tensors.stacked(*tensors.args(data.train.client_ids[0], 1))
 
 
+def test_max_batches_is_known_for_array_client_data_only(tmp_path):
+  import tensorflow_federated as tff
+
+  config, data, tensors = _tensors(tmp_path, batch_size=16, local_epochs=2)
+  counts = [len(list(tensors.datasets([cid], 1)[0])) for cid in data.train.client_ids]
+  assert tensors.max_batches() == max(counts)
+  read = tff.simulation.datasets.TestClientData(
+      {cid: dict(data.train.client_arrays(cid)) for cid in data.train.client_ids[:2]})
+  assert ClientTensors(read, seed=0, batch_size=16, local_epochs=1).max_batches() is None
+
+
 class _Batches:
   def __init__(self, most):
     self.most = most
@@ -69,6 +80,7 @@ LONG = {"rounds": 300}  # UNROLL_MIN_ROUNDS: long enough to unroll by default
     (LONG, 17, None),  # more batches than UNROLL_MAX_BATCHES (16)
     ({"rounds": 299}, 11, None),  # too short a run to pay for the dearer build
     ({"runtime": {"unroll_max_batches": 40}}, 17, 17),  # any run, when asked for
+    (LONG, None, None),  # client data whose sizes are not known without reading it all
     ({**LONG, "runtime": {"unroll_max_batches": 0}}, 3, None),
     ({**LONG, "runtime": {"backend": "tff_cpp"}}, 3, None),  # TFF's runtime takes datasets
     ({**LONG, "server": {"optimizer": "fedcada"}}, 3, None),  # a learning process of its own

@@ -139,8 +139,12 @@ class ClientTensors:
     size = int(self._arrays(client_id)[self.keys[0]].shape[0])
     return -(-size * self._local_epochs // self._batch_size)
 
-  def max_batches(self) -> int:
-    """The most batches of any client's round (reads every client's arrays)."""
+  def max_batches(self) -> Optional[int]:
+    """The most batches of any client's round, or None where finding it would
+    read every client's data (client data other than an `ArrayClientData`,
+    such as EMNIST's thousands of clients read from TFF's files)."""
+    if not isinstance(self._client_data, ArrayClientData):
+      return None
     return max(self.batch_count(cid) for cid in self._client_data.client_ids)
 
   def stacked(self, *args) -> tf.data.Dataset:

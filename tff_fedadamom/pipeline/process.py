@@ -92,7 +92,8 @@ def unrolled_steps(config: ExperimentConfig, backend: str, client_tensors) -> Op
   (`algorithms.unrolled`), or None: TFF's loop over the client's dataset.
 
   Unrolled when every client has at most `runtime.unroll_max_batches` batches
-  (`client_tensors.max_batches()`; null: `UNROLL_MAX_BATCHES` in runs of
+  (`client_tensors.max_batches()`, known for array client data; null:
+  `UNROLL_MAX_BATCHES` in runs of
   `UNROLL_MIN_ROUNDS` rounds or more, which pay back the dearer build), on the
   in-process and ray backends (TFF's runtime is given datasets), for the
   FedAvg processes whose client work this project composes
@@ -109,8 +110,8 @@ def unrolled_steps(config: ExperimentConfig, backend: str, client_tensors) -> Op
   if (not limit or backend == TFF_CPP or not client_lr_in_state(config)
       or config.data.augment is not None):
     return None
-  most = client_tensors.max_batches()
-  return most if most <= limit else None
+  most = client_tensors.max_batches()  # None: not known without reading every client
+  return most if most is not None and most <= limit else None
 
 
 def make_keras_model(config: ExperimentConfig, data: FederatedData) -> tf.keras.Model:
