@@ -120,7 +120,9 @@ def _rounds(tmp_path, name, unroll, fuse, rounds=2, **overrides):
   return [np.asarray(w) for w in state.global_model_weights.trainable], output.metrics
 
 
-def test_unrolled_rounds_equal_tffs_client_loop_bit_for_bit(tmp_path):
+# 2 epochs of at most 38 examples: 4 full batches and a short one; of 40: 5 full ones.
+@pytest.mark.parametrize("examples", [38, 40], ids=["short-last-batch", "no-short-batch"])
+def test_unrolled_rounds_equal_tffs_client_loop_bit_for_bit(tmp_path, examples):
   """As one fused round, the unrolled client work gives the weights and
   training metrics of TFF's client work over the same batches: with client
   momentum and clipping, two local epochs (batches that span both) and
@@ -128,7 +130,7 @@ def test_unrolled_rounds_equal_tffs_client_loop_bit_for_bit(tmp_path):
   the MLP's unrolled rounds, on actors and in-process, with its loop.)"""
   overrides = {
       "client": {"learning_rate": 0.1, "batch_size": 16, "momentum": 0.9, "clip_norm": 1.0,
-                 "local_epochs": 2},
+                 "local_epochs": 2, "max_examples": examples},
       "server": {"optimizer": "fedadam", "learning_rate": 0.1,
                  "client_weighting": "num_examples"}}
   expected, metrics = _rounds(tmp_path, "loop", 0, None, **overrides)
@@ -141,7 +143,7 @@ def test_unrolled_rounds_equal_tffs_client_loop_bit_for_bit(tmp_path):
 def test_a_non_finite_client_is_dropped_as_tff_drops_it(tmp_path):
   """A client learning rate that overflows: TFF's update is zeroed with weight
   0 and its metrics reset; the unrolled work does the same."""
-  overrides = {"client": {"learning_rate": 1e38, "batch_size": 16}}
+  overrides = {"client": {"learning_rate": 1e38, "batch_size": 16, "max_examples": 40}}
   expected, metrics = _rounds(tmp_path, "loop", 0, None, rounds=1, **overrides)
   weights, got = _rounds(tmp_path, "unrolled", 100, None, rounds=1, **overrides)
   assert got["client_work"] == metrics["client_work"]
