@@ -92,6 +92,15 @@ def test_which_runs_unroll(tmp_path, overrides, most, expected):
   assert process_lib.unrolled_steps(config, plan.backend, _Batches(most)) == expected
 
 
+@pytest.mark.parametrize("overrides", [
+    {"server": {"optimizer": "fafed"}},
+    {"client": {"learning_rate": 0.1, "batch_size": 16, "lr_decay": 0.9}}])
+def test_only_fedavg_processes_with_the_rate_in_their_state_unroll(tmp_path, overrides):
+  config = load_config({**tiny(tmp_path), **overrides})
+  with pytest.raises(ValueError, match="unroll_steps is for processes"):
+    process_lib.build_process(config, unroll_steps=3)
+
+
 def test_unroll_max_batches_is_checked(tmp_path):
   with pytest.raises(ConfigError, match="unroll_max_batches.*0 \\(never\\) or an integer >= 1"):
     load_config({**tiny(tmp_path), "runtime": {"unroll_max_batches": -1}})

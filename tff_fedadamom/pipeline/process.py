@@ -93,9 +93,8 @@ def unrolled_steps(config: ExperimentConfig, backend: str, client_tensors) -> Op
 
   Unrolled when every client has at most `runtime.unroll_max_batches` batches
   (`client_tensors.max_batches()`, known for array client data; null:
-  `UNROLL_MAX_BATCHES` in runs of
-  `UNROLL_MIN_ROUNDS` rounds or more, which pay back the dearer build), on the
-  in-process and ray backends (TFF's runtime is given datasets), for the
+  `UNROLL_MAX_BATCHES` in runs of `UNROLL_MIN_ROUNDS` rounds or more, which
+  pay back the dearer build), on the in-process and ray backends (TFF's runtime is given datasets), for the
   FedAvg processes whose client work this project composes
   (`_weighted_fed_avg`; not the learning-process entries nor a decaying
   client rate), without augmentation (its batches are not a gather). Either
@@ -212,6 +211,9 @@ def build_process(config: ExperimentConfig, data: Optional[FederatedData] = None
   """
   from tff_fedadamom.pipeline.plan import training_loop
 
+  if unroll_steps is not None and not client_lr_in_state(config):
+    raise ValueError("unroll_steps is for processes that keep the client learning rate in "
+                     "their state (see unrolled_steps)")
   data = data if data is not None else load_data(config)
   if loop_implementation is None:
     loop_implementation = training_loop(config.runtime.devices or ())
@@ -243,9 +245,6 @@ def build_process(config: ExperimentConfig, data: Optional[FederatedData] = None
         loop_implementation, client_work_key=_client_work_key(
             config, data_signature(config, data, element_spec, unroll_steps), weighting,
             loop_implementation), unroll=(unroll_steps, client.batch_size))
-  if unroll_steps is not None:
-    raise ValueError("unroll_steps is for processes that keep the client learning rate in "
-                     "their state (see unrolled_steps)")
   lr0, decay = client.learning_rate, client.lr_decay
   return tff.learning.algorithms.build_weighted_fed_avg_with_optimizer_schedule(
       model_fn,
