@@ -38,6 +38,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 from tensorflow_federated.python.learning import tensor_utils
 
+from tff_fedadamom.algorithms._common import num_examples_of
 from tff_fedadamom.data.client_tensors import FULL, LAST
 
 
@@ -84,11 +85,7 @@ def build_unrolled_update(model_fn: Callable[[], tff.learning.models.VariableMod
           tuple(tf.nest.flatten(gradients)))
       tf.nest.map_structure(lambda v, t: v.assign(t), weights.trainable,
                             tf.nest.pack_sequence_as(weights.trainable, trained))
-      if output.num_examples is None:
-        examples += tf.shape(output.predictions, out_type=tf.int64)[0]
-      else:
-        examples += tf.cast(output.num_examples, tf.int64)
-      return examples, optimizer_state
+      return examples + num_examples_of(output), optimizer_state
 
     full, last = element[FULL], element[LAST]
     count = tf.shape(tf.nest.flatten(full)[0])[0]
