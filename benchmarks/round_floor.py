@@ -33,8 +33,10 @@ For each config, the same sampled clients train from the same global weights:
 Prints ms per round (median of the timed rounds, after one warm-up round each)
 and the ratios measured in this run, among them `inproc/iterator`: the
 pipeline's round against the least a round on TFF's client loop costs. Every
-timed round starts from the same state, so all seven do the same work each
-time, and their rounds are interleaved.
+timed round does the same work (the same clients, batches and ops), and the
+rounds are interleaved. The floors start each round from the same weights;
+the backends' rounds start from the state their last round returned, as a
+run's rounds do.
 
     .venv/bin/python benchmarks/round_floor.py [--rounds 10] [--configs logistic,mlp,cnn,char_lstm]
     .venv/bin/python benchmarks/round_floor.py --configs resnet18 --rounds 4
@@ -264,10 +266,19 @@ def _drawn_floor(config, data, tensors, clients, batches):
 
 
 def _backend_round(config, data, clients):
-  """A callable running one round on `config`'s backend, and the process to close."""
+  """A callable running one round on `config`'s backend, and the process to close.
+
+  Each round starts from the state the last one returned, as a run's rounds do
+  (a backend may keep what it needs of the state it returned); the clients,
+  batches and ops are the same every round, so is the work.
+  """
   parts = parts_lib.build_parts(config, data=data)
-  state = parts_lib.initial_state(config, parts.process)
-  return lambda: parts.process.next_for_clients(state, clients, 1), parts.process
+  state = [parts_lib.initial_state(config, parts.process)]
+
+  def round_fn():
+    state[0] = parts.process.next_for_clients(state[0], clients, 1).state
+
+  return round_fn, parts.process
 
 
 def _call_by_call_round(config, data, clients):

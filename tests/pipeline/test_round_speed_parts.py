@@ -187,6 +187,52 @@ def test_a_fused_round_is_the_call_by_call_round(tmp_path, concurrent, overrides
       tf.nest.flatten(process.initialize())[0]))  # the rounds did train
 
 
+def test_a_fused_round_starts_from_the_state_as_its_caller_left_it(tmp_path):
+  """A fused round gives the next one its state's tensors as they are (no
+  conversion); the state's arrays are those tensors' memory, so a caller that
+  writes into them, or passes another state, gets the round of the state it
+  passed, as the calls one by one give it."""
+  import copy
+
+  from tff_fedadamom.pipeline import parts as parts_lib
+  from tff_fedadamom.pipeline.process import make_client_tensors
+
+  config = load_config(tiny(tmp_path, clients_per_round=3))
+  data = load_data(config)
+  compiled = parts_lib.learning_process(config, data, [])
+  clients = data.train.client_ids[:3]
+  fused, calls = (inprocess.InProcessLearningProcess(
+      compiled, client_tensors=make_client_tensors(config, data), fuse_after_rounds=after)
+      for after in (0, None))
+  state = fused.next_for_clients(fused.initialize(), clients, 1).state
+  assert fused._carried[0] is state  # noqa: SLF001  (the next round takes its tensors)
+  kernel = state.global_model_weights.trainable[0]
+  assert kernel.any()
+  kernel[...] = 0.0  # a caller's own change, made in place
+  for given in (state, copy.deepcopy(state)):
+    expected = calls.next_for_clients(copy.deepcopy(given), clients, 2).state
+    actual = fused.next_for_clients(given, clients, 2).state
+    for e, a in zip(tf.nest.flatten(expected), tf.nest.flatten(actual), strict=True):
+      np.testing.assert_array_equal(e, a)
+  fused.close()
+  calls.close()
+
+
+def test_a_state_leaf_a_round_passes_through_is_seen():
+  """`passes_through` finds an output array that is its input's memory (what
+  TensorFlow's Identity returns), and only that: a state holding one is not
+  carried to the next round, whose arrays would be the caller's."""
+  spec = tf.TensorSpec([3], tf.float32)
+  identity = tf.function(lambda x, s: (tf.identity(x), s + 1.0)).get_concrete_function(
+      spec, tf.TensorSpec([], tf.float32))
+  changed = tf.function(lambda x, s: (x * 2.0, tf.identity(s))).get_concrete_function(
+      spec, tf.TensorSpec([], tf.float32))
+  given = [tf.constant([1.0, 2.0, 3.0]), tf.constant(1.0)]
+  assert inprocess.passes_through(given, identity._call_flat(given, []))  # noqa: SLF001
+  # A scalar comes back as a numpy scalar (a copy): passing it through is harmless.
+  assert not inprocess.passes_through(given, changed._call_flat(given, []))  # noqa: SLF001
+
+
 def test_fusion_waits_its_rounds_then_builds_once():
   """`Fusion` runs `after` groups of a client count one by one, then builds that
   count's one call once; None never builds; what TensorFlow cannot build, it

@@ -115,6 +115,12 @@ class ClientTensors:
     seed = np.int64(client_round_seed(self._seed, round_num, client_id))
     return [*self.examples(client_id), tf.constant(seed, tf.int64)]
 
+  def round_seeds(self, client_ids, round_num: int) -> tf.Tensor:
+    """The round seeds `args` gives `client_ids` in round `round_num`, as one
+    int64 vector (one tensor made instead of one per client)."""
+    return tf.constant(np.array([client_round_seed(self._seed, round_num, cid)
+                                 for cid in client_ids], np.int64))
+
   def dataset(self, *args) -> tf.data.Dataset:
     """The client's round dataset from `args(...)`'s tensors (or graph inputs of
     `signature`): shuffled, repeated, augmented and batched as

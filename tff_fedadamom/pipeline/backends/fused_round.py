@@ -137,8 +137,16 @@ def _split(flat: Sequence, size: int, count: int) -> list:
 
 
 class FusedRound:
-  """One round of `clients` clients as one call: `(state leaves, client args) -> the
-  flat results of `update` (the new state's leaves, then the metrics')."""
+  """One round of `clients` clients as one call: `(state leaves, each client's
+  feed arguments but the last, the clients' last arguments stacked) -> the flat
+  results of `update` (the new state's leaves, then the metrics')`.
+
+  A client's last feed argument is a scalar, its round seed
+  (`ClientTensors.args`); the round takes the K seeds as one vector
+  (`ClientTensors.round_seeds`) and hands client i its element i: one tensor
+  made per round in Python instead of K (each conversion costs tens of
+  microseconds, a few percent of a small model's round).
+  """
 
   def __init__(self, compiled, devices: Sequence[str], clients: int, feed: Feed,
                state_specs: Sequence[tf.TensorSpec], max_concurrent: int):
@@ -155,8 +163,9 @@ class FusedRound:
 
     def body(*flat):
       state = list(flat[:n_state])
-      outputs = _client_outputs(works, self.client_devices,
-                                _split(flat[n_state:], n_client, clients),
+      client_args = [[*args, seed] for args, seed in zip(
+          _split(flat[n_state:-1], n_client - 1, clients), tf.unstack(flat[-1], clients))]
+      outputs = _client_outputs(works, self.client_devices, client_args,
                                 prepare.in_graph(state), max_concurrent)
       with tf.device(server):
         accumulator = zero.in_graph([])
@@ -164,13 +173,15 @@ class FusedRound:
           accumulator = accumulate.in_graph([*accumulator, *output])
         return update.in_graph([*state, *report.in_graph(accumulator)])
 
-    signature = [*state_specs, *(list(feed.signature) * clients)]
+    *leading, last = feed.signature
+    signature = [*state_specs, *(leading * clients),
+                 tf.TensorSpec([clients, *last.shape], last.dtype)]
     self._function = tf.compat.v1.wrap_function(body, signature)
 
-  def __call__(self, state_leaves: Sequence, client_args: Sequence[Sequence]) -> list:
+  def __call__(self, state_leaves: Sequence, client_args: Sequence[Sequence], lasts) -> list:
     if len(client_args) != self.clients:
       raise ValueError(f"this round takes {self.clients} clients, found {len(client_args)}")
-    flat = [*state_leaves, *(a for args in client_args for a in args)]
+    flat = [*state_leaves, *(a for args in client_args for a in args), lasts]
     return _flat_call(self._function, flat)
 
 

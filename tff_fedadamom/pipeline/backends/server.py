@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from tff_fedadamom.pipeline.eager_release import release
-from tff_fedadamom.pipeline.py_containers import flatten_value, to_python
+from tff_fedadamom.pipeline.py_containers import flatten_value, to_python, type_leaves
 from tff_fedadamom.pipeline.tf_computation import TFComputation
 
 
@@ -43,6 +43,7 @@ class ServerComputations:
     self.update = TFComputation(compiled.computation("update"), self._device,
                                 result_type=types["next"])
     self.state_type = compiled.state_type
+    self.state_leaves = len(type_leaves(self.state_type))
     self._extra: dict[str, TFComputation] = {}
 
   def initialize(self):
@@ -64,9 +65,17 @@ class ServerComputations:
     release([*created, *accumulator, *report, *result])
     return output
 
-  def to_python(self, update_result):
-    """`update`'s flat result as TFF's `LearningProcessOutput` (state, metrics)."""
-    return to_python([t.numpy() for t in update_result], self.update.result_type)
+  def to_python(self, update_result, state_views: bool = False):
+    """`update`'s flat result as TFF's `LearningProcessOutput` (state, metrics).
+
+    With `state_views`, the new state's arrays are the result tensors' own
+    memory (`EagerTensor._numpy()`, no copy; on a CPU only), so the tensors
+    stay what the state holds even if a caller writes into its arrays: what
+    lets `InProcessLearningProcess` pass them to the next round as they are.
+    """
+    n_state = self.state_leaves if state_views else 0
+    return to_python([t._numpy() if i < n_state else t.numpy()  # noqa: SLF001
+                      for i, t in enumerate(update_result)], self.update.result_type)
 
   def _computation(self, name: str) -> TFComputation:
     if name not in self._extra:
