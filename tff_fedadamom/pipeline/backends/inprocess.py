@@ -150,7 +150,8 @@ class ClientFold:
     # kernels that may be kept from one call to the next.
     self.fusable = feed is not None and not self.work.fresh_kernels
     self._fused_work = Fusion(fuse_after if self.fusable else None)
-    self._work_computation, self._feed = work, feed
+    self._work_computation = work
+    self.feed = feed  # what `work` takes in place of its dataset (None: a dataset)
 
   def __call__(self, client_args: Sequence[Sequence[Any]], broadcast: Sequence[Any]) -> list:
     """The accumulator (flat tensors) of the clients whose leading `work`
@@ -181,7 +182,7 @@ class ClientFold:
 
     k = len(client_args)
     fused = self._fused_work.get(
-        k, lambda: FusedWork(self._work_computation, self._devices, k, self._feed,
+        k, lambda: FusedWork(self._work_computation, self._devices, k, self.feed,
                              self.fused_concurrency(k)), f"{k} clients' work")
     if fused is None:
       return [future.result() for future in self._submit(client_args, broadcast)]
@@ -343,9 +344,10 @@ class InProcessLearningProcess(ServerCalls):
       output = self._round(state, client_args)
       release(args[-1] for args in client_args)  # the round seeds; the examples stay
       return output
-    created = [tensors.round_seeds(client_ids, round_num)]
+    seeds = tensors.round_seeds(client_ids, round_num)
+    created = [seeds]
     leaves = self._state_leaves(state, created)
-    result = fused(leaves, [tensors.examples(cid) for cid in client_ids], created[0])
+    result = fused(leaves, [tensors.examples(cid) for cid in client_ids], seeds)
     new_leaves = result[:self.server.state_leaves]
     carry = self._carry and not passes_through(leaves, new_leaves)
     output = self.server.to_python(result, state_views=carry)
@@ -378,8 +380,7 @@ class InProcessLearningProcess(ServerCalls):
     from tff_fedadamom.pipeline.backends.fused_round import FusedRound
 
     return self._fusion.get(k, lambda: FusedRound(
-        self.compiled, self.devices, k,
-        client_feed(self._client_tensors, self.compiled.computation("work")),
+        self.compiled, self.devices, k, self._clients.feed,
         [tf.TensorSpec(t.shape, t.dtype) for t in type_leaves(self.state_type)],
         self._clients.fused_concurrency(k)), f"a round of {k} clients")
 
