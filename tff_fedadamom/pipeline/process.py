@@ -94,12 +94,12 @@ def unrolled_steps(config: ExperimentConfig, backend: str, client_tensors) -> Op
   Unrolled when every client has at most `runtime.unroll_max_batches` batches
   (`client_tensors.max_batches()`, known for array client data; null:
   `UNROLL_MAX_BATCHES` in runs of `UNROLL_MIN_ROUNDS` rounds or more, which
-  pay back the dearer build), on the in-process and ray backends (TFF's runtime is given datasets), for the
-  FedAvg processes whose client work this project composes
-  (`_weighted_fed_avg`; not the learning-process entries nor a decaying
-  client rate), without augmentation (its batches are not a gather). Either
-  way the numbers are the same bits; unrolled, a small model's round is
-  faster (`benchmarks/round_floor.py`).
+  pay back the dearer build), on the in-process and ray backends (TFF's
+  runtime is given datasets), for the FedAvg processes whose client work this
+  project composes (`_weighted_fed_avg`; not the learning-process entries nor
+  a decaying client rate), without augmentation (its batches are not a
+  gather). Either way the numbers are the same bits; unrolled, a small
+  model's round is faster (`benchmarks/round_floor.py`).
   """
   from tff_fedadamom.config.schema import TFF_CPP, UNROLL_MAX_BATCHES, UNROLL_MIN_ROUNDS
 
