@@ -174,12 +174,13 @@ class ClientTensors:
     arrays = convert_elements(collections.OrderedDict(zip(self.keys, examples)))
     size = tf.shape(examples[0], out_type=tf.int64)[0]
     epochs = self._local_epochs
-    # The order stays tf.data's own shuffle, the dearest op of a small client's
-    # round (digits/logistic: a call drawing 5 clients' orders took 0.9-1.3 ms,
-    # an empty call 0.3-0.4 ms). The same permutation from stateless ops is a
-    # Fisher-Yates loop over TF's Philox stream, one `tf.while_loop` step per
-    # example: 10.7 ms for the same 5 clients. One tf.data pipeline mapping
-    # over the 5 (size, seed) pairs gave the same orders, about 3x slower.
+    # The order stays tf.data's own shuffle, though it is a large part of a small
+    # model's round (digits/logistic: a call drawing 5 clients' orders took
+    # 0.9-1.3 ms, an empty call 0.3-0.4 ms, the whole round about 5 ms). The
+    # same permutation from stateless ops is a Fisher-Yates loop over TF's
+    # Philox stream, one `tf.while_loop` step per example: 10.7 ms for the same
+    # 5 clients. One tf.data pipeline mapping over the 5 (size, seed) pairs gave
+    # the same orders, about 3x slower.
     order = (tf.data.Dataset.range(size)
              .shuffle(tf.maximum(size, 1), seed=seed, reshuffle_each_iteration=True)
              .repeat(epochs).batch(size * epochs).with_options(STATIC_OPTIONS)
