@@ -69,14 +69,23 @@ def _flatten(value, type_spec) -> list:
   return [value]
 
 
-def flatten_value(value, type_spec, created: Optional[list] = None) -> list:
+def flatten_value(value, type_spec, created: Optional[list] = None,
+                  converted: Optional[tuple] = None) -> list:
   """The leaves of `value` as a TensorFlow computation takes them: tensors, and
   a dataset's variant tensor (how TFF itself feeds a sequence). The tensors
   converted here (not the caller's own) are appended to `created`, for
-  `eager_release.release` once the call is done."""
+  `eager_release.release` once the call is done.
+
+  `converted`: `(arrays, tensors)`, leaves of an earlier value and their
+  tensors; a leaf that is `arrays[i]` itself (the same object, wherever it now
+  sits in `value`'s containers) is given as `tensors[i]`, unconverted.
+  """
+  arrays, tensors = converted if converted is not None else ((), ())
   out = []
-  for leaf, leaf_type in zip(_flatten(value, type_spec), type_leaves(type_spec)):
-    if isinstance(leaf_type, computation_types.SequenceType):
+  for i, (leaf, leaf_type) in enumerate(zip(_flatten(value, type_spec), type_leaves(type_spec))):
+    if i < len(arrays) and leaf is arrays[i]:
+      out.append(tensors[i])
+    elif isinstance(leaf_type, computation_types.SequenceType):
       out.append(leaf._variant_tensor)  # noqa: SLF001
     else:
       out.append(tf.convert_to_tensor(leaf, leaf_type.dtype))

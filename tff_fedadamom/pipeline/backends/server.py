@@ -65,17 +65,18 @@ class ServerComputations:
     release([*created, *accumulator, *report, *result])
     return output
 
-  def to_python(self, update_result, state_views: bool = False):
+  def to_python(self, update_result, state_arrays=None):
     """`update`'s flat result as TFF's `LearningProcessOutput` (state, metrics).
 
-    With `state_views`, the new state's arrays are the result tensors' own
-    memory (`EagerTensor._numpy()`, no copy; on a CPU only), so the tensors
-    stay what the state holds even if a caller writes into its arrays: what
-    lets `InProcessLearningProcess` pass them to the next round as they are.
+    `state_arrays`: the new state's leaves as given, in place of copies of its
+    tensors: `InProcessLearningProcess` gives views of the tensors' own memory
+    (`EagerTensor._numpy()`, no copy; on a CPU only), so the tensors stay what
+    the state holds even if a caller writes into its arrays, and can be passed
+    to the next round as they are.
     """
-    n_state = self.state_leaves if state_views else 0
-    return to_python([t._numpy() if i < n_state else t.numpy()  # noqa: SLF001
-                      for i, t in enumerate(update_result)], self.update.result_type)
+    state = list(state_arrays) if state_arrays is not None else []
+    return to_python(state + [t.numpy() for t in update_result[len(state):]],
+                     self.update.result_type)
 
   def _computation(self, name: str) -> TFComputation:
     if name not in self._extra:
