@@ -130,14 +130,18 @@ def _rounds(tmp_path, name, unroll, fuse, rounds=2, **overrides):
 
 
 # 2 epochs of at most 38 examples: 4 full batches and a short one; of 40: 5 full ones.
-@pytest.mark.parametrize("examples", [38, 40], ids=["short-last-batch", "no-short-batch"])
-def test_unrolled_rounds_equal_tffs_client_loop_bit_for_bit(tmp_path, examples):
-  """As one fused round, the unrolled client work gives the weights and
+@pytest.mark.parametrize("examples,model", [(38, "logistic"), (40, "logistic"), (38, "cnn")],
+                         ids=["short-last-batch", "no-short-batch", "cnn-dropout"])
+def test_unrolled_rounds_equal_tffs_client_loop_bit_for_bit(tmp_path, examples, model):
+  """As one fused round, the stacked client work gives the weights and
   training metrics of TFF's client work over the same batches: with client
   momentum and clipping, two local epochs (batches that span both) and
-  clients weighted by their examples. (The ray backend's parity test compares
-  the MLP's unrolled rounds, on actors and in-process, with its loop.)"""
+  clients weighted by their examples; on the logistic model and on the CNN,
+  whose conv layers and seeded dropout run in the loop's body. (The ray
+  backend's parity test compares the MLP's stacked rounds, on actors and
+  in-process, with its loop.)"""
   overrides = {
+      "model": {"name": model},
       "client": {"learning_rate": 0.1, "batch_size": 16, "momentum": 0.9, "clip_norm": 1.0,
                  "local_epochs": 2, "max_examples": examples},
       "server": {"optimizer": "fedadam", "learning_rate": 0.1,

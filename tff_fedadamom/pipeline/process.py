@@ -75,21 +75,21 @@ def data_signature(config: ExperimentConfig, data: FederatedData, spec=None,
   """What a learning process built by `build_process` sees of `data`: the
   batched element spec of its clients' datasets (TFF's input spec, `spec` if
   the caller has it), the model's input shape and class count, and with
-  `unroll_steps` (`unrolled_steps`) the steps and batch size its clients'
-  stacked batches have. Nothing else of the data enters a traced computation:
-  examples reach the process as its clients' datasets."""
+  `unroll_steps` (`unrolled_steps`) the batch size of its clients' stacked
+  batches (their number does not enter the computation: it loops over them).
+  Nothing else of the data enters a traced computation: examples reach the
+  process as its clients' datasets."""
   spec = spec if spec is not None else input_spec(config, data)
   signature = {"input_spec": repr(spec), "input_shape": list(data.input_shape),
                "num_classes": int(data.num_classes)}
   if unroll_steps is not None:
-    signature["unrolled"] = {"steps": int(unroll_steps),
-                             "batch_size": config.client.batch_size}
+    signature["unrolled"] = {"batch_size": config.client.batch_size}
   return signature
 
 
 def unrolled_steps(config: ExperimentConfig, backend: str, client_tensors) -> Optional[int]:
-  """The full batches a client's local steps are unrolled over
-  (`algorithms.unrolled`), or None: TFF's loop over the client's dataset.
+  """The most full batches a client has where its client work takes them
+  stacked (`algorithms.unrolled`), or None: TFF's loop over the client's dataset.
 
   Unrolled when every client has at most `runtime.unroll_max_batches` batches
   (`client_tensors.max_batches()`, known for array client data; null:
@@ -199,8 +199,8 @@ def build_process(config: ExperimentConfig, data: Optional[FederatedData] = None
       optimizers hold no state of their own, so one object serves any number
       of processes.
     unroll_steps: `unrolled_steps(...)`: with a number, the clients' data are
-      stacked batches and their steps unrolled (`algorithms.unrolled`); only
-      for the processes `unrolled_steps` names.
+      stacked batches and their steps a loop over them (`algorithms.unrolled`);
+      only for the processes `unrolled_steps` names.
 
   Returns:
     TFF's `build_weighted_fed_avg` process (composed as that builder composes
@@ -306,7 +306,7 @@ def _weighted_fed_avg(model_fn, client_optimizer, server_optimizer, weighting,
   from the same state and data, the same results (tests/pipeline/test_process.py).
 
   `unroll`: (steps, batch size) for the client work of `algorithms.unrolled`
-  (TFF's update unrolled over a client's stacked batches; the same results),
+  (TFF's update looping over a client's stacked batches; the same results),
   or (None, None) for TFF's.
   """
 
@@ -320,7 +320,7 @@ def _weighted_fed_avg(model_fn, client_optimizer, server_optimizer, weighting,
   def build_client_work():
     if steps is not None:
       return build_unrolled_client_work(
-          model_fn, client_optimizer, weighting, steps=steps, batch_size=batch_size,
+          model_fn, client_optimizer, weighting, batch_size=batch_size,
           metrics_aggregator=tff.learning.metrics.sum_then_finalize)
     return tff.learning.templates.build_model_delta_client_work(
         model_fn, client_optimizer, weighting,
