@@ -6,9 +6,9 @@ For each config, the same sampled clients train from the same global weights:
 * `inprocess`: the pipeline's round (`next_for_clients` on the in-process
   backend) as a run's rounds become after `runtime.fuse_after_rounds`: one
   TensorFlow call (`pipeline.backends.fused_round`), here from the first round,
-  with the clients' steps unrolled where the config's clients have few enough
-  batches (`unrolled`: the steps, `runtime.unroll_max_batches`);
-* `loop`: where `inprocess` is unrolled, the same round on TFF's client loop
+  with the clients' batches stacked where the config's clients have few enough
+  (`stacked`: the most a client has, `runtime.unroll_max_batches`);
+* `loop`: where `inprocess` is stacked, the same round on TFF's client loop
   over each client's dataset (`unroll_max_batches: 0`; the same bits), else `=`;
 * `call by call`: the same round as 2K + 4 calls from Python, as a run's first
   rounds are made (`fuse_after_rounds=None`; the same bits);
@@ -28,7 +28,11 @@ For each config, the same sampled clients train from the same global weights:
   pipeline's batches;
 * `tff update`: TFF's own client update over the floor's materialized
   batches, unrolled as the floor's steps are: what TFF's per-step
-  bookkeeping (metrics, client optimizer, delta checks) adds to the floor.
+  bookkeeping (metrics, client optimizer, delta checks) adds to the floor;
+* `tff drawn` (printed as its ratio to the floor): the same update over the
+  batches drawn in-graph as a stacked client is given them, each client's
+  steps written out for its known number of batches: what TFF's update and
+  the pipeline's batches cost with nothing around them.
 
 Prints ms per round (median of the timed rounds, after one warm-up round each)
 and the ratios measured in this run, among them `inproc/iterator`: the
@@ -204,13 +208,19 @@ def _iterator_floor(config, data, batches):
   return _round_fn(config, data, batches, train)
 
 
-def _tff_update_floor(config, data, batches):
+def _tff_update_floor(config, data, batches, tensors=None, clients=()):
   """TFF's own client update (`model_delta_client_work`: the model's
   `forward_pass` with its metrics, the client optimizer, the delta and its
   non-finite check, the client weight) over the floor's materialized batches,
   handed to it as a Python list so that TFF's loop unrolls like the floor's,
   then the mean of the updates: TFF's per-step bookkeeping on top of the
-  floor, with no loop over the batches."""
+  floor, with no loop over the batches.
+
+  With `tensors` (the `ClientTensors`) and `clients`: over each round's
+  batches drawn in-graph as a stacked client is given them
+  (`ClientTensors.stacked_element`), each client's known number of them
+  written out: the least a round on TFF's update over the pipeline's batches
+  costs, with no loop, guard, function call, server or Python around it."""
   from tensorflow_federated.python.learning.templates import model_delta_client_work
 
   uniform = config.server.client_weighting == "uniform"
@@ -226,12 +236,24 @@ def _tff_update_floor(config, data, batches):
   start = tff.learning.models.ModelWeights(
       [tf.identity(v) for v in model.trainable_variables],
       [tf.identity(v) for v in model.non_trainable_variables])
+  # Each client's (full batches, whether a last, shorter one follows).
+  counts = [(sum(x.shape[0] == client.batch_size for x, _ in b),
+             b[-1][0].shape[0] != client.batch_size) for b in batches]
   batches = [[collections.OrderedDict(x=x, y=y) for x, y in client_batches]
              for client_batches in batches]
 
+  def drawn(client_args, full_count, has_last):
+    from tff_fedadamom.data.client_tensors import FULL, LAST
+
+    element = tensors.stacked_element(*client_args)
+    return ([collections.OrderedDict((k, t[i]) for k, t in element[FULL].items())
+             for i in range(full_count)] + ([element[LAST]] if has_last else []))
+
   @tf.function
   def round_fn():
-    updates = [update(optimizer, start, client_batches)[0].update for client_batches in batches]
+    client_batches = batches if tensors is None else [
+        drawn(tensors.args(cid, 1), *count) for cid, count in zip(clients, counts)]
+    updates = [update(optimizer, start, b)[0].update for b in client_batches]
     return [s - tf.add_n(list(u)) / len(updates) for s, u in zip(start.trainable, zip(*updates))]
 
   return round_fn
@@ -306,6 +328,7 @@ def measure(name: str, rounds: int) -> dict[str, float]:
            "iterator": _iterator_floor(config, data, batches),
            "drawn": _drawn_floor(config, data, tensors, clients, batches),
            "tff update": _tff_update_floor(config, data, batches),
+           "tff drawn": _tff_update_floor(config, data, batches, tensors, clients),
            "call": _call_by_call_round(config, data, clients)}
     steps = process_lib.unrolled_steps(config, INPROCESS, tensors)
     processes = []
@@ -330,7 +353,7 @@ def main(argv=None) -> None:
                       help=f"comma-separated, of {', '.join([*CONFIGS, *EXTRA_CONFIGS])}")
   args = parser.parse_args(argv)
   columns = {  # heading: (width, the figure from a measurement's ms)
-      "unrolled": (9, lambda m: "no" if m["steps"] is None else f"{m['steps']} steps"),
+      "stacked": (11, lambda m: "no" if m["steps"] is None else f"{m['steps']} batches"),
       "inprocess ms": (13, lambda m: f"{m['inprocess']:.1f}"),
       "loop ms": (8, lambda m: f"{m['loop']:.1f}" if "loop" in m else "="),
       "call-by-call ms": (16, lambda m: f"{m['call']:.1f}"),
@@ -343,6 +366,7 @@ def main(argv=None) -> None:
       "iterator/floor": (15, lambda m: f"{m['iterator'] / m['floor']:.2f}"),
       "drawn/floor": (12, lambda m: f"{m['drawn'] / m['floor']:.2f}"),
       "tff update/floor": (17, lambda m: f"{m['tff update'] / m['floor']:.2f}"),
+      "tff drawn/floor": (16, lambda m: f"{m['tff drawn'] / m['floor']:.2f}"),
       "inproc/iterator": (16, lambda m: f"{m['inprocess'] / m['iterator']:.2f}"),
       "loop/inproc": (12, lambda m: f"{m['loop'] / m['inprocess']:.2f}" if "loop" in m else "="),
       "call/inproc": (12, lambda m: f"{m['call'] / m['inprocess']:.2f}"),
