@@ -244,7 +244,8 @@ def build_process(config: ExperimentConfig, data: Optional[FederatedData] = None
         model_fn, client_optimizer_fn(client.learning_rate), server_optimizer, weighting,
         loop_implementation, client_work_key=_client_work_key(
             config, data_signature(config, data, element_spec, unroll_steps), weighting,
-            loop_implementation), unroll=(unroll_steps, client.batch_size))
+            loop_implementation),
+        stacked_batch_size=None if unroll_steps is None else client.batch_size)
   lr0, decay = client.learning_rate, client.lr_decay
   return tff.learning.algorithms.build_weighted_fed_avg_with_optimizer_schedule(
       model_fn,
@@ -290,7 +291,8 @@ def _shared_client_work(key: str, build: Callable[[], tff.learning.templates.Cli
 
 
 def _weighted_fed_avg(model_fn, client_optimizer, server_optimizer, weighting,
-                      loop_implementation, client_work_key: str, unroll=(None, None)):
+                      loop_implementation, client_work_key: str,
+                      stacked_batch_size: Optional[int] = None):
   """`tff.learning.algorithms.build_weighted_fed_avg(model_fn, client_optimizer,
   server_optimizer, client_weighting=weighting, loop_implementation=...)`, made
   of the same TFF pieces composed the same way (TFF 0.87's
@@ -305,9 +307,9 @@ def _weighted_fed_avg(model_fn, client_optimizer, server_optimizer, weighting,
   traces it once. The process is the builder's: same type signatures and,
   from the same state and data, the same results (tests/pipeline/test_process.py).
 
-  `unroll`: (steps, batch size) for the client work of `algorithms.unrolled`
-  (TFF's update looping over a client's stacked batches; the same results),
-  or (None, None) for TFF's.
+  `stacked_batch_size`: the batch size of the clients' stacked batches, for
+  the client work of `algorithms.unrolled` (TFF's update looping over them;
+  the same results), or None for TFF's.
   """
 
   @tff.tensorflow.computation()
@@ -315,12 +317,11 @@ def _weighted_fed_avg(model_fn, client_optimizer, server_optimizer, weighting,
     return tff.learning.models.ModelWeights.from_model(model_fn())
 
   weights_type = initial_model_weights_fn.type_signature.result
-  steps, batch_size = unroll
 
   def build_client_work():
-    if steps is not None:
+    if stacked_batch_size is not None:
       return build_unrolled_client_work(
-          model_fn, client_optimizer, weighting, batch_size=batch_size,
+          model_fn, client_optimizer, weighting, batch_size=stacked_batch_size,
           metrics_aggregator=tff.learning.metrics.sum_then_finalize)
     return tff.learning.templates.build_model_delta_client_work(
         model_fn, client_optimizer, weighting,
