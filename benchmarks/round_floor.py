@@ -6,8 +6,8 @@ For each config, the same sampled clients train from the same global weights:
 * `inprocess`: the pipeline's round (`next_for_clients` on the in-process
   backend) as a run's rounds become after `runtime.fuse_after_rounds`: one
   TensorFlow call (`pipeline.backends.fused_round`), here from the first round,
-  with the clients' batches stacked where the config's clients have few enough
-  (`stacked`: the most a client has, `runtime.unroll_max_batches`);
+  with the clients' batches stacked, as a long run's are (`stacked`: the most
+  a client has; `runtime.unroll_max_batches`);
 * `loop`: where `inprocess` is stacked, the same round on TFF's client loop
   over each client's dataset (`unroll_max_batches: 0`; the same bits), else `=`;
 * `call by call`: the same round as 2K + 4 calls from Python, as a run's first
@@ -23,8 +23,8 @@ For each config, the same sampled clients train from the same global weights:
   shuffle, metrics or function calls;
 * `drawn floor`: the floor's steps over each round's batches drawn in-graph
   from the client's examples and round seed (the pipeline's shuffle order,
-  one gather: `ClientTensors.stacked_element`, what an unrolled client is
-  given), read a batch at a time in a `tf.while_loop`; checked to be the
+  `ClientTensors.stacked_element`, what an unrolled client is given), each
+  batch gathered as it is read in a `tf.while_loop`; checked to be the
   pipeline's batches;
 * `tff update`: TFF's own client update over the floor's materialized
   batches, unrolled as the floor's steps are: what TFF's per-step
@@ -121,8 +121,8 @@ def _config(name: str, backend: str, output_dir: str, unroll_max_batches: Option
   runtime = {"backend": backend, "fuse_after_rounds": 0}
   if unroll_max_batches is not None:
     runtime["unroll_max_batches"] = unroll_max_batches
-  # A long run's rounds (the goals are about those): with rounds >= UNROLL_MIN_ROUNDS
-  # the clients' steps are unrolled where they have few batches.
+  # A long run's rounds (the goals are about those): a run that trains
+  # UNROLL_MIN_BATCHES batches or more stacks its clients' batches.
   raw = {"seed": 0, "rounds": 1000, "output_dir": output_dir, "telemetry": False,
          "server": {"optimizer": "fedavg", "learning_rate": 1.0,
                     "client_weighting": "uniform"},
@@ -243,11 +243,11 @@ def _tff_update_floor(config, data, batches, tensors=None, clients=()):
              for client_batches in batches]
 
   def drawn(client_args, full_count, has_last):
-    from tff_fedadamom.data.client_tensors import FULL, LAST
+    from tff_fedadamom.data.client_tensors import FULL, LAST, batch_of
 
     element = tensors.stacked_element(*client_args)
-    return ([collections.OrderedDict((k, t[i]) for k, t in element[FULL].items())
-             for i in range(full_count)] + ([element[LAST]] if has_last else []))
+    return ([batch_of(element, element[FULL][i]) for i in range(full_count)]
+            + ([batch_of(element, element[LAST])] if has_last else []))
 
   @tf.function
   def round_fn():
@@ -262,25 +262,23 @@ def _tff_update_floor(config, data, batches, tensors=None, clients=()):
 def _drawn_floor(config, data, tensors, clients, batches):
   """The floor's steps over each round's batches drawn in-graph from the
   client's examples and round seed (`ClientTensors.stacked_element`: the
-  pipeline's shuffle order, one gather), read a batch at a time in a
+  pipeline's shuffle order), each gathered as it is read in a
   `tf.while_loop`: the pipeline's batches without `tf.data` iteration.
   Checked here to be the pipeline's `batches` (`_batches`)."""
-  from tff_fedadamom.data.client_tensors import FULL, LAST
+  from tff_fedadamom.data.client_tensors import FULL, LAST, batch_of, stacked_batches
 
   args = [tensors.args(cid, 1) for cid in clients]
 
   def train(client_args, step):
     element = tensors.stacked_element(*client_args)
     full, last = element[FULL], element[LAST]
-    for i in tf.range(tf.shape(full["x"])[0]):
-      step(full["x"][i], full["y"][i])
-    if tf.shape(last["x"])[0] > 0:
-      step(last["x"], last["y"])
+    for i in tf.range(tf.shape(full)[0]):
+      step(*batch_of(element, full[i]).values())
+    if tf.shape(last)[0] > 0:
+      step(*batch_of(element, last).values())
 
   for client_args, client_batches in zip(args, batches):
-    element = tensors.stacked_element(*client_args)
-    drawn = [(x, y) for x, y in zip(element[FULL]["x"], element[FULL]["y"])]
-    drawn += [(element[LAST]["x"], element[LAST]["y"])] if len(element[LAST]["x"]) else []
+    drawn = [tuple(b.values()) for b in stacked_batches(tensors.stacked_element(*client_args))]
     if len(drawn) != len(client_batches) or not all(
         np.array_equal(a, b) for d, p in zip(drawn, client_batches) for a, b in zip(d, p)):
       raise AssertionError("the drawn batches are not the pipeline's")

@@ -8,7 +8,8 @@ import tensorflow as tf
 from tests.pipeline.test_runner import tiny
 from tff_fedadamom.algorithms.unrolled import is_stacked
 from tff_fedadamom.config import ConfigError, load_config
-from tff_fedadamom.data.client_tensors import FULL, LAST, ClientTensors
+from tff_fedadamom.config.schema import UNROLL_MIN_BATCHES
+from tff_fedadamom.data.client_tensors import ClientTensors, stacked_batches
 from tff_fedadamom.data.sampling import UniformSampler
 from tff_fedadamom.pipeline import parts as parts_lib
 from tff_fedadamom.pipeline import process as process_lib
@@ -34,10 +35,7 @@ def test_stacked_batches_are_the_round_datasets_batches(tmp_path, client):
     expected = list(tensors.datasets([cid], 5)[0].as_numpy_iterator())
     for element in (tensors.stacked(*tensors.args(cid, 5)).get_single_element(),
                     stacked(*tensors.args(cid, 5))):
-      full = [{k: v[i] for k, v in element[FULL].items()}
-              for i in range(element[FULL]["x"].shape[0])]
-      last = [element[LAST]] if element[LAST]["x"].shape[0] else []
-      got = full + last
+      got = stacked_batches(element)
       assert len(got) == len(expected) == tensors.batch_count(cid)
       for e, g in zip(expected, got):
         for key in e:
@@ -53,43 +51,48 @@ def test_augmented_data_has_no_stacked_batches(tmp_path):
     tensors.stacked(*tensors.args(data.train.client_ids[0], 1))
 
 
-def test_max_batches_is_known_for_array_client_data_only(tmp_path):
+def test_batch_counts_are_known_for_array_client_data_only(tmp_path):
   import tensorflow_federated as tff
 
   config, data, tensors = _tensors(tmp_path, batch_size=16, local_epochs=2)
   counts = [len(list(tensors.datasets([cid], 1)[0])) for cid in data.train.client_ids]
-  assert tensors.max_batches() == max(counts)
+  assert tensors.batch_counts() == counts
   read = tff.simulation.datasets.TestClientData(
       {cid: dict(data.train.client_arrays(cid)) for cid in data.train.client_ids[:2]})
-  assert ClientTensors(read, seed=0, batch_size=16, local_epochs=1).max_batches() is None
+  assert ClientTensors(read, seed=0, batch_size=16, local_epochs=1).batch_counts() is None
 
 
 class _Batches:
-  def __init__(self, most):
-    self.most = most
+  def __init__(self, counts):
+    self.counts = counts
 
-  def max_batches(self):
-    return self.most
-
-
-LONG = {"rounds": 300}  # UNROLL_MIN_ROUNDS: long enough to unroll by default
+  def batch_counts(self):
+    return self.counts
 
 
-@pytest.mark.parametrize("overrides,most,expected", [
-    (LONG, 11, 11),
-    (LONG, 17, None),  # more batches than UNROLL_MAX_BATCHES (16)
-    ({"rounds": 299}, 11, None),  # too short a run to pay for the dearer build
-    ({"runtime": {"unroll_max_batches": 40}}, 17, 17),  # any run, when asked for
+# `tiny` samples 3 clients a round; with clients of 5 and 15 batches (a mean
+# of 10), a run trains 30 batches a round: ENOUGH rounds reach
+# UNROLL_MIN_BATCHES, one fewer does not.
+ENOUGH = -(-UNROLL_MIN_BATCHES // 30)
+LONG = {"rounds": 10 * ENOUGH}
+
+
+@pytest.mark.parametrize("overrides,counts,expected", [
+    ({"rounds": ENOUGH}, [5, 15], 15),
+    ({"rounds": ENOUGH - 1}, [5, 15], None),  # too few batches to pay for the dearer build
+    ({"rounds": -(-ENOUGH // 70)}, [700, 700], 700),  # few rounds of large clients
+    ({"runtime": {"unroll_max_batches": 40}}, [17, 2], 17),  # any run, when asked for
+    ({**LONG, "runtime": {"unroll_max_batches": 16}}, [17, 3], None),  # more than asked for
     (LONG, None, None),  # client data whose sizes are not known without reading it all
-    ({**LONG, "runtime": {"unroll_max_batches": 0}}, 3, None),
-    ({**LONG, "runtime": {"backend": "tff_cpp"}}, 3, None),  # TFF's runtime takes datasets
-    ({**LONG, "server": {"optimizer": "fedcada"}}, 3, None),  # a learning process of its own
-    ({**LONG, "client": {"learning_rate": 0.1, "batch_size": 16, "lr_decay": 0.9}}, 3, None),
+    ({**LONG, "runtime": {"unroll_max_batches": 0}}, [10], None),
+    ({**LONG, "runtime": {"backend": "tff_cpp"}}, [10], None),  # TFF's runtime takes datasets
+    ({**LONG, "server": {"optimizer": "fedcada"}}, [10], None),  # a learning process of its own
+    ({**LONG, "client": {"learning_rate": 0.1, "batch_size": 16, "lr_decay": 0.9}}, [10], None),
 ])
-def test_which_runs_unroll(tmp_path, overrides, most, expected):
+def test_which_runs_unroll(tmp_path, overrides, counts, expected):
   config = load_config({**tiny(tmp_path), **overrides})
   plan = parts_lib.make_plan(config)
-  assert process_lib.unrolled_steps(config, plan.backend, _Batches(most)) == expected
+  assert process_lib.unrolled_steps(config, plan.backend, _Batches(counts)) == expected
 
 
 @pytest.mark.parametrize("overrides", [

@@ -102,8 +102,8 @@ def test_runs_that_differ_in_partition_and_batching_share_one_compiled_process(t
   another's config exactly as that config's own uncached process does.
 
   Processes on TFF's client loop: one whose clients' steps are unrolled takes
-  their batches stacked (its type has the batch size, its graph the most
-  batches a client has), so it is built for its batching; the next test."""
+  their batches stacked (its type has the batch size), so it is built for its
+  batching; the next test."""
   from tff_fedadamom.pipeline import run_experiment
 
   cache = str(tmp_path / "cache")

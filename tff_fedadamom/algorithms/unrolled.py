@@ -10,17 +10,20 @@ same update over the client's batches held as tensors:
 
 * A client's data is still a TFF sequence (the only client data TFF 0.87's
   `ClientWorkProcess` accepts), of one element: the client's round batches,
-  stacked, `OrderedDict(full=<the full batches, [F, batch, ...] per key>,
-  last=<the last, shorter batch, [r, ...] per key; r may be 0>)`.
-  `data.client_tensors.ClientTensors.stacked` builds it from the batches
-  `ClientTensors.dataset` would yield, in their order.
+  stacked, as its examples and the positions of each batch in them,
+  `OrderedDict(examples=<[n, ...] per key>, full=<the full batches'
+  positions, [F, batch]>, last=<the last, shorter batch's, [r]; r may be
+  0>)`. `data.client_tensors.ClientTensors.stacked` builds it for the batches
+  `ClientTensors.dataset` would yield, in their order; each step gathers its
+  batch (`client_tensors.batch_of`), so the client's memory is what TFF's
+  loop over its dataset holds, whatever its number of batches.
 * The update is TFF's (`model_delta_client_work.
   build_model_delta_update_with_tff_optimizer`, TFF 0.87): the model's
   `forward_pass` on each batch with its metrics, the client optimizer's
   `next`, the delta `initial - trained` zeroed with weight 0 when not finite,
   weight 1 (UNIFORM) or the examples seen (NUM_EXAMPLES). Departure: the loop
-  over the batches is a `tf.while_loop` over the F full batches, indexed into
-  the stacked tensors, then one step on the last batch when r > 0
+  over the batches is a `tf.while_loop` over the F full batches, each
+  gathered from the examples, then one step on the last batch when r > 0
   (`tf.cond`). The arithmetic is the same ops on the same batches in the same
   order, so the results are bit-identical to TFF's client work over the
   client's dataset (tests/algorithms/test_unrolled.py, on the logistic model
@@ -47,17 +50,16 @@ import tensorflow_federated as tff
 from tensorflow_federated.python.learning import tensor_utils
 
 from tff_fedadamom.algorithms._common import num_examples_of
-from tff_fedadamom.data.client_tensors import FULL, LAST
+from tff_fedadamom.data.client_tensors import EXAMPLES, FULL, LAST, batch_of
 
 
 def stacked_spec(input_spec, batch_size: int) -> collections.OrderedDict:
   """The element spec of a stacked client sequence, given the model's batch
-  spec (`OrderedDict(x=TensorSpec([None, ...]), y=...)`)."""
-  def full(spec):
-    return tf.TensorSpec([None, batch_size, *spec.shape[1:]], spec.dtype)
-
-  return collections.OrderedDict([(FULL, tf.nest.map_structure(full, input_spec)),
-                                  (LAST, input_spec)])
+  spec (`OrderedDict(x=TensorSpec([None, ...]), y=...)`): a client's examples
+  have the spec of a batch."""
+  return collections.OrderedDict([(EXAMPLES, input_spec),
+                                  (FULL, tf.TensorSpec([None, batch_size], tf.int64)),
+                                  (LAST, tf.TensorSpec([None], tf.int64))])
 
 
 def is_stacked(sequence_type) -> bool:
@@ -65,7 +67,7 @@ def is_stacked(sequence_type) -> bool:
   element = getattr(sequence_type, "element", None)
   names = [name for name, _ in tff.structure.iter_elements(element)] if isinstance(
       element, tff.StructType) else []
-  return names == [FULL, LAST]
+  return names == [EXAMPLES, FULL, LAST]
 
 
 def build_unrolled_update(model_fn: Callable[[], tff.learning.models.VariableModel],
@@ -96,13 +98,12 @@ def build_unrolled_update(model_fn: Callable[[], tff.learning.models.VariableMod
       return examples + num_examples_of(output), optimizer_state
 
     full, last = element[FULL], element[LAST]
-    count = tf.shape(tf.nest.flatten(full)[0])[0]
     _, state = tf.while_loop(
-        lambda i, _: i < count,
-        lambda i, state: (i + 1, step(state, tf.nest.map_structure(lambda t: t[i], full))),
+        lambda i, _: i < tf.shape(full)[0],
+        lambda i, state: (i + 1, step(state, batch_of(element, full[i]))),
         (tf.constant(0), state))
-    state = tf.cond(tf.shape(tf.nest.flatten(last)[0])[0] > 0,
-                    lambda: step(state, last), lambda: state)
+    state = tf.cond(tf.shape(last)[0] > 0,
+                    lambda: step(state, batch_of(element, last)), lambda: state)
     delta = tf.nest.map_structure(tf.subtract, initial_weights.trainable, weights.trainable)
     delta, non_finite = tensor_utils.zero_all_if_any_non_finite(delta)
     if non_finite > 0:  # as TFF: the client's metrics are dropped with its update

@@ -137,14 +137,14 @@ RAY_WORKERS, RAY_CPUS_PER_WORKER, RAY_GPUS_PER_WORKER = 2, 1.0, 0.0
 # (`pipeline.backends.fused_round.Fusion`).
 FUSE_AFTER_ROUNDS = 50
 # When `runtime.unroll_max_batches` is null, the in-process and ray backends
-# unroll a client's local steps (`pipeline.process.unrolled_steps`) in runs of at
-# least UNROLL_MIN_ROUNDS rounds whose clients have at most UNROLL_MAX_BATCHES
-# batches. An unrolled round is faster (`benchmarks/round_floor.py`), but its
-# process costs more to build and its first round more to optimize, and the
-# graph grows with the batch count: on digits/logistic (at most 11 batches)
-# 0.5-0.9 s more before the second round, against 1-3 ms saved a round.
-UNROLL_MAX_BATCHES = 16
-UNROLL_MIN_ROUNDS = 300
+# stack a client's batches (`pipeline.process.unrolled_steps`) in runs that
+# train at least UNROLL_MIN_BATCHES batches (rounds x clients per round x a
+# client's mean batch count). A stacked round is faster by about what TFF's
+# iterator costs a batch (`benchmarks/round_floor.py`: 0.15-0.2 ms a batch on
+# digits/logistic and the Fashion-MNIST MLP), but its process costs more to
+# build and its first round more to optimize: 0.10-1.15 s more from the
+# build's start to round 3's end on those two (three builds each, cache off).
+UNROLL_MIN_BATCHES = 10_000
 # A Ray cluster to join: 'auto' (the one this machine belongs to) or a head's host:port.
 RAY_ADDRESS = re.compile(r"^(auto|(ray://)?[A-Za-z0-9_.\-\[\]:]+:\d+)$")
 _DEVICE = re.compile(r"^/?(device:)?(CPU|GPU):\d+$", re.IGNORECASE)
@@ -198,12 +198,13 @@ class RuntimeConfig:
   actor its block of clients (`pipeline.backends.fused_round`); the numbers
   are the same bits as call by call, only the speed changes.
 
-  `unroll_max_batches`: when no client has more batches than that, the
-  in-process and ray backends run a client's local steps written out, one
-  after the other, instead of in TFF's loop over its dataset
+  `unroll_max_batches`: the in-process and ray backends may run a client's
+  local steps over its round's batches held as tensors, in a
+  `tf.while_loop`, instead of in TFF's loop over its dataset
   (`algorithms.unrolled`): the same bits, and on small models a faster round
-  that costs more to build. Null: `UNROLL_MAX_BATCHES` in runs of at least
-  `UNROLL_MIN_ROUNDS` rounds, else not; 0: never.
+  that costs more to build. Null: in runs that train at least
+  `UNROLL_MIN_BATCHES` batches; an integer: in any run whose clients have at
+  most that many batches; 0: never.
 
   `cache` keeps the compiled learning process of the in-process and ray
   backends in a machine-wide cache (`pipeline.process_cache`) at `cache_dir`,
@@ -223,9 +224,8 @@ class RuntimeConfig:
       "(rounds always run call by call)")
   unroll_max_batches: Optional[int] = _field(
       None, check=nonnegative,
-      allowed=f"null ({UNROLL_MAX_BATCHES} in runs of {UNROLL_MIN_ROUNDS} rounds or more, else "
-      "no unrolling), 0 (never) or an integer >= 1 (clients' steps are unrolled when none "
-      "has more batches)")
+      allowed=f"null (stacked in runs that train {UNROLL_MIN_BATCHES} batches or more), "
+      "0 (never) or an integer >= 1 (stacked when no client has more batches)")
   backend: str = _field(AUTO, check=lambda s: s in BACKENDS,
                         allowed="'auto' (= 'inprocess'), 'inprocess', 'tff_cpp' or 'ray'")
   devices: Optional[tuple] = _field(

@@ -91,26 +91,32 @@ def unrolled_steps(config: ExperimentConfig, backend: str, client_tensors) -> Op
   """The most full batches a client has where its client work takes them
   stacked (`algorithms.unrolled`), or None: TFF's loop over the client's dataset.
 
-  Unrolled when every client has at most `runtime.unroll_max_batches` batches
-  (`client_tensors.max_batches()`, known for array client data; null:
-  `UNROLL_MAX_BATCHES` in runs of `UNROLL_MIN_ROUNDS` rounds or more, which
-  pay back the dearer build), on the in-process and ray backends (TFF's
-  runtime is given datasets), for the FedAvg processes whose client work this
-  project composes (`_weighted_fed_avg`; not the learning-process entries nor
-  a decaying client rate), without augmentation (its batches are not a
-  gather). Either way the numbers are the same bits; unrolled, a small
-  model's round is faster (`benchmarks/round_floor.py`).
+  When `runtime.unroll_max_batches` is null, stacked in runs that train
+  `UNROLL_MIN_BATCHES` batches or more (rounds x clients per round x a
+  client's mean batch count), which pay back the dearer build; when it is
+  set, in any run whose clients have at most that many batches; never when
+  it is 0. Only where every client's batch count is known
+  (`client_tensors.batch_counts()`, for array client data), on the in-process
+  and ray backends (TFF's runtime is given datasets), for the FedAvg
+  processes whose client work this project composes (`_weighted_fed_avg`;
+  not the learning-process entries nor a decaying client rate), without
+  augmentation (its batches are not a gather). Either way the numbers are the
+  same bits; stacked, a small model's round is faster
+  (`benchmarks/round_floor.py`).
   """
-  from tff_fedadamom.config.schema import TFF_CPP, UNROLL_MAX_BATCHES, UNROLL_MIN_ROUNDS
+  from tff_fedadamom.config.schema import TFF_CPP, UNROLL_MIN_BATCHES
 
   limit = config.runtime.unroll_max_batches
-  if limit is None:
-    limit = UNROLL_MAX_BATCHES if config.rounds >= UNROLL_MIN_ROUNDS else 0
-  if (not limit or backend == TFF_CPP or not client_lr_in_state(config)
+  if (limit == 0 or backend == TFF_CPP or not client_lr_in_state(config)
       or config.data.augment is not None):
     return None
-  most = client_tensors.max_batches()  # None: not known without reading every client
-  return most if most is not None and most <= limit else None
+  counts = client_tensors.batch_counts()  # None: not known without reading every client
+  if counts is None:
+    return None
+  if limit is None:
+    run_batches = config.rounds * config.clients_per_round * sum(counts) / len(counts)
+    return max(counts) if run_batches >= UNROLL_MIN_BATCHES else None
+  return max(counts) if max(counts) <= limit else None
 
 
 def make_keras_model(config: ExperimentConfig, data: FederatedData) -> tf.keras.Model:
