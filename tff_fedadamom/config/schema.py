@@ -140,10 +140,12 @@ FUSE_AFTER_ROUNDS = 50
 # stack a client's batches (`pipeline.process.unrolled_steps`) in runs that
 # train at least UNROLL_MIN_BATCHES batches (rounds x clients per round x a
 # client's mean batch count). A stacked round is faster by about what TFF's
-# iterator costs a batch (`benchmarks/round_floor.py`: 0.15-0.2 ms a batch on
-# digits/logistic and the Fashion-MNIST MLP), but its process costs more to
-# build and its first round more to optimize: 0.10-1.15 s more from the
-# build's start to round 3's end on those two (three builds each, cache off).
+# iterator costs a batch (`benchmarks/round_floor.py`, one-call rounds:
+# 0.17-0.24 ms a batch on digits/logistic, 0.08-0.14 ms on the Fashion-MNIST
+# MLP), but its process costs more to build and its first round more to
+# optimize: 0.10-1.15 s more from the build's start to round 3's end on those
+# two (three builds each, cache off). 10,000 batches pay back 1.15 s at
+# 0.115 ms a batch.
 UNROLL_MIN_BATCHES = 10_000
 # A Ray cluster to join: 'auto' (the one this machine belongs to) or a head's host:port.
 RAY_ADDRESS = re.compile(r"^(auto|(ray://)?[A-Za-z0-9_.\-\[\]:]+:\d+)$")
