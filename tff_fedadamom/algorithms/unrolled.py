@@ -98,8 +98,9 @@ def build_unrolled_update(model_fn: Callable[[], tff.learning.models.VariableMod
       return examples + num_examples_of(output), optimizer_state
 
     full, last = element[FULL], element[LAST]
+    count = tf.shape(full)[0]  # once, not in the loop's condition at every step
     _, state = tf.while_loop(
-        lambda i, _: i < tf.shape(full)[0],
+        lambda i, _: i < count,
         lambda i, state: (i + 1, step(state, batch_of(element, full[i]))),
         (tf.constant(0), state))
     state = tf.cond(tf.shape(last)[0] > 0,

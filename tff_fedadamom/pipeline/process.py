@@ -88,8 +88,9 @@ def data_signature(config: ExperimentConfig, data: FederatedData, spec=None,
 
 
 def unrolled_steps(config: ExperimentConfig, backend: str, client_tensors) -> Optional[int]:
-  """The most full batches a client has where its client work takes them
-  stacked (`algorithms.unrolled`), or None: TFF's loop over the client's dataset.
+  """The most batches a client has (its last, shorter one included) where its
+  client work takes them stacked (`algorithms.unrolled`), or None: TFF's loop
+  over the client's dataset.
 
   When `runtime.unroll_max_batches` is null, stacked in runs that train
   `UNROLL_MIN_BATCHES` batches or more (rounds x clients per round x a
@@ -113,10 +114,11 @@ def unrolled_steps(config: ExperimentConfig, backend: str, client_tensors) -> Op
   counts = client_tensors.batch_counts()  # None: not known without reading every client
   if counts is None:
     return None
+  most = max(counts)
   if limit is None:
     run_batches = config.rounds * config.clients_per_round * sum(counts) / len(counts)
-    return max(counts) if run_batches >= UNROLL_MIN_BATCHES else None
-  return max(counts) if max(counts) <= limit else None
+    return most if run_batches >= UNROLL_MIN_BATCHES else None
+  return most if most <= limit else None
 
 
 def make_keras_model(config: ExperimentConfig, data: FederatedData) -> tf.keras.Model:
