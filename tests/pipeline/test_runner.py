@@ -71,6 +71,18 @@ def test_run_writes_every_output(tmp_path):
   assert load_config(os.path.join(out, outputs.CONFIG_FILE)).rounds == 4
 
 
+def test_saved_model_loads_compiled_and_without_warnings(tmp_path, run_shared, caplog):
+  """model.keras loads with the task's loss and metrics, evaluates to the run's
+  final test accuracy, and Keras logs nothing about its optimizer's variables."""
+  run = run_shared(tiny(tmp_path / "run", rounds=2))
+  with caplog.at_level("WARNING"):
+    model = tf.keras.models.load_model(os.path.join(run.output_dir, outputs.MODEL_FILE))
+  assert not [r.getMessage() for r in caplog.records if "variable" in r.getMessage()]
+  test = load_data(load_config(tiny(tmp_path / "run", rounds=2))).test
+  _, accuracy = model.evaluate(test.batch(1000).map(lambda e: (e["x"], e["y"])), verbose=0)
+  assert accuracy == pytest.approx(run.summary["final_test_accuracy"], abs=1e-6)
+
+
 def test_resumed_run_equals_uninterrupted_run(tmp_path, run_shared):
   full = run_shared(tiny(tmp_path / "full"))
   run_shared(tiny(tmp_path / "split", rounds=2))

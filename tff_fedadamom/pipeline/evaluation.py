@@ -67,7 +67,15 @@ class Evaluator:
     if not self._compiled:
       loss_factory, self._metric_factories = models.loss_and_metrics(
           models.MODELS[self._config.model.name].task)
-      self._model.compile(loss=loss_factory(), metrics=[m() for m in self._metric_factories])
+      # Nothing here trains with the Keras optimizer, but model.keras is saved with
+      # it, for a user to go on training. Keras' default, RMSprop, was saved
+      # unbuilt (its step count alone), and every load warned that it skipped
+      # the variables it expected ("RMSprop ... has 3 variables whereas the saved
+      # optimizer has 1"). Plain SGD, the clients' rule, built: the file holds
+      # its zero momentum slots too, one array per weight.
+      self._model.compile(optimizer="sgd", loss=loss_factory(),
+                          metrics=[m() for m in self._metric_factories])
+      self._model.optimizer.build(self._model.trainable_variables)
       self._compiled = True
     return self._model
 

@@ -5,7 +5,8 @@
     tensorboard/         TensorBoard event files (`tensorboard_events`: the round's
                          metrics, plus histograms of the optimizer state)
     checkpoints/         program state (TFF's FileProgramStateManager)
-    model.keras          the final global model, loadable with plain Keras
+    model.keras          the final global model, loadable with plain Keras (compiled:
+                         the task's loss and metrics, plain SGD)
     curves.png           train loss and test accuracy vs round
     summary.json         final/best accuracy, rounds to targets, timing, status
 
