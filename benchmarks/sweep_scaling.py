@@ -9,8 +9,10 @@
    a caller running sweep after sweep in one Ray session keeps them); the same
    20 trials (each optimizer's two sampled configs, all rounds) as separate
    `tff-fedadamom run` commands, two at a time, on the warm cache; the ratios
-   (the sweep's speed-up over a shell loop); and the time from
-   starting `tff-fedadamom run configs/quickstart.yaml` to its first round's
+   (the sweep's speed-up over a shell loop); the same sweep as a
+   `tff-fedadamom tune` command on the warm cache (the sweeps above run in
+   this process, whose imports, config checks and Ray are already done); and
+   the time from starting `tff-fedadamom run configs/quickstart.yaml` to its first round's
    start and to its end (its first row of metrics), with a cold and with a
    warm cache.
 
@@ -202,6 +204,27 @@ def _cli_loop(raw: dict, root: str, concurrent: int) -> tuple[int, float]:
   return len(commands), time.perf_counter() - start
 
 
+def _cli_tune(raw: dict, root: str) -> float:
+  """Wall seconds of the sweep `raw` as a `tff-fedadamom tune` command in a process
+  of its own: besides what the sweeps run here in-process time, the command's
+  imports, the checks of its experiments' configs, and its own Ray's start and stop."""
+  import subprocess
+
+  import yaml
+
+  path = os.path.join(root, "command.yaml")  # beside the sweep's directory, not in it
+  with open(path, "w") as f:
+    yaml.safe_dump({**copy.deepcopy(raw), "name": "command"}, f)
+  start = time.perf_counter()
+  done = subprocess.run([sys.executable, "-m", "tff_fedadamom", "tune", path], cwd=ROOT,
+                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  wall = time.perf_counter() - start
+  if done.returncode:
+    raise RuntimeError(f"tff-fedadamom tune {path} failed ({done.returncode}): "
+                       f"{done.stderr.strip().splitlines()[-3:]}")
+  return wall
+
+
 def process_cache(root: str) -> None:
   raw = _sweep_file("quickstart")
   raw["resources"]["storage_path"] = root
@@ -232,6 +255,9 @@ def process_cache(root: str) -> None:
         f"{concurrent} at a time, warm cache: {loop_wall:6.1f} s", flush=True)
   print("  sweep speed-up over the shell loop: " + ", ".join(
       f"{loop_wall / wall:.2f}x ({label})" for label, wall in walls.items()), flush=True)
+  command = _cli_tune(raw, root)
+  print(f"  the same sweep as a `tff-fedadamom tune` command, warm cache: {command:6.1f} s "
+        f"({loop_wall / command:.2f}x the shell loop's speed)", flush=True)
   quick = os.path.join(ROOT, "configs", "quickstart.yaml")
   fresh = os.path.join(root, "first-round-cache")
   for label in ("cold", "warm"):
