@@ -5,8 +5,9 @@
     tensorboard/         TensorBoard event files (`tensorboard_events`: the round's
                          metrics, plus histograms of the optimizer state)
     checkpoints/         program state (TFF's FileProgramStateManager)
-    model.keras          the final global model, loadable with plain Keras (compiled:
-                         the task's loss and metrics, plain SGD)
+    model.keras          the final global model, compiled (the task's loss and metrics,
+                         plain SGD); a seeded CNN's loads once `tff_fedadamom.models`
+                         is imported (its `SeededDropout`), any other's with plain Keras
     curves.png           train loss and test accuracy vs round
     summary.json         final/best accuracy, rounds to targets, timing, status
 
