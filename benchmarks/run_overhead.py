@@ -20,6 +20,15 @@ left (start, the final outputs and plots). Evaluation is compute, not
 overhead: on the quickstart it is a forward pass over the 10,000 test images,
 every 5 rounds.
 
+The bound: the process's CPU seconds are timed too (`time.process_time`, all
+its threads), for the rounds alone and for each hook, and so is the
+evaluation's floor: the model's forward pass over the test set's batches, all
+in one `tf.function`, nothing else (no metrics, no weights assigned). Work that
+no schedule can remove, the rounds' CPU seconds plus that floor at every
+evaluation, spread over every core the machine has, with the rounds no faster
+than alone, gives the shortest whole run any overlap of evaluation and rounds
+could reach: `max(rounds, (rounds CPU + evaluations x floor CPU) / cores) / rounds`.
+
     .venv/bin/python benchmarks/run_overhead.py [--config configs/quickstart.yaml]
         [--repeats 2] [--rounds N]
 """
@@ -49,30 +58,51 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOAL = 1.15
 
 
-def rounds_only(plan, parts) -> float:
-  """Seconds of the run's rounds alone, on the clients the run samples."""
+def rounds_only(plan, parts) -> tuple[float, float]:
+  """Wall and CPU seconds of the run's rounds alone, on the clients the run samples."""
   config = plan.config
   sampler = UniformSampler(parts.data.train.client_ids, config.clients_per_round, config.seed)
   state = parts_lib.initial_state(plan, parts.process)
-  started = time.perf_counter()
+  started, cpu = time.perf_counter(), time.process_time()
   for round_num in range(1, config.rounds + 1):
     state = parts.process.next_for_clients(state, sampler(round_num), round_num).state
   parts.process.get_model_weights(state)  # the last round's result, as numbers
-  return time.perf_counter() - started
+  return time.perf_counter() - started, time.process_time() - cpu
 
 
-def time_hooks(seconds: dict) -> None:
-  """Adds each hook class's `end_round` seconds to `seconds[class name]` (this
-  process's hook classes, for the benchmark's runs)."""
+def time_hooks(seconds: dict, cpu_seconds: dict) -> None:
+  """Adds each hook class's `end_round` wall and CPU seconds to `seconds[class
+  name]` and `cpu_seconds[class name]` (this process's hook classes, for the
+  benchmark's runs)."""
   for cls in vars(hooks_lib).values():
     if isinstance(cls, type) and issubclass(cls, hooks_lib.RoundHook) and "end_round" in vars(cls):
       def timed(self, end, _end_round=cls.end_round, _name=cls.__name__):
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         try:
           return _end_round(self, end)
         finally:
           seconds[_name] = seconds.get(_name, 0.0) + time.perf_counter() - started
+          cpu_seconds[_name] = cpu_seconds.get(_name, 0.0) + time.process_time() - cpu
       cls.end_round = timed
+
+
+def evaluation_floor_cpu(config, parts, repeats: int = 3) -> float:
+  """CPU seconds of one evaluation's arithmetic alone (least of `repeats`): the
+  model's forward pass over the test set's batches in one `tf.function`."""
+  import tensorflow as tf
+
+  from tff_fedadamom.data import test_dataset
+
+  model = parts.evaluator.keras_model
+  xs = [batch["x"] for batch in test_dataset(parts.data.test, config.data.eval_batch_size)]
+  forward = tf.function(lambda: [tf.reduce_sum(model(x, training=False)) for x in xs])
+  forward()  # traced and instantiated
+  cpu = []
+  for _ in range(repeats):
+    started = time.process_time()
+    forward()
+    cpu.append(time.process_time() - started)
+  return min(cpu)
 
 
 def whole_run(plan, parts) -> float:
@@ -103,14 +133,17 @@ def main(argv=None) -> int:
     parts = parts_lib.build_parts(parts_lib.make_plan(base))
     try:
       parts_lib.warm_up(base, parts)
-      times = {"rounds": [], "run": []}
-      hook_seconds: dict = {}
-      time_hooks(hook_seconds)
+      times = {"rounds": [], "run": [], "rounds_cpu": []}
+      hook_seconds, hook_cpu = {}, {}
+      time_hooks(hook_seconds, hook_cpu)
       for i in range(args.repeats):
         plan = parts_lib.make_plan(load_config(
             args.config, overrides=[*round_override, f"output_dir={os.path.join(tmp, f'run{i}')}"]))
-        times["rounds"].append(rounds_only(plan, parts))
+        wall, cpu = rounds_only(plan, parts)
+        times["rounds"].append(wall)
+        times["rounds_cpu"].append(cpu)
         times["run"].append(whole_run(plan, parts))
+      floor_cpu = evaluation_floor_cpu(base, parts)
     finally:
       parts.process.close()
   rounds, run = (statistics.median(times[k]) for k in ("rounds", "run"))
@@ -128,9 +161,28 @@ def main(argv=None) -> int:
   evaluation = per_run.get(hooks_lib.Evaluate.__name__, 0.0)
   rest = statistics.mean(times["run"]) - statistics.mean(times["rounds"]) - sum(per_run.values())
   print(f"  start, outputs and plots (mean s): {rest:.2f}")
+  rounds_mean = statistics.mean(times["rounds"])
   print(f"  run without its evaluation / rounds (means): "
-        f"{(statistics.mean(times['run']) - evaluation) / statistics.mean(times['rounds']):.3f}")
+        f"{(statistics.mean(times['run']) - evaluation) / rounds_mean:.3f}")
+  # Evaluated every `eval_every` rounds and at the last (`hooks.Evaluate`).
+  evaluations = len({*range(base.eval_every, base.rounds + 1, base.eval_every), base.rounds})
+  print_bound(rounds_mean, statistics.mean(times["rounds_cpu"]),
+              hook_cpu.get(hooks_lib.Evaluate.__name__, 0.0) / args.repeats,
+              evaluations, floor_cpu)
   return 0
+
+
+def print_bound(rounds: float, rounds_cpu: float, evaluation_cpu: float, evaluations: int,
+                floor_cpu: float) -> None:
+  """The shortest whole run any overlap of evaluation and rounds allows (the
+  module's docstring), against the goal."""
+  cores = os.cpu_count() or 1
+  bound = max(rounds, (rounds_cpu + evaluations * floor_cpu) / cores) / rounds
+  print(f"  rounds' CPU: {rounds_cpu:.2f} s ({rounds_cpu / rounds:.2f} of {cores} cores busy); "
+        f"{evaluations} evaluations' CPU: {evaluation_cpu:.2f} s, their floor "
+        f"{evaluations * floor_cpu:.2f} s ({floor_cpu:.2f} s each)")
+  print(f"  shortest whole run / rounds any overlap allows: {bound:.3f} "
+        f"(goal <= {GOAL}) {'reachable' if bound <= GOAL else 'OUT OF REACH on this machine'}")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,10 @@
    `tff-fedadamom run` commands, two at a time, on the warm cache; the ratios
    (the sweep's speed-up over a shell loop); the same sweep as a
    `tff-fedadamom tune` command on the warm cache (the sweeps above run in
-   this process, whose imports, config checks and Ray are already done); and
+   this process, whose imports, config checks and Ray are already done); Ray
+   Tune's own part of the warm sweep, its reports replayed with no work
+   (`benchmarks/tune_floor.py`), and so the highest speed-up any sweep of these
+   trials through Tune could show; and
    the time from starting `tff-fedadamom run configs/quickstart.yaml` to its first round's
    start and to its end (its first row of metrics), with a cold and with a
    warm cache.
@@ -59,6 +62,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from benchmarks import tune_floor  # noqa: E402 - after the path
 from tff_fedadamom.metric_names import ELAPSED_S, ROUND, TEST_ACCURACY  # noqa: E402 - after the path
 
 
@@ -118,6 +122,7 @@ class _Run:
                          one_experiment=one_experiment, pool=pool)
       self.wall = time.perf_counter() - start
     trials = [r for grid in result.results.values() for r in grid]
+    self.results = trials
     # Seconds from the call to the first report of any trial (after its first
     # round): Tune's start, the trial workers' start and warm-up, the first
     # trial's set-up and round. Tune stamps reports in whole seconds.
@@ -235,7 +240,7 @@ def process_cache(root: str) -> None:
         "time to a run's first round", flush=True)
   from tuning import shared_worker_pool
 
-  walls = {}
+  walls, replayed = {}, []
   # The warm sweep starts workers of its own, as any sweep does (the shared
   # pool is new then); the third sweep runs in the workers it left.
   with shared_worker_pool() as pool:
@@ -243,6 +248,7 @@ def process_cache(root: str) -> None:
                           ("warm cache and workers", {"pool": pool})):
       run = _Run({**copy.deepcopy(raw), "name": f"cache_{len(walls)}"}, **kwargs)
       walls[label] = run.wall
+      replayed = run.results if label == "warm cache" else replayed
       print(f"  sweep, {label}: {run.trials} trials ({run.errors} errored), "
             f"{run.rounds} trial-rounds in {run.wall:6.1f} s", flush=True)
       print(f"    where it went: first trial report after {run.first_report_s:5.1f} s (Tune's "
@@ -255,6 +261,12 @@ def process_cache(root: str) -> None:
         f"{concurrent} at a time, warm cache: {loop_wall:6.1f} s", flush=True)
   print("  sweep speed-up over the shell loop: " + ", ".join(
       f"{loop_wall / wall:.2f}x ({label})" for label, wall in walls.items()), flush=True)
+  table = tune_floor.reports(replayed)
+  floor, made = tune_floor.replayed_sweep_s(raw, table, os.path.join(root, "tune_floor"))
+  print(f"  Tune alone (tune_floor.py), the warm sweep's {sum(map(len, table.values()))} "
+        f"reports replayed with no work ({made} made): {floor:6.1f} s, so at most "
+        f"{loop_wall / floor:.2f}x the shell loop's speed for any sweep of these trials "
+        f"through Tune", flush=True)
   command = _cli_tune(raw, root)
   print(f"  the same sweep as a `tff-fedadamom tune` command, warm cache: {command:6.1f} s "
         f"({loop_wall / command:.2f}x the shell loop's speed)", flush=True)

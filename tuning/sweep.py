@@ -257,9 +257,13 @@ def _trial_dirname(trial) -> str:
   return f"trial_{trial.trial_id}"
 
 
-def _new_tuner(sweep: Sweep, optimizer: Optional[str], sweep_dir: str, callbacks: list,
-               pool: Optional[str]):
-  """The Tuner of one optimizer, or (`optimizer` None) the joint one."""
+def new_tuner(sweep: Sweep, optimizer: Optional[str], sweep_dir: str, callbacks: list,
+              pool: Optional[str], trainable=None):
+  """The Tuner of one optimizer, or (`optimizer` None) the joint one.
+
+  `trainable` runs instead of the sweep's trials, in actors Tune reuses as with
+  a pool: Tune's own cost for these trials (`benchmarks/tune_floor.py`). It
+  must report the sweep's objective and `ROUND`."""
   budget = sweep.resources.time_budget_s
   if optimizer is not None and budget:
     budget /= len(sweep.optimizers)
@@ -281,12 +285,13 @@ def _new_tuner(sweep: Sweep, optimizer: Optional[str], sweep_dir: str, callbacks
       # With a worker pool a trial's own process only reports (it never imports
       # TensorFlow), so Tune may hand it the next trial of this Tuner. Without,
       # a trial's process holds TFF's runtime, bound to the trial's thread.
-      reuse_actors=pool is not None, trial_dirname_creator=_trial_dirname)
+      reuse_actors=pool is not None or trainable is not None,
+      trial_dirname_creator=_trial_dirname)
   run_config = tune.RunConfig(
       name=optimizer or joint.EXPERIMENT, storage_path=sweep_dir, verbose=0, callbacks=callbacks,
       failure_config=tune.FailureConfig(max_failures=sweep.resources.max_failures),
       checkpoint_config=tune.CheckpointConfig(num_to_keep=1))
-  return tune.Tuner(_trainable(sweep, optimizer, pool), param_space=param_space,
+  return tune.Tuner(trainable or _trainable(sweep, optimizer, pool), param_space=param_space,
                     tune_config=tune_config, run_config=run_config)
 
 
@@ -367,7 +372,7 @@ def run_sweep(sweep, *, resume: bool = False, smoke_test: bool = False,
                                      trainable=_trainable(sweep, optimizer, pool_name),
                                      resume_unfinished=True, resume_errored=True)
         else:
-          tuner = _new_tuner(sweep, optimizer, sweep_dir, [progress, *callbacks], pool_name)
+          tuner = new_tuner(sweep, optimizer, sweep_dir, [progress, *callbacks], pool_name)
         grid = tuner.fit()
         statuses = _saved_statuses(experiment_dir)
         ran = ({optimizer: grid} if optimizer is not None else
