@@ -55,3 +55,24 @@ def test_outputs_are_logits(name, x, classes, options):
   assert np.all(np.isfinite(out))
   assert not np.allclose(out.sum(axis=-1), 1.0)
   assert (out < 0).any()
+
+
+def test_with_keras_dropout_swaps_seeded_dropout_and_keeps_the_outputs():
+  """The copy a run saves: Keras' Dropout in place of each SeededDropout (same
+  rate and seed), the same outputs at inference; a model without one is returned
+  as it is."""
+  from tff_fedadamom.models._common import SeededDropout, with_keras_dropout
+
+  model = models.build_model("cnn", input_shape=(8, 8, 1), num_classes=10, seed=5)
+  seeded = [layer for layer in model.layers if isinstance(layer, SeededDropout)]
+  assert len(seeded) == 2
+  for variable in model.trainable_variables:  # not the seeded initial weights
+    variable.assign(variable * 1.5 + 0.01)
+  copy = with_keras_dropout(model)
+  assert not any(isinstance(layer, SeededDropout) for layer in copy.layers)
+  dropouts = [layer for layer in copy.layers if isinstance(layer, tf.keras.layers.Dropout)]
+  assert [(d.rate, d.seed) for d in dropouts] == [(s.rate, s.seed) for s in seeded]
+  x = np.random.default_rng(0).random((4, 8, 8, 1), np.float32)
+  np.testing.assert_array_equal(copy(x, training=False).numpy(), model(x, training=False).numpy())
+  plain = models.build_model("logistic", input_shape=(8, 8, 1), num_classes=10, seed=5)
+  assert with_keras_dropout(plain) is plain

@@ -83,6 +83,37 @@ def test_saved_model_loads_compiled_and_without_warnings(tmp_path, run_shared, c
   assert accuracy == pytest.approx(run.summary["final_test_accuracy"], abs=1e-6)
 
 
+_EVALUATE_WITH_PLAIN_KERAS = """
+import sys
+import numpy as np
+import tensorflow as tf
+tf.config.threading.set_intra_op_parallelism_threads(1)
+model = tf.keras.models.load_model(sys.argv[1])
+x, y = np.load(sys.argv[2]), np.load(sys.argv[3])
+print(model.evaluate(x, y, batch_size=1000, verbose=0)[1])
+"""
+
+
+def test_a_seeded_cnns_saved_model_loads_with_plain_keras(tmp_path, run_shared):
+  """A seeded CNN's model.keras (its dropout is the project's layer while it
+  trains) loads in a process that imported TensorFlow alone, and evaluates
+  there to the run's final test accuracy."""
+  raw = tiny(tmp_path / "run", rounds=2, model={"name": "cnn"})
+  run = run_shared(raw)
+  test = next(iter(load_data(load_config(raw)).test.batch(1 << 20)))
+  for name in ("x", "y"):
+    np.save(tmp_path / f"{name}.npy", test[name].numpy())
+  done = subprocess.run(
+      [sys.executable, "-c", _EVALUATE_WITH_PLAIN_KERAS,
+       os.path.join(run.output_dir, outputs.MODEL_FILE), str(tmp_path / "x.npy"),
+       str(tmp_path / "y.npy")],
+      cwd=tmp_path, capture_output=True, text=True, timeout=300,
+      env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+  assert done.returncode == 0, done.stderr[-2000:]
+  accuracy = float(done.stdout.split()[-1])
+  assert accuracy == pytest.approx(run.summary["final_test_accuracy"], abs=1e-6)
+
+
 def test_resumed_run_equals_uninterrupted_run(tmp_path, run_shared):
   full = run_shared(tiny(tmp_path / "full"))
   run_shared(tiny(tmp_path / "split", rounds=2))

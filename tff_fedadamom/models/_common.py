@@ -152,6 +152,33 @@ class SeededDropout(tf.keras.layers.Layer):
     return {**super().get_config(), "rate": self.rate, "seed": self.seed}
 
 
+def with_keras_dropout(model: tf.keras.Model) -> tf.keras.Model:
+  """A copy of `model` whose `SeededDropout` layers are Keras' own `Dropout`
+  (same rate, seed and name), every other layer holding the same weights; or
+  `model` itself when it has none.
+
+  What it is for: the model a run saves (`model.keras`). `SeededDropout` is
+  this project's class, so a file holding it loads only where
+  `tff_fedadamom.models` was imported; plain Keras fails on it ("'str' object
+  is not callable"). Dropout passes its input through at inference, so the copy
+  computes the same outputs. Trained further in Keras, it draws Keras' masks
+  (the step variable of `SeededDropout` is not carried over).
+  """
+  if not any(isinstance(layer, SeededDropout) for layer in model.layers):
+    return model
+
+  def clone(layer):
+    if isinstance(layer, SeededDropout):
+      return tf.keras.layers.Dropout(layer.rate, seed=layer.seed, name=layer.name)
+    return layer.__class__.from_config(layer.get_config())
+
+  copy = tf.keras.models.clone_model(model, clone_function=clone)
+  for layer, copied in zip(model.layers, copy.layers, strict=True):
+    if not isinstance(layer, SeededDropout):
+      copied.set_weights(layer.get_weights())
+  return copy
+
+
 def seeded_dropout(rate: float, seed: Optional[int]) -> tf.keras.layers.Layer:
   """`SeededDropout` for a seeded model, Keras' own dropout for an unseeded one."""
   if seed is None:

@@ -61,23 +61,38 @@ class Evaluator:
     return self._model
 
   def compiled_model(self):
-    """The Keras model, compiled with the task's loss and metrics (as it is saved)."""
-    from tff_fedadamom import models
-
+    """The Keras model, compiled with the task's loss and metrics (`_compile`)."""
     if not self._compiled:
-      loss_factory, self._metric_factories = models.loss_and_metrics(
-          models.MODELS[self._config.model.name].task)
-      # Nothing here trains with the Keras optimizer, but model.keras is saved with
-      # it, for a user to go on training. Keras' default, RMSprop, was saved
-      # unbuilt (its step count alone), and every load warned that it skipped
-      # the variables it expected ("RMSprop ... has 3 variables whereas the saved
-      # optimizer has 1"). Plain SGD, the clients' rule, built: the file holds
-      # its zero momentum slots too, one array per weight.
-      self._model.compile(optimizer="sgd", loss=loss_factory(),
-                          metrics=[m() for m in self._metric_factories])
-      self._model.optimizer.build(self._model.trainable_variables)
+      self._compile(self._model)
       self._compiled = True
     return self._model
+
+  def model_to_save(self):
+    """The compiled model, with the weights last assigned to it, as `model.keras`
+    holds it: loadable with plain Keras (`models._common.with_keras_dropout`)."""
+    from tff_fedadamom.models._common import with_keras_dropout
+
+    model = self.compiled_model()
+    portable = with_keras_dropout(model)
+    if portable is not model:
+      self._compile(portable)
+    return portable
+
+  def _compile(self, model) -> None:
+    """Compiles `model` with the task's loss and metrics and a built plain SGD."""
+    from tff_fedadamom import models
+
+    loss_factory, self._metric_factories = models.loss_and_metrics(
+        models.MODELS[self._config.model.name].task)
+    # Nothing here trains with the Keras optimizer, but model.keras is saved with
+    # it, for a user to go on training. Keras' default, RMSprop, was saved
+    # unbuilt (its step count alone), and every load warned that it skipped
+    # the variables it expected ("RMSprop ... has 3 variables whereas the saved
+    # optimizer has 1"). Plain SGD, the clients' rule, built: the file holds
+    # its zero momentum slots too, one array per weight.
+    model.compile(optimizer="sgd", loss=loss_factory(),
+                  metrics=[m() for m in self._metric_factories])
+    model.optimizer.build(model.trainable_variables)
 
   def _forward(self):
     """The forward pass of `evaluate`'s step, traced once, for any batch size.

@@ -6,8 +6,8 @@
                          metrics, plus histograms of the optimizer state)
     checkpoints/         program state (TFF's FileProgramStateManager)
     model.keras          the final global model, compiled (the task's loss and metrics,
-                         plain SGD); a seeded CNN's loads once `tff_fedadamom.models`
-                         is imported (its `SeededDropout`), any other's with plain Keras
+                         plain SGD), loadable with plain Keras (a seeded CNN's dropout
+                         saved as Keras' own: `models._common.with_keras_dropout`)
     curves.png           train loss and test accuracy vs round
     summary.json         final/best accuracy, rounds to targets, timing, status
 

@@ -167,23 +167,23 @@ def _run(plan, parts, *, resuming, on_eval, on_round, progress, hooks,
     tb_manager.close()
     histogram_writer.close()
   wall = time.perf_counter() - started
-  summary = _write_results(plan, parts.evaluator.compiled_model() if model_and_plot else None,
+  summary = _write_results(plan, parts.evaluator if model_and_plot else None,
                            process, result, wall=wall, start_round=start_round)
   return RunResult(output_dir, summary)
 
 
-def _write_results(plan, keras_model, process, result, *, wall: float,
+def _write_results(plan, evaluator, process, result, *, wall: float,
                    start_round: int) -> dict:
-  """The run's summary, and with a `keras_model` its model (if it completed) and
+  """The run's summary, and with an `evaluator` its model (if it completed) and
   curves plot."""
   config = plan.config
   output_dir = config.output_dir
   status = "completed" if result.diverged_round is None else "diverged"
   history = outputs.read_metrics(output_dir)
-  if keras_model is not None:
-    process.get_model_weights(result.state).assign_weights_to(keras_model)
+  if evaluator is not None:
+    process.get_model_weights(result.state).assign_weights_to(evaluator.compiled_model())
     if status == "completed":
-      keras_model.save(os.path.join(output_dir, outputs.MODEL_FILE) + ".tmp.keras")
+      evaluator.model_to_save().save(os.path.join(output_dir, outputs.MODEL_FILE) + ".tmp.keras")
       os.replace(os.path.join(output_dir, outputs.MODEL_FILE) + ".tmp.keras",
                  os.path.join(output_dir, outputs.MODEL_FILE))
     outputs.plot_curves({config.server.optimizer: history},
