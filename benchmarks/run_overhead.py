@@ -164,8 +164,7 @@ def main(argv=None) -> int:
   rounds_mean = statistics.mean(times["rounds"])
   print(f"  run without its evaluation / rounds (means): "
         f"{(statistics.mean(times['run']) - evaluation) / rounds_mean:.3f}")
-  # Evaluated every `eval_every` rounds and at the last (`hooks.Evaluate`).
-  evaluations = len({*range(base.eval_every, base.rounds + 1, base.eval_every), base.rounds})
+  evaluations = len(hooks_lib.evaluation_rounds(base.rounds, base.eval_every))
   print_bound(rounds_mean, statistics.mean(times["rounds_cpu"]),
               hook_cpu.get(hooks_lib.Evaluate.__name__, 0.0) / args.repeats,
               evaluations, floor_cpu)

@@ -240,15 +240,14 @@ def process_cache(root: str) -> None:
         "time to a run's first round", flush=True)
   from tuning import shared_worker_pool
 
-  walls, replayed = {}, []
+  sweeps = {}
   # The warm sweep starts workers of its own, as any sweep does (the shared
   # pool is new then); the third sweep runs in the workers it left.
   with shared_worker_pool() as pool:
     for label, kwargs in (("cold cache", {}), ("warm cache", {"pool": pool}),
                           ("warm cache and workers", {"pool": pool})):
-      run = _Run({**copy.deepcopy(raw), "name": f"cache_{len(walls)}"}, **kwargs)
-      walls[label] = run.wall
-      replayed = run.results if label == "warm cache" else replayed
+      run = sweeps[label] = _Run({**copy.deepcopy(raw), "name": f"cache_{len(sweeps)}"},
+                                 **kwargs)
       print(f"  sweep, {label}: {run.trials} trials ({run.errors} errored), "
             f"{run.rounds} trial-rounds in {run.wall:6.1f} s", flush=True)
       print(f"    where it went: first trial report after {run.first_report_s:5.1f} s (Tune's "
@@ -260,8 +259,8 @@ def process_cache(root: str) -> None:
   print(f"  the same trials as {runs} separate runs ({raw['budget']['rounds']} rounds each), "
         f"{concurrent} at a time, warm cache: {loop_wall:6.1f} s", flush=True)
   print("  sweep speed-up over the shell loop: " + ", ".join(
-      f"{loop_wall / wall:.2f}x ({label})" for label, wall in walls.items()), flush=True)
-  table = tune_floor.reports(replayed)
+      f"{loop_wall / run.wall:.2f}x ({label})" for label, run in sweeps.items()), flush=True)
+  table = tune_floor.reports(sweeps["warm cache"].results)
   floor, made = tune_floor.replayed_sweep_s(raw, table, os.path.join(root, "tune_floor"))
   print(f"  Tune alone (tune_floor.py), the warm sweep's {sum(map(len, table.values()))} "
         f"reports replayed with no work ({made} made): {floor:6.1f} s, so at most "

@@ -39,6 +39,7 @@ from ray import tune
 
 from tff_fedadamom.metric_names import ROUND
 from tff_fedadamom.config.loader import first_difference
+from tff_fedadamom.pipeline.hooks import evaluation_rounds
 from tff_fedadamom.pipeline.ray_session import ray_session
 from tuning import joint
 from tuning import schema
@@ -212,12 +213,12 @@ def checkpoint_rounds(sweep: Sweep) -> frozenset[int]:
   and runs the rounds after it again, with the same results (rounds are
   deterministic).
   """
-  rounds, every = sweep.budget.rounds, sweep.base.eval_every
+  rounds = sweep.budget.rounds
   out = {rounds}
   if sweep.scheduler.kind == "asha":
     pending = asha_milestones(sweep.scheduler.grace_period, sweep.scheduler.reduction_factor,
                               rounds)
-    for round_num in [*range(every, rounds, every), rounds]:
+    for round_num in evaluation_rounds(rounds, sweep.base.eval_every):
       reached = [m for m in pending if m <= round_num]
       if reached:
         pending.remove(max(reached))

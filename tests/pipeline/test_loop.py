@@ -269,3 +269,14 @@ def test_a_checkpoint_collects_the_cycles_its_save_left_at_most_so_often():
   finally:
     if enabled:
       gc.enable()
+
+
+@pytest.mark.parametrize("rounds, every", [(6, 2), (7, 3), (5, 5), (3, 4), (1, 1)])
+def test_evaluation_rounds_are_the_rounds_evaluate_evaluates(rounds, every):
+  """`hooks.evaluation_rounds` (what sweeps and benchmarks plan with) against
+  the rounds `Evaluate` evaluated in a run that reached its end."""
+  evaluated = []
+  run_rounds(CountingProcess(), 0.0, range(1, rounds + 1), sampler,
+             [hooks.Evaluate(evaluator, every), hooks.OnRound(
+                 lambda r, m: evaluated.append(r) if TEST_ACCURACY in m else None)])
+  assert hooks.evaluation_rounds(rounds, every) == evaluated

@@ -87,8 +87,15 @@ class Divergence(RoundHook):
                     or self._rejected_streak >= self._patience)
 
 
+def evaluation_rounds(rounds: int, every: int) -> list[int]:
+  """The rounds `Evaluate(..., every)` evaluates in a run of rounds 1..`rounds`
+  that runs to its end: every `every`-th, and the last."""
+  return [*range(every, rounds, every), rounds]
+
+
 class Evaluate(RoundHook):
-  """Adds `evaluator(process, state)` every `every` rounds and on the final one."""
+  """Adds `evaluator(process, state)` every `every` rounds and on the final one
+  (`evaluation_rounds`)."""
 
   def __init__(self, evaluator: Callable, every: int):
     self._evaluator = evaluator
