@@ -37,7 +37,17 @@ first round's start and end. In this process, without Ray: what Ray adds
 
     .venv/bin/python benchmarks/process_load.py [--only digits|fmnist|shakespeare]
     PYTHONPATH=$PWD .venv/bin/python benchmarks/process_load.py --warm-run [--repeat 3]
+`--side-by-side` answers whether one trial worker could serve a sweep's two
+concurrent trials (one TensorFlow import and one build per structure for both,
+instead of one per worker): two warm quickstart-sweep trials of different
+optimizers, each through parts of its own (`PartsCache`: concurrent runs must
+not share a Keras model), run one after the other and then side by side in two
+threads of this process (TensorFlow sized for two trials). It prints both wall
+times and their ratio: 0.5 would be two cores fully used, 1.0 the trials
+taking turns (Python's lock held between TensorFlow's calls).
+
     PYTHONPATH=$PWD .venv/bin/python benchmarks/process_load.py --warm-trial
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/process_load.py --side-by-side [--repeat 3]
 """
 
 from __future__ import annotations
@@ -248,17 +258,68 @@ def warm_trial() -> None:
     print("\n".join(format_timeline(timeline.spans)))
 
 
+def side_by_side(repeat: int) -> None:
+  """Two warm trials one after the other, then side by side (see the module doc)."""
+  import threading
+
+  from tff_fedadamom.pipeline import run_experiment
+  from tuning import schema
+  from tuning import space as space_lib
+
+  sweep = schema.load_sweep(os.path.join(ROOT, "configs", "sweeps", "quickstart.yaml"))
+  optimizers = [o for o in sweep.optimizers if o in ("fedadam", "fedyogi")]
+  with tempfile.TemporaryDirectory() as root:
+    caches = {o: parts_lib.PartsCache(1) for o in optimizers}
+    runs = [0]
+
+    def trial(optimizer: str, index: int) -> None:
+      runs[0] += 1
+      tree = space_lib.experiment_dict(
+          sweep, optimizer, space_lib.sample_trials(sweep, optimizer)[index], threads=2,
+          output_dir=os.path.join(root, f"{optimizer}-{runs[0]}"))
+      tree["runtime"]["cache_dir"] = os.path.join(root, "cache")
+      plan = parts_lib.make_plan(load_config(tree))
+      run_experiment(plan, parts=caches[optimizer].get(plan), progress=False,
+                     model_and_plot=False)
+
+    for optimizer in optimizers:  # built, compiled and run once: what follows is warm
+      trial(optimizer, 0)
+    print(f"two warm trials of {sweep.budget.rounds} rounds ({' and '.join(optimizers)}, "
+          f"{sweep.base.model.name} on {sweep.base.data.name}), {os.cpu_count()} CPUs:")
+    for i in range(repeat):
+      started = time.perf_counter()
+      for optimizer in optimizers:
+        trial(optimizer, 1)
+      apart = time.perf_counter() - started
+      threads = [threading.Thread(target=trial, args=(o, 1)) for o in optimizers]
+      started = time.perf_counter()
+      for thread in threads:
+        thread.start()
+      for thread in threads:
+        thread.join()
+      together = time.perf_counter() - started
+      print(f"  {i + 1}: one after the other {apart:.2f} s, side by side in one process "
+            f"{together:.2f} s: ratio {together / apart:.2f} (0.5 = two cores used, "
+            f"1.0 = taking turns)", flush=True)
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--only", choices=sorted(CASES))
   parser.add_argument("--warm-run", action="store_true",
                       help="time a warm `tff-fedadamom run configs/quickstart.yaml` to round 1")
-  parser.add_argument("--repeat", type=int, default=1, help="warm runs to time")
+  parser.add_argument("--repeat", type=int, default=1, help="warm runs (--warm-run) or pairs of trials (--side-by-side) to time")
   parser.add_argument("--warm-trial", action="store_true",
                       help="time a trial in a warm trial worker to round 1")
+  parser.add_argument("--side-by-side", action="store_true",
+                      help="two warm trials one after the other, then in two threads")
   args = parser.parse_args(argv)
   if args.warm_run:
     warm_run(args.repeat)
+    return 0
+  if args.side_by_side:
+    Session(threads=2).apply()  # two trials' worth, in one process
+    side_by_side(args.repeat)
     return 0
   if args.warm_trial:
     Session(threads=1).apply()  # a trial worker's, as `TrialWorker` sets it

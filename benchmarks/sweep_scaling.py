@@ -6,7 +6,9 @@
 0. The process cache (`tff_fedadamom.pipeline.process_cache`): the quickstart
    sweep's wall time with a cold cache, again with the warm one, and a third
    time in the trial workers the second left (`tuning.shared_worker_pool`, as
-   a caller running sweep after sweep in one Ray session keeps them); the same
+   a caller running sweep after sweep in one Ray session keeps them), each with
+   when Tune started its first trial, its first report and its export (timed
+   apart: `run_sweep(..., export=False)`, then `export_sweep`); the same
    20 trials (each optimizer's two sampled configs, all rounds) as separate
    `tff-fedadamom run` commands, two at a time, on the warm cache; the ratios
    (the sweep's speed-up over a shell loop); the same sweep as a
@@ -110,17 +112,40 @@ def local_ray():
     ray.shutdown()
 
 
+def _first_trial_start():
+  """A Tune callback whose `at` becomes the time (`time.time()`) Tune starts its
+  first trial."""
+  from ray import tune
+
+  class FirstTrialStart(tune.Callback):
+    at = None
+
+    def on_trial_start(self, iteration, trials, trial, **info) -> None:
+      if self.at is None:
+        self.at = time.time()
+
+  return FirstTrialStart()
+
+
 class _Run:
   """One sweep's measurements."""
 
   def __init__(self, raw, reuse: bool = True, one_experiment: bool = True, pool=None):
-    from tuning import run_sweep
+    from tuning import export_sweep, run_sweep
 
+    first_start = _first_trial_start()
     with open(os.devnull, "w") as quiet:
       start, started_at = time.perf_counter(), time.time()
       result = run_sweep(raw, progress_interval_s=3600, stream=quiet, reuse_workers=reuse,
-                         one_experiment=one_experiment, pool=pool)
+                         one_experiment=one_experiment, pool=pool, callbacks=[first_start],
+                         export=False)
+      exporting = time.perf_counter()
+      export_sweep(result.sweep_dir)  # what run_sweep does last, timed apart
       self.wall = time.perf_counter() - start
+    self.export_s = start + self.wall - exporting
+    # Seconds from the call to Tune starting a first trial: the sweep's set-up
+    # and Tune's own start, on CPUs the trial workers' imports share.
+    self.first_start_s = (first_start.at or float("nan")) - started_at
     trials = [r for grid in result.results.values() for r in grid]
     self.results = trials
     # Seconds from the call to the first report of any trial (after its first
@@ -250,8 +275,10 @@ def process_cache(root: str) -> None:
                                  **kwargs)
       print(f"  sweep, {label}: {run.trials} trials ({run.errors} errored), "
             f"{run.rounds} trial-rounds in {run.wall:6.1f} s", flush=True)
-      print(f"    where it went: first trial report after {run.first_report_s:5.1f} s (Tune's "
-            f"start, the trial workers' start and warm-up, a first round); the trials' rounds "
+      print(f"    where it went: Tune started a first trial after {run.first_start_s:5.1f} s "
+            f"and had its first report after {run.first_report_s:5.1f} s (whole seconds: Tune's "
+            f"stamps; the trial workers' start and warm-up, a first round); the export took {run.export_s:4.1f} s; "
+            f"the trials' rounds "
             f"{run.round_seconds:5.1f} s and Tune's time_total_s {run.trial_seconds:5.1f} s "
             f"over {concurrent} slots of {run.wall:5.1f} s (median trial: "
             f"{run.median_gap:.2f} s besides its rounds)", flush=True)
