@@ -35,8 +35,6 @@ trial has the sweep's first sampled hparams): from the worker taking the trial t
 first round's start and end. In this process, without Ray: what Ray adds
 (the trainable's start, its claim and event calls) is not in it.
 
-    .venv/bin/python benchmarks/process_load.py [--only digits|fmnist|shakespeare]
-    PYTHONPATH=$PWD .venv/bin/python benchmarks/process_load.py --warm-run [--repeat 3]
 `--side-by-side` answers whether one trial worker could serve a sweep's two
 concurrent trials (one TensorFlow import and one build per structure for both,
 instead of one per worker): two warm quickstart-sweep trials of different
@@ -46,6 +44,8 @@ threads of this process (TensorFlow sized for two trials). It prints both wall
 times and their ratio: 0.5 would be two cores fully used, 1.0 the trials
 taking turns (Python's lock held between TensorFlow's calls).
 
+    .venv/bin/python benchmarks/process_load.py [--only digits|fmnist|shakespeare]
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/process_load.py --warm-run [--repeat 3]
     PYTHONPATH=$PWD .venv/bin/python benchmarks/process_load.py --warm-trial
     PYTHONPATH=$PWD .venv/bin/python benchmarks/process_load.py --side-by-side [--repeat 3]
 """
@@ -308,7 +308,8 @@ def main(argv=None) -> int:
   parser.add_argument("--only", choices=sorted(CASES))
   parser.add_argument("--warm-run", action="store_true",
                       help="time a warm `tff-fedadamom run configs/quickstart.yaml` to round 1")
-  parser.add_argument("--repeat", type=int, default=1, help="warm runs (--warm-run) or pairs of trials (--side-by-side) to time")
+  parser.add_argument("--repeat", type=int, default=1,
+                      help="warm runs (--warm-run) or pairs of trials (--side-by-side) to time")
   parser.add_argument("--warm-trial", action="store_true",
                       help="time a trial in a warm trial worker to round 1")
   parser.add_argument("--side-by-side", action="store_true",

@@ -277,8 +277,8 @@ def process_cache(root: str) -> None:
             f"{run.rounds} trial-rounds in {run.wall:6.1f} s", flush=True)
       print(f"    where it went: Tune started a first trial after {run.first_start_s:5.1f} s "
             f"and had its first report after {run.first_report_s:5.1f} s (whole seconds: Tune's "
-            f"stamps; the trial workers' start and warm-up, a first round); the export took {run.export_s:4.1f} s; "
-            f"the trials' rounds "
+            f"stamps; the trial workers' start and warm-up, a first round); the export took "
+            f"{run.export_s:4.1f} s; the trials' rounds "
             f"{run.round_seconds:5.1f} s and Tune's time_total_s {run.trial_seconds:5.1f} s "
             f"over {concurrent} slots of {run.wall:5.1f} s (median trial: "
             f"{run.median_gap:.2f} s besides its rounds)", flush=True)
