@@ -15,8 +15,9 @@ falls on both alike, and the medians are compared. The issue's goal: a whole
 quickstart run within 1.15x of its rounds.
 
 Where the difference goes: each round hook's seconds over the whole run
-(`pipeline.hooks`, timed around its `end_round` in this process), and what is
-left (start, the final outputs and plots). Evaluation is compute, not
+(`pipeline.hooks`, timed around its `end_round` in this process), the run's
+own rounds (its `next_for_clients` calls, timed inside it), and what is left
+of each run without them (start, the final outputs and plots). Evaluation is compute, not
 overhead: on the quickstart it is a forward pass over the 10,000 test images,
 every 5 rounds.
 
@@ -105,11 +106,31 @@ def evaluation_floor_cpu(config, parts, repeats: int = 3) -> float:
   return min(cpu)
 
 
-def whole_run(plan, parts) -> float:
-  """Seconds of `run_experiment` on `parts`, from the call to its summary."""
-  started = time.perf_counter()
-  run_experiment(plan, parts=parts, progress=False)
-  return time.perf_counter() - started
+def whole_run(plan, parts, hook_seconds: dict) -> tuple[float, float, float]:
+  """Seconds of `run_experiment` on `parts`, from the call to its summary, and
+  of them the seconds in its rounds (`next_for_clients`) and in its hooks
+  (`hook_seconds`, filled by `time_hooks`): the run's own parts, so that what
+  is left is the run's alone, whatever the machine's speed did between this
+  run and the rounds timed alone."""
+  process = parts.process
+  calls, in_rounds = process.next_for_clients, [0.0]
+
+  def timed(*args, **kwargs):
+    started = time.perf_counter()
+    try:
+      return calls(*args, **kwargs)
+    finally:
+      in_rounds[0] += time.perf_counter() - started
+
+  hooks_before = sum(hook_seconds.values())
+  process.next_for_clients = timed  # on this object only; removed below
+  try:
+    started = time.perf_counter()
+    run_experiment(plan, parts=parts, progress=False)
+    wall = time.perf_counter() - started
+  finally:
+    del process.next_for_clients
+  return wall, in_rounds[0], sum(hook_seconds.values()) - hooks_before
 
 
 def main(argv=None) -> int:
@@ -133,7 +154,7 @@ def main(argv=None) -> int:
     parts = parts_lib.build_parts(parts_lib.make_plan(base))
     try:
       parts_lib.warm_up(base, parts)
-      times = {"rounds": [], "run": [], "rounds_cpu": []}
+      times = {"rounds": [], "run": [], "rounds_cpu": [], "run_rounds": [], "rest": []}
       hook_seconds, hook_cpu = {}, {}
       time_hooks(hook_seconds, hook_cpu)
       for i in range(args.repeats):
@@ -142,7 +163,10 @@ def main(argv=None) -> int:
         wall, cpu = rounds_only(plan, parts)
         times["rounds"].append(wall)
         times["rounds_cpu"].append(cpu)
-        times["run"].append(whole_run(plan, parts))
+        wall, in_rounds, in_hooks = whole_run(plan, parts, hook_seconds)
+        times["run"].append(wall)
+        times["run_rounds"].append(in_rounds)
+        times["rest"].append(wall - in_rounds - in_hooks)
       floor_cpu = evaluation_floor_cpu(base, parts)
     finally:
       parts.process.close()
@@ -159,8 +183,12 @@ def main(argv=None) -> int:
                                                           key=lambda item: -item[1])}
   print("  each run's hooks (mean s): " + ", ".join(f"{n} {t:.2f}" for n, t in per_run.items()))
   evaluation = per_run.get(hooks_lib.Evaluate.__name__, 0.0)
-  rest = statistics.mean(times["run"]) - statistics.mean(times["rounds"]) - sum(per_run.values())
-  print(f"  start, outputs and plots (mean s): {rest:.2f}")
+  print(f"  the run's own rounds: {statistics.median(times['run_rounds']):7.2f} s   "
+        f"({', '.join(f'{t:.2f}' for t in times['run_rounds'])})")
+  # Each run less its own rounds and hooks: never the difference of two timings
+  # taken apart, which the machine's speed can move either way.
+  print(f"  start, outputs and plots (median s): {statistics.median(times['rest']):.2f}   "
+        f"({', '.join(f'{t:.2f}' for t in times['rest'])})")
   rounds_mean = statistics.mean(times["rounds"])
   print(f"  run without its evaluation / rounds (means): "
         f"{(statistics.mean(times['run']) - evaluation) / rounds_mean:.3f}")
