@@ -200,17 +200,16 @@ def _first_round_s(config_path: str, output_dir: str, overrides: list) -> tuple[
     return first_round(json.load(f))
 
 
-def _cli_loop(raw: dict, root: str, concurrent: int) -> tuple[int, float]:
-  """The sweep's trials (every optimizer's sampled configs, all rounds) as separate
-  `tff-fedadamom run` commands, `concurrent` at a time: (runs, wall seconds)."""
+def _cli_loop(sweep, root: str, concurrent: int) -> tuple[int, float]:
+  """The trials of `sweep` (a loaded `Sweep`: every optimizer's sampled configs,
+  all rounds) as separate `tff-fedadamom run` commands, `concurrent` at a time:
+  (runs, wall seconds)."""
   import subprocess
 
   import yaml
 
-  from tuning import schema
   from tuning import space as space_lib
 
-  sweep = schema.load_sweep(raw)
   commands = []
   for optimizer in sweep.optimizers:
     for i, params in enumerate(space_lib.sample_trials(sweep, optimizer)):
@@ -263,7 +262,9 @@ def process_cache(root: str) -> None:
   concurrent = raw["resources"]["max_concurrent_trials"]
   print("0. process cache: quickstart sweep, cold then warm; its trials as separate runs; "
         "time to a run's first round", flush=True)
-  from tuning import shared_worker_pool
+  from tuning import schema, shared_worker_pool
+
+  sweep = schema.load_sweep(raw)  # checked once, for the shell loop and Tune's floor
 
   sweeps = {}
   # The warm sweep starts workers of its own, as any sweep does (the shared
@@ -282,13 +283,13 @@ def process_cache(root: str) -> None:
             f"{run.round_seconds:5.1f} s and Tune's time_total_s {run.trial_seconds:5.1f} s "
             f"over {concurrent} slots of {run.wall:5.1f} s (median trial: "
             f"{run.median_gap:.2f} s besides its rounds)", flush=True)
-  runs, loop_wall = _cli_loop(raw, root, concurrent)
+  runs, loop_wall = _cli_loop(sweep, root, concurrent)
   print(f"  the same trials as {runs} separate runs ({raw['budget']['rounds']} rounds each), "
         f"{concurrent} at a time, warm cache: {loop_wall:6.1f} s", flush=True)
   print("  sweep speed-up over the shell loop: " + ", ".join(
       f"{loop_wall / run.wall:.2f}x ({label})" for label, run in sweeps.items()), flush=True)
   table = tune_floor.reports(sweeps["warm cache"].results)
-  floor, made = tune_floor.replayed_sweep_s(raw, table, os.path.join(root, "tune_floor"))
+  floor, made = tune_floor.replayed_sweep_s(sweep, table, os.path.join(root, "tune_floor"))
   print(f"  Tune alone (tune_floor.py), the warm sweep's {sum(map(len, table.values()))} "
         f"reports replayed with no work ({made} made): {floor:6.1f} s, so at most "
         f"{loop_wall / floor:.2f}x the shell loop's speed for any sweep of these trials "

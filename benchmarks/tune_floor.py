@@ -59,20 +59,19 @@ def replay(config: dict, *, table: dict, checkpoint_rounds) -> None:
       tune.report(row)
 
 
-def replayed_sweep_s(raw: dict, table: dict, storage: str) -> tuple[float, int]:
-  """(wall seconds, reports made) of `raw`'s joint Tuner (as `run_sweep` builds
-  it, in the Ray session already running) whose trials replay `table`
-  (`reports`). ASHA decides as reports arrive, so a replay may stop a trial a
-  rung earlier or later than the sweep it replays: compare the report counts."""
+def replayed_sweep_s(sweep, table: dict, storage: str) -> tuple[float, int]:
+  """(wall seconds, reports made) of the joint Tuner of `sweep` (a loaded
+  `Sweep`), as `run_sweep` builds it, in the Ray session already running,
+  whose trials replay `table` (`reports`). ASHA decides as reports arrive, so
+  a replay may stop a trial a rung earlier or later than the sweep it replays:
+  compare the report counts."""
   import ray.cloudpickle
   from ray import tune
 
-  from tuning import schema
   from tuning import sweep as sweep_lib
 
   # The trial actors import `tuning`, not this file: they get it by value.
   ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-  sweep = schema.load_sweep(raw)
   trainable = tune.with_resources(
       tune.with_parameters(replay, table=table,
                            checkpoint_rounds=sweep_lib.checkpoint_rounds(sweep)),
