@@ -246,7 +246,8 @@ def warm_trial() -> None:
           f"{time.perf_counter() - started:.2f} s")
     timeline = Timeline(time.time(), on_round_end=_stop)
     timeline.install(now=True)
-    plan, parts = worker._parts(functools.partial(experiment, trials[0], "trial"))  # noqa: SLF001
+    plan = worker._plan(functools.partial(experiment, trials[0], "trial"))  # noqa: SLF001
+    parts = worker._parts(plan)  # noqa: SLF001
     try:
       run_experiment(plan, parts=parts, progress=False)
     except _Stop:
