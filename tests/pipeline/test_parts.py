@@ -3,6 +3,7 @@ with shared parts is the run with its own."""
 
 import csv
 import os
+import types
 
 import numpy as np
 import pytest
@@ -234,6 +235,36 @@ def test_structures_of_one_model_and_data_share_an_evaluator_and_run_as_with_the
                  tiny(data={"eval_batch_size": 7})):
     assert parts_lib.evaluator_key(config) != parts_lib.evaluator_key(tiny())
     assert cache.get(config).evaluator is not first.evaluator
+
+
+def test_eviction_spares_the_parts_got_again_before_those_used_once(monkeypatch):
+  """Structures that recur (a sweep's server optimizers, two trials each) stay
+  while structures used once (its FedCAda and FAFED trials) come and go: here
+  two recurring ones and two one-offs a round, in a cache of 3. Least recently
+  used alone would evict each recurring structure before its next round."""
+  from tff_fedadamom.pipeline import process as process_lib
+
+  built = []
+
+  def build_parts(plan, data, evaluator):
+    built.append(plan.key)
+    return types.SimpleNamespace(key=plan.key, evaluator=evaluator or "evaluator")
+
+  monkeypatch.setattr(parts_lib, "make_plan", lambda plan: plan)
+  monkeypatch.setattr(parts_lib, "build_parts", build_parts)
+  monkeypatch.setattr(parts_lib, "evaluator_key", lambda config: "model")
+  monkeypatch.setattr(parts_lib, "data_key", lambda config: "data")
+  monkeypatch.setattr(process_lib, "load_data", lambda config: "data")
+  cache = parts_lib.PartsCache(max_size=3)
+  get = lambda key: cache.get(types.SimpleNamespace(key=key, config=None)).key
+  for round_ in "123":
+    for key in ("r", "r", "s", "s", round_ + "a", round_ + "b"):
+      assert get(key) == key
+  assert built == ["r", "s", "1a", "1b", "2a", "2b", "3a", "3b"]
+  assert (cache.hits, cache.misses, len(cache)) == (10, 8, 3)
+  # Once every kept structure has been got again, least recently used decides.
+  get("3b"), get("4a")
+  assert "r" not in cache and {"s", "3b", "4a"} <= set(cache._parts)
 
 
 def test_cache_keeps_at_most_max_size_and_parts_serve_their_structure_only(tmp_path):

@@ -34,6 +34,7 @@ from typing import Any, Optional
 import numpy as np
 
 from tff_fedadamom.config import ExperimentConfig, config_to_dict, schema
+from tff_fedadamom.pipeline import lru
 from tff_fedadamom.pipeline.evaluation import Evaluator
 from tff_fedadamom.pipeline.plan import RunPlan
 
@@ -314,7 +315,11 @@ def warm_up(config, parts: ExperimentParts) -> None:
 
 
 class PartsCache:
-  """The parts of the last `max_size` structure keys, least recently used out.
+  """The parts of at most `max_size` structure keys; out goes the least recently
+  used of those not got again since they were built, else the least recently used.
+  Why: a sweep's FedCAda and FAFED trials are a structure each (their sampled
+  hparams are built into the process), used once between the trials of the
+  structures that recur, which least recently used alone evicted.
 
   Data is cached apart from the rest, by `data_key`, so that configs with the
   same data but another model or optimizer load it once; so is the `Evaluator`
@@ -334,6 +339,7 @@ class PartsCache:
     self._parts: collections.OrderedDict[str, ExperimentParts] = collections.OrderedDict()
     self._data: collections.OrderedDict[str, Any] = collections.OrderedDict()
     self._evaluators: collections.OrderedDict[str, Evaluator] = collections.OrderedDict()
+    self._reused: set[str] = set()  # keys got again since their parts were built
     self.hits = 0
     self.misses = 0
 
@@ -349,43 +355,29 @@ class PartsCache:
     (and cached) on a miss."""
     plan = make_plan(config)
     key = plan.key
-    parts = _lru_get(self._parts, key)
+    parts = lru.get(self._parts, key)
     if parts is not None:
       self.hits += 1
+      self._reused.add(key)
       return parts
     self.misses += 1
     model_key = evaluator_key(plan.config)
     parts = build_parts(plan, data=self._get_data(plan.config),
-                        evaluator=_lru_get(self._evaluators, model_key))
-    _lru_put(self._parts, key, parts, self.max_size)
-    _lru_put(self._evaluators, model_key, parts.evaluator, self.max_size)
+                        evaluator=lru.get(self._evaluators, model_key))
+    lru.put(self._parts, key, parts, self.max_size, keep=self._reused)
+    self._reused &= self._parts.keys()
+    lru.put(self._evaluators, model_key, parts.evaluator, self.max_size)
     return parts
 
   def _get_data(self, config: ExperimentConfig):
     from tff_fedadamom.pipeline import process as process_lib
 
     key = data_key(config)
-    data = _lru_get(self._data, key)
+    data = lru.get(self._data, key)
     if data is None:
       data = process_lib.load_data(config)
-      _lru_put(self._data, key, data, self.max_size)
+      lru.put(self._data, key, data, self.max_size)
     return data
-
-
-def _lru_get(entries: collections.OrderedDict, key: str):
-  """`entries[key]`, now the most recently used, or None."""
-  if key not in entries:
-    return None
-  entries.move_to_end(key)
-  return entries[key]
-
-
-def _lru_put(entries: collections.OrderedDict, key: str, value, max_size: int) -> None:
-  """Sets `entries[key]`, the most recently used, keeping the last `max_size`."""
-  entries[key] = value
-  entries.move_to_end(key)
-  while len(entries) > max_size:
-    entries.popitem(last=False)
 
 
 def check_parts(config, parts: Optional[ExperimentParts]) -> None:
