@@ -195,3 +195,37 @@ def test_a_trials_callables_are_unpickled_in_the_trial_thread(tmp_path):
   worker.release("t")
   assert kind == "error" and "no experiment here" in payload
   assert _UNPICKLED_IN == ["tff-trials"]
+
+
+def test_a_released_trial_waiting_at_an_evaluation_ends_at_once(monkeypatch):
+  """Tune ends a trial at its last report and the trainable releases it without
+  asking for another event: the run, waiting at that evaluation, must give up
+  then, not at its next poll (the next trial's claim of the worker waits for
+  it). With a poll of a minute, only the release can wake it within the join."""
+  import threading
+
+  from tuning import workers
+
+  monkeypatch.setattr(workers, "_POLL_S", 60.0)
+  trial = workers._Trial("t", process_identity(os.getpid()))
+  outcome = []
+
+  def run():
+    try:
+      trial.hand_over("last evaluation")
+      outcome.append("went on")
+    except workers._Abandoned:
+      outcome.append("gave up")
+
+  waiting = threading.Thread(target=run)
+  waiting.start()
+  assert trial.events.get(timeout=10) == ("eval", "last evaluation")
+  trial.give_up()
+  waiting.join(timeout=10)
+  assert not waiting.is_alive() and outcome == ["gave up"]
+
+  # An evaluation the trainable asks past goes on as before.
+  trial = workers._Trial("u", process_identity(os.getpid()))
+  trial.ack.release()
+  trial.hand_over("an evaluation")
+  assert trial.events.get_nowait() == ("eval", "an evaluation")
