@@ -235,10 +235,10 @@ def _asha(sweep: Sweep):
 
 
 def _scheduler(sweep: Sweep, optimizer: Optional[str]):
-  """The early stopping of one optimizer's Tuner, or (`optimizer` None) of the
-  joint experiment: one ASHA per optimizer."""
+  """The early stopping of one optimizer's Tuner, or (`optimizer` None) of the joint
+  experiment: one ASHA per optimizer; without, `joint.NewestPendingFirst`."""
   if sweep.scheduler.kind == "none":
-    return None
+    return joint.NewestPendingFirst()
   if optimizer is None:
     return joint.PerOptimizerScheduler(functools.partial(_asha, sweep), sweep.optimizers)
   return _asha(sweep)

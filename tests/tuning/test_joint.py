@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 from ray.tune.schedulers import ASHAScheduler, TrialScheduler
@@ -173,3 +174,26 @@ def test_the_scheduler_survives_save_and_restore(tmp_path):
   assert restored.on_trial_result(None, trial, {"round": 1, "objective": 0.1}) == \
       TrialScheduler.STOP  # judged against a1, which only the saved state knew
   assert "good:" in restored.debug_string() and "poor:" in restored.debug_string()
+
+
+@pytest.mark.parametrize("scheduler", [
+    joint.NewestPendingFirst(), joint.PerOptimizerScheduler(_asha, ["good", "poor"])])
+def test_the_newest_pending_trial_starts_first_then_the_oldest_paused(scheduler):
+  """Tune gives a finished trial's cached actor to the trial its scheduler
+  chooses, removing a new actor already starting for it: the newest pending
+  trial, which the searcher has just added, has none yet."""
+  from ray.tune.experiment import Trial
+
+  def controller(*statuses):
+    trials = [types.SimpleNamespace(trial_id=str(i), status=s) for i, s in enumerate(statuses)]
+    return types.SimpleNamespace(get_trials=lambda: trials), trials
+
+  running, pending, paused = Trial.RUNNING, Trial.PENDING, Trial.PAUSED
+  tune_controller, trials = controller(running, pending, pending, Trial.TERMINATED)
+  assert scheduler.choose_trial_to_run(tune_controller) is trials[2]
+  tune_controller, trials = controller(paused, running, paused)
+  assert scheduler.choose_trial_to_run(tune_controller) is trials[0]
+  tune_controller, trials = controller(paused, pending)
+  assert scheduler.choose_trial_to_run(tune_controller) is trials[1]
+  tune_controller, _ = controller(running, Trial.TERMINATED)
+  assert scheduler.choose_trial_to_run(tune_controller) is None
