@@ -216,6 +216,23 @@ def _stop(timeline) -> None:
   raise _Stop()
 
 
+def _quickstart_sweep():
+  from tuning import schema
+
+  return schema.load_sweep(os.path.join(ROOT, "configs", "sweeps", "quickstart.yaml"))
+
+
+def _trial_config(sweep, optimizer: str, params, root: str, name: str, threads: int) -> dict:
+  """The experiment dict of a trial of `sweep`, writing to `root`/`name`, with
+  the process cache in `root`/cache (a private one, cold while `root` is new)."""
+  from tuning import space as space_lib
+
+  tree = space_lib.experiment_dict(sweep, optimizer, params, threads=threads,
+                                   output_dir=os.path.join(root, name))
+  tree["runtime"]["cache_dir"] = os.path.join(root, "cache")
+  return tree
+
+
 def warm_trial() -> None:
   """The timeline of a trial of the quickstart sweep in a warm `TrialWorker`, from
   the worker taking it to its first round's end (see the module doc)."""
@@ -223,30 +240,23 @@ def warm_trial() -> None:
 
   from benchmarks.startup_timeline import Timeline, format_timeline
   from tff_fedadamom.pipeline import run_experiment
-  from tuning import schema
   from tuning import space as space_lib
   from tuning.workers import TrialWorker
 
-  sweep = schema.load_sweep(os.path.join(ROOT, "configs", "sweeps", "quickstart.yaml"))
+  sweep = _quickstart_sweep()
   optimizer = sweep.optimizers[0]
   worker = TrialWorker()
   with tempfile.TemporaryDirectory() as root:
-    cache = os.path.join(root, "cache")
-
-    def experiment(params, name):
-      tree = space_lib.experiment_dict(sweep, optimizer, params, threads=1,
-                                       output_dir=os.path.join(root, name))
-      tree["runtime"]["cache_dir"] = cache
-      return tree
-
     trials = space_lib.sample_trials(sweep, optimizer)
     started = time.perf_counter()
-    worker._warm_up(functools.partial(experiment, {}, "warm"))  # noqa: SLF001
+    worker._warm_up(functools.partial(  # noqa: SLF001
+        _trial_config, sweep, optimizer, {}, root, "warm", 1))
     print(f"worker warm-up ({optimizer}, cold process cache): "
           f"{time.perf_counter() - started:.2f} s")
     timeline = Timeline(time.time(), on_round_end=_stop)
     timeline.install(now=True)
-    plan = worker._plan(functools.partial(experiment, trials[0], "trial"))  # noqa: SLF001
+    plan = worker._plan(functools.partial(  # noqa: SLF001
+        _trial_config, sweep, optimizer, trials[0], root, "trial", 1))
     parts = worker._parts(plan)  # noqa: SLF001
     try:
       run_experiment(plan, parts=parts, progress=False)
@@ -264,10 +274,9 @@ def side_by_side(repeat: int) -> None:
   import threading
 
   from tff_fedadamom.pipeline import run_experiment
-  from tuning import schema
   from tuning import space as space_lib
 
-  sweep = schema.load_sweep(os.path.join(ROOT, "configs", "sweeps", "quickstart.yaml"))
+  sweep = _quickstart_sweep()
   optimizers = [o for o in sweep.optimizers if o in ("fedadam", "fedyogi")]
   with tempfile.TemporaryDirectory() as root:
     caches = {o: parts_lib.PartsCache(1) for o in optimizers}
@@ -275,10 +284,8 @@ def side_by_side(repeat: int) -> None:
 
     def trial(optimizer: str, index: int) -> None:
       runs[0] += 1
-      tree = space_lib.experiment_dict(
-          sweep, optimizer, space_lib.sample_trials(sweep, optimizer)[index], threads=2,
-          output_dir=os.path.join(root, f"{optimizer}-{runs[0]}"))
-      tree["runtime"]["cache_dir"] = os.path.join(root, "cache")
+      tree = _trial_config(sweep, optimizer, space_lib.sample_trials(sweep, optimizer)[index],
+                           root, f"{optimizer}-{runs[0]}", 2)
       plan = parts_lib.make_plan(load_config(tree))
       run_experiment(plan, parts=caches[optimizer].get(plan), progress=False,
                      model_and_plot=False)
