@@ -66,6 +66,7 @@ from benchmarks.paper import plan as paper_plan  # noqa: E402
 from tff_fedadamom.config import load_config  # noqa: E402
 from tff_fedadamom.data.sampling import UniformSampler  # noqa: E402
 from tff_fedadamom.pipeline import parts as parts_lib  # noqa: E402
+from tff_fedadamom.pipeline import parts_cache  # noqa: E402
 from tff_fedadamom.pipeline import process as process_lib  # noqa: E402
 from tff_fedadamom.pipeline import backends  # noqa: E402
 from tff_fedadamom.pipeline import py_containers, tf_computation  # noqa: E402
@@ -279,7 +280,7 @@ def side_by_side(repeat: int) -> None:
   sweep = _quickstart_sweep()
   optimizers = [o for o in sweep.optimizers if o in ("fedadam", "fedyogi")]
   with tempfile.TemporaryDirectory() as root:
-    caches = {o: parts_lib.PartsCache(1) for o in optimizers}
+    caches = {o: parts_cache.PartsCache(1) for o in optimizers}
     runs = [0]
 
     def trial(optimizer: str, index: int) -> None:

@@ -31,8 +31,8 @@ STEPS = {
     "tff_fedadamom.config.loader": ["load_config"],
     "tff_fedadamom.session": ["Session.apply"],
     "tff_fedadamom.pipeline.parts": [
-        "make_plan", "build_parts", "learning_process", "initial_state", "layer_labels",
-        "PartsCache.get"],
+        "make_plan", "build_parts", "learning_process", "initial_state", "layer_labels"],
+    "tff_fedadamom.pipeline.parts_cache": ["PartsCache.get"],
     "tff_fedadamom.pipeline.evaluation": ["Evaluator.__init__", "Evaluator.__call__"],
     "tff_fedadamom.pipeline.process": [
         "load_data", "make_client_tensors", "make_keras_model", "build_server_optimizer",

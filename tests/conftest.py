@@ -64,10 +64,10 @@ def run_shared():
   runs: Ray's parts hold actors and TFF's C++ runtime's a worker_binary.
   """
   from tff_fedadamom.config import load_config
-  from tff_fedadamom.pipeline import parts as parts_lib
+  from tff_fedadamom.pipeline import parts_cache
   from tff_fedadamom.pipeline import run_experiment
 
-  cache = parts_lib.PartsCache(max_size=6)
+  cache = parts_cache.PartsCache(max_size=6)
   used = {}
 
   def run(raw, **kwargs):

@@ -267,7 +267,7 @@ class TrialWorker:
 
   def _parts(self, plan):
     """The parts of `plan`, through this worker's cache."""
-    from tff_fedadamom.pipeline.parts import PartsCache
+    from tff_fedadamom.pipeline.parts_cache import PartsCache
 
     if self._cache is None:
       self._cache = PartsCache(self._parts_per_worker)

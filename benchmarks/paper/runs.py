@@ -62,7 +62,7 @@ def unit_session(**kwargs):
 
 
 # How many structures' parts (built process, data, evaluator) a process running
-# units keeps (`parts.PartsCache`): the trials of one method share a structure
+# units keeps (`parts_cache.PartsCache`): the trials of one method share a structure
 # (their hparams live in the state) and run one after the other.
 PARTS_PER_PROCESS = 2
 # A spawned worker's cache, made by its initializer (the worker's entry point).
@@ -98,7 +98,7 @@ def _init_worker(log_dir: str) -> None:
     become_unit_process(exit_with_parent=True)
     # Imported once per worker, so that no unit's time includes it.
     import tff_fedadamom.pipeline.runner  # noqa: F401 - TensorFlow, TFF, the run's modules
-  from tff_fedadamom.pipeline.parts import PartsCache
+  from tff_fedadamom.pipeline.parts_cache import PartsCache
 
   global _worker_parts
   _worker_parts = PartsCache(PARTS_PER_PROCESS)
@@ -107,7 +107,7 @@ def _init_worker(log_dir: str) -> None:
 def run_experiment_unit(config: Mapping[str, Any], parts_cache=None) -> dict:
   """One experiment in this process; returns what the report needs from it.
 
-  With `parts_cache` (a `parts.PartsCache`), an in-process run takes its parts
+  With `parts_cache` (a `parts_cache.PartsCache`), an in-process run takes its parts
   (data, process, evaluator) from it, which gives the same results as parts of
   its own. Parts of another backend are built for the unit and dropped with it:
   a `tff_cpp` process kept beyond the unit keeps TFF's executor service alive
@@ -173,7 +173,7 @@ class InlineExecutor:
   runs_inline = True
 
   def __init__(self):
-    from tff_fedadamom.pipeline.parts import PartsCache
+    from tff_fedadamom.pipeline.parts_cache import PartsCache
 
     self.parts = PartsCache(PARTS_PER_PROCESS)
 

@@ -25,7 +25,7 @@ from tests.pipeline.device_calls import record_devices
 from tests.pipeline.test_runner import ROOT, tiny
 from tff_fedadamom import optimizers
 from tff_fedadamom.config import ConfigError, load_config
-from tff_fedadamom.pipeline import backends, run_experiment, tf_computation
+from tff_fedadamom.pipeline import backends, graph_defs, run_experiment
 from tff_fedadamom.pipeline import parts as parts_lib
 from tff_fedadamom.pipeline.backends import inprocess, tff_cpp
 from tff_fedadamom.pipeline.plan import training_loop
@@ -189,7 +189,7 @@ def test_fresh_kernels_only_where_a_seeded_random_op_would_go_on(seeded_op, fres
     return x + noise
 
   graph_def = body.get_concrete_function(tf.TensorSpec([3])).graph.as_graph_def()
-  assert tf_computation.needs_fresh_kernels(graph_def) is fresh
+  assert graph_defs.needs_fresh_kernels(graph_def) is fresh
 
 
 def test_hparams_round_trip(tmp_path):

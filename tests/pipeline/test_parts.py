@@ -14,6 +14,7 @@ from tff_fedadamom.metric_names import TEST_ACCURACY
 from tff_fedadamom.optimizers import OPTIMIZERS, default_hparams, is_learning_process
 from tff_fedadamom.pipeline import build_process, run_experiment
 from tff_fedadamom.pipeline import parts as parts_lib
+from tff_fedadamom.pipeline import parts_cache
 from tff_fedadamom.pipeline.process import load_data
 
 
@@ -189,7 +190,7 @@ def test_a_run_with_reused_parts_equals_a_run_with_its_own(tmp_path):
   trial = {"server": {"learning_rate": 0.7, "beta_2": 0.2}, "client": {"learning_rate": 0.05}}
   others = [{"server": {"learning_rate": 2.0, "beta_2": 0.01}},
             {"client": {"learning_rate": 0.3}}]
-  cache = parts_lib.PartsCache(max_size=1)
+  cache = parts_cache.PartsCache(max_size=1)
   first = run_experiment(tiny(tmp_path / "first", **trial), progress=False,
                          parts=cache.get(tiny(**trial)))
   for i, other in enumerate(others):
@@ -216,7 +217,7 @@ def test_structures_of_one_model_and_data_share_an_evaluator_and_run_as_with_the
   first run's weights were assigned to, and its run's metrics (test loss and
   accuracy included) and saved model are those of a run with parts of its own.
   Another model or evaluation batch size has an evaluator of its own."""
-  cache = parts_lib.PartsCache(max_size=2)
+  cache = parts_cache.PartsCache(max_size=2)
   other = {"seed": 5, "server": {"optimizer": "fedadam"}}
   first = cache.get(tiny())
   run_experiment(tiny(tmp_path / "first"), progress=False, parts=first)
@@ -233,8 +234,29 @@ def test_structures_of_one_model_and_data_share_an_evaluator_and_run_as_with_the
     np.testing.assert_array_equal(a, b)
   for config in (tiny(model={"name": "mlp", "options": {"hidden": [4]}}),
                  tiny(data={"eval_batch_size": 7})):
-    assert parts_lib.evaluator_key(config) != parts_lib.evaluator_key(tiny())
+    assert parts_cache.evaluator_key(config) != parts_cache.evaluator_key(tiny())
     assert cache.get(config).evaluator is not first.evaluator
+
+
+def test_other_server_optimizers_share_the_clients_computations_and_run_as_alone(tmp_path):
+  """Structures that differ only in their server optimizer share their clients'
+  tensors and the slots of their byte-identical client computations, and the
+  second one's run (metrics, saved model) is that of a run with parts of its
+  own. Another seed makes other client tensors: nothing is shared."""
+  cache = parts_cache.PartsCache(max_size=3)
+  first = cache.get(tiny())
+  run_experiment(tiny(tmp_path / "first"), progress=False, parts=first)
+  other = {"server": {"optimizer": "fedyogi"}}
+  second = cache.get(tiny(**other))
+  shared = run_experiment(tiny(tmp_path / "shared", **other), progress=False, parts=second)
+  own = run_experiment(tiny(tmp_path / "own", **other), progress=False)
+  slots = lambda parts: parts.process._work._slots  # noqa: E731 - the clients' `work`
+  assert second.process is not first.process and slots(second) is slots(first)
+  assert second.process.server.update._slots is not first.process.server.update._slots
+  assert _rows(shared.output_dir) == _rows(own.output_dir) != _rows(tmp_path / "first")
+  for a, b in zip(_model_weights(shared.output_dir), _model_weights(own.output_dir), strict=True):
+    np.testing.assert_array_equal(a, b)
+  assert slots(cache.get(tiny(seed=4))) is not slots(first)
 
 
 def test_eviction_spares_the_parts_got_again_before_those_used_once(monkeypatch):
@@ -246,16 +268,17 @@ def test_eviction_spares_the_parts_got_again_before_those_used_once(monkeypatch)
 
   built = []
 
-  def build_parts(plan, data, evaluator):
+  def build_parts(plan, data, evaluator, client_tensors):
     built.append(plan.key)
     return types.SimpleNamespace(key=plan.key, evaluator=evaluator or "evaluator")
 
-  monkeypatch.setattr(parts_lib, "make_plan", lambda plan: plan)
-  monkeypatch.setattr(parts_lib, "build_parts", build_parts)
-  monkeypatch.setattr(parts_lib, "evaluator_key", lambda config: "model")
-  monkeypatch.setattr(parts_lib, "data_key", lambda config: "data")
+  monkeypatch.setattr(parts_cache, "make_plan", lambda plan: plan)
+  monkeypatch.setattr(parts_cache, "build_parts", build_parts)
+  for name in ("evaluator_key", "data_key", "client_tensors_key"):
+    monkeypatch.setattr(parts_cache, name, lambda config: "same")
   monkeypatch.setattr(process_lib, "load_data", lambda config: "data")
-  cache = parts_lib.PartsCache(max_size=3)
+  monkeypatch.setattr(process_lib, "make_client_tensors", lambda config, data: "tensors")
+  cache = parts_cache.PartsCache(max_size=3)
   get = lambda key: cache.get(types.SimpleNamespace(key=key, config=None)).key
   for round_ in "123":
     for key in ("r", "r", "s", "s", round_ + "a", round_ + "b"):
@@ -268,7 +291,7 @@ def test_eviction_spares_the_parts_got_again_before_those_used_once(monkeypatch)
 
 
 def test_cache_keeps_at_most_max_size_and_parts_serve_their_structure_only(tmp_path):
-  cache = parts_lib.PartsCache(max_size=1)
+  cache = parts_cache.PartsCache(max_size=1)
   cache.get(tiny())
   cache.get(tiny(client={"batch_size": 8}))
   parts = cache.get(tiny())
@@ -277,7 +300,7 @@ def test_cache_keeps_at_most_max_size_and_parts_serve_their_structure_only(tmp_p
     run_experiment(tiny(tmp_path / "r", client={"batch_size": 8}), progress=False,
                    parts=parts)
   with pytest.raises(ValueError, match="max_size"):
-    parts_lib.PartsCache(max_size=0)
+    parts_cache.PartsCache(max_size=0)
 
 
 class _CountingSets:

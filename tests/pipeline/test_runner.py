@@ -206,6 +206,7 @@ def test_a_run_builds_its_server_optimizer_once(tmp_path, optimizer_builds):
   warm (parts from a `PartsCache`, for this config's plan or for another
   config of the same structure), the optimizer is built at most once."""
   from tff_fedadamom.pipeline import parts as parts_lib
+  from tff_fedadamom.pipeline import parts_cache
 
   def raw(name, **overrides):
     return tiny(tmp_path / name, rounds=1, eval_every=1, runtime={"cache": False},
@@ -217,7 +218,7 @@ def test_a_run_builds_its_server_optimizer_once(tmp_path, optimizer_builds):
   assert len(optimizer_builds) <= 1, optimizer_builds
 
   del optimizer_builds[:]
-  cache = parts_lib.PartsCache()
+  cache = parts_cache.PartsCache()
   plan = parts_lib.make_plan(load_config(raw("warm")))
   parts = cache.get(plan)
   warm = run_experiment(plan, parts=parts, progress=False)

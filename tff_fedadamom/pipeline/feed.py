@@ -27,16 +27,21 @@ class Feed:
       computation reads its sequence with one `DatasetToSingleElement` op, the
       slot takes that op's outputs from here, and no dataset is built and read
       back (about 60 us a client: `algorithms.unrolled`'s stacked batches).
+    source: What the feed's graph ops are built from (the run's
+      `ClientTensors`): feeds of one source and kind build the same inputs, so
+      slots of the same computation fed from it are shared
+      (`tf_computation._slot_pool`). None: this feed alone.
   """
 
   def __init__(self, signature: Sequence[tf.TensorSpec], replaces: int, to_params,
-               to_element=None):
+               to_element=None, source=None):
     if to_element is not None and replaces != 1:
       raise ValueError(f"to_element replaces one sequence parameter, not {replaces}")
     self.signature = list(signature)
     self.replaces = replaces
     self.to_params = to_params
     self.to_element = to_element
+    self.source = source
 
   def inputs(self, graph_def, sequence: str) -> Callable[[Sequence], tuple[dict, list]]:
     """For a slot importing `graph_def`, whose first parameter is the tensor

@@ -1,6 +1,6 @@
 """Least-recently-used mappings: `collections.OrderedDict`s whose order is their
-use, oldest first. `PartsCache` (`pipeline.parts`) keeps its parts, data and
-evaluators in them."""
+use, oldest first. `PartsCache` (`pipeline.parts_cache`) keeps its parts, data,
+evaluators and client tensors in them."""
 
 from __future__ import annotations
 

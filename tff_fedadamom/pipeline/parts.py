@@ -18,14 +18,13 @@ built from its own config has, leaf for leaf. Everything else (data, model,
 batch size, local epochs, seed, a learning-rate schedule, which bakes the base
 rate into the computation, ...) is part of `structure_key` and builds anew.
 
-`PartsCache` keeps the parts of the last few structure keys for one process (a
-sweep worker holds one, and so does a process that runs the paper study's
-units); it is passed explicitly, never a module global.
+`parts_cache.PartsCache` keeps the parts of the last few structure keys for one
+process (a sweep worker holds one, and so does a process that runs the paper
+study's units); it is passed explicitly, never a module global.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import json
 import re
@@ -34,7 +33,6 @@ from typing import Any, Optional
 import numpy as np
 
 from tff_fedadamom.config import ExperimentConfig, config_to_dict, schema
-from tff_fedadamom.pipeline import lru
 from tff_fedadamom.pipeline.evaluation import Evaluator
 from tff_fedadamom.pipeline.plan import RunPlan
 
@@ -158,21 +156,6 @@ def process_structure(key: str, signature: dict) -> str:
   return json.dumps(tree, sort_keys=True)
 
 
-def data_key(config: ExperimentConfig) -> str:
-  """What `process.load_data` depends on: the `data` section."""
-  return json.dumps(config_to_dict(config)["data"], sort_keys=True, default=repr)
-
-
-def evaluator_key(config: ExperimentConfig) -> str:
-  """What an `Evaluator` and its Keras model depend on: the `data` section (the
-  test split, the evaluation batch size) and the `model` section. Not the seed:
-  the model's initial weights are never read (a run's own weights are assigned
-  before each evaluation and before the model is saved)."""
-  tree = config_to_dict(config)
-  return json.dumps({"data": tree["data"], "model": tree["model"]}, sort_keys=True,
-                    default=repr)
-
-
 def make_plan(config) -> RunPlan:
   """The `RunPlan` of `config` (a RunPlan is returned as it is; anything else
   goes through `load_config` first, which returns a validated config as it is).
@@ -202,18 +185,24 @@ def make_plan(config) -> RunPlan:
                  server_optimizer=optimizer)
 
 
-def build_parts(config, data=None, evaluator: Optional[Evaluator] = None) -> ExperimentParts:
+def build_parts(config, data=None, evaluator: Optional[Evaluator] = None,
+                client_tensors=None) -> ExperimentParts:
   """Builds the parts of `config` (a `RunPlan`, or a config planned here),
   loading its data unless `data` is given: the process is the plan's backend
   (`backends.build_backend`), compiled for its devices. `evaluator`: one made
-  for a config of the same `evaluator_key` (its Keras model is used too)."""
+  for a config of the same `parts_cache.evaluator_key` (its Keras model is used
+  too); `client_tensors`: the `ClientTensors` of a config of the same
+  `parts_cache.client_tensors_key`, made from `data` (the processes of its
+  configs then share the clients' computations they have in common,
+  `tf_computation._slot_pool`)."""
   from tff_fedadamom.pipeline import backends
   from tff_fedadamom.pipeline import process as process_lib
 
   plan = make_plan(config)
   config = plan.config
   data = data if data is not None else process_lib.load_data(config)
-  tensors = process_lib.make_client_tensors(config, data)
+  tensors = (client_tensors if client_tensors is not None
+             else process_lib.make_client_tensors(config, data))
   process = backends.build_backend(plan, learning_process(plan, data, client_tensors=tensors),
                                    tensors)
   if evaluator is None:
@@ -312,72 +301,6 @@ def warm_up(config, parts: ExperimentParts) -> None:
                            config.seed)(1)
   state = parts.process.next_for_clients(state, sampled, 1).state
   parts.evaluator(parts.process, state)
-
-
-class PartsCache:
-  """The parts of at most `max_size` structure keys; out goes the least recently
-  used of those not got again since they were built, else the least recently used.
-  Why: a sweep's FedCAda and FAFED trials are a structure each (their sampled
-  hparams are built into the process), used once between the trials of the
-  structures that recur, which least recently used alone evicted.
-
-  Data is cached apart from the rest, by `data_key`, so that configs with the
-  same data but another model or optimizer load it once; so is the `Evaluator`
-  (with its Keras model), by `evaluator_key`, so that configs with the same data
-  and model but another optimizer trace its forward pass once. A cache serves
-  one run at a time: the runs of its parts share their Keras model.
-
-  Args:
-    max_size: How many `ExperimentParts` to keep (>= 1). Each holds a built
-      learning process and a Keras model; on a small machine keep it small.
-  """
-
-  def __init__(self, max_size: int = 2):
-    if not isinstance(max_size, int) or max_size < 1:
-      raise ValueError(f"PartsCache `max_size` must be an integer >= 1, found {max_size!r}.")
-    self.max_size = max_size
-    self._parts: collections.OrderedDict[str, ExperimentParts] = collections.OrderedDict()
-    self._data: collections.OrderedDict[str, Any] = collections.OrderedDict()
-    self._evaluators: collections.OrderedDict[str, Evaluator] = collections.OrderedDict()
-    self._reused: set[str] = set()  # keys got again since their parts were built
-    self.hits = 0
-    self.misses = 0
-
-  def __len__(self) -> int:
-    return len(self._parts)
-
-  def __contains__(self, key: str) -> bool:
-    """Whether the parts of structure key `key` (a `RunPlan.key`) are kept."""
-    return key in self._parts
-
-  def get(self, config) -> ExperimentParts:
-    """The parts for `config` (a `RunPlan`, or a config planned here), built
-    (and cached) on a miss."""
-    plan = make_plan(config)
-    key = plan.key
-    parts = lru.get(self._parts, key)
-    if parts is not None:
-      self.hits += 1
-      self._reused.add(key)
-      return parts
-    self.misses += 1
-    model_key = evaluator_key(plan.config)
-    parts = build_parts(plan, data=self._get_data(plan.config),
-                        evaluator=lru.get(self._evaluators, model_key))
-    lru.put(self._parts, key, parts, self.max_size, keep=self._reused)
-    self._reused &= self._parts.keys()
-    lru.put(self._evaluators, model_key, parts.evaluator, self.max_size)
-    return parts
-
-  def _get_data(self, config: ExperimentConfig):
-    from tff_fedadamom.pipeline import process as process_lib
-
-    key = data_key(config)
-    data = lru.get(self._data, key)
-    if data is None:
-      data = process_lib.load_data(config)
-      lru.put(self._data, key, data, self.max_size)
-    return data
 
 
 def check_parts(config, parts: Optional[ExperimentParts]) -> None:

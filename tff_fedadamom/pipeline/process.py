@@ -41,14 +41,19 @@ def load_data(config: ExperimentConfig) -> FederatedData:
   return load_federated_data(data.name, **kwargs)
 
 
+def client_tensors_options(config: ExperimentConfig) -> dict:
+  """What a run's `ClientTensors` is made with besides its training data."""
+  client = config.client
+  return dict(seed=config.seed, batch_size=client.batch_size,
+              local_epochs=client.local_epochs, augment=config.data.augment,
+              max_examples=client.max_examples)
+
+
 def make_client_tensors(config: ExperimentConfig, data: FederatedData):
   """The training clients as tensors, with the config's batching (`ClientTensors`)."""
   from tff_fedadamom.data.client_tensors import ClientTensors
 
-  client = config.client
-  return ClientTensors(data.train, seed=config.seed, batch_size=client.batch_size,
-                       local_epochs=client.local_epochs, augment=config.data.augment,
-                       max_examples=client.max_examples)
+  return ClientTensors(data.train, **client_tensors_options(config))
 
 
 def client_datasets(config: ExperimentConfig, data: FederatedData, client_ids,

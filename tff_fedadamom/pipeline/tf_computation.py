@@ -12,6 +12,13 @@ private to the slot (their shared names carry the slot's suffix), so a call is
 a function of its arguments alone and slots can run concurrently. Graphs
 imported side by side would collide on function-library names, which are
 suffixed per import too.
+
+The `TFComputation`s of one computation (`graph_defs.digest`) on the same devices and
+feed share their slots (`_SlotPool`): a slot serves any caller, and first
+calls are where a new process spends its time. The processes of one model,
+data and clients with different server optimizers have the same `work`, `zero`,
+`accumulate` and `report`, so a trial worker meeting the next optimizer of a
+sweep imports and compiles only that optimizer's server computations.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
+import weakref
 from typing import Any, Optional, Sequence
 
 import tensorflow as tf
@@ -28,6 +36,7 @@ from tensorflow_federated.python.core.impl.types import type_serialization
 from tensorflow_federated.python.core.impl.utils import tensorflow_utils
 from tensorflow_federated.python.tensorflow_libs import serialization_utils
 
+from tff_fedadamom.pipeline import graph_defs
 from tff_fedadamom.pipeline.eager_release import release
 from tff_fedadamom.pipeline.feed import Feed
 from tff_fedadamom.pipeline.py_containers import flatten_value, to_python, type_leaves
@@ -39,104 +48,6 @@ _IMPORT_LOCK = threading.Lock()
 def _unique_suffix() -> str:
   with _IMPORT_LOCK:
     return f"ip{next(_IMPORTS)}"
-
-
-def _binding_leaves(binding) -> list[tuple[str, str]]:
-  """(kind, tensor name) of every leaf of a TFF TensorFlow binding, in type order."""
-  kind = binding.WhichOneof("binding")
-  if kind == "tensor":
-    return [("tensor", binding.tensor.tensor_name)]
-  if kind == "sequence":
-    return [("sequence", binding.sequence.variant_tensor_name)]
-  if kind == "struct":
-    return [leaf for element in binding.struct.element for leaf in _binding_leaves(element)]
-  raise ValueError(f"unsupported TensorFlow binding {kind!r}")
-
-
-def _rename_functions(graph_def, suffix: str):
-  """Suffixes every function-library name, and every reference to one.
-
-  Function names are global in TensorFlow's eager context: two imported graphs
-  whose libraries hold different functions of the same name would collide.
-  """
-  names = {f.signature.name: f"{f.signature.name}_{suffix}" for f in graph_def.library.function}
-  if not names:
-    return graph_def
-
-  def fix_attr(attr):
-    if attr.HasField("func") and attr.func.name in names:
-      attr.func.name = names[attr.func.name]
-    if attr.HasField("list"):
-      for func in attr.list.func:
-        if func.name in names:
-          func.name = names[func.name]
-
-  def fix_nodes(nodes):
-    for node in nodes:
-      if node.op in names:
-        node.op = names[node.op]
-      for attr in node.attr.values():
-        fix_attr(attr)
-
-  fix_nodes(graph_def.node)
-  for function in graph_def.library.function:
-    function.signature.name = names[function.signature.name]
-    fix_nodes(function.node_def)
-    for attr in function.attr.values():
-      fix_attr(attr)
-  for gradient in graph_def.library.gradient:
-    gradient.function_name = names.get(gradient.function_name, gradient.function_name)
-    gradient.gradient_func = names.get(gradient.gradient_func, gradient.gradient_func)
-  return graph_def
-
-
-# Random ops that keep their state in the kernel: a seeded one restarts its
-# sequence only when its kernel is created anew.
-_STATEFUL_RANDOM_OPS = frozenset({
-    "RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal",
-    "ParameterizedTruncatedNormal", "RandomGamma", "RandomPoisson", "RandomPoissonV2",
-    "RandomShuffle", "Multinomial"})
-
-
-def _referenced_functions(nodes, names) -> set[str]:
-  """Library functions that `nodes` call, except through a tf.data op.
-
-  A tf.data op (`ReduceDataset`, `MapDataset`, ...) instantiates its functions
-  anew each time it runs, so their random kernels restart by themselves.
-  """
-  found = set()
-  for node in nodes:
-    if node.op.endswith("Dataset") or node.op.endswith("DatasetV2"):
-      continue
-    if node.op in names:
-      found.add(node.op)
-    for attr in node.attr.values():
-      if attr.HasField("func"):
-        found.add(attr.func.name)
-      if attr.HasField("list"):
-        found.update(f.name for f in attr.list.func)
-  return found & names
-
-
-def needs_fresh_kernels(graph_def) -> bool:
-  """Whether a stateful random op (seeded dropout) would keep its kernel, and so
-  continue its sequence, from one call of the graph to the next."""
-  if any(node.op in _STATEFUL_RANDOM_OPS for node in graph_def.node):
-    return True  # Grappler turned the iterator loop into the graph's own while loop.
-  functions = {f.signature.name: f for f in graph_def.library.function}
-  names = set(functions)
-  pending = _referenced_functions(graph_def.node, names)
-  seen = set()
-  while pending:
-    name = pending.pop()
-    if name in seen:
-      continue
-    seen.add(name)
-    body = functions[name].node_def
-    if any(node.op in _STATEFUL_RANDOM_OPS for node in body):
-      return True
-    pending |= _referenced_functions(body, names)
-  return False
 
 
 def _wrap_alone(body, signature):
@@ -183,12 +94,12 @@ class _Slot:
     tf_proto = proto.tensorflow
     suffix = _unique_suffix()
     graph_def = serialization_utils.unpack_graph_def(tf_proto.graph_def)
-    graph_def = _rename_functions(graph_def, suffix)
+    graph_def = graph_defs.rename_functions(graph_def, suffix)
     graph_def = tensorflow_utils._uniquify_shared_names_with_suffix(  # noqa: SLF001
         graph_def, suffix)
-    in_names = ([name for _, name in _binding_leaves(tf_proto.parameter)]
+    in_names = ([name for _, name in graph_defs.binding_leaves(tf_proto.parameter)]
                 if tf_proto.HasField("parameter") else [])
-    out_names = _binding_leaves(tf_proto.result)
+    out_names = graph_defs.binding_leaves(tf_proto.result)
     init_name = tf_proto.initialize_op
     token_name = tf_proto.session_token_tensor_name
     signature = [tf.TensorSpec([], tf.variant) if isinstance(t, computation_types.SequenceType)
@@ -266,6 +177,76 @@ def deserialize(serialized: bytes) -> _Serialized:
   return _Serialized(serialized)
 
 
+class _SlotPool:
+  """The slots of one computation on its devices, for every `TFComputation` of
+  the same key (`_slot_pool`): idle slots per device, and how many exist."""
+
+  def __init__(self, proto, param_leaves, devices: Sequence[Optional[str]],
+               feed: Optional[Feed]):
+    self._proto, self._param_leaves, self._devices = proto, param_leaves, list(devices)
+    # Kept by the pool: a key holds the id of the feed's source (`_slot_pool`).
+    self._feed = feed
+    # Seeded dropout is a stateful random op in the training loop's body. TFF's
+    # `dataset.reduce` loop makes its body's kernels afresh for every client,
+    # so the masks restart with each client; the iterator loop's body keeps
+    # its kernels from call to call, so a client's masks would depend on what
+    # ran before it on the same slot. Such computations get fresh kernels for
+    # every call (a new import: slower, but a function of the inputs alone).
+    self.fresh_kernels = graph_defs.needs_fresh_kernels(
+        serialization_utils.unpack_graph_def(proto.tensorflow.graph_def))
+    self._idle = [queue.SimpleQueue() for _ in self._devices]
+    self._made = [0] * len(self._devices)
+    self._limit = 0  # slots per device its holders may use at once, together
+    self._lock = threading.Lock()
+
+  def reserve(self, per_device: int) -> None:
+    """Adds a holder that may use `per_device` slots per device at once (a
+    negative number: a holder gone). Slots are still made only when none is idle."""
+    with self._lock:
+      self._limit += per_device
+
+  def new_slot(self, index: int) -> _Slot:
+    return _Slot(self._proto, self._param_leaves, self._devices[index], self._feed)
+
+  def take(self, index: int) -> _Slot:
+    """An idle slot of device `index`: a new one while fewer than the holders'
+    limit exist, else the next one a caller gives back."""
+    try:
+      return self._idle[index].get_nowait()
+    except queue.Empty:
+      pass
+    with self._lock:  # one import at a time, as when they were all made up front
+      if self._made[index] < self._limit:
+        slot = self.new_slot(index)
+        self._made[index] += 1
+        return slot
+    return self._idle[index].get()
+
+  def give_back(self, index: int, slot: _Slot) -> None:
+    self._idle[index].put(slot)
+
+
+# key -> the `_SlotPool` that `TFComputation`s of that key share, while one holds it.
+_POOLS: "weakref.WeakValueDictionary[tuple, _SlotPool]" = weakref.WeakValueDictionary()
+_POOLS_LOCK = threading.Lock()
+
+
+def _slot_pool(proto, param_leaves, devices: Sequence[Optional[str]],
+               feed: Optional[Feed]) -> _SlotPool:
+  """The process's `_SlotPool` for `proto` on `devices` with `feed`, keyed by
+  `graph_defs.digest`, the devices and the feed's source (by identity) and kind. A pool
+  lives while a `TFComputation` holds it, and holds its first feed (and so the
+  source whose id is in its key)."""
+  source = None if feed is None else (id(feed.source if feed.source is not None else feed),
+                                      feed.to_element is not None)
+  key = (graph_defs.digest(proto), tuple(devices), source)
+  with _POOLS_LOCK:
+    pool = _POOLS.get(key)
+    if pool is None:
+      pool = _POOLS[key] = _SlotPool(proto, param_leaves, devices, feed)
+  return pool
+
+
 class TFComputation:
   """A TFF TensorFlow computation callable in-process, with `slots` concurrent callers
   per device.
@@ -280,61 +261,37 @@ class TFComputation:
     if proto.WhichOneof("computation") != "tensorflow":
       raise TypeError(f"not a TensorFlow computation: {computation.type_signature}")
     self.type_signature = computation.type_signature
-    # Seeded dropout is a stateful random op inside the training loop's body.
-    # TFF's `dataset.reduce` loop creates its body's kernels afresh for every
-    # client, so the masks restart with each client; the iterator loop's body
-    # is a function that keeps its kernels from one call to the next, so the
-    # sequence would go on, and a client's masks would depend on what ran
-    # before it on the same slot. Such computations get fresh kernels for
-    # every call (a new import: slower, but a function of the inputs alone).
-    self.fresh_kernels = needs_fresh_kernels(
-        serialization_utils.unpack_graph_def(proto.tensorflow.graph_def))
-    self._proto = proto
-    self._feed = feed
     # The containers of the results (TFF's compiler drops the Python container
     # types of the computations it derives; the caller may know them).
     self.result_type = result_type if result_type is not None else self.type_signature.result
     parameter = self.type_signature.parameter
-    self._param_leaves = type_leaves(parameter) if parameter is not None else []
     self._devices = list(devices)
+    self._slots = _slot_pool(proto,
+                             type_leaves(parameter) if parameter is not None else [],
+                             self._devices, feed)
+    self.fresh_kernels = self._slots.fresh_kernels
     # Slots are imported on first need, at most `slots_per_device` per device:
     # a fused round runs the computations in its own graph, so the slots of a
     # process whose rounds are all fused (`fuse_after_rounds` 0) are never needed.
     self._slots_per_device = 0 if self.fresh_kernels else slots_per_device
-    self._pools = [queue.SimpleQueue() for _ in self._devices]
-    self._made = [0] * len(self._devices)
-    self._lock = threading.Lock()
+    self._slots.reserve(self._slots_per_device)
+    weakref.finalize(self, self._slots.reserve, -self._slots_per_device)
 
   @property
   def num_devices(self) -> int:
-    return len(self._pools)
+    return len(self._devices)
 
   def call_flat_leaves(self, leaves: Sequence[Any], device_index: int = 0) -> list:
     """Runs on device `device_index` with the parameter's flat leaves (see
     `flatten_value`); returns the flat result tensors."""
-    device = self._devices[device_index % len(self._devices)]
+    index = device_index % len(self._devices)
     if self.fresh_kernels:
-      return _Slot(self._proto, self._param_leaves, device, self._feed)(leaves)
-    index = device_index % len(self._pools)
-    slot = self._take(index)
+      return self._slots.new_slot(index)(leaves)
+    slot = self._slots.take(index)
     try:
       return slot(leaves)
     finally:
-      self._pools[index].put(slot)
-
-  def _take(self, index: int) -> _Slot:
-    """An idle slot of device `index`: a new one while fewer than
-    `slots_per_device` exist, else the next one a caller gives back."""
-    try:
-      return self._pools[index].get_nowait()
-    except queue.Empty:
-      pass
-    with self._lock:  # one import at a time, as when they were all made up front
-      if self._made[index] < self._slots_per_device:
-        slot = _Slot(self._proto, self._param_leaves, self._devices[index], self._feed)
-        self._made[index] += 1
-        return slot
-    return self._pools[index].get()
+      self._slots.give_back(index, slot)
 
   def __call__(self, arg=None, device_index: int = 0):
     parameter = self.type_signature.parameter

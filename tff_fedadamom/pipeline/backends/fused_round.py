@@ -26,7 +26,7 @@ dropout) differed by 0.7% (relative) after 2 rounds. The ray backend's actors
 make the same calls one by one, and give the same bits.
 
 Not for computations that need fresh kernels on every call (stateful random
-ops; `tf_computation.needs_fresh_kernels`): `InProcessLearningProcess` keeps
+ops; `graph_defs.needs_fresh_kernels`): `InProcessLearningProcess` keeps
 those call by call.
 """
 

@@ -224,9 +224,11 @@ def client_feed(client_tensors, work) -> Optional[Feed]:
   if is_stacked(type_leaves(work.type_signature.parameter)[0]):
     return Feed(client_tensors.signature, 1,
                 lambda *args: [client_tensors.stacked(*args)._variant_tensor],  # noqa: SLF001
-                to_element=lambda *args: tf.nest.flatten(client_tensors.stacked_element(*args)))
+                to_element=lambda *args: tf.nest.flatten(client_tensors.stacked_element(*args)),
+                source=client_tensors)
   return Feed(client_tensors.signature, 1,
-              lambda *args: [client_tensors.dataset(*args)._variant_tensor])  # noqa: SLF001
+              lambda *args: [client_tensors.dataset(*args)._variant_tensor],  # noqa: SLF001
+              source=client_tensors)
 
 
 def passes_through(inputs: Sequence, outputs: Sequence) -> bool:
@@ -291,7 +293,7 @@ class InProcessLearningProcess(ServerCalls):
       One call is the faster round (`benchmarks/round_floor.py`) but costs
       more to build (`fused_round.Fusion`). 0: one call from the first round;
       None: always call by call, as for computations that need fresh kernels
-      (`tf_computation.needs_fresh_kernels`). Default: `FUSE_AFTER_ROUNDS`,
+      (`graph_defs.needs_fresh_kernels`). Default: `FUSE_AFTER_ROUNDS`,
       as `runtime.fuse_after_rounds`.
   """
 
