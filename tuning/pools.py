@@ -165,9 +165,12 @@ def shared_worker_pool():
     yield pool
 
 
-def check_shared(pool: SharedWorkerPool) -> None:
+def check_shared(pool: SharedWorkerPool, reuse_workers: bool = True) -> None:
   """Raises ValueError unless `pool` (`run_sweep`'s `pool` argument) is a
-  `SharedWorkerPool` alive in this process's Ray session."""
+  `SharedWorkerPool` alive in this process's Ray session, and workers are reused."""
+  if not reuse_workers:
+    raise ValueError("run_sweep: `pool` holds long-lived trial workers; it cannot be "
+                     "combined with reuse_workers=False.")
   if not isinstance(pool, SharedWorkerPool):
     raise ValueError(f"run_sweep: `pool` must be a tuning.pools.SharedWorkerPool "
                      f"(from shared_worker_pool()), found {type(pool).__name__}.")

@@ -33,6 +33,7 @@ import logging
 import os
 import sys
 import time
+from concurrent import futures
 from typing import Any, Mapping, Optional, Sequence
 
 from ray import tune
@@ -69,8 +70,7 @@ class SweepResult:
     results: Optimizer -> its trials' Tune results: the `ResultGrid` of its
       Tuner (Optuna), or its part of the joint experiment's
       (`tuning.joint.OptimizerResults`: len, iteration, errors, num_terminated).
-    interrupted: True when the sweep stopped early (Ctrl-C); resume it with
-      `run_sweep(..., resume=True)`.
+    interrupted: True when the sweep stopped early (Ctrl-C; resume with `resume=True`).
     export: The `tuning.export.ExportResult`, None when interrupted.
   """
 
@@ -79,9 +79,6 @@ class SweepResult:
   results: Mapping[str, Any]
   interrupted: bool
   export: Any = None
-
-
-# ---------------------------------------------------------------------------- the sweep
 
 
 # Warnings a sweep expects, silenced while it runs and only then (a filter on
@@ -322,7 +319,8 @@ def run_sweep(sweep, *, resume: bool = False, smoke_test: bool = False,
     callbacks: Extra Tune callbacks for every Tuner. Tune saves them with the
       experiment: a resumed experiment runs with the callbacks it started with.
     progress_interval_s: Seconds between progress tables (0: every step).
-    export: Export best configs, leaderboard and plots at the end.
+    export: Export best configs, leaderboard and plots at the end (in a thread,
+      from Tune's files, while the sweep's own worker pool and Ray session end).
     stream: Where progress goes (default stdout).
     reuse_workers: Run trials in long-lived workers that keep imports, data
       and built processes between trials (`tuning.workers`); False runs each
@@ -345,10 +343,7 @@ def run_sweep(sweep, *, resume: bool = False, smoke_test: bool = False,
   """
   sweep = schema.load_sweep(sweep)
   if pool is not None:
-    if not reuse_workers:
-      raise ValueError("run_sweep: `pool` holds long-lived trial workers; it cannot be "
-                       "combined with reuse_workers=False.")
-    pools.check_shared(pool)
+    pools.check_shared(pool, reuse_workers)
   if smoke_test:
     sweep = smoke_test_sweep(sweep)
   sweep_dir = _prepare_dir(sweep, resume)
@@ -358,9 +353,10 @@ def run_sweep(sweep, *, resume: bool = False, smoke_test: bool = False,
       per_optimizer={o: OptimizerState(total=sweep.budget.trials_per_optimizer)
                      for o in sweep.optimizers})
   LIVE[sweep_dir] = state
-  results, interrupted = {}, False
+  results, interrupted, exporting = {}, False, None
   try:
-    with expected_warnings_silenced(), ray_session(sweep.resources.address), \
+    with futures.ThreadPoolExecutor(1) as background, expected_warnings_silenced(), \
+        ray_session(sweep.resources.address), \
         pools.worker_pool(sweep, reuse_workers, shared=pool) as pool_name:
       # (optimizer, its experiment), or (None, the joint experiment of all).
       experiments = ([(None, os.path.join(sweep_dir, joint.EXPERIMENT))]
@@ -390,11 +386,12 @@ def run_sweep(sweep, *, resume: bool = False, smoke_test: bool = False,
           print(f"sweep interrupted; continue it with --resume ({sweep_dir})", file=out,
                 flush=True)
           break
+      if export and not interrupted:  # from Tune's files, while the pool and Ray end
+        exporting = background.submit(export_sweep, sweep_dir)
   finally:
     LIVE.pop(sweep_dir, None)
-  exported = None
-  if export and not interrupted:
-    exported = export_sweep(sweep_dir)
+  exported = exporting.result() if exporting is not None else None
+  if exported is not None:
     print(exported.leaderboard_markdown, file=out, flush=True)
   return SweepResult(sweep=sweep, sweep_dir=sweep_dir, results=results,
                      interrupted=interrupted, export=exported)
