@@ -119,7 +119,9 @@ class PerOptimizerScheduler(NewestPendingFirst):
 
   Args:
     make: Returns a new scheduler (one per optimizer, built here).
-    optimizers: The sweep's optimizers.
+    optimizers: The sweep's optimizers; one for the Tuner of that optimizer
+      alone (Optuna's, or a sweep run a Tuner per optimizer), whose trials'
+      configs do not name it.
   """
 
   def __init__(self, make: Callable[[], TrialScheduler], optimizers: Sequence[str]):
@@ -134,6 +136,8 @@ class PerOptimizerScheduler(NewestPendingFirst):
     return accepted
 
   def _of(self, trial) -> TrialScheduler:
+    if len(self._by_optimizer) == 1:
+      return next(iter(self._by_optimizer.values()))
     return self._by_optimizer[optimizer_of(trial)]
 
   def on_trial_add(self, tune_controller, trial) -> None:

@@ -233,12 +233,12 @@ def _asha(sweep: Sweep):
 
 def _scheduler(sweep: Sweep, optimizer: Optional[str]):
   """The early stopping of one optimizer's Tuner, or (`optimizer` None) of the joint
-  experiment: one ASHA per optimizer; without, `joint.NewestPendingFirst`."""
+  experiment: one ASHA per optimizer; without, none. Either way the newest
+  pending trial starts first (`joint.NewestPendingFirst`)."""
   if sweep.scheduler.kind == "none":
     return joint.NewestPendingFirst()
-  if optimizer is None:
-    return joint.PerOptimizerScheduler(functools.partial(_asha, sweep), sweep.optimizers)
-  return _asha(sweep)
+  return joint.PerOptimizerScheduler(functools.partial(_asha, sweep),
+                                     sweep.optimizers if optimizer is None else [optimizer])
 
 
 def _trainable(sweep: Sweep, optimizer: Optional[str], pool: Optional[str]):

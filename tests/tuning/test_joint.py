@@ -176,8 +176,32 @@ def test_the_scheduler_survives_save_and_restore(tmp_path):
   assert "good:" in restored.debug_string() and "poor:" in restored.debug_string()
 
 
+def test_a_tuner_of_one_optimizer_gets_its_asha_and_the_newest_pending_trial_first():
+  """Optuna's Tuners (and a sweep run a Tuner per optimizer) name no optimizer in
+  their trials' configs: their one ASHA judges every trial, as Tune's own would."""
+  from tuning import sweep as sweep_lib
+
+  sweep = _sweep(search={"kind": "optuna", "seed": 0},
+                 scheduler={"kind": "asha", "grace_period": 1, "reduction_factor": 2})
+  scheduler = sweep_lib._scheduler(sweep, "fedadam")
+  assert isinstance(scheduler, joint.NewestPendingFirst)
+  reports = [("a1", 0.9), ("a2", 0.8), ("a3", 0.95), ("a4", 0.1)]
+
+  def feed(scheduler):
+    scheduler.set_search_properties("objective", "max")
+    trials = {tid: types.SimpleNamespace(trial_id=tid, config={"x": 1}) for tid, _ in reports}
+    for trial in trials.values():
+      scheduler.on_trial_add(None, trial)
+    return [scheduler.on_trial_result(None, trials[tid], {"round": 1, "objective": value})
+            for tid, value in reports]
+
+  decisions = feed(joint.PerOptimizerScheduler(_asha, ["fedadam"]))
+  assert decisions == feed(_asha()) and TrialScheduler.STOP in decisions
+
+
 @pytest.mark.parametrize("scheduler", [
-    joint.NewestPendingFirst(), joint.PerOptimizerScheduler(_asha, ["good", "poor"])])
+    joint.NewestPendingFirst(), joint.PerOptimizerScheduler(_asha, ["good", "poor"]),
+    joint.PerOptimizerScheduler(_asha, ["only"])])
 def test_the_newest_pending_trial_starts_first_then_the_oldest_paused(scheduler):
   """Tune gives a finished trial's cached actor to the trial its scheduler
   chooses, removing a new actor already starting for it: the newest pending
