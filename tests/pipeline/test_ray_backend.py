@@ -338,18 +338,16 @@ class TestOnOneLocalRay:
 
 
 class SlowActor(ray_backend.ClientActor):
-  """An actor whose `work` is one TensorFlow call that outlasts any test: the
-  interpreter does not run again (nor handle a signal) until it returns."""
+  """An actor whose `work` is one TensorFlow call that never returns (a dequeue
+  from an empty queue: blocked, not spinning, so the test's other processes keep
+  the CPUs): the interpreter does not run again, nor handle a signal. Before
+  the call it leaves a file named by its pid in $BUSY_ACTORS_DIR."""
 
   def work(self, client_ids, round_num, broadcast):
     import tensorflow as tf
 
-    @tf.function
-    def spin(n):
-      return tf.while_loop(lambda i, x: i < n, lambda i, x: (i + 1, x * 1.0000001),
-                           (tf.constant(0, tf.int64), tf.constant(1.0)))
-
-    spin(tf.constant(10**12, tf.int64))
+    open(os.path.join(os.environ["BUSY_ACTORS_DIR"], str(os.getpid())), "w").close()
+    tf.queue.FIFOQueue(1, tf.float32).dequeue()
     return super().work(client_ids, round_num, broadcast)
 
 
@@ -375,13 +373,20 @@ _BUSY_CHILD = textwrap.dedent("""
 def test_actors_busy_in_a_round_end_with_their_killed_driver(tmp_path):
   """An unhandled SIGTERM ends the driver (as `kill` or `timeout` would) while
   its actors are inside `work`: they end within seconds."""
+  busy = tmp_path / "busy"
+  busy.mkdir()
   child = subprocess.Popen(
       [sys.executable, "-c", _BUSY_CHILD, json.dumps(tiny(tmp_path / "run", runtime=RAY))],
       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-      env={**os.environ, "PYTHONPATH": ROOT})
+      env={**os.environ, "PYTHONPATH": ROOT, "BUSY_ACTORS_DIR": str(busy)})
   try:
     actors = json.loads(child.stdout.readline())
-    time.sleep(3)  # the round has reached the actors' `work`
+    deadline = time.monotonic() + 60
+    while len(os.listdir(busy)) < len(actors) and time.monotonic() < deadline:
+      time.sleep(0.1)
+    # Both actors have reached their `work`'s TensorFlow call.
+    assert sorted(int(name) for name in os.listdir(busy)) == sorted(actors)
+    time.sleep(0.2)
     assert sorted(processes.still_running(actors)) == sorted(actors)
   finally:
     _end(child, signal.SIGTERM)

@@ -322,7 +322,7 @@ _REAPER = textwrap.dedent("""
       raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
     report = {"timed_out": False}
     try:
-      done = subprocess.run(sys.argv[2:], capture_output=True, text=True,
+      done = subprocess.run(sys.argv[3:], capture_output=True, text=True,
                             timeout=float(sys.argv[1]))
       report.update(returncode=done.returncode, stdout=done.stdout, stderr=done.stderr)
     except subprocess.TimeoutExpired:  # a leftover held the pipes open
@@ -339,7 +339,7 @@ _REAPER = textwrap.dedent("""
                              text=True)  # pgrep never lists itself
       return [int(pid) for pid in found.stdout.split()]
 
-    deadline = time.time() + 10  # time for a process killed at exit to end
+    deadline = time.time() + float(sys.argv[2])  # for a process killed at exit to end
     while children() and time.time() < deadline:
       time.sleep(0.1)
     report["leftovers"] = children()
@@ -349,16 +349,19 @@ _REAPER = textwrap.dedent("""
 """)
 
 
-def _run_reaped(argv, env=None, timeout=300):
-  """Runs `argv`; its outcome and the pids of the processes it left running."""
-  done = subprocess.run([sys.executable, "-c", _REAPER, str(timeout), *argv],
+def _run_reaped(argv, env=None, timeout=300, grace=10):
+  """Runs `argv`; its outcome and the pids of the processes it left running
+  `grace` seconds after it exited."""
+  done = subprocess.run([sys.executable, "-c", _REAPER, str(timeout), str(grace), *argv],
                         capture_output=True, text=True, env=env, timeout=timeout + 60)
   assert done.returncode == 0, done.stderr[-3000:]
   return json.loads(done.stdout)
 
 
 def test_leftover_check_sees_a_process_left_running():
-  report = _run_reaped(["sh", "-c", "sleep 120 >/dev/null 2>&1 & echo started"], timeout=60)
+  # A second's grace: the leftover sleeps for minutes.
+  report = _run_reaped(["sh", "-c", "sleep 120 >/dev/null 2>&1 & echo started"], timeout=60,
+                       grace=1)
   assert report["returncode"] == 0 and report["stdout"] == "started\n"
   assert len(report["leftovers"]) == 1
 
