@@ -16,7 +16,10 @@
    this process, whose imports, config checks and Ray are already done); Ray
    Tune's own part of the warm sweep, its reports replayed with no work
    (`benchmarks/tune_floor.py`), and so the highest speed-up any sweep of these
-   trials through Tune could show; and
+   trials through Tune could show; the floor of any sweep that starts its
+   workers (the warm-worker sweep again, beside two new processes that import
+   what a new worker does, Ray, TensorFlow and TFF; then Ray and TensorFlow
+   only; then beside one such process: `_importing`); and
    the time from starting `tff-fedadamom run configs/quickstart.yaml` to its first round's
    start and to its end (its first row of metrics), with a cold and with a
    warm cache.
@@ -254,6 +257,28 @@ def _cli_tune(raw: dict, root: str) -> float:
   return wall
 
 
+@contextlib.contextmanager
+def _importing(modules: str, count: int = 2):
+  """`count` new processes that import `modules` (sized as a trial worker is,
+  `tuning.workers.worker_env`) while the block runs; yields a list that gets
+  their wall seconds. Beside a sweep in warm workers, they cost what its new
+  workers' imports would: a floor for any design whose workers start with the
+  sweep and import at least `modules`."""
+  import subprocess
+
+  from tuning.workers import worker_env
+
+  env = {**os.environ, **worker_env(1, ())}
+  code = f"import time; t = time.perf_counter(); import {modules}; print(time.perf_counter() - t)"
+  procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True) for _ in range(count)]
+  seconds = []
+  try:
+    yield seconds
+  finally:
+    seconds.extend(float(p.communicate()[0] or "nan") for p in procs)
+
+
 def process_cache(root: str) -> None:
   raw = _sweep_file("quickstart")
   raw["resources"]["storage_path"] = root
@@ -269,13 +294,27 @@ def process_cache(root: str) -> None:
   sweeps = {}
   # The warm sweep starts workers of its own, as any sweep does (the shared
   # pool is new then); the third sweep runs in the workers it left.
+  # The last three: the floors of a sweep that starts its two workers, with
+  # workers that import TensorFlow and TFF as ours do, and with workers that
+  # would import no TFF at all; and of one whose workers would share one import.
   with shared_worker_pool() as pool:
-    for label, kwargs in (("cold cache", {}), ("warm cache", {"pool": pool}),
-                          ("warm cache and workers", {"pool": pool})):
-      run = sweeps[label] = _Run({**copy.deepcopy(raw), "name": f"cache_{len(sweeps)}"},
-                                 **kwargs)
+    for label, kwargs, imports, count in (
+        ("cold cache", {}, None, 0), ("warm cache", {"pool": pool}, None, 0),
+        ("warm cache and workers", {"pool": pool}, None, 0),
+        ("warm workers, 2 processes importing Ray, TF, TFF alongside", {"pool": pool},
+         "ray, tensorflow, tensorflow_federated", 2),
+        ("warm workers, 2 processes importing Ray, TF alongside", {"pool": pool},
+         "ray, tensorflow", 2),
+        ("warm workers, 1 process importing Ray, TF, TFF alongside", {"pool": pool},
+         "ray, tensorflow, tensorflow_federated", 1)):
+      with _importing(imports, count) as imported:
+        run = _Run({**copy.deepcopy(raw), "name": f"cache_{len(sweeps)}"}, **kwargs)
+      sweeps[label] = run
       print(f"  sweep, {label}: {run.trials} trials ({run.errors} errored), "
             f"{run.rounds} trial-rounds in {run.wall:6.1f} s", flush=True)
+      if imported:
+        print("    the imports alongside took " + ", ".join(f"{s:.1f} s" for s in imported),
+              flush=True)
       print(f"    where it went: Tune started a first trial after {run.first_start_s:5.1f} s "
             f"and had its first report after {run.first_report_s:5.1f} s (whole seconds: Tune's "
             f"stamps; the trial workers' start and warm-up, a first round); the export took "
