@@ -19,7 +19,7 @@
    trials through Tune could show; the floor of any sweep that starts its
    workers (the warm-worker sweep again, beside two new processes that import
    what a new worker does, Ray, TensorFlow and TFF; then Ray and TensorFlow
-   only; then beside one such process: `_importing`); and
+   only; then beside one process of each kind: `_importing`); and
    the time from starting `tff-fedadamom run configs/quickstart.yaml` to its first round's
    start and to its end (its first row of metrics), with a cold and with a
    warm cache.
@@ -294,9 +294,9 @@ def process_cache(root: str) -> None:
   sweeps = {}
   # The warm sweep starts workers of its own, as any sweep does (the shared
   # pool is new then); the third sweep runs in the workers it left.
-  # The last three: the floors of a sweep that starts its two workers, with
+  # The last four: the floors of a sweep that starts its two workers, with
   # workers that import TensorFlow and TFF as ours do, and with workers that
-  # would import no TFF at all; and of one whose workers would share one import.
+  # would import no TFF at all; and the same for workers sharing one import.
   with shared_worker_pool() as pool:
     for label, kwargs, imports, count in (
         ("cold cache", {}, None, 0), ("warm cache", {"pool": pool}, None, 0),
@@ -306,7 +306,9 @@ def process_cache(root: str) -> None:
         ("warm workers, 2 processes importing Ray, TF alongside", {"pool": pool},
          "ray, tensorflow", 2),
         ("warm workers, 1 process importing Ray, TF, TFF alongside", {"pool": pool},
-         "ray, tensorflow, tensorflow_federated", 1)):
+         "ray, tensorflow, tensorflow_federated", 1),
+        ("warm workers, 1 process importing Ray, TF alongside", {"pool": pool},
+         "ray, tensorflow", 1)):
       with _importing(imports, count) as imported:
         run = _Run({**copy.deepcopy(raw), "name": f"cache_{len(sweeps)}"}, **kwargs)
       sweeps[label] = run
