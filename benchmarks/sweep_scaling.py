@@ -259,17 +259,21 @@ def _cli_tune(raw: dict, root: str) -> float:
 
 @contextlib.contextmanager
 def _importing(modules: str, count: int = 2):
-  """`count` new processes that import `modules` (sized as a trial worker is,
-  `tuning.workers.worker_env`) while the block runs; yields a list that gets
-  their wall seconds. Beside a sweep in warm workers, they cost what its new
-  workers' imports would: a floor for any design whose workers start with the
-  sweep and import at least `modules`."""
+  """`count` new processes that import `modules` as a trial worker imports
+  (sized as one is, `tuning.workers.worker_env`, and outside the garbage
+  collector, `session.startup_imports`) while the block runs; yields a list
+  that gets their wall seconds. Beside a sweep in warm workers, they cost what
+  its new workers' imports would: a floor for any design whose workers start
+  with the sweep and import at least `modules`."""
   import subprocess
 
   from tuning.workers import worker_env
 
-  env = {**os.environ, **worker_env(1, ())}
-  code = f"import time; t = time.perf_counter(); import {modules}; print(time.perf_counter() - t)"
+  env = {**os.environ, **worker_env(1, ()), "PYTHONPATH": ROOT}
+  code = ("import time\nt = time.perf_counter()\n"
+          "from tff_fedadamom.session import startup_imports\n"
+          f"with startup_imports():\n  import {modules}\n"
+          "print(time.perf_counter() - t)")
   procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True) for _ in range(count)]
   seconds = []
