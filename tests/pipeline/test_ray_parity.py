@@ -5,9 +5,10 @@ actors run the same compiled client computations over the same batches, and
 the server folds their results in client order, so nothing may differ: not the
 MLP's, nor the char-LSTM's with its integer inputs. (What a model computes is
 in the computations both sides run, so a larger model adds no case: ResNet-18,
-whose parity cost over half a minute of the suite, trains through TFF's own builder in
-tests/models/test_federated.py.) One local Ray serves the module's runs (each run's actors are its own). Quickstart's CNN, with its
-seeded dropout, is checked the same way in `test_ray_backend` (on actors of two
+whose parity cost over half a minute of the suite, trains through TFF's own
+builder in tests/models/test_federated.py.) One local Ray serves the module's
+runs (each run's actors are its own). Quickstart's CNN, with its seeded
+dropout, is checked the same way in `test_ray_backend` (on actors of two
 threads, on a Ray its run starts).
 """
 
