@@ -26,7 +26,7 @@ import dataclasses
 import gc
 import os
 import sys
-from typing import Mapping, Optional
+from typing import Callable, Mapping, Optional
 
 
 def cpu_count() -> int:
@@ -137,26 +137,27 @@ def startup_imports(enabled: bool = True):
       gc.enable()
 
 
-# Seconds between an `exit_with_parent` session's checks of its parent.
+# Seconds between an exiting-with session's checks of the process it watches.
 PARENT_POLL_S = 0.5
-_WATCHING: list = []  # the parent already watched, once per process
+_WATCHING: list = []  # what this process already watches, each once
 
 
-def _watch_parent() -> None:
+def _exit_when(gone: Callable[[], bool], what) -> None:
+  """Ends this process (`os._exit`) once `gone()` holds, checked every
+  `PARENT_POLL_S` by a daemon thread; `what` names the watch (once per process)."""
   import threading
   import time
 
-  if _WATCHING:
+  if what in _WATCHING:
     return
-  parent = os.getppid()
-  _WATCHING.append(parent)
+  _WATCHING.append(what)
 
   def watch():
-    while os.getppid() == parent:
+    while not gone():
       time.sleep(PARENT_POLL_S)
     with contextlib.suppress(Exception):  # best effort: the process ends either way
       remove_autograph_files()
-    os._exit(1)  # noqa: SLF001 - the parent is gone: no one is left to report to
+    os._exit(1)  # noqa: SLF001 - no one is left to report to
 
   threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
@@ -184,12 +185,17 @@ class Session:
       worker whose study was killed. A daemon thread of this process polls
       its parent every `PARENT_POLL_S` (a TensorFlow call releases the GIL,
       so it runs during one too).
+    exit_with: The identity (`process_table.identity`: pid, start time) of a
+      process this one must not outlive, polled as `exit_with_parent` polls:
+      for a worker forked by a fork server on behalf of another process (a
+      `tuning.hosts.WorkerHost`), which is not its parent.
   """
 
   threads: Optional[int] = None
   gpu_memory_growth: bool = True
   environ: Mapping[str, str] = dataclasses.field(default_factory=dict, hash=False)
   exit_with_parent: bool = False
+  exit_with: Optional[tuple[int, int]] = None
 
   @property
   def inter_op_threads(self) -> int:
@@ -206,7 +212,13 @@ class Session:
     os.environ.update(self.environ)
     release_tff_at_exit()
     if self.exit_with_parent:
-      _watch_parent()
+      parent = os.getppid()
+      _exit_when(lambda: os.getppid() != parent, ("parent", parent))
+    if self.exit_with is not None:
+      from tff_fedadamom.process_table import identity
+
+      owner = tuple(self.exit_with)
+      _exit_when(lambda: identity(owner[0]) != owner, owner)
     import tensorflow as tf
 
     threading = tf.config.threading

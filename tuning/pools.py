@@ -14,38 +14,71 @@ import dataclasses
 import functools
 import os
 import uuid
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import ray
 from ray import cloudpickle
 
-from tuning.workers import NAMESPACE, PARTS_PER_WORKER, TrialWorker, worker_env
+from tuning.hosts import WorkerHost, WorkerLost, WorkerRef
+from tuning.workers import NAMESPACE, PARTS_PER_WORKER
 
-# Seconds `WorkerPool.shutdown` waits for its workers to remove their AutoGraph files.
+# Seconds `WorkerPool.shutdown` waits for its hosts to end their workers.
 _TIDY_S = 10.0
+# Calls a host serves at once, per CPU of its node, and beyond: a running trial
+# holds one (its next event) and briefly a second (a release, the next trial's
+# claim), and trials of half a CPU run two to a CPU; a worker's start holds one.
+HOST_CALLS_PER_CPU = 4
+HOST_CALLS_BEYOND = 16
+
+
+def start_host(node_id: str):
+  """A new `hosts.WorkerHost` actor on node `node_id`; its template starts importing."""
+  from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+  # Its workers set their own threads and GPUs (`hosts._worker_session`).
+  env = {"RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+         "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
+  cpus = sum(n["Resources"].get("CPU", 0) for n in _alive_nodes() if n["NodeID"] == node_id)
+  return ray.remote(WorkerHost).options(
+      num_cpus=0, max_concurrency=HOST_CALLS_BEYOND + int(HOST_CALLS_PER_CPU * cpus),
+      runtime_env={"env_vars": env},
+      scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote()
 
 
 class WorkerPool:
-  """Hands out `TrialWorker`s by (node, threads, GPU ids); see the module doc."""
+  """Hands out trial workers by (node, threads, GPU ids), forked by one
+  `hosts.WorkerHost` per node; see the module doc."""
 
   def __init__(self, parts_per_worker: int = PARTS_PER_WORKER,
-               warm: Sequence[Callable[[], dict]] = ()):
+               warm: Sequence[Callable[[], dict]] = (),
+               hosts: Optional[Mapping[str, Any]] = None):
     self._parts_per_worker = parts_per_worker
     self._warm: list[Callable[[], dict]] = list(warm)  # see `configure`
-    self._workers: dict[tuple, list] = {}
+    self._hosts: dict[str, Any] = dict(hosts or {})  # node id -> its WorkerHost (`start_host`)
+    self._workers: dict[tuple, list[WorkerRef]] = {}
 
-  def _start(self, key: tuple):
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+  def _host(self, node_id: str):
+    """The `WorkerHost` of node `node_id`, started on first use."""
+    if node_id not in self._hosts:
+      self._hosts[node_id] = start_host(node_id)
+    return self._hosts[node_id]
 
+  def _start(self, key: tuple) -> WorkerRef:
     node_id, threads, gpu_ids = key
-    env = {**worker_env(threads, gpu_ids), "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
-           "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
-    worker = ray.remote(TrialWorker).options(
-        num_cpus=0, max_concurrency=4, runtime_env={"env_vars": env},
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-    ).remote(self._parts_per_worker, self._warm)
+    worker = WorkerRef(self._host(node_id), uuid.uuid4().hex)
+    # Not waited for: the worker's first call waits for its start in the host.
+    worker.host.start_worker.remote(worker.wid, threads, list(gpu_ids), self._parts_per_worker,
+                                    cloudpickle.dumps(self._warm) if self._warm else b"")
     self._workers.setdefault(key, []).append(worker)
     return worker
+
+  def _drop(self, worker: WorkerRef, host_lost: bool) -> None:
+    """Forgets `worker`, and with `host_lost` its host and every worker of it."""
+    for workers in self._workers.values():
+      workers[:] = [w for w in workers
+                    if w.wid != worker.wid and not (host_lost and w.host == worker.host)]
+    if host_lost:
+      self._hosts = {n: h for n, h in self._hosts.items() if h != worker.host}
 
   def configure(self, parts_per_worker: int, warm: Sequence[Callable[[], dict]]) -> None:
     """What the workers keep and warm up for the sweep about to run (a shared
@@ -56,7 +89,7 @@ class WorkerPool:
     self._warm = list(warm)
     pickled = cloudpickle.dumps(self._warm)  # loaded in each worker's trial thread
     for worker in self.workers():
-      worker.add_warm.remote(parts_per_worker, pickled)
+      worker.call("add_warm", parts_per_worker, pickled)
 
   def prestart(self, node_id: str, threads: int, count: int) -> None:
     """Starts CPU workers on `node_id` ahead of the first trials, until it has
@@ -72,12 +105,12 @@ class WorkerPool:
     workers = self._workers.setdefault(key, [])
     for worker in list(workers):
       try:
-        if ray.get(worker.claim.remote(token, owner)):
+        if ray.get(worker.call("claim", token, owner)):
           return worker
-      except ray.exceptions.RayActorError:
-        workers.remove(worker)
+      except (ray.exceptions.RayActorError, WorkerLost) as lost:
+        self._drop(worker, host_lost=isinstance(lost, ray.exceptions.RayActorError))
     worker = self._start(key)
-    if not ray.get(worker.claim.remote(token, owner)):
+    if not ray.get(worker.call("claim", token, owner)):
       raise RuntimeError("a new trial worker refused its first trial")
     return worker
 
@@ -85,15 +118,14 @@ class WorkerPool:
     return [w for ws in self._workers.values() for w in ws]
 
   def shutdown(self) -> None:
-    """Ends the workers. `ray.kill` ends a process without its exit handlers,
-    so each worker first removes the files AutoGraph wrote for it
-    (`session.remove_autograph_files`; at most `_TIDY_S` waited for)."""
-    workers = self.workers()
-    if workers:
-      ray.wait([w.remove_autograph_files.remote() for w in workers], num_returns=len(workers),
-               timeout=_TIDY_S)
-    for worker in workers:
-      ray.kill(worker)
+    """Ends the hosts, each after its workers (`WorkerHost.shutdown`, at most
+    `_TIDY_S` waited for)."""
+    hosts = list(self._hosts.values())
+    if hosts:
+      ray.wait([h.shutdown.remote() for h in hosts], num_returns=len(hosts), timeout=_TIDY_S)
+    for host in hosts:
+      ray.kill(host)
+    self._hosts.clear()
     self._workers.clear()
 
 
@@ -129,18 +161,21 @@ class SharedWorkerPool:
 
 
 @contextlib.contextmanager
-def _new_pool(prefix: str, *args):
-  """A `WorkerPool(*args)` actor named `prefix`-<random> in `NAMESPACE`, yielded
-  as a `SharedWorkerPool`; on exit it ends, and the workers it started with it."""
+def _new_pool(prefix: str, *args, hosts: Optional[Mapping[str, Any]] = None):
+  """A `WorkerPool(*args, hosts=hosts)` actor named `prefix`-<random> in
+  `NAMESPACE`, yielded as a `SharedWorkerPool`; on exit it ends, and the hosts
+  and workers it holds with it."""
   name = f"{prefix}-{uuid.uuid4().hex[:12]}"
   pool = ray.remote(WorkerPool).options(name=name, namespace=NAMESPACE,
-                                        num_cpus=0).remote(*args)
+                                        num_cpus=0).remote(*args, hosts=hosts)
   try:
     yield SharedWorkerPool(name)
   finally:
     with contextlib.suppress(Exception):
       ray.get(pool.shutdown.remote(), timeout=30)
     ray.kill(pool)
+    for host in (hosts or {}).values():  # ended by the pool's shutdown, unless it failed
+      ray.kill(host)
 
 
 @contextlib.contextmanager
@@ -214,18 +249,23 @@ def worker_pool(sweep, enabled: bool = True, shared: Optional[SharedWorkerPool] 
                             output_dir=os.path.join("warm-up", optimizer), threads=threads)
           for optimizer in sweep.optimizers] if spare else []
   parts_per_worker = max(PARTS_PER_WORKER, len(sweep.optimizers))
+  count = _prestart_count(sweep.resources, nodes)
+  node_id = ray.get_runtime_context().get_node_id()
   with contextlib.ExitStack() as own:
     if shared is None:
       # The sweep's own pool: a shared one whose block is the sweep, configured
       # as it is made. Its calls wait for its process to start, not this one:
       # Tune starts meanwhile (run_sweep reached Tune 0.65-0.71 s after its
       # call when it waited, on 2 cores with Ray up and a warm process cache).
-      shared = own.enter_context(_new_pool("trial-pool", parts_per_worker, warm))
+      # The host the first trials need is started here, beside the pool, not
+      # by it: on 2 cores a first worker was ready 2.8-3.0 s after a host's
+      # start, 3.7-4.3 s after a pool's that started the host.
+      hosts = {node_id: start_host(node_id)} if count else {}
+      shared = own.enter_context(_new_pool("trial-pool", parts_per_worker, warm, hosts=hosts))
       pool = ray.get_actor(shared.name, namespace=NAMESPACE)
     else:  # configured before the sweep's first trial can ask it for a worker
       pool = ray.get_actor(shared.name, namespace=NAMESPACE)
       ray.get(pool.configure.remote(parts_per_worker, warm))
-    count = _prestart_count(sweep.resources, nodes)
     if count:
-      pool.prestart.remote(ray.get_runtime_context().get_node_id(), threads, count)
+      pool.prestart.remote(node_id, threads, count)
     yield shared.name

@@ -18,7 +18,7 @@ which with a pool only report.
 The pieces:
   * `pools.WorkerPool`, one actor per `run_sweep`, created and owned by the
     driver (`pools.worker_pool`): it ends with the sweep, and the workers it
-    started with it. It hands a trial a free `TrialWorker` of the trial's key,
+    started with it. It hands a trial a free worker of the trial's key,
     starting one when none is free. A caller that owns its Ray session and
     runs sweep after sweep (a notebook, a test module, a study) can instead
     keep one pool for all of them (`pools.shared_worker_pool`, passed as
@@ -26,27 +26,30 @@ The pieces:
     that have imported TensorFlow and TFF, loaded the data and built the
     processes of the sweeps before it. A trial's results do not depend on what
     ran before it in its worker (tested), so nothing but the start-up changes.
-  * `TrialWorker` holds a `PartsCache`. One thread of its own imports
-    TensorFlow and TFF and runs every trial (TFF's context stack is
-    thread-local); Ray's threads only pass events.
+  * `TrialWorker` holds a `PartsCache`. One thread of its own runs every
+    trial (TFF's context stack is thread-local); the threads that serve its
+    calls only pass events. In a sweep each worker is a process forked from a
+    per-node template that has imported TensorFlow and TFF
+    (`tuning.hosts.WorkerHost`), which relays the calls; on its own (tests,
+    benchmarks) the object imports them in its thread.
   * The Tune trainable stays the trial: it holds the trial's resources,
     restores its checkpoint, and reports every evaluation the worker hands
     back (`run_trial`). The worker waits at each evaluation until the trainable
     asks for the next event, so no file of the run changes while Tune copies
     its checkpoint.
 
-Resources. Workers reserve nothing (`num_cpus=0`): the trial's trainable holds
-the trial's CPUs and GPU share while its worker computes, and a worker serves
-one trial at a time. A worker's key is (node, CPUs per trial, the GPU ids Ray
-gave the trial). Its thread pools are sized to the trial's CPUs before
-TensorFlow starts, and it sees exactly the trial's GPUs (CUDA_VISIBLE_DEVICES
-set when it starts, and Ray told not to blank it for a zero-GPU actor): a
-trial's rounds run on the GPU Ray assigned to the trial. Trials that share a
-GPU fraction of the same GPU share workers of that key.
+Resources. Workers reserve nothing (their host is a `num_cpus=0` actor): the
+trial's trainable holds the trial's CPUs and GPU share while its worker
+computes, and a worker serves one trial at a time. A worker's key is (node,
+CPUs per trial, the GPU ids Ray gave the trial). Its thread pools are sized to
+the trial's CPUs before TensorFlow starts, and it sees exactly the trial's GPUs
+(`worker_env`, set right after the fork): a trial's rounds run on the GPU Ray
+assigned to the trial. Trials that share a GPU fraction of the same GPU share
+workers of that key.
 
 Failures. A worker that dies fails the one trial it runs: its trainable gets
-`RayActorError`, and Tune restarts the trial from its last checkpoint in
-another worker. A trainable that ends (an ASHA stop, a crash) is noticed by
+`hosts.WorkerLost` (`RayActorError` if the whole host died), and Tune restarts
+the trial from its last checkpoint in another worker. A trainable that ends (an ASHA stop, a crash) is noticed by
 its worker, which checks at every round and while it waits at an evaluation
 that the trial's process still runs (on the same node), and gives the trial up.
 """
@@ -313,10 +316,10 @@ def run_trial(pool_name: str, make_experiment: Callable[[], dict],
   node_id = ray.get_runtime_context().get_node_id()
   worker = ray.get(pool.acquire.remote(node_id, threads, list(gpu_ids), token, owner))
   try:
-    ray.get(worker.start.remote(token, cloudpickle.dumps((make_experiment, make_result)),
-                                scratch))
+    ray.get(worker.call("start", token, cloudpickle.dumps((make_experiment, make_result)),
+                        scratch))
     while True:
-      kind, payload = ray.get(worker.next_event.remote(token))
+      kind, payload = ray.get(worker.call("next_event", token))
       if kind == "eval":
         report(payload)
       elif kind == "done":
@@ -324,4 +327,4 @@ def run_trial(pool_name: str, make_experiment: Callable[[], dict],
       else:
         raise RuntimeError(f"the trial failed in its worker:\n{payload}")
   finally:
-    worker.release.remote(token)
+    worker.call("release", token)

@@ -3,6 +3,7 @@ trial's GPUs and threads, and a shared pool's need for a Ray session. Each test
 starts its own Ray, or needs none running (so not beside tests/tuning/test_workers'
 module-wide Ray)."""
 
+import contextlib
 import os
 
 import pytest
@@ -34,38 +35,70 @@ def test_workers_warm_up_only_on_cpus_the_concurrent_trials_do_not_hold():
   assert spare_cpus(64, Resources(cpus_per_trial=1, max_concurrent_trials=None)) == 0
 
 
-def _in_actor(actor, fn, *args):
-  """`fn(*args)` run in `actor`'s process (Ray's `__ray_call__` passes the
-  actor's instance first)."""
-  import ray
-
-  return ray.get(actor.__ray_call__.remote(lambda _, *a: fn(*a), *args))
-
-
-def test_a_worker_sees_the_gpus_of_its_trial_and_ray_leaves_them_alone(monkeypatch):
-  """Ray blanks CUDA_VISIBLE_DEVICES of a zero-GPU actor unless told not to; a
-  worker (zero GPUs of its own) must keep the GPU ids of the trial it serves.
-  Ray is told of one GPU here; no GPU is needed (nothing runs on it)."""
+@contextlib.contextmanager
+def _ray_with_a_gpu(monkeypatch, cpus: int):
+  """A local Ray told of `cpus` CPUs and one GPU (no GPU is needed unless
+  something runs on it), started as every local Ray of the project is
+  (`ray_session.connect`: on loopback, tried again if its first start fails).
+  Yields `acquire(pool, threads, gpu_ids, token)`: a worker of `pool` for a
+  trial of this process on this node."""
   import ray
 
   monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)  # tests/conftest.py hides GPUs
-
-  # Started as every local Ray of the project is (`ray_session.connect`: on
-  # loopback, tried again if its first start fails).
-  with ray_session(None, resources={"num_cpus": 1, "num_gpus": 1}):
-    pool = ray.remote(WorkerPool).options(namespace=NAMESPACE, num_cpus=0).remote()
+  with ray_session(None, resources={"num_cpus": cpus, "num_gpus": 1}):
     node = ray.get_runtime_context().get_node_id()
     owner = process_identity(os.getpid())
-    gpu = ray.get(pool.acquire.remote(node, 1, ["0"], "a", owner))
-    cpu = ray.get(pool.acquire.remote(node, 2, [], "b", owner))
-    getenv = lambda name: os.environ.get(name)  # looked up in the actor
-    assert _in_actor(gpu, getenv, "CUDA_VISIBLE_DEVICES") == "0"
-    assert _in_actor(cpu, getenv, "CUDA_VISIBLE_DEVICES") == ""
-    assert _in_actor(cpu, getenv, "TF_NUM_INTEROP_THREADS") == "2"
-    assert _in_actor(cpu, getenv, "TF_NUM_INTRAOP_THREADS") == "1"
+    yield lambda pool, threads, gpu_ids, token: ray.get(
+        pool.acquire.remote(node, threads, gpu_ids, token, owner))
+
+
+def _new_pool():
+  import ray
+
+  return ray.remote(WorkerPool).options(namespace=NAMESPACE, num_cpus=0).remote()
+
+
+def _in_worker(worker, fn, *args):
+  """`fn(*args)` run in the process of `worker` (a `tuning.hosts.WorkerRef`)."""
+  import ray
+
+  return ray.get(worker.host.run.remote(worker.wid, fn, *args))
+
+
+def test_a_worker_sees_the_gpus_and_threads_of_its_trial(monkeypatch):
+  """Workers are forked from one template per node: each sets its trial's GPU
+  ids and threads after the fork, before TensorFlow starts. Ray blanks
+  CUDA_VISIBLE_DEVICES of a zero-GPU actor unless told not to, so a worker
+  (zero GPUs of its own) sets the GPU ids of the trial it serves. Ray is told of
+  one GPU here; no GPU is needed (nothing runs on it)."""
+  import ray
+
+  with _ray_with_a_gpu(monkeypatch, cpus=1) as acquire:
+    pool = _new_pool()
+    gpu = acquire(pool, 1, ["0"], "a")
+    cpu = acquire(pool, 2, [], "b")
+    getenv = lambda name: os.environ.get(name)  # looked up in the worker
+    assert _in_worker(gpu, getenv, "CUDA_VISIBLE_DEVICES") == "0"
+    assert _in_worker(cpu, getenv, "CUDA_VISIBLE_DEVICES") == ""
+    assert _in_worker(cpu, getenv, "TF_NUM_INTEROP_THREADS") == "2"
+    assert _in_worker(cpu, getenv, "TF_NUM_INTRAOP_THREADS") == "1"
+
+    def tf_threads():
+      import tensorflow as tf
+
+      return (tf.config.threading.get_intra_op_parallelism_threads(),
+              tf.config.threading.get_inter_op_parallelism_threads())
+
+    assert _in_worker(cpu, tf_threads) == (1, 2) and _in_worker(gpu, tf_threads) == (1, 1)
     # A busy worker is not handed out again: another trial of its key gets a new one.
-    again = ray.get(pool.acquire.remote(node, 1, ["0"], "c", owner))
-    assert _in_actor(again, os.getpid) != _in_actor(gpu, os.getpid)
+    again = acquire(pool, 1, ["0"], "c")
+    assert _in_worker(again, os.getpid) != _in_worker(gpu, os.getpid)
+    # All three were forked by one template, which imported TensorFlow for them.
+    templates = {_in_worker(w, os.getppid) for w in (gpu, cpu, again)}
+    assert len(templates) == 1
+    template = templates.pop()
+    with open(f"/proc/{template}/maps") as f:
+      assert "_pywrap_tensorflow_internal" in f.read()
 
     def convert_a_function():  # in the worker: AutoGraph writes a file for `bump`
       import tensorflow as tf
@@ -81,9 +114,70 @@ def test_a_worker_sees_the_gpus_of_its_trial_and_ray_leaves_them_alone(monkeypat
       bump(tf.constant(1))
       return autograph_files()
 
-    # The pool ends its workers with ray.kill, which skips their exit handlers
+    # The pool ends its workers with SIGKILL, which skips their exit handlers
     # (AutoGraph's among them): each first removes the files AutoGraph wrote for it.
-    written = _in_actor(cpu, convert_a_function)
+    written = _in_worker(cpu, convert_a_function)
     assert written and all(os.path.exists(path) for path in written)
+    processes = [_in_worker(w, os.getpid) for w in (gpu, cpu, again)] + [template]
     ray.get(pool.shutdown.remote())
     assert not any(os.path.exists(path) for path in written)
+    assert _all_end(processes)
+
+    # A host that dies (ray.kill, as when its node's Ray stops) takes its
+    # workers and template with it, though the workers are not its children.
+    pool = _new_pool()
+    worker = acquire(pool, 1, [], "d")
+    processes = [_in_worker(worker, os.getpid), _in_worker(worker, os.getppid)]
+    ray.kill(worker.host)
+    assert _all_end(processes)
+    ray.kill(pool)
+
+
+def _all_end(pids, within_s: float = 5.0) -> bool:
+  """Whether every process of `pids` has ended (or is a zombie) within `within_s`."""
+  import time
+
+  from tff_fedadamom import process_table
+
+  deadline = time.monotonic() + within_s
+  while time.monotonic() < deadline:
+    stats = [process_table.stat(pid) for pid in pids]
+    if all(s is None or not s.running for s in stats):
+      return True
+    time.sleep(0.1)
+  return False
+
+
+def _machine_gpus() -> int:
+  """GPUs the machine has (`nvidia-smi -L`), whatever this process may see."""
+  import shutil
+  import subprocess
+
+  if not shutil.which("nvidia-smi"):
+    return 0
+  listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False)
+  return sum(line.startswith("GPU ") for line in listed.stdout.splitlines())
+
+
+@pytest.mark.skipif(not _machine_gpus(), reason="this machine has no GPU")
+def test_a_forked_worker_runs_on_the_gpu_of_its_trial(monkeypatch):
+  """The template imports TensorFlow without touching CUDA, so a worker forked
+  from it finds exactly its trial's GPU, and one without a GPU finds none."""
+  import ray
+
+  with _ray_with_a_gpu(monkeypatch, cpus=2) as acquire:
+    pool = _new_pool()
+    gpu = acquire(pool, 1, ["0"], "a")
+    cpu = acquire(pool, 1, [], "b")
+
+    def gpus_and_a_sum():
+      import tensorflow as tf
+
+      with tf.device("GPU:0" if tf.config.list_physical_devices("GPU") else "CPU:0"):
+        total = tf.reduce_sum(tf.ones([4]))
+      return len(tf.config.list_physical_devices("GPU")), total.device, float(total)
+
+    count, device, total = _in_worker(gpu, gpus_and_a_sum)
+    assert count == 1 and "GPU:0" in device and total == 4.0
+    assert _in_worker(cpu, gpus_and_a_sum)[0] == 0
+    ray.get(pool.shutdown.remote())

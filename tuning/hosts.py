@@ -1,0 +1,181 @@
+"""A node's trial workers, forked from one process that has imported what they
+run: a sweep pays TensorFlow's and TFF's imports once per node, not once per
+worker.
+
+Why: a worker's start is mostly its imports (3.3-3.5 s for TensorFlow, TFF and
+the pipeline while another process does the same, on 2 cores), and on a
+machine whose cores all run trials, two workers importing side by side cost
+the sweep what they take from its first trials. Measured on the quickstart
+sweep with a warm process cache (`benchmarks/sweep_scaling.py`, section 0):
+warm workers took 7.8 s; with two processes importing TensorFlow and TFF
+beside them, as two new workers do, 11.6 s; with one, 9.0 s.
+
+The pieces:
+  * `WorkerHost`, a Ray actor per node, started by the pool
+    (`pools.WorkerPool`). It starts a template process, `multiprocessing`'s
+    fork server, which imports `tuning.worker_imports` and then forks each
+    worker the host asks for. A worker runs one `tuning.workers.TrialWorker`,
+    served to the host by a `multiprocessing` manager over a Unix socket; the
+    host relays the pool's and the trials' calls to it (`call`).
+  * `WorkerRef`, (host, worker id): what the pool hands a trial.
+
+A forked worker applies its trial's session first (`workers.worker_env`: its
+thread pools and visible GPUs), before TensorFlow starts: the template runs no
+op and lists no device, so each worker sizes TensorFlow as a new process would.
+
+Lifetimes. Each worker ends when its host's process does (`Session(exit_with=
+<the host>)`; its parent is the fork server, not the host), and the fork server
+once its host and workers have (it watches a pipe that only they hold open):
+a host ended by `ray.kill`, or a node's Ray stopped, leaves nothing behind. A
+worker that dies makes the host's calls to it raise `WorkerLost`; the pool then
+drops it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import multiprocessing
+import os
+import signal
+import threading
+from multiprocessing import managers
+from typing import Any, Sequence
+
+from ray import cloudpickle
+
+from tff_fedadamom import process_table
+from tuning.workers import TrialWorker, worker_env
+
+# The module the template imports before it forks (its whole start-up).
+TEMPLATE_IMPORTS = "tuning.worker_imports"
+
+
+class WorkerLost(RuntimeError):
+  """A trial worker's process has ended (or never started): its trial is lost."""
+
+
+class _InProcess:
+  """Runs a pickled `(fn, args)` in a worker's process (`WorkerHost.run`)."""
+
+  def call(self, pickled: bytes):
+    fn, args = cloudpickle.loads(pickled)
+    return fn(*args)
+
+
+def _worker_session(threads: int, gpu_ids: Sequence[str], host: tuple[int, int]) -> None:
+  """A forked worker's first step, before TensorFlow starts: its trial's
+  session, ending the worker with its host (`host`: the host's identity)."""
+  from tff_fedadamom.session import Session
+
+  Session(threads=threads, environ=worker_env(threads, gpu_ids), exit_with=host).apply()
+
+
+class _WorkerManager(managers.BaseManager):
+  """Serves a forked worker's `TrialWorker` (and `_InProcess`) to its host."""
+
+
+_WorkerManager.register("TrialWorker", TrialWorker)
+_WorkerManager.register("InProcess", _InProcess)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Worker:
+  manager: _WorkerManager
+  trials: Any  # the manager's proxy of the worker's TrialWorker
+  stat: process_table.Stat  # the worker's process, as it started
+
+  def running(self) -> bool:
+    now = process_table.stat(self.stat.pid)
+    return now is not None and now.running and now.start_time == self.stat.start_time
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerRef:
+  """A worker of a `WorkerHost`: `call` is the worker's method call, as an ObjectRef."""
+  host: Any  # the WorkerHost actor's handle
+  wid: str
+
+  def call(self, method: str, *args):
+    return self.host.call.remote(self.wid, method, *args)
+
+
+class WorkerHost:
+  """Forks a node's trial workers from one template process (see the module doc)."""
+
+  def __init__(self):
+    from multiprocessing import forkserver
+
+    # The fork server is this process's (the host is its entry point): it
+    # imports while the pool asks for the first workers.
+    self._context = multiprocessing.get_context("forkserver")
+    self._context.set_forkserver_preload([TEMPLATE_IMPORTS])
+    forkserver.ensure_running()
+    self._identity = process_table.identity(os.getpid())
+    self._lock = threading.Lock()
+    self._workers: dict[str, concurrent.futures.Future] = {}
+
+  def _future(self, wid: str) -> concurrent.futures.Future:
+    # A threaded actor may run a worker's first call before its start: both meet here.
+    with self._lock:
+      return self._workers.setdefault(wid, concurrent.futures.Future())
+
+  def start_worker(self, wid: str, threads: int, gpu_ids: Sequence[str],
+                   parts_per_worker: int, warm: bytes) -> int:
+    """Forks worker `wid` for trials of `threads` threads on GPUs `gpu_ids`
+    (`TrialWorker(parts_per_worker)`, warming up the pickled `warm` if any);
+    returns its pid."""
+    future = self._future(wid)
+    try:
+      manager = _WorkerManager(ctx=self._context)
+      manager.start(_worker_session, (threads, list(gpu_ids), self._identity))
+      trials = manager.TrialWorker(parts_per_worker)
+      if warm:
+        trials.add_warm(parts_per_worker, warm)
+      pid = manager.InProcess().call(cloudpickle.dumps((os.getpid, ())))
+      worker = _Worker(manager, trials, process_table.stat(pid))
+    except BaseException as error:
+      future.set_exception(WorkerLost(f"a trial worker could not start: {error!r}"))
+      raise
+    future.set_result(worker)
+    return pid
+
+  def call(self, wid: str, method: str, *args):
+    """`method(*args)` of worker `wid`'s `TrialWorker`, in its process.
+
+    Raises:
+      WorkerLost: the worker's process has ended, or never started.
+    """
+    worker = self._future(wid).result()
+    try:
+      return getattr(worker.trials, method)(*args)
+    except (EOFError, OSError) as error:
+      if worker.running():  # the method's own error
+        raise
+      ended = process_table.stat(worker.stat.pid)
+      how = process_table.how_it_ended(ended) if ended is not None else "ended"
+      raise WorkerLost(f"trial worker {worker.stat.pid} {how}") from error
+
+  def run(self, wid: str, fn, *args):
+    """`fn(*args)` run in worker `wid`'s process, as Ray's `__ray_call__` runs a
+    function in an actor's: for a caller that inspects a worker."""
+    worker = self._future(wid).result()
+    return worker.manager.InProcess().call(cloudpickle.dumps((fn, args)))
+
+  def shutdown(self) -> None:
+    """Ends the workers. SIGKILL ends a process without its exit handlers, so
+    each worker first removes the files AutoGraph wrote for it
+    (`session.remove_autograph_files`)."""
+    with self._lock:
+      futures = list(self._workers.values())
+      self._workers.clear()
+    workers = [f.result() for f in futures if f.done() and f.exception() is None]
+    for worker in workers:
+      with contextlib.suppress(Exception):  # a lost worker has nothing left to tidy
+        worker.trials.remove_autograph_files()
+    for worker in workers:
+      if worker.running():  # this host started it; its start time rules out a reused pid
+        with contextlib.suppress(ProcessLookupError):
+          os.kill(worker.stat.pid, signal.SIGKILL)
+      worker.manager.shutdown()  # the manager's own end, of a process already gone
