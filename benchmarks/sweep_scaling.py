@@ -259,12 +259,13 @@ def _cli_tune(raw: dict, root: str) -> float:
 
 @contextlib.contextmanager
 def _importing(modules: str, count: int = 2):
-  """`count` new processes that import `modules` as a trial worker imports
-  (sized as one is, `tuning.workers.worker_env`, and outside the garbage
-  collector, `session.startup_imports`) while the block runs; yields a list
-  that gets their wall seconds. Beside a sweep in warm workers, they cost what
-  its new workers' imports would: a floor for any design whose workers start
-  with the sweep and import at least `modules`."""
+  """`count` new processes that import `modules` as a trial worker's template
+  imports (sized as a worker is, `tuning.workers.worker_env`, and outside the
+  garbage collector, `session.startup_imports`) while the block runs; yields a
+  list that gets their wall seconds. Beside a sweep in warm workers, they cost
+  what its new workers' imports would: a floor for any design whose workers
+  start with the sweep and import at least `modules`, once per worker
+  (`count` 2) or once for both (`count` 1, as forked workers do)."""
   import subprocess
 
   from tuning.workers import worker_env
