@@ -1,5 +1,6 @@
-"""The trial-worker pool's actors without a sweep: what a worker sees of its
-trial's GPUs and threads, and a shared pool's need for a Ray session. Each test
+"""The trial-worker pool's actors without a sweep: what a worker forked from its
+node's template sees of its trial's GPUs and threads, that the workers and the
+template end with their host, and a shared pool's need for a Ray session. Each test
 starts its own Ray, or needs none running (so not beside tests/tuning/test_workers'
 module-wide Ray)."""
 
