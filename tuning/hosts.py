@@ -134,7 +134,10 @@ class WorkerHost:
       if warm:
         trials.add_warm(parts_per_worker, warm)
       pid = manager.InProcess().call(cloudpickle.dumps((os.getpid, ())))
-      worker = _Worker(manager, trials, process_table.stat(pid))
+      stat = process_table.stat(pid)
+      if stat is None:
+        raise WorkerLost(f"trial worker {pid} ended as it started")
+      worker = _Worker(manager, trials, stat)
     except BaseException as error:
       future.set_exception(WorkerLost(f"a trial worker could not start: {error!r}"))
       raise
