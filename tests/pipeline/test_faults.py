@@ -25,7 +25,11 @@ def _weights(output_dir):
 
 
 def _start(config_path):
-  env = {**os.environ, "PYTHONPATH": ROOT}
+  # Its temporary files go beside its config: a run killed with SIGKILL never
+  # removes the sources AutoGraph wrote for it (`session.remove_autograph_files`).
+  scratch = os.path.join(os.path.dirname(config_path), "tmp")
+  os.makedirs(scratch, exist_ok=True)
+  env = {**os.environ, "PYTHONPATH": ROOT, "TMPDIR": scratch}
   # A job started in the background by a non-interactive shell inherits SIGINT
   # ignored, and so would the run. The child gets the default disposition, as from a
   # terminal, by spawning it while this process has a handler (dispositions other
