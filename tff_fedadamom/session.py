@@ -26,7 +26,7 @@ import dataclasses
 import gc
 import os
 import sys
-from typing import Callable, Mapping, Optional
+from typing import Callable, Mapping, Optional, Sequence
 
 
 def cpu_count() -> int:
@@ -137,14 +137,21 @@ def startup_imports(enabled: bool = True):
       gc.enable()
 
 
-# Seconds between an exiting-with session's checks of the process it watches.
+# Seconds between `exit_when`'s checks.
 PARENT_POLL_S = 0.5
 _WATCHING: list = []  # what this process already watches, each once
 
 
-def _exit_when(gone: Callable[[], bool], what) -> None:
+def exit_when(gone: Callable[[], bool], what, also_remove: Sequence[str] = ()) -> None:
   """Ends this process (`os._exit`) once `gone()` holds, checked every
-  `PARENT_POLL_S` by a daemon thread; `what` names the watch (once per process)."""
+  `PARENT_POLL_S` by a daemon thread; `what` names the watch (each is started
+  once per process). Before it ends, it removes the sources AutoGraph wrote for
+  this process and the directories `also_remove` (best effort).
+
+  For an entry point only (the process's end is its own): a `Session` with
+  `exit_with_parent`, or a worker forked on behalf of a process that is not its
+  parent (`tuning.hosts`)."""
+  import shutil
   import threading
   import time
 
@@ -157,6 +164,8 @@ def _exit_when(gone: Callable[[], bool], what) -> None:
       time.sleep(PARENT_POLL_S)
     with contextlib.suppress(Exception):  # best effort: the process ends either way
       remove_autograph_files()
+      for path in also_remove:
+        shutil.rmtree(path, ignore_errors=True)
     os._exit(1)  # noqa: SLF001 - no one is left to report to
 
   threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
@@ -185,17 +194,12 @@ class Session:
       worker whose study was killed. A daemon thread of this process polls
       its parent every `PARENT_POLL_S` (a TensorFlow call releases the GIL,
       so it runs during one too).
-    exit_with: The identity (`process_table.identity`: pid, start time) of a
-      process this one must not outlive, polled as `exit_with_parent` polls:
-      for a worker forked by a fork server on behalf of another process (a
-      `tuning.hosts.WorkerHost`), which is not its parent.
   """
 
   threads: Optional[int] = None
   gpu_memory_growth: bool = True
   environ: Mapping[str, str] = dataclasses.field(default_factory=dict, hash=False)
   exit_with_parent: bool = False
-  exit_with: Optional[tuple[int, int]] = None
 
   @property
   def inter_op_threads(self) -> int:
@@ -213,12 +217,7 @@ class Session:
     release_tff_at_exit()
     if self.exit_with_parent:
       parent = os.getppid()
-      _exit_when(lambda: os.getppid() != parent, ("parent", parent))
-    if self.exit_with is not None:
-      from tff_fedadamom.process_table import identity
-
-      owner = tuple(self.exit_with)
-      _exit_when(lambda: identity(owner[0]) != owner, owner)
+      exit_when(lambda: os.getppid() != parent, ("parent", parent))
     import tensorflow as tf
 
     threading = tf.config.threading

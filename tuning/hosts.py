@@ -23,8 +23,8 @@ A forked worker applies its trial's session first (`workers.worker_env`: its
 thread pools and visible GPUs), before TensorFlow starts: the template runs no
 op and lists no device, so each worker sizes TensorFlow as a new process would.
 
-Lifetimes. Each worker ends when its host's process does (`Session(exit_with=
-<the host>)`; its parent is the fork server, not the host), and the fork server
+Lifetimes. Each worker ends when its host's process does (`session.exit_when`;
+its parent is the fork server, not the host), and the fork server
 once its host and workers have (it watches a pipe that only they hold open):
 a host ended by `ray.kill`, or a node's Ray stopped, leaves nothing behind. A
 worker that dies makes the host's calls to it raise `WorkerLost`; the pool then
@@ -38,9 +38,10 @@ import contextlib
 import dataclasses
 import multiprocessing
 import os
+import shutil
 import signal
 import threading
-from multiprocessing import managers
+from multiprocessing import managers, util
 from typing import Any, Sequence
 
 from ray import cloudpickle
@@ -66,10 +67,16 @@ class _InProcess:
 
 def _worker_session(threads: int, gpu_ids: Sequence[str], host: tuple[int, int]) -> None:
   """A forked worker's first step, before TensorFlow starts: its trial's
-  session, ending the worker with its host (`host`: the host's identity)."""
-  from tff_fedadamom.session import Session
+  session. The worker ends with its host (`host`: the host's identity), and
+  then removes the host's `multiprocessing` directory (the fork server's and
+  the managers' sockets), which a host ended by a signal leaves behind."""
+  from multiprocessing import util
 
-  Session(threads=threads, environ=worker_env(threads, gpu_ids), exit_with=host).apply()
+  from tff_fedadamom.session import Session, exit_when
+
+  Session(threads=threads, environ=worker_env(threads, gpu_ids)).apply()
+  exit_when(lambda: process_table.identity(host[0]) != host, host,
+            also_remove=[util.get_temp_dir()])  # the host's, inherited: not made here
 
 
 class _WorkerManager(managers.BaseManager):
@@ -182,3 +189,6 @@ class WorkerHost:
         with contextlib.suppress(ProcessLookupError):
           os.kill(worker.stat.pid, signal.SIGKILL)
       worker.manager.shutdown()  # the manager's own end, of a process already gone
+    # The sockets of the fork server and the managers: this process is ended
+    # next by a signal (`ray.kill`), which skips `multiprocessing`'s own removal.
+    shutil.rmtree(util.get_temp_dir(), ignore_errors=True)

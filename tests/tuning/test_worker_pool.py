@@ -120,18 +120,37 @@ def test_a_worker_sees_the_gpus_and_threads_of_its_trial(monkeypatch):
     written = _in_worker(cpu, convert_a_function)
     assert written and all(os.path.exists(path) for path in written)
     processes = [_in_worker(w, os.getpid) for w in (gpu, cpu, again)] + [template]
+    sockets = _sockets_dir(gpu)
+    assert os.path.isdir(sockets) and _in_worker(cpu, _sockets_dir_here) == sockets
     ray.get(pool.shutdown.remote())
     assert not any(os.path.exists(path) for path in written)
-    assert _all_end(processes)
+    assert _all_end(processes) and not os.path.exists(sockets)
 
     # A host that dies (ray.kill, as when its node's Ray stops) takes its
     # workers and template with it, though the workers are not its children.
     pool = _new_pool()
     worker = acquire(pool, 1, [], "d")
     processes = [_in_worker(worker, os.getpid), _in_worker(worker, os.getppid)]
+    sockets = _sockets_dir(worker)
     ray.kill(worker.host)
-    assert _all_end(processes)
+    # Its workers remove its sockets' directory, which its killed process could not.
+    assert _all_end(processes) and not os.path.exists(sockets)
     ray.kill(pool)
+
+
+def _sockets_dir_here() -> str:
+  """This process's `multiprocessing` directory (a forked worker inherits its host's)."""
+  from multiprocessing import util
+
+  return util.get_temp_dir()
+
+
+def _sockets_dir(worker) -> str:
+  """The `multiprocessing` directory of `worker`'s host: its fork server's and
+  its workers' managers' sockets."""
+  import ray
+
+  return ray.get(worker.host.__ray_call__.remote(lambda _: _sockets_dir_here()))
 
 
 def _all_end(pids, within_s: float = 5.0) -> bool:
