@@ -69,14 +69,21 @@ def _worker_session(threads: int, gpu_ids: Sequence[str], host: tuple[int, int])
   """A forked worker's first step, before TensorFlow starts: its trial's
   session. The worker ends with its host (`host`: the host's identity), and
   then removes the host's `multiprocessing` directory (the fork server's and
-  the managers' sockets), which a host ended by a signal leaves behind."""
+  the managers' sockets), which a host ended by a signal leaves behind.
+
+  The worker's temporary files go to that directory too: the sources AutoGraph
+  writes for a worker are removed at its exit, which a worker killed by a
+  signal never reaches (the kill test of `tests/tuning/test_workers.py` left
+  31 in /tmp); there they go with the host."""
+  import tempfile
   from multiprocessing import util
 
   from tff_fedadamom.session import Session, exit_when
 
-  Session(threads=threads, environ=worker_env(threads, gpu_ids)).apply()
-  exit_when(lambda: process_table.identity(host[0]) != host, host,
-            also_remove=[util.get_temp_dir()])  # the host's, inherited: not made here
+  scratch = util.get_temp_dir()  # the host's, inherited: not made here
+  tempfile.tempdir = scratch  # the worker is its process's entry point
+  Session(threads=threads, environ={**worker_env(threads, gpu_ids), "TMPDIR": scratch}).apply()
+  exit_when(lambda: process_table.identity(host[0]) != host, host, also_remove=[scratch])
 
 
 class _WorkerManager(managers.BaseManager):

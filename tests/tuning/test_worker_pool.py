@@ -122,6 +122,8 @@ def test_a_worker_sees_the_gpus_and_threads_of_its_trial(monkeypatch):
     processes = [_in_worker(w, os.getpid) for w in (gpu, cpu, again)] + [template]
     sockets = _sockets_dir(gpu)
     assert os.path.isdir(sockets) and _in_worker(cpu, _sockets_dir_here) == sockets
+    # ... where a worker's temporary files go too: a killed worker's go with its host.
+    assert all(os.path.dirname(path) == sockets for path in written)
     ray.get(pool.shutdown.remote())
     assert not any(os.path.exists(path) for path in written)
     assert _all_end(processes) and not os.path.exists(sockets)
