@@ -80,10 +80,9 @@ def remove_autograph_files() -> list[str]:
   directory and removes it at interpreter exit (`atexit`), which a process
   ended by a signal or `os._exit` never reaches. Each trial worker a sweep
   ends with `ray.kill` left its files in /tmp: 90 after one quickstart sweep.
-  For a process about to end that way (`tuning.pools.WorkerPool`'s
-  workers, an `exit_with_parent` session's last step). The converted code
-  stays loaded and runs as before; tracebacks through it lose their source
-  lines.
+  For a process about to end that way (an `exit_when` watch's last step).
+  The converted code stays loaded and runs as before; tracebacks through it
+  lose their source lines.
   """
   removed = []
   for path in autograph_files():

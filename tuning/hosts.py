@@ -11,8 +11,8 @@ warm workers took 7.8 s; with two processes importing TensorFlow and TFF
 beside them, as two new workers do, 11.6 s; with one, 9.0 s.
 
 The pieces:
-  * `WorkerHost`, a Ray actor per node, started by the pool
-    (`pools.WorkerPool`). It starts a template process, `multiprocessing`'s
+  * `WorkerHost`, a Ray actor per node, started for the pool
+    (`pools.start_host`). It starts a template process, `multiprocessing`'s
     fork server, which imports `tuning.worker_imports` and then forks each
     worker the host asks for. A worker runs one `tuning.workers.TrialWorker`,
     served to the host by a `multiprocessing` manager over a Unix socket; the
@@ -76,7 +76,6 @@ def _worker_session(threads: int, gpu_ids: Sequence[str], host: tuple[int, int])
   signal never reaches (the kill test of `tests/tuning/test_workers.py` left
   31 in /tmp); there they go with the host."""
   import tempfile
-  from multiprocessing import util
 
   from tff_fedadamom.session import Session, exit_when
 
@@ -98,11 +97,10 @@ _WorkerManager.register("InProcess", _InProcess)
 class _Worker:
   manager: _WorkerManager
   trials: Any  # the manager's proxy of the worker's TrialWorker
-  stat: process_table.Stat  # the worker's process, as it started
+  identity: tuple[int, int]  # the worker's process (`process_table.identity`)
 
   def running(self) -> bool:
-    now = process_table.stat(self.stat.pid)
-    return now is not None and now.running and now.start_time == self.stat.start_time
+    return process_table.identity(self.identity[0]) == self.identity
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,10 +146,10 @@ class WorkerHost:
       if warm:
         trials.add_warm(parts_per_worker, warm)
       pid = manager.InProcess().call(cloudpickle.dumps((os.getpid, ())))
-      stat = process_table.stat(pid)
-      if stat is None:
+      identity = process_table.identity(pid)
+      if identity is None:
         raise WorkerLost(f"trial worker {pid} ended as it started")
-      worker = _Worker(manager, trials, stat)
+      worker = _Worker(manager, trials, identity)
     except BaseException as error:
       future.set_exception(WorkerLost(f"a trial worker could not start: {error!r}"))
       raise
@@ -170,9 +168,10 @@ class WorkerHost:
     except (EOFError, OSError) as error:
       if worker.running():  # the method's own error
         raise
-      ended = process_table.stat(worker.stat.pid)
+      pid = worker.identity[0]
+      ended = process_table.stat(pid)
       how = process_table.how_it_ended(ended) if ended is not None else "ended"
-      raise WorkerLost(f"trial worker {worker.stat.pid} {how}") from error
+      raise WorkerLost(f"trial worker {pid} {how}") from error
 
   def run(self, wid: str, fn, *args):
     """`fn(*args)` run in worker `wid`'s process, as Ray's `__ray_call__` runs a
@@ -181,21 +180,21 @@ class WorkerHost:
     return worker.manager.InProcess().call(cloudpickle.dumps((fn, args)))
 
   def shutdown(self) -> None:
-    """Ends the workers. SIGKILL ends a process without its exit handlers, so
-    each worker first removes the files AutoGraph wrote for it
-    (`session.remove_autograph_files`)."""
+    """Ends the workers (SIGKILL, which skips their exit handlers), then removes
+    this host's `multiprocessing` directory: the sockets of the fork server and
+    the managers, and the workers' temporary files (`_worker_session`), the
+    sources AutoGraph wrote for them among them."""
     with self._lock:
       futures = list(self._workers.values())
       self._workers.clear()
-    workers = [f.result() for f in futures if f.done() and f.exception() is None]
-    for worker in workers:
-      with contextlib.suppress(Exception):  # a lost worker has nothing left to tidy
-        worker.trials.remove_autograph_files()
-    for worker in workers:
+    for future in futures:
+      if not future.done() or future.exception() is not None:
+        continue
+      worker = future.result()
       if worker.running():  # this host started it; its start time rules out a reused pid
         with contextlib.suppress(ProcessLookupError):
-          os.kill(worker.stat.pid, signal.SIGKILL)
+          os.kill(worker.identity[0], signal.SIGKILL)
       worker.manager.shutdown()  # the manager's own end, of a process already gone
-    # The sockets of the fork server and the managers: this process is ended
-    # next by a signal (`ray.kill`), which skips `multiprocessing`'s own removal.
+    # This process is ended next by a signal (`ray.kill`), which skips
+    # `multiprocessing`'s own removal of the directory.
     shutil.rmtree(util.get_temp_dir(), ignore_errors=True)

@@ -49,9 +49,10 @@ workers of that key.
 
 Failures. A worker that dies fails the one trial it runs: its trainable gets
 `hosts.WorkerLost` (`RayActorError` if the whole host died), and Tune restarts
-the trial from its last checkpoint in another worker. A trainable that ends (an ASHA stop, a crash) is noticed by
-its worker, which checks at every round and while it waits at an evaluation
-that the trial's process still runs (on the same node), and gives the trial up.
+the trial from its last checkpoint in another worker. A trainable that ends (an
+ASHA stop, a crash) is noticed by its worker, which checks at every round and
+while it waits at an evaluation that the trial's process still runs (on the
+same node), and gives the trial up.
 """
 
 from __future__ import annotations
@@ -69,7 +70,6 @@ from ray import cloudpickle
 
 # (pid, start time) of a running process: a trial's owner, told apart from a reused pid.
 from tff_fedadamom.process_table import identity as process_identity
-from tff_fedadamom.session import remove_autograph_files as _remove_autograph_files
 
 NAMESPACE = "tff_fedadamom"
 # Built experiments each worker keeps at least; a sweep's pool keeps one per
@@ -218,11 +218,6 @@ class TrialWorker:
     if self._cache is not None:
       self._cache.max_size = max(self._cache.max_size, parts_per_worker)
     self._jobs.put(warm)  # also wakes the loop if it waits for a trial
-
-  def remove_autograph_files(self) -> list[str]:
-    """Removes the files AutoGraph wrote for this worker's process, before the
-    pool ends it (`session.remove_autograph_files`); returns their paths."""
-    return _remove_autograph_files()
 
   def _loop(self) -> None:
     from tff_fedadamom.session import startup_imports
