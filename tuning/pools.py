@@ -194,7 +194,12 @@ def shared_worker_pool():
         "shared_worker_pool() needs this process connected to Ray (ray.init(), or "
         "tff_fedadamom.pipeline.ray_session.ray_session()) before it starts: its "
         "workers live in that session, and only sweeps run in it can use them.")
-  with _new_pool("trial-pool-shared") as pool:
+  # On a one-node cluster every trial runs on this node: its host starts now,
+  # beside the pool (as a sweep's own pool has it, `worker_pool`), so that the
+  # first sweep's workers are forked from a template already importing.
+  nodes = _alive_nodes()
+  hosts = {nodes[0]["NodeID"]: start_host(nodes[0]["NodeID"])} if len(nodes) == 1 else {}
+  with _new_pool("trial-pool-shared", hosts=hosts) as pool:
     yield pool
 
 

@@ -23,6 +23,33 @@ def test_a_shared_pool_needs_a_ray_session_first():
       pass
 
 
+@pytest.mark.parametrize("nodes, started", [(["n1"], ["n1"]), (["n1", "n2"], [])])
+def test_a_shared_pool_starts_the_host_of_a_one_node_cluster_with_it(monkeypatch, nodes,
+                                                                      started):
+  """On one node every trial runs there: its host, and so its template's imports,
+  start with the pool, beside it (as a sweep's own pool has it); on a cluster,
+  a node's host starts when a trial there first needs a worker."""
+  import ray
+
+  from tuning import pools
+
+  made = []
+
+  @contextlib.contextmanager
+  def new_pool(prefix, *args, hosts=None):
+    made.append(dict(hosts or {}))
+    yield pools.SharedWorkerPool(prefix)
+
+  monkeypatch.setattr(ray, "is_initialized", lambda: True)
+  monkeypatch.setattr(pools, "_alive_nodes", lambda: [{"NodeID": n, "Alive": True,
+                                                       "Resources": {"CPU": 2.0}}
+                                                      for n in nodes])
+  monkeypatch.setattr(pools, "start_host", lambda node_id: f"host of {node_id}")
+  monkeypatch.setattr(pools, "_new_pool", new_pool)
+  with shared_worker_pool():
+    assert made == [{n: f"host of {n}" for n in started}]
+
+
 def test_workers_warm_up_only_on_cpus_the_concurrent_trials_do_not_hold():
   """A warm-up runs beside the trials: only CPUs beyond those the concurrent
   trials hold are spare, and none when Tune may fill every CPU."""
