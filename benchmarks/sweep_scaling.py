@@ -4,9 +4,11 @@
         [--skip-asha] [--fmnist-trials 4] [--fmnist-rounds 20] [--fmnist-optimizers fedadamom]
 
 0. The process cache (`tff_fedadamom.pipeline.process_cache`): the quickstart
-   sweep's wall time with a cold cache, again with the warm one, and a third
-   time in the trial workers the second left (`tuning.shared_worker_pool`, as
-   a caller running sweep after sweep in one Ray session keeps them), each with
+   sweep's wall time with a cold cache and again with the warm one (both in
+   workers of their own, as `tff-fedadamom tune` runs it), then in a new shared
+   pool (`tuning.shared_worker_pool`, whose node's template starts with it), and
+   a fourth time in the trial workers the third left (as a caller running sweep
+   after sweep in one Ray session keeps them), each with
    when Tune started its first trial, its first report and its export (timed
    apart: `run_sweep(..., export=False)`, then `export_sweep`); the same
    20 trials (each optimizer's two sampled configs, all rounds) as separate
@@ -103,16 +105,13 @@ def digits_sweep(name, root, *, trials, rounds, concurrent, seed=0):
 
 @contextlib.contextmanager
 def local_ray():
-  """One local Ray for a whole benchmark run, on 127.0.0.1, 2 CPUs, no dashboard."""
-  import ray
+  """One local Ray for a whole benchmark run, started as `tff-fedadamom tune` starts
+  one (`ray_session`: 127.0.0.1, no dashboard, no job runtime environment), told
+  the machine has 2 CPUs."""
+  from tff_fedadamom.pipeline.ray_session import ray_session
 
-  ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
-           log_to_driver=False, configure_logging=False,
-           runtime_env={"env_vars": {"TF_CPP_MIN_LOG_LEVEL": "2"}})
-  try:
+  with ray_session(None, {"num_cpus": 2}):
     yield
-  finally:
-    ray.shutdown()
 
 
 def _first_trial_start():
@@ -297,23 +296,28 @@ def process_cache(root: str) -> None:
   sweep = schema.load_sweep(raw)  # checked once, for the shell loop and Tune's floor
 
   sweeps = {}
-  # The warm sweep starts workers of its own, as any sweep does (the shared
-  # pool is new then); the third sweep runs in the workers it left.
-  # The last four: the floors of a sweep that starts its two workers, with
-  # workers that import TensorFlow and TFF as ours do, and with workers that
-  # would import no TFF at all; and the same for workers sharing one import.
-  with shared_worker_pool() as pool:
-    for label, kwargs, imports, count in (
-        ("cold cache", {}, None, 0), ("warm cache", {"pool": pool}, None, 0),
-        ("warm cache and workers", {"pool": pool}, None, 0),
-        ("warm workers, 2 processes importing Ray, TF, TFF alongside", {"pool": pool},
-         "ray, tensorflow, tensorflow_federated", 2),
-        ("warm workers, 2 processes importing Ray, TF alongside", {"pool": pool},
-         "ray, tensorflow", 2),
-        ("warm workers, 1 process importing Ray, TF, TFF alongside", {"pool": pool},
-         "ray, tensorflow, tensorflow_federated", 1),
-        ("warm workers, 1 process importing Ray, TF alongside", {"pool": pool},
-         "ray, tensorflow", 1)):
+  # The first two sweeps start workers of their own, as `tff-fedadamom tune`
+  # does. The shared pool is made after them (it starts its node's template as it
+  # is made): its first sweep forks new workers from that template, the next runs
+  # in the workers it left. The last four: the floors of a sweep that starts its
+  # two workers, with workers that import TensorFlow and TFF as ours do, and with
+  # workers that would import no TFF at all; and the same for workers sharing one
+  # import.
+  rows = (("cold cache", False, None, 0), ("warm cache", False, None, 0),
+          ("warm cache, a new shared pool", True, None, 0),
+          ("warm cache and workers", True, None, 0),
+          ("warm workers, 2 processes importing Ray, TF, TFF alongside", True,
+           "ray, tensorflow, tensorflow_federated", 2),
+          ("warm workers, 2 processes importing Ray, TF alongside", True, "ray, tensorflow", 2),
+          ("warm workers, 1 process importing Ray, TF, TFF alongside", True,
+           "ray, tensorflow, tensorflow_federated", 1),
+          ("warm workers, 1 process importing Ray, TF alongside", True, "ray, tensorflow", 1))
+  with contextlib.ExitStack() as stack:
+    pool = None
+    for label, shared, imports, count in rows:
+      if shared and pool is None:
+        pool = stack.enter_context(shared_worker_pool())
+      kwargs = {"pool": pool} if shared else {}
       with _importing(imports, count) as imported:
         run = _Run({**copy.deepcopy(raw), "name": f"cache_{len(sweeps)}"}, **kwargs)
       sweeps[label] = run
