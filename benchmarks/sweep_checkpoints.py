@@ -6,7 +6,8 @@ A small ASHA sweep (FedAvg, digits, logistic regression, `--trials` x `--rounds`
 evaluated and saved every round, grace period 1, reduction factor 2, one trial at
 a time so that ASHA stops the same trials every time), with a Tune checkpoint at
 every evaluation (as before `tuning.sweep.checkpoint_rounds`) and at the rounds
-it gives (ASHA's rungs and the last round), alternately, `--repeats` times each
+it gives (ASHA's rungs and the last round; the trials' runs save their state at
+the same rounds only), alternately, `--repeats` times each
 after one warm-up sweep: wall time, Tune checkpoints registered, trial-rounds,
 and the wall time saved per checkpoint not taken.
 

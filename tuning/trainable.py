@@ -188,7 +188,8 @@ def train_trial(config: dict, *, sweep, optimizer: Optional[str], pool: Optional
   optimizer and hparams that `config` names (`tuning.joint.split`).
 
   Bound to `sweep`, `optimizer`, `pool` and `checkpoint_rounds` (the rounds
-  whose reports carry a checkpoint, `tuning.sweep.checkpoint_rounds`) with
+  whose reports carry a checkpoint, `tuning.sweep.checkpoint_rounds`, and the
+  only rounds whose state the run saves: Tune keeps no other) with
   `tune.with_parameters` by `run_sweep`. With `pool` (a `tuning.workers`
   pool's name) the trial runs in a long-lived worker of that pool and this
   process only reports; without, it runs here, in a process of its own.
@@ -229,7 +230,7 @@ def train_trial(config: dict, *, sweep, optimizer: Optional[str], pool: Optional
       from tuning import workers
 
       workers.run_trial(pool, make_experiment, make_result, _report_to_tune, threads=threads,
-                        gpu_ids=gpu_ids, scratch=scratch)
+                        gpu_ids=gpu_ids, scratch=scratch, checkpoint_rounds=checkpoint_rounds)
       return
     # The trial owns its process: its session goes first, before TensorFlow runs.
     trial_session(threads, gpu=bool(gpu_ids)).apply()
@@ -238,6 +239,6 @@ def train_trial(config: dict, *, sweep, optimizer: Optional[str], pool: Optional
     # The run closes the parts it builds (a tff_cpp backend's worker_binary with them).
     run_experiment(make_experiment(),
                    hooks=[TuneReport(output_dir, make_result, _report_to_tune)],
-                   progress=False, model_and_plot=False)
+                   progress=False, model_and_plot=False, checkpoint_rounds=checkpoint_rounds)
   finally:
     shutil.rmtree(scratch, ignore_errors=True)

@@ -63,7 +63,7 @@ import shutil
 import threading
 import traceback
 import uuid
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Collection, Optional, Sequence
 
 import ray
 from ray import cloudpickle
@@ -177,8 +177,9 @@ class TrialWorker:
       return True
 
   def start(self, token: str, callables: bytes, scratch: str) -> None:
-    """Queues trial `token`: `callables` is `(make_experiment, make_result)`
-    pickled (`cloudpickle`), loaded in the trial thread (`_loop`).
+    """Queues trial `token`: `callables` is `(make_experiment, make_result,
+    checkpoint_rounds)` pickled (`cloudpickle`), loaded in the trial thread
+    (`_loop`).
 
     Why pickled: Ray unpickles a method's arguments in one of its own threads,
     and these import the project's modules when unpickled. In a new worker
@@ -241,8 +242,7 @@ class TrialWorker:
         continue
       trial, callables, scratch = job
       try:
-        make_experiment, make_result = cloudpickle.loads(callables)
-        self._run(trial, make_experiment, make_result)
+        self._run(trial, *cloudpickle.loads(callables))
       except BaseException:  # noqa: BLE001 - the error goes to the trainable
         if trial.given_up():
           shutil.rmtree(scratch, ignore_errors=True)
@@ -282,7 +282,7 @@ class TrialWorker:
     except Exception:  # noqa: BLE001 - the trial builds what warming could not
       traceback.print_exc()
 
-  def _run(self, trial: _Trial, make_experiment, make_result) -> None:
+  def _run(self, trial: _Trial, make_experiment, make_result, checkpoint_rounds) -> None:
     from tff_fedadamom.pipeline import run_experiment
 
     trial.check()
@@ -291,15 +291,17 @@ class TrialWorker:
     # The run directory is scratch (`trainable.train_trial`): no model or plot.
     run_experiment(plan, parts=parts, progress=False, on_round=trial.check,
                    on_eval=lambda event: trial.hand_over(make_result(event)),
-                   model_and_plot=False)
+                   model_and_plot=False, checkpoint_rounds=checkpoint_rounds)
     trial.events.put(("done", None))
 
 
 def run_trial(pool_name: str, make_experiment: Callable[[], dict],
               make_result: Callable[[Any], Any], report: Callable[[Any], None], *,
-              threads: int, gpu_ids: Sequence[str], scratch: str) -> None:
+              threads: int, gpu_ids: Sequence[str], scratch: str,
+              checkpoint_rounds: Optional[Collection[int]] = None) -> None:
   """Runs one trial in a pooled worker: `report(make_result(event))` for every
-  evaluation, in the calling (trainable's) process.
+  evaluation, in the calling (trainable's) process. The run saves its state at
+  `checkpoint_rounds` (`run_experiment`'s), or every `checkpoint_every` rounds.
 
   `make_experiment()` (the trial's experiment dict) and `make_result(event)`
   run in the worker, where TensorFlow is already imported: the trainable
@@ -311,8 +313,8 @@ def run_trial(pool_name: str, make_experiment: Callable[[], dict],
   node_id = ray.get_runtime_context().get_node_id()
   worker = ray.get(pool.acquire.remote(node_id, threads, list(gpu_ids), token, owner))
   try:
-    ray.get(worker.call("start", token, cloudpickle.dumps((make_experiment, make_result)),
-                        scratch))
+    callables = cloudpickle.dumps((make_experiment, make_result, checkpoint_rounds))
+    ray.get(worker.call("start", token, callables, scratch))
     while True:
       kind, payload = ray.get(worker.call("next_event", token))
       if kind == "eval":

@@ -199,6 +199,23 @@ def test_release_checkpoint_and_callbacks_see_each_round_as_written():
                                              (5, 0.5, True, False, "/runs/x")]
 
 
+@pytest.mark.parametrize("rounds, saved", [({2, 3}, [2, 3, 6]), ({6}, [6]), ((), [6])])
+def test_a_checkpoint_at_given_rounds_saves_there_and_at_the_end_only(rounds, saved):
+  """With `rounds` (a sweep trial's: where Tune takes its checkpoints) the state
+  is saved at those rounds and the final one, not every `every` rounds; a
+  divergence ends the run, and is saved, wherever it comes."""
+  manager, events = FakeStateManager(), []
+  run_rounds(CountingProcess(), 0.0, range(1, 7), sampler, [
+      hooks.Evaluate(evaluator, every=1), hooks.Checkpoint(manager, every=1, rounds=rounds),
+      hooks.OnEval(events.append, "/runs/x")])
+  assert [version for version, _ in manager.saved] == saved
+  assert [e.round_num for e in events if e.checkpoint_saved] == saved
+  diverging, manager = CountingProcess(losses={4: math.nan}), FakeStateManager()
+  run_rounds(diverging, 0.0, range(1, 7), sampler,
+             [hooks.Divergence(patience=1), hooks.Checkpoint(manager, every=1, rounds=rounds)])
+  assert [version for version, _ in manager.saved] == [r for r in saved if r < 4] + [4]
+
+
 def test_a_runs_release_calls_run_in_the_calling_thread():
   """`asyncio.run` per call starts a loop and an executor thread each time (what
   made a long run's memory grow); the run's `EventLoop` keeps one loop and does

@@ -44,13 +44,17 @@ def test_a_run_reports_each_evaluation_with_its_objective_and_checkpoint(tmp_pat
   assert math.isclose(results[1][OBJECTIVE], (first + last) / 2)
 
 
-def _reports(out, checkpoint_rounds, **overrides):
+def _reports(out, checkpoint_rounds, saves_at=None, **overrides):
+  """(round, diverged, checkpoint) of each report of a run whose state is saved
+  at `saves_at` (`run_experiment`'s `checkpoint_rounds`; None: every
+  `checkpoint_every` rounds)."""
   metric = types.SimpleNamespace(name=TEST_ACCURACY, last_k=1, mode="max")
   reports = []
   make_result = functools.partial(eval_result, metric=metric, node_id="node",
                                   checkpoint_rounds=checkpoint_rounds)
   run_experiment({**tiny_base(**overrides), "output_dir": out},
-                 hooks=[TuneReport(out, make_result, reports.append)], progress=False)
+                 hooks=[TuneReport(out, make_result, reports.append)], progress=False,
+                 checkpoint_rounds=saves_at)
   return [(result[ROUND], result[DIVERGED], checkpoint) for result, checkpoint in reports]
 
 
@@ -66,3 +70,17 @@ def test_only_checkpoint_rounds_and_a_diverged_stop_hand_tune_a_checkpoint(tmp_p
                      server={"optimizer": "fedavg", "learning_rate": 1.0e+38})
   assert reports[-1] == (reports[-1][0], 1, out) and reports[-1][0] < 4
   assert all(checkpoint is None for _, _, checkpoint in reports[:-1])
+
+
+def test_a_trial_run_saves_its_state_only_where_tune_takes_a_checkpoint(tmp_path):
+  """With `checkpoint_rounds` the run saves at those rounds alone, not every
+  `checkpoint_every` rounds: Tune keeps no other checkpoint of a trial."""
+  import asyncio
+
+  from tff_fedadamom.pipeline import resume
+
+  out = str(tmp_path / "run")
+  assert _reports(out, {2, 5}, saves_at={2, 5}, rounds=5, eval_every=1,
+                  checkpoint_every=1) == [(1, 0, None), (2, 0, out), (3, 0, None),
+                                          (4, 0, None), (5, 0, out)]
+  assert sorted(asyncio.run(resume.state_manager(out).get_versions())) == [2, 5]

@@ -190,7 +190,7 @@ def test_a_trials_callables_are_unpickled_in_the_trial_thread(tmp_path):
 
   worker = TrialWorker()
   assert worker.claim("t", process_identity(os.getpid()))
-  worker.start("t", cloudpickle.dumps((_MakeExperiment(), None)), str(tmp_path))
+  worker.start("t", cloudpickle.dumps((_MakeExperiment(), None, None)), str(tmp_path))
   kind, payload = worker.next_event("t")
   worker.release("t")
   assert kind == "error" and "no experiment here" in payload

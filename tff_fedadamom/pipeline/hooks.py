@@ -24,7 +24,7 @@ import concurrent.futures
 import gc
 import math
 import time
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Callable, Collection, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -188,8 +188,17 @@ FIRST_COLLECT_S = 0.5
 
 
 class Checkpoint(RoundHook):
-  """Saves the state every `every` rounds and on the final one
-  (`resume.save_state`, through `run_async`), and sets `checkpoint_saved`.
+  """Saves the state every `every` rounds, or at the rounds of `rounds` when
+  given, and on the final one (`resume.save_state`, through `run_async`), and
+  sets `checkpoint_saved`.
+
+  `rounds` is for a run whose checkpoints only a caller keeps (a sweep trial's:
+  Tune takes them at `tuning.sweep.checkpoint_rounds`, and the run directory
+  ends with the trial): every other save would be written for nothing. Each
+  save writes a SavedModel (TFF's `FileProgramStateManager`), about 40 ms for
+  digits/logistic (`benchmarks/sweep_checkpoints.py`); a trial of
+  `configs/sweeps/fmnist_all_optimizers.yaml` (checkpoint_every 5, 200 rounds)
+  saves 3 times instead of 40.
 
   A save leaves cyclic garbage that holds native memory: TFF writes a
   SavedModel, and the graphs TensorFlow traces for it (`_traced_save`,
@@ -204,9 +213,11 @@ class Checkpoint(RoundHook):
   warm 6-round sweep trial of 3.8 s about 1 s in a worker's large heap.
   """
 
-  def __init__(self, manager, every: int, run_async: Callable = asyncio.run):
+  def __init__(self, manager, every: int, run_async: Callable = asyncio.run,
+               rounds: Optional[Collection[int]] = None):
     self._manager = manager
     self._every = every
+    self._rounds = None if rounds is None else frozenset(rounds)
     self._run = run_async
     self._collected_at = time.perf_counter()
     self._collect_s = FIRST_COLLECT_S
@@ -214,7 +225,9 @@ class Checkpoint(RoundHook):
   def end_round(self, end: RoundEnd) -> None:
     from tff_fedadamom.pipeline import resume
 
-    if end.round_num % self._every == 0 or end.final:
+    due = (end.round_num % self._every == 0 if self._rounds is None
+           else end.round_num in self._rounds)
+    if due or end.final:
       resume.save_state(self._manager, end.state, end.round_num, run_async=self._run)
       end.checkpoint_saved = True
       self._collect()

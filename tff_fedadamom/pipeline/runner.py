@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Collection, Mapping, Optional, Sequence
 
 from tff_fedadamom import session
 from tff_fedadamom.config import ConfigError, dump_config, load_config
@@ -49,7 +49,7 @@ def _progress_bar(config, start_round: int, devices):
 
 
 def _round_hooks(config, parts, *, started, state_manager, release_managers, histogram_writer,
-                 bar, on_round, on_eval, run_async) -> list[RoundHook]:
+                 bar, on_round, on_eval, run_async, checkpoint_rounds) -> list[RoundHook]:
   """The hooks of a run, in the order `hooks` documents."""
   hooks = []
   if config.telemetry:
@@ -60,7 +60,8 @@ def _round_hooks(config, parts, *, started, state_manager, release_managers, his
             hooks_lib.Evaluate(parts.evaluator, config.eval_every),
             hooks_lib.ElapsedTime(started),
             hooks_lib.Release(release_managers, run_async),
-            hooks_lib.Checkpoint(state_manager, config.checkpoint_every, run_async)]
+            hooks_lib.Checkpoint(state_manager, config.checkpoint_every, run_async,
+                                 rounds=checkpoint_rounds)]
   if bar is not None:
     hooks.append(hooks_lib.Progress(bar))
   if on_round is not None:
@@ -73,7 +74,8 @@ def _round_hooks(config, parts, *, started, state_manager, release_managers, his
 def run_experiment(config, *, overrides=(), on_eval: Optional[Callable[[EvalEvent], None]] = None,
                    on_round: Optional[Callable[[int, Mapping[str, float]], None]] = None,
                    progress: bool = True, parts=None,
-                   hooks: Sequence[RoundHook] = (), model_and_plot: bool = True) -> RunResult:
+                   hooks: Sequence[RoundHook] = (), model_and_plot: bool = True,
+                   checkpoint_rounds: Optional[Collection[int]] = None) -> RunResult:
   """Runs (or resumes) the experiment a config describes.
 
   Args:
@@ -94,6 +96,9 @@ def run_experiment(config, *, overrides=(), on_eval: Optional[Callable[[EvalEven
       trial's run directory is scratch that ends with the trial, after its last
       Tune checkpoint, so its trials do without them: the plot and the model
       took 0.15-0.18 s of a warm quickstart-sweep trial's 0.3-0.5 s.
+    checkpoint_rounds: Save the state at these rounds (and the final one)
+      instead of every `checkpoint_every` rounds: for a caller that keeps only
+      those checkpoints (a sweep trial, `tuning.sweep.checkpoint_rounds`).
 
   Returns:
     A `RunResult` with the output directory and the summary written there.
@@ -112,7 +117,8 @@ def run_experiment(config, *, overrides=(), on_eval: Optional[Callable[[EvalEven
   parts = parts if parts is not None else parts_lib.build_parts(plan)
   try:
     return _run(plan, parts, resuming=resuming, on_eval=on_eval, on_round=on_round,
-                progress=progress, hooks=hooks, model_and_plot=model_and_plot)
+                progress=progress, hooks=hooks, model_and_plot=model_and_plot,
+                checkpoint_rounds=checkpoint_rounds)
   finally:
     # After the results: writing them reads the final model's weights, which a
     # backend (tff_cpp's worker_binary) computes.
@@ -121,7 +127,7 @@ def run_experiment(config, *, overrides=(), on_eval: Optional[Callable[[EvalEven
 
 
 def _run(plan, parts, *, resuming, on_eval, on_round, progress, hooks,
-         model_and_plot) -> RunResult:
+         model_and_plot, checkpoint_rounds) -> RunResult:
   """The rounds of `run_experiment` on `parts`, and its results."""
   import tensorflow_federated as tff
 
@@ -161,7 +167,8 @@ def _run(plan, parts, *, resuming, on_eval, on_round, progress, hooks,
         _round_hooks(config, parts, started=started, state_manager=state_manager,
                      release_managers=[csv_manager, tb_manager],
                      histogram_writer=histogram_writer, bar=bar, on_round=on_round,
-                     on_eval=on_eval, run_async=run_async) + list(hooks))
+                     on_eval=on_eval, run_async=run_async,
+                     checkpoint_rounds=checkpoint_rounds) + list(hooks))
   finally:
     run_async.close()
     tb_manager.close()
