@@ -31,16 +31,17 @@ HOST_CALLS_PER_CPU = 4
 HOST_CALLS_BEYOND = 16
 
 
-def start_host(node_id: str):
-  """A new `hosts.WorkerHost` actor on node `node_id`; its template starts importing."""
+def start_host(node: Mapping[str, Any]):
+  """A new `hosts.WorkerHost` actor on `node` (a live node as `ray.nodes()`
+  describes it); its template starts importing."""
   from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
   # No runtime environment of its own: Ray can start it in a worker it has
   # ready. Its workers set their own threads and GPUs (`hosts._worker_session`).
-  cpus = sum(n["Resources"].get("CPU", 0) for n in _alive_nodes() if n["NodeID"] == node_id)
+  cpus = node["Resources"].get("CPU", 0)
   return ray.remote(WorkerHost).options(
       num_cpus=0, max_concurrency=HOST_CALLS_BEYOND + int(HOST_CALLS_PER_CPU * cpus),
-      scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote()
+      scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote()
 
 
 class WorkerPool:
@@ -58,7 +59,10 @@ class WorkerPool:
   def _host(self, node_id: str):
     """The `WorkerHost` of node `node_id`, started on first use."""
     if node_id not in self._hosts:
-      self._hosts[node_id] = start_host(node_id)
+      # A node gone since its trial started: the host's start fails on it.
+      node = next((n for n in _alive_nodes() if n["NodeID"] == node_id),
+                  {"NodeID": node_id, "Resources": {}})
+      self._hosts[node_id] = start_host(node)
     return self._hosts[node_id]
 
   def _start(self, key: tuple) -> WorkerRef:
@@ -198,7 +202,7 @@ def shared_worker_pool():
   # beside the pool (as a sweep's own pool has it, `worker_pool`), so that the
   # first sweep's workers are forked from a template already importing.
   nodes = _alive_nodes()
-  hosts = {nodes[0]["NodeID"]: start_host(nodes[0]["NodeID"])} if len(nodes) == 1 else {}
+  hosts = {nodes[0]["NodeID"]: start_host(nodes[0])} if len(nodes) == 1 else {}
   with _new_pool("trial-pool-shared", hosts=hosts) as pool:
     yield pool
 
@@ -263,7 +267,7 @@ def worker_pool(sweep, enabled: bool = True, shared: Optional[SharedWorkerPool] 
       # The host the first trials need is started here, beside the pool, not
       # by it: on 2 cores a first worker was ready 2.40-2.43 s after the pool's
       # start, against 2.49-2.51 s when the pool started the host itself.
-      hosts = {node_id: start_host(node_id)} if count else {}
+      hosts = {node_id: start_host(nodes[0])} if count else {}  # count: one node, this one
       shared = own.enter_context(_new_pool("trial-pool", parts_per_worker, warm, hosts=hosts))
       pool = ray.get_actor(shared.name, namespace=NAMESPACE)
     else:  # configured before the sweep's first trial can ask it for a worker

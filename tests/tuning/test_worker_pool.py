@@ -44,7 +44,7 @@ def test_a_shared_pool_starts_the_host_of_a_one_node_cluster_with_it(monkeypatch
   monkeypatch.setattr(pools, "_alive_nodes", lambda: [{"NodeID": n, "Alive": True,
                                                        "Resources": {"CPU": 2.0}}
                                                       for n in nodes])
-  monkeypatch.setattr(pools, "start_host", lambda node_id: f"host of {node_id}")
+  monkeypatch.setattr(pools, "start_host", lambda node: f"host of {node['NodeID']}")
   monkeypatch.setattr(pools, "_new_pool", new_pool)
   with shared_worker_pool():
     assert made == [{n: f"host of {n}" for n in started}]
