@@ -190,8 +190,7 @@ def _all_end(pids, within_s: float = 5.0) -> bool:
 
   deadline = time.monotonic() + within_s
   while time.monotonic() < deadline:
-    stats = [process_table.stat(pid) for pid in pids]
-    if all(s is None or not s.running for s in stats):
+    if not process_table.still_running(pids):
       return True
     time.sleep(0.1)
   return False
