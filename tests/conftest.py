@@ -1,5 +1,5 @@
 """Shared test set-up: quiet TensorFlow, TFF's default context confined (its
-worker ended with the session), a process cache of the session's own, and
+worker ended with the session), process and data caches of the session's own, and
 experiment parts (data, built process, Keras model) shared by the session."""
 
 import os
@@ -18,6 +18,8 @@ if _OWNS_CACHE:
   os.environ[_SESSION_CACHE_ENV] = tempfile.mkdtemp(prefix="tff-fedadamom-test-cache-")
 _PROCESS_CACHE = os.environ[_SESSION_CACHE_ENV]
 os.environ["TFF_FEDADAMOM_CACHE_DIR"] = _PROCESS_CACHE
+# So are decompressed dataset files (`data.datasets.idx`), in a folder of it.
+os.environ["TFF_FEDADAMOM_DATA_CACHE_DIR"] = os.path.join(_PROCESS_CACHE, "data")
 
 import pytest  # noqa: E402
 

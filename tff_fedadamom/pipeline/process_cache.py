@@ -39,6 +39,7 @@ import os
 import time
 from typing import Callable, Optional
 
+from tff_fedadamom import cache_dirs
 from tff_fedadamom.atomic_io import atomic_write_bytes
 from tff_fedadamom.pipeline.compiled import CompiledProcess
 
@@ -60,10 +61,7 @@ DIRECTORY_ENV = "TFF_FEDADAMOM_CACHE_DIR"
 def default_directory() -> str:
   """`$TFF_FEDADAMOM_CACHE_DIR`, else `$XDG_CACHE_HOME/tff-fedadamom/processes`, else
   `~/.cache/tff-fedadamom/processes`."""
-  if os.environ.get(DIRECTORY_ENV):
-    return os.environ[DIRECTORY_ENV]
-  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-  return os.path.join(base, "tff-fedadamom", "processes")
+  return cache_dirs.directory("processes", DIRECTORY_ENV)
 
 
 @functools.lru_cache(maxsize=1)

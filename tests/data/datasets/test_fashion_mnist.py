@@ -8,6 +8,7 @@ import pytest
 
 from tff_fedadamom.data import DataNotFoundError, load_federated_data
 from tff_fedadamom.data.datasets import fashion_mnist
+from tff_fedadamom.data.datasets import idx
 from tff_fedadamom.data.datasets.idx import read_idx, write_idx
 
 
@@ -83,3 +84,60 @@ def test_a_file_is_read_once_until_it_changes(tmp_path):
   write_idx(path, np.arange(7, dtype=np.uint8))
   os.utime(path, ns=(1, 1))  # a new modification time even on a coarse clock
   np.testing.assert_array_equal(read_idx(path), np.arange(7, dtype=np.uint8))
+
+
+def test_a_gzipped_file_is_decompressed_once_per_machine(tmp_path, monkeypatch):
+  """The first read keeps a plain copy in the data cache; a later process (here:
+  the in-process memo cleared) maps that copy and never opens the gzip file."""
+  monkeypatch.setenv(idx.DATA_DIRECTORY_ENV, str(tmp_path / "cache"))
+  path = tmp_path / "a.idx.gz"
+  array = (np.arange(60, dtype=np.int32).reshape(3, 4, 5) * 7 - 100)
+  write_idx(path, array)
+  np.testing.assert_array_equal(read_idx(path), array)
+  stat = os.stat(path)
+  copy = idx.decompressed_path(str(path), stat.st_mtime_ns, stat.st_size)
+  assert os.listdir(tmp_path / "cache") == [os.path.basename(copy)]  # no temporary file left
+  assert gzip.decompress(path.read_bytes()) == open(copy, "rb").read()
+
+  idx._read_idx.cache_clear()  # noqa: SLF001 - as a new process starts
+  def no_gzip(*_, **__):
+    raise AssertionError("the gzip file was decompressed again")
+  monkeypatch.setattr(idx.gzip, "open", no_gzip)
+  again = read_idx(path)
+  np.testing.assert_array_equal(again, array)
+  assert again.dtype == np.dtype("=i4") and not again.flags.writeable
+  monkeypatch.undo()
+
+  # A changed file is another copy; its old one is not read.
+  monkeypatch.setenv(idx.DATA_DIRECTORY_ENV, str(tmp_path / "cache"))
+  write_idx(path, array[:2])
+  os.utime(path, ns=(1, 1))
+  np.testing.assert_array_equal(read_idx(path), array[:2])
+  assert len(os.listdir(tmp_path / "cache")) == 2
+
+
+def test_a_damaged_copy_is_decompressed_again_and_an_unwritable_cache_only_warns(
+    tmp_path, monkeypatch, caplog):
+  monkeypatch.setenv(idx.DATA_DIRECTORY_ENV, str(tmp_path / "cache"))
+  path = tmp_path / "b.idx.gz"
+  array = np.arange(50, dtype=np.uint8).reshape(5, 10)
+  write_idx(path, array)
+  read_idx(path)
+  stat = os.stat(path)
+  copy = idx.decompressed_path(str(path), stat.st_mtime_ns, stat.st_size)
+  with open(copy, "r+b") as f:
+    f.truncate(20)  # cut short after it was written
+  idx._read_idx.cache_clear()  # noqa: SLF001 - as a new process starts
+  with caplog.at_level("WARNING", logger=idx.__name__):
+    np.testing.assert_array_equal(read_idx(path), array)
+  assert "is damaged" in caplog.text and str(path) in caplog.text
+  assert os.path.getsize(copy) == 4 + 2 * 4 + array.size  # whole again
+
+  # A cache folder that cannot be made: the array is read all the same.
+  (tmp_path / "file").write_text("not a folder")
+  monkeypatch.setenv(idx.DATA_DIRECTORY_ENV, str(tmp_path / "file" / "cache"))
+  idx._read_idx.cache_clear()  # noqa: SLF001
+  caplog.clear()
+  with caplog.at_level("WARNING", logger=idx.__name__):
+    np.testing.assert_array_equal(read_idx(path), array)
+  assert idx.DATA_DIRECTORY_ENV in caplog.text

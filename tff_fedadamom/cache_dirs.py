@@ -1,0 +1,20 @@
+"""Where tff-fedadamom keeps what it can rebuild: one folder per user, a
+subfolder per kind, each movable by an environment variable of its own.
+
+    $XDG_CACHE_HOME/tff-fedadamom/<kind>   (else ~/.cache/tff-fedadamom/<kind>)
+
+Kinds: `processes` (compiled learning processes, `pipeline.process_cache`) and
+`data` (decompressed dataset files, `data.datasets.idx`).
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def directory(kind: str, env: str) -> str:
+  """`$<env>` if set, else the user's cache folder's `tff-fedadamom/<kind>`."""
+  if os.environ.get(env):
+    return os.environ[env]
+  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return os.path.join(base, "tff-fedadamom", kind)
