@@ -141,3 +141,13 @@ def test_a_damaged_copy_is_decompressed_again_and_an_unwritable_cache_only_warns
   with caplog.at_level("WARNING", logger=idx.__name__):
     np.testing.assert_array_equal(read_idx(path), array)
   assert idx.DATA_DIRECTORY_ENV in caplog.text
+
+
+def test_decompressed_copies_live_in_the_users_cache_unless_moved(tmp_path, monkeypatch):
+  monkeypatch.delenv(idx.DATA_DIRECTORY_ENV, raising=False)
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+  copy = idx.decompressed_path("/data/a.gz", 1, 2)
+  assert os.path.dirname(copy) == str(tmp_path / "xdg" / "tff-fedadamom" / "data")
+  assert idx.decompressed_path("/data/a.gz", 1, 3) != copy  # another size: another copy
+  monkeypatch.setenv(idx.DATA_DIRECTORY_ENV, str(tmp_path / "own"))
+  assert os.path.dirname(idx.decompressed_path("/data/a.gz", 1, 2)) == str(tmp_path / "own")
