@@ -69,9 +69,11 @@ def test_assignment_is_contiguous_blocks_in_order():
 
 # Runs an experiment on the ray backend in a fresh interpreter. After round 1 it
 # prints its processes and every TCP socket they listen on; after round `pause`
-# it waits to be killed.
+# it waits to be killed. Its temporary files (the sources AutoGraph writes, which
+# a killed process never removes) go to the folder it is given: the test's.
 _CHILD = textwrap.dedent("""
-    import json, os, sys, time
+    import json, os, sys, tempfile, time
+    tempfile.tempdir = sys.argv[3]  # Python's temporary files: Ray reads $TMPDIR instead
     from tests import process_table as processes
     from tff_fedadamom.pipeline import run_experiment
     from tff_fedadamom.session import Session
@@ -92,8 +94,9 @@ _CHILD = textwrap.dedent("""
 """)
 
 
-def _start_child(raw, pause):
-  return subprocess.Popen([sys.executable, "-c", _CHILD, json.dumps(raw), str(pause)],
+def _start_child(raw, pause, scratch):
+  return subprocess.Popen([sys.executable, "-c", _CHILD, json.dumps(raw), str(pause),
+                           str(scratch)],
                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                           env={**os.environ, "PYTHONPATH": ROOT})
 
@@ -120,8 +123,9 @@ def _wait_gone(pids, timeout_s=30.0):
 def killed_driver(tmp_path_factory):
   """A ray-backend run in a child driver, SIGKILLed in round 2: its first
   report (processes and listeners after round 1) and when it was killed."""
-  raw = tiny(tmp_path_factory.mktemp("killed") / "run", rounds=3, runtime=RAY)
-  child = _start_child(raw, pause=2)
+  root = tmp_path_factory.mktemp("killed")
+  raw = tiny(root / "run", rounds=3, runtime=RAY)
+  child = _start_child(raw, pause=2, scratch=root)
   try:
     first = json.loads(child.stdout.readline())
     paused = json.loads(child.stdout.readline())
@@ -353,7 +357,8 @@ class SlowActor(ray_backend.ClientActor):
 
 # Starts a ray-backend round whose actors are busy in `work`; prints their pids.
 _BUSY_CHILD = textwrap.dedent("""
-    import json, sys
+    import json, sys, tempfile
+    tempfile.tempdir = sys.argv[2]  # as _CHILD's
     import ray
     from tests.pipeline.test_ray_backend import SlowActor
     from tff_fedadamom.config import load_config
@@ -376,7 +381,8 @@ def test_actors_busy_in_a_round_end_with_their_killed_driver(tmp_path):
   busy = tmp_path / "busy"
   busy.mkdir()
   child = subprocess.Popen(
-      [sys.executable, "-c", _BUSY_CHILD, json.dumps(tiny(tmp_path / "run", runtime=RAY))],
+      [sys.executable, "-c", _BUSY_CHILD, json.dumps(tiny(tmp_path / "run", runtime=RAY)),
+       str(tmp_path)],
       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
       env={**os.environ, "PYTHONPATH": ROOT, "BUSY_ACTORS_DIR": str(busy)})
   try:
