@@ -108,12 +108,20 @@ def test_a_gzipped_file_is_decompressed_once_per_machine(tmp_path, monkeypatch):
   assert again.dtype == np.dtype("=i4") and not again.flags.writeable
   monkeypatch.undo()
 
-  # A changed file is another copy; its old one is not read.
+  # A changed file is another copy, which replaces the old one; a copy of
+  # another file stays.
   monkeypatch.setenv(idx.DATA_DIRECTORY_ENV, str(tmp_path / "cache"))
+  write_idx(tmp_path / "other.idx.gz", array[:1])
+  read_idx(tmp_path / "other.idx.gz")
   write_idx(path, array[:2])
   os.utime(path, ns=(1, 1))
   np.testing.assert_array_equal(read_idx(path), array[:2])
-  assert len(os.listdir(tmp_path / "cache")) == 2
+  np.testing.assert_array_equal(again, array)  # mapped from the removed copy: intact
+  stat = os.stat(path)
+  kept = sorted(os.listdir(tmp_path / "cache"))
+  assert len(kept) == 2 and os.path.basename(copy) not in kept
+  assert os.path.basename(idx.decompressed_path(str(path), stat.st_mtime_ns,
+                                                stat.st_size)) in kept
 
 
 def test_a_damaged_copy_is_decompressed_again_and_an_unwritable_cache_only_warns(

@@ -11,8 +11,8 @@ trial worker and paper-study process that loads Fashion-MNIST decompressed its
 `tff-fedadamom run`'s time to its first round; mapping the copy takes
 milliseconds, and the processes of one machine share its pages. The copy is
 named after the compressed file's path, size and modification time, so a
-changed file is decompressed again; it is written to a temporary file and
-renamed, so a reader never sees half of one.
+changed file is decompressed again, and its new copy replaces the old one; it
+is written to a temporary file and renamed, so a reader never sees half of one.
 """
 
 from __future__ import annotations
@@ -71,6 +71,7 @@ def _read_idx(path: str, mtime_ns: int, size: int) -> np.ndarray:
   array = _parse(path, data)  # a corrupt file raises before anything is written
   try:
     atomic_write_bytes(copy, data)
+    _remove_older_copies(copy)
   except OSError as error:
     LOG.warning("could not keep a decompressed copy of %s in %s (%s); set $%s to a "
                 "writable folder to decompress it once", path, os.path.dirname(copy),
@@ -78,11 +79,28 @@ def _read_idx(path: str, mtime_ns: int, size: int) -> np.ndarray:
   return array
 
 
+def _digest(text: str) -> str:
+  return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def decompressed_path(path: str, mtime_ns: int, size: int) -> str:
-  """Where the plain copy of the gzip-compressed IDX file `path` is kept."""
-  name = f"{os.path.realpath(path)}\0{size}\0{mtime_ns}".encode()
+  """Where the plain copy of the gzip-compressed IDX file `path` is kept:
+  `<digest of the path>-<digest of its size and modification time>.idx`."""
   return os.path.join(cache_dirs.directory("data", DATA_DIRECTORY_ENV),
-                      hashlib.sha256(name).hexdigest()[:32] + ".idx")
+                      f"{_digest(os.path.realpath(path))}-{_digest(f'{size} {mtime_ns}')}.idx")
+
+
+def _remove_older_copies(copy: str) -> None:
+  """Removes the copies of earlier versions of `copy`'s file: one copy per file.
+  (A process that maps one keeps its pages until it unmaps them.)"""
+  folder, name = os.path.split(copy)
+  prefix = name.split("-")[0] + "-"
+  for other in os.listdir(folder):
+    if other.startswith(prefix) and other.endswith(".idx") and other != name:
+      try:
+        os.remove(os.path.join(folder, other))
+      except FileNotFoundError:  # removed by another process meanwhile
+        pass
 
 
 def _mapped(path: str) -> Buffer:
