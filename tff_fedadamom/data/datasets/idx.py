@@ -64,8 +64,9 @@ def _read_idx(path: str, mtime_ns: int, size: int) -> np.ndarray:
   if os.path.isfile(copy):
     try:
       return _parse(path, _mapped(copy))
-    except ValueError as error:  # written whole, so damaged afterwards: decompress again
-      LOG.warning("decompressing %s again: its copy %s is damaged (%s)", path, copy, error)
+    except (OSError, ValueError) as error:  # written whole, so damaged since, or unreadable
+      LOG.warning("decompressing %s again: its copy %s is damaged or unreadable (%s)", path,
+                  copy, error)
   with gzip.open(path, "rb") as f:
     data = f.read()
   array = _parse(path, data)  # a corrupt file raises before anything is written
