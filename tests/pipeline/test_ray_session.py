@@ -87,6 +87,36 @@ def test_a_local_session_ends_its_reaper_and_every_process_it_started():
   assert not processes.still_running(pids)
 
 
+# Ray's shutdown would end the autoscaler monitor last, by SIGTERM, and wait a
+# second for it; the session kills it first. Prints whether the monitor still
+# ran when `ray.shutdown` was called, and how it ended.
+_MONITOR_FIRST = """
+import ray
+from ray._private import worker
+from tests import process_table as processes
+from tff_fedadamom.pipeline import ray_session
+seen, real_shutdown = [], ray.shutdown
+
+def shutdown(*args, **kwargs):
+  seen.append(processes.still_running([monitor.pid]))
+  return real_shutdown(*args, **kwargs)
+
+with ray_session.ray_session(None):
+  monitor = worker._global_node.all_processes["monitor"][0].process
+  assert monitor.poll() is None
+  ray.shutdown = shutdown
+print(seen, monitor.returncode)
+"""
+
+
+def test_a_local_session_kills_its_autoscaler_monitor_before_rays_shutdown():
+  env = {**os.environ, "PYTHONPATH": REPO, "RAY_ADDRESS": ""}
+  out = subprocess.run([sys.executable, "-c", _MONITOR_FIRST], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert out.stdout.strip().splitlines()[-1] == "[[]] -9"  # gone, by SIGKILL, before
+
+
 # A local start whose first two `ray.init` calls fail after starting processes
 # (as when a GCS server ends before writing its log, seen in the test suite):
 # the session names what each failed try left and how it ended (a process Ray

@@ -167,6 +167,27 @@ def connect(address: Optional[str], resources: Optional[dict] = None) -> bool:
   return True
 
 
+def _end_autoscaler_monitor() -> None:
+  """Kills the autoscaler monitor of the local Ray this process started, if any.
+
+  Why first: `ray.shutdown()` ends the raylet and the GCS server, then sends
+  the monitor SIGTERM, whose handler reports the monitor's end to the GCS it
+  can no longer reach; Ray waits a second for it, then kills it. That second
+  was nearly all of a local shutdown (1.005 of 1.11 s, on 2 cores). Killed
+  first, the monitor reports nothing, and the shutdown skips it as ended. A
+  local instance's monitor holds nothing to save: it only watches the node.
+  """
+  from ray._private import ray_constants
+  from ray._private import worker
+
+  node = getattr(worker, "_global_node", None)  # None unless this process started a node
+  for info in (node.all_processes.get(ray_constants.PROCESS_TYPE_MONITOR, ())
+               if node is not None else ()):
+    if info.process.poll() is None:
+      info.process.kill()
+      info.process.wait()
+
+
 def disconnect() -> None:
   """Shuts down the Ray `connect` started, then ends its reaper (which ends any
   of that Ray's processes still running)."""
@@ -175,6 +196,7 @@ def disconnect() -> None:
 
   reaper, _reaper = _reaper, None
   try:
+    _end_autoscaler_monitor()
     ray.shutdown()
   finally:
     if reaper is not None:
