@@ -104,13 +104,11 @@ def _remove_older_copies(copy: str) -> None:
         pass
 
 
-def _mapped(path: str) -> Buffer:
-  """The file's bytes, mapped read-only (an empty file, which cannot be mapped, read)."""
+def _mapped(path: str) -> mmap.mmap:
+  """The file's bytes, mapped read-only. (A copy is never empty: an empty file,
+  which cannot be mapped, fails `_parse` before it is written.)"""
   with open(path, "rb") as f:
-    try:
-      return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    except ValueError:
-      return f.read()
+    return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
 
 
 def _parse(path: str, data: Buffer) -> np.ndarray:
