@@ -248,46 +248,6 @@ def test_a_runs_release_calls_run_in_the_calling_thread():
   assert len(threads_used(asyncio.run)) == 10  # what the runner no longer does
 
 
-def test_a_checkpoint_collects_the_cycles_its_save_left_at_most_so_often():
-  """A SavedModel save leaves traced graphs in reference cycles that only a full
-  collection frees; the hook runs one after a save, unless the last (before
-  the first: `FIRST_COLLECT_S`) took more than `COLLECT_SHARE` of the time
-  since (since the run's start)."""
-  import gc
-  import weakref
-
-  from tff_fedadamom.pipeline.loop import RoundEnd
-
-  left = []
-
-  class Cycle:
-    pass
-
-  class Manager:
-    async def save(self, value, version):
-      del value, version
-      cycle = Cycle()
-      cycle.self = cycle
-      left.append(weakref.ref(cycle))
-
-  hook = hooks.Checkpoint(Manager(), every=1)
-  enabled = gc.isenabled()
-  gc.disable()  # no automatic collection frees the cycles here
-  try:
-    hook.end_round(RoundEnd(1, 0.0, {ROUND: 1}, [], False, None))
-    assert left[0]() is not None  # a run that just started: no collection yet
-    # As if the run had started FIRST_COLLECT_S / COLLECT_SHARE seconds ago.
-    hook._collected_at -= hooks.FIRST_COLLECT_S / hooks.COLLECT_SHARE  # noqa: SLF001
-    hook.end_round(RoundEnd(2, 0.0, {ROUND: 2}, [], False, None))
-    assert left[0]() is None and left[1]() is None  # collected after the save
-    hook._collect_s = 3600.0  # noqa: SLF001 - as if the last collection took an hour
-    hook.end_round(RoundEnd(3, 0.0, {ROUND: 3}, [], False, None))
-    assert left[2]() is not None  # too soon for another one
-  finally:
-    if enabled:
-      gc.enable()
-
-
 @pytest.mark.parametrize("rounds, every", [(6, 2), (7, 3), (5, 5), (3, 4), (1, 1)])
 def test_evaluation_rounds_are_the_rounds_evaluate_evaluates(rounds, every):
   """`hooks.evaluation_rounds` (what sweeps and benchmarks plan with) against

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import gc
 import math
 import time
 from typing import Callable, Collection, Mapping, Optional, Sequence
@@ -178,15 +177,6 @@ class Release(RoundHook):
       self._run(manager.release(release, key=end.round_num))
 
 
-# The largest share of a run's time the collections after its checkpoints take.
-COLLECT_SHARE = 0.02
-# What a run's first collection is assumed to cost before one was timed: the
-# upper end of those measured after a save. So a run collects first after
-# FIRST_COLLECT_S / COLLECT_SHARE = 25 s; shorter runs (a sweep's trials, a
-# study's units) leave their few saves' garbage to Python's own collector.
-FIRST_COLLECT_S = 0.5
-
-
 class Checkpoint(RoundHook):
   """Saves the state every `every` rounds, or at the rounds of `rounds` when
   given, and on the final one (`resume.save_state`, through `run_async`), and
@@ -194,23 +184,12 @@ class Checkpoint(RoundHook):
 
   `rounds` is for a run whose checkpoints only a caller keeps (a sweep trial's:
   Tune takes them at `tuning.sweep.checkpoint_rounds`, and the run directory
-  ends with the trial): every other save would be written for nothing. Each
-  save writes a SavedModel (TFF's `FileProgramStateManager`), about 40 ms for
-  digits/logistic (`benchmarks/sweep_checkpoints.py`); a trial of
-  `configs/sweeps/fmnist_all_optimizers.yaml` (checkpoint_every 5, 200 rounds)
-  saves 3 times instead of 40.
-
-  A save leaves cyclic garbage that holds native memory: TFF writes a
-  SavedModel, and the graphs TensorFlow traces for it (`_traced_save`,
-  `_traced_restore`, with their C graphs) are freed only by a full garbage
-  collection. Python runs one only once the objects promoted since the last
-  are a quarter of those it tracks (about 500,000 in a digits/logistic run), so
-  the garbage of many saves piles up meanwhile. A full collection there takes
-  0.3-0.6 s: one runs after a save when the run has spent at least
-  `1 / COLLECT_SHARE` times as long since the last one (or since its start) as
-  that one took (`FIRST_COLLECT_S` before the first), so that they cost at most
-  that share of the run's time. A collection at every run's first save cost a
-  warm 6-round sweep trial of 3.8 s about 1 s in a worker's large heap.
+  ends with the trial): every other save would be written for nothing. A
+  save writes one `.npz` file (`state_files.ArrayStateManager`), which takes
+  under a millisecond and leaves no garbage: it once wrote a SavedModel (TFF's
+  `FileProgramStateManager`), about 40 ms for digits/logistic, whose traced
+  graphs were cyclic garbage holding native memory until a full collection,
+  and this hook ran collections for it.
   """
 
   def __init__(self, manager, every: int, run_async: Callable = asyncio.run,
@@ -219,8 +198,6 @@ class Checkpoint(RoundHook):
     self._every = every
     self._rounds = None if rounds is None else frozenset(rounds)
     self._run = run_async
-    self._collected_at = time.perf_counter()
-    self._collect_s = FIRST_COLLECT_S
 
   def end_round(self, end: RoundEnd) -> None:
     from tff_fedadamom.pipeline import resume
@@ -230,15 +207,6 @@ class Checkpoint(RoundHook):
     if due or end.final:
       resume.save_state(self._manager, end.state, end.round_num, run_async=self._run)
       end.checkpoint_saved = True
-      self._collect()
-
-  def _collect(self) -> None:
-    started = time.perf_counter()
-    if (started - self._collected_at) * COLLECT_SHARE < self._collect_s:
-      return
-    gc.collect()
-    self._collected_at = time.perf_counter()
-    self._collect_s = self._collected_at - started
 
 
 class Progress(RoundHook):

@@ -4,7 +4,7 @@
     metrics.csv          one row per round (TFF's CSVFileReleaseManager)
     tensorboard/         TensorBoard event files (`tensorboard_events`: the round's
                          metrics, plus histograms of the optimizer state)
-    checkpoints/         program state (TFF's FileProgramStateManager)
+    checkpoints/         program state (`state_files.ArrayStateManager`: round_<n>/arrays.npz)
     model.keras          the final global model, compiled (the task's loss and metrics,
                          plain SGD), loadable with plain Keras (a seeded CNN's dropout
                          saved as Keras' own: `models._common.with_keras_dropout`)

@@ -1,7 +1,7 @@
 """Resuming a run: which saved run it is, the state to go on from, repairs.
 
 A run directory holds the saved config, the program state of the last few
-rounds (`checkpoints/round_<n>`, TFF's `FileProgramStateManager`) and the
+rounds (`checkpoints/round_<n>`, `state_files.ArrayStateManager`) and the
 metrics rows of every round run. A run killed at any instant leaves them
 consistent enough to go on from:
 
@@ -60,23 +60,23 @@ def check_resumable(config: ExperimentConfig, output_dir: str) -> bool:
 
 
 def state_manager(output_dir: str):
-  """TFF's program-state manager of the run: the last 3 saved rounds."""
-  import tensorflow_federated as tff
+  """The run's program-state manager: the last 3 saved rounds, as arrays
+  (`state_files.ArrayStateManager`, TFF's file manager storing `.npz` files)."""
+  from tff_fedadamom.pipeline.state_files import ArrayStateManager
 
-  return tff.program.FileProgramStateManager(
-      os.path.join(output_dir, outputs.CHECKPOINT_DIR), prefix="round_", keep_total=3,
-      keep_first=False)
+  return ArrayStateManager(os.path.join(output_dir, outputs.CHECKPOINT_DIR),
+                           prefix="round_", keep_total=3, keep_first=False)
 
 
 def pack_leaves(leaves) -> list:
   """The leaves as one 1-D array per dtype, in the order each dtype first
   appears, each leaf raveled in turn: what a checkpoint holds (`save_state`).
 
-  TFF's saver writes every value of the list it is given as a variable of a
-  SavedModel, and its time grows with their number: 0.11 s for 1 array, 0.42 s
-  for 30, 1.2 s for 100 (measured on 10x10 float32 arrays). A learning
-  process's state has tens of leaves (hundreds for ResNet-18), and a trial
-  saves several times in a run of seconds.
+  Packed because TFF's SavedModel saver, which wrote the checkpoints before
+  `state_files`, took time that grew with the number of arrays: 0.11 s for 1,
+  0.42 s for 30, 1.2 s for 100 (10x10 float32 arrays), and a learning
+  process's state has tens of leaves (hundreds for ResNet-18). The layout
+  stays: the checkpoints of those versions load as they were written.
   """
   groups: dict = {}
   for leaf in leaves:
@@ -117,9 +117,8 @@ def save_state(manager, state, round_num: int, run_async=asyncio.run) -> None:
   """Saves `state` as round `round_num`'s checkpoint (the coroutine run by
   `run_async`: a run passes its `hooks.EventLoop`).
 
-  The state is saved flat and packed (`pack_leaves`): TFF's saver cannot
-  serialize the dicts inside `LearningAlgorithmState`, and the initial state
-  gives the structure, shapes and dtypes back.
+  The state is saved flat and packed (`pack_leaves`): the initial state gives
+  the structure, shapes and dtypes back.
   """
   import tensorflow as tf
 
