@@ -106,11 +106,12 @@ def digits_sweep(name, root, *, trials, rounds, concurrent, seed=0):
 @contextlib.contextmanager
 def local_ray():
   """One local Ray for a whole benchmark run, started as `tff-fedadamom tune` starts
-  one (`ray_session`: 127.0.0.1, no dashboard, no job runtime environment), told
-  the machine has 2 CPUs."""
-  from tff_fedadamom.pipeline.ray_session import ray_session
+  one (`tuning.sweep_session`: this process forked into its node's template
+  first, then `ray_session`: 127.0.0.1, no dashboard, no job runtime
+  environment), told the machine has 2 CPUs."""
+  from tuning.template import sweep_session
 
-  with ray_session(None, {"num_cpus": 2}):
+  with sweep_session(None, {"num_cpus": 2}):
     yield
 
 

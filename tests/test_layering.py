@@ -131,7 +131,7 @@ def test_the_import_scan_sees_the_known_imports():
   checks = {(i.name, i.type_only) for i in _imports("tuning.checks", imports["tuning.checks"])}
   assert ("tuning.schema", True) in checks and ("tuning.space", False) in checks
   sweep = {i.name for i in _imports("tuning.sweep", imports["tuning.sweep"])}
-  assert "tff_fedadamom.pipeline.ray_session" in sweep
+  assert "tuning.template" in sweep
   assert _layer("tff_fedadamom.pipeline.runner") == 3
   assert _layer("tff_fedadamom.naming") == 0 and _layer("tuning.workers") == 4
 

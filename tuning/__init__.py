@@ -7,7 +7,7 @@
 A caller that owns its Ray session and runs sweep after sweep keeps the trial
 workers warm between them:
 
-    with ray_session(None), shared_worker_pool() as pool:
+    with sweep_session(None), shared_worker_pool() as pool:
       run_sweep("a.yaml", pool=pool)
       run_sweep("b.yaml", pool=pool)
 
@@ -28,6 +28,7 @@ _EXPORTS = {
     "ExportResult": "tuning.export",
     "shared_worker_pool": "tuning.pools",
     "SharedWorkerPool": "tuning.pools",
+    "sweep_session": "tuning.template",
 }
 
 __all__ = sorted(_EXPORTS)

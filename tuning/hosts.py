@@ -14,7 +14,10 @@ The pieces:
   * `WorkerHost`, a Ray actor per node, started for the pool
     (`pools.start_host`). It starts a template process, `multiprocessing`'s
     fork server, which imports `tuning.worker_imports` and then forks each
-    worker the host asks for. A worker runs one `tuning.workers.TrialWorker`,
+    worker the host asks for. On the driver's node, a driver that forked
+    itself into a template before Ray connected (`tuning.template`, as
+    `run_sweep` and `tff-fedadamom tune` do) hands the host that one instead,
+    which has nothing left to import. A worker runs one `tuning.workers.TrialWorker`,
     served to the host by a `multiprocessing` manager over a Unix socket; the
     host relays the pool's and the trials' calls to it (`call`).
   * `WorkerRef`, (host, worker id): what the pool hands a trial.
@@ -26,7 +29,8 @@ op and lists no device, so each worker sizes TensorFlow as a new process would.
 Lifetimes. Each worker ends when its host's process does (`session.exit_when`;
 its parent is the fork server, not the host), and the fork server
 once its host and workers have (it watches a pipe that only they hold open):
-a host ended by `ray.kill`, or a node's Ray stopped, leaves nothing behind. A
+a host ended by `ray.kill`, or a node's Ray stopped, leaves nothing behind (the
+driver's template ends with the driver's session instead). A
 worker that dies makes the host's calls to it raise `WorkerLost`; the pool then
 drops it.
 """
@@ -81,8 +85,32 @@ def _worker_session(threads: int, gpu_ids: Sequence[str], host: tuple[int, int])
 
   scratch = util.get_temp_dir()  # the host's, inherited: not made here
   tempfile.tempdir = scratch  # the worker is its process's entry point
+  for fd in (1, 2):  # the host's output (Ray's log of it), as a template of its own has it
+    with contextlib.suppress(OSError):
+      target = os.open(f"/proc/{host[0]}/fd/{fd}", os.O_WRONLY | os.O_APPEND)
+      os.dup2(target, fd)
+      os.close(target)
   Session(threads=threads, environ={**worker_env(threads, gpu_ids), "TMPDIR": scratch}).apply()
   exit_when(lambda: process_table.identity(host[0]) != host, host, also_remove=[scratch])
+
+
+def _attach(address: str) -> None:
+  """Makes this process's `multiprocessing` fork server the one listening at
+  `address` (a `tuning.template.Template`'s), which is not this process's child:
+  for a `WorkerHost`, whose process it is.
+
+  Each worker is passed the write end of an "alive" pipe of this process's (the
+  fork server's protocol); the template ends with its session, not with the pipe."""
+  from multiprocessing import forkserver, resource_tracker
+
+  server = forkserver._forkserver  # noqa: SLF001 - the module's one instance
+  _, alive_w = os.pipe()
+  server._forkserver_address = address  # noqa: SLF001
+  server._forkserver_alive_fd = alive_w  # noqa: SLF001
+  server._forkserver_pid = None  # noqa: SLF001 - not this process's child
+  # Its own liveness check (`waitpid`) needs a child: only the resource tracker
+  # is started, as it would be.
+  server.ensure_running = resource_tracker.ensure_running
 
 
 class _WorkerManager(managers.BaseManager):
@@ -116,14 +144,18 @@ class WorkerRef:
 class WorkerHost:
   """Forks a node's trial workers from one template process (see the module doc)."""
 
-  def __init__(self):
+  def __init__(self, template=None):
     from multiprocessing import forkserver
 
-    # The fork server is this process's (the host is its entry point): it
-    # imports while the pool asks for the first workers.
+    # The fork server is this process's (the host is its entry point): the
+    # driver's node template (`tuning.template`) when it runs on this machine,
+    # else one started here, which imports while the pool asks for the first workers.
     self._context = multiprocessing.get_context("forkserver")
-    self._context.set_forkserver_preload([TEMPLATE_IMPORTS])
-    forkserver.ensure_running()
+    if template is not None and template.running_here():
+      _attach(template.address)
+    else:
+      self._context.set_forkserver_preload([TEMPLATE_IMPORTS])
+      forkserver.ensure_running()
     self._identity = process_table.identity(os.getpid())
     self._lock = threading.Lock()
     self._workers: dict[str, concurrent.futures.Future] = {}

@@ -33,15 +33,19 @@ HOST_CALLS_BEYOND = 16
 
 def start_host(node: Mapping[str, Any]):
   """A new `hosts.WorkerHost` actor on `node` (a live node as `ray.nodes()`
-  describes it); its template starts importing."""
+  describes it); its template starts importing, unless it is this driver's node
+  template (`tuning.template.current()`), already imported."""
   from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+  from tuning import template
 
   # No runtime environment of its own: Ray can start it in a worker it has
   # ready. Its workers set their own threads and GPUs (`hosts._worker_session`).
   cpus = node["Resources"].get("CPU", 0)
   return ray.remote(WorkerHost).options(
       num_cpus=0, max_concurrency=HOST_CALLS_BEYOND + int(HOST_CALLS_PER_CPU * cpus),
-      scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote()
+      scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote(
+          template.current() if node["NodeID"] == _driver_node() else None)
 
 
 class WorkerPool:
@@ -131,6 +135,13 @@ class WorkerPool:
     self._workers.clear()
 
 
+def _driver_node() -> Optional[str]:
+  """This driver's node id (None for a Ray client: it runs on no node)."""
+  with contextlib.suppress(Exception):
+    return ray.get_runtime_context().get_node_id()
+  return None
+
+
 def _alive_nodes() -> list[dict]:
   """The cluster's live nodes, as `ray.nodes()` describes them."""
   return [n for n in ray.nodes() if n.get("Alive")]
@@ -186,7 +197,7 @@ def shared_worker_pool():
   Ray session this process has already started or joined (its workers live
   there); on exit the pool and its workers end, the session itself stays up.
 
-      with ray_session(None), shared_worker_pool() as pool:
+      with sweep_session(None), shared_worker_pool() as pool:
         run_sweep("a.yaml", pool=pool)
         run_sweep("b.yaml", pool=pool)   # its trials start in a's workers
 
@@ -195,8 +206,8 @@ def shared_worker_pool():
   """
   if not ray.is_initialized():
     raise RuntimeError(
-        "shared_worker_pool() needs this process connected to Ray (ray.init(), or "
-        "tff_fedadamom.pipeline.ray_session.ray_session()) before it starts: its "
+        "shared_worker_pool() needs this process connected to Ray (tuning.sweep_session(), "
+        "ray_session() or ray.init()) before it starts: its "
         "workers live in that session, and only sweeps run in it can use them.")
   # On a one-node cluster every trial runs on this node: its host starts now,
   # beside the pool (as a sweep's own pool has it, `worker_pool`), so that the

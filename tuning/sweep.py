@@ -41,7 +41,6 @@ from ray import tune
 from tff_fedadamom.metric_names import ROUND
 from tff_fedadamom.config.loader import first_difference
 from tff_fedadamom.pipeline.hooks import evaluation_rounds
-from tff_fedadamom.pipeline.ray_session import ray_session
 from tuning import joint
 from tuning import schema
 from tuning import space as space_lib
@@ -53,6 +52,7 @@ from tuning.export import export_sweep
 # and experiments saved before it moved to tuning.progress name it tuning.sweep's.
 from tuning.progress import LIVE, OptimizerState, SweepProgress, SweepState, print_progress
 from tuning.schema import SWEEP_FILE, Sweep
+from tuning.template import sweep_session
 
 __all__ = ["SWEEP_FILE", "SweepError", "SweepProgress", "SweepResult", "asha_milestones",
            "checkpoint_rounds", "run_sweep", "smoke_test_sweep"]
@@ -356,7 +356,7 @@ def run_sweep(sweep, *, resume: bool = False, smoke_test: bool = False,
   results, interrupted, exporting = {}, False, None
   try:
     with futures.ThreadPoolExecutor(1) as background, expected_warnings_silenced(), \
-        ray_session(sweep.resources.address), \
+        sweep_session(sweep.resources.address), \
         pools.worker_pool(sweep, reuse_workers, shared=pool) as pool_name:
       # (optimizer, its experiment), or (None, the joint experiment of all).
       experiments = ([(None, os.path.join(sweep_dir, joint.EXPERIMENT))]

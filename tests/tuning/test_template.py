@@ -1,0 +1,150 @@
+"""`tuning.template`: a sweep driver forked into its node's template, which the
+local host's workers are forked from, only where the fork is safe, and never
+outliving its session or its driver. Each case runs in a new Python process:
+the test process has started TensorFlow's runtime."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from tff_fedadamom import process_table
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _python(code: str, **kwargs) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                        text=True, timeout=120, env={**os.environ, "PYTHONPATH": ROOT},
+                        **kwargs)
+
+
+def _ended(pid: int, within_s: float = 10.0) -> bool:
+  deadline = time.monotonic() + within_s
+  while process_table.still_running([pid]):
+    if time.monotonic() > deadline:
+      return False
+    time.sleep(0.05)
+  return True
+
+
+def test_a_driver_is_forked_only_where_a_fork_is_safe_and_writes_nothing_twice():
+  done = _python("""
+import json, threading
+import tuning.worker_imports
+from tuning.template import node_template
+print("written once before the fork")  # buffered: stdout is a pipe
+seen = {}
+with node_template() as template:
+  seen["imported"] = template is not None
+stop = threading.Event()
+thread = threading.Thread(target=stop.wait)
+thread.start()
+with node_template() as template:
+  seen["a thread of its own"] = template is not None
+stop.set(); thread.join()
+import tensorflow as tf
+tf.constant(1.0) + 1.0
+with node_template() as template:
+  seen["runtime started"] = template is not None
+print(json.dumps(seen))
+""")
+  assert done.returncode == 0, done.stderr[-2000:]
+  lines = done.stdout.splitlines()
+  assert lines.count("written once before the fork") == 1
+  assert json.loads(lines[-1]) == {"imported": True, "a thread of its own": False,
+                                   "runtime started": False}
+
+
+def test_a_hosts_workers_fork_from_the_template_which_ends_with_the_session():
+  done = _python("""
+import json, os
+import tuning.worker_imports
+from tuning.hosts import WorkerHost
+from tuning.template import node_template
+with node_template() as template:
+  host = WorkerHost(template)
+  pid = host.start_worker("w", 1, [], 1, b"")
+  status = open(f"/proc/{pid}/status").read()
+  parent = int(next(l for l in status.splitlines() if l.startswith("PPid:")).split()[1])
+  ran_in = host.run("w", os.getpid)
+  group = os.getpgid(template.identity[0])
+  host.shutdown()
+print(json.dumps({"template": template.identity[0], "parent": parent, "worker": pid,
+                  "ran_in": ran_in, "socket": template.address, "group": group,
+                  "driver_group": os.getpgid(0)}))
+""")
+  assert done.returncode == 0, done.stderr[-2000:]
+  seen = json.loads(done.stdout.splitlines()[-1])
+  assert seen["parent"] == seen["template"]
+  assert seen["ran_in"] == seen["worker"]
+  # A Ctrl-C at the driver's terminal is the driver's to handle, not the workers'.
+  assert seen["group"] == seen["template"] != seen["driver_group"]
+  assert _ended(seen["template"]) and _ended(seen["worker"])
+  assert not os.path.exists(os.path.dirname(seen["socket"]))
+
+
+def test_the_template_ends_with_its_driver():
+  done = _python("""
+import os, signal, sys
+import tuning.worker_imports
+from tuning.template import node_template
+with node_template() as template:
+  print(template.identity[0], flush=True)
+  os.kill(os.getpid(), signal.SIGKILL)
+""")
+  assert done.returncode == -9
+  assert _ended(int(done.stdout.split()[0]))
+
+
+def test_a_trial_in_a_worker_of_the_template_gives_a_plain_runs_numbers(tmp_path):
+  """A worker forked from the driver, which imported with the driver's
+  environment, computes what a run in a process of its own computes."""
+  done = _python(f"""
+import json, os, uuid
+import tuning.worker_imports
+from ray import cloudpickle
+from tff_fedadamom import process_table
+from tuning.hosts import WorkerHost
+from tuning.template import node_template
+
+def experiment(name):
+  return {{"seed": 0, "rounds": 3, "clients_per_round": 3, "eval_every": 1,
+           "telemetry": False, "output_dir": os.path.join({str(tmp_path)!r}, name),
+           "data": {{"name": "digits", "num_clients": 6}}, "model": {{"name": "logistic"}},
+           "client": {{"learning_rate": 0.1, "batch_size": 20}},
+           "server": {{"optimizer": "fedadamom", "learning_rate": 1.0, "beta_2": 0.05}},
+           "runtime": {{"threads": 1}}}}
+
+KEYS = ("train/loss", "test/loss", "test/accuracy")
+with node_template() as template:
+  host = WorkerHost(template)
+  host.start_worker("w", 1, [], 1, b"")
+  token = uuid.uuid4().hex
+  assert host.call("w", "claim", token, process_table.identity(os.getpid()))
+  callables = cloudpickle.dumps((lambda: experiment("worker"),
+                                 lambda event: [float(event.metrics[k]) for k in KEYS], None))
+  host.call("w", "start", token, callables, os.path.join({str(tmp_path)!r}, "scratch"))
+  worker = []
+  while True:
+    kind, payload = host.call("w", "next_event", token)
+    if kind != "eval":
+      assert kind == "done", payload
+      break
+    worker.append(payload)
+  host.call("w", "release", token)
+  host.shutdown()
+
+from tff_fedadamom.pipeline import run_experiment
+from tff_fedadamom.session import Session
+Session(threads=1).apply()  # this script is its process's entry point
+plain = []
+run_experiment(experiment("plain"), progress=False, model_and_plot=False,
+               on_eval=lambda event: plain.append([float(event.metrics[k]) for k in KEYS]))
+print(json.dumps({{"worker": worker, "plain": plain}}))
+""")
+  assert done.returncode == 0, done.stderr[-3000:]
+  seen = json.loads(done.stdout.splitlines()[-1])
+  assert len(seen["plain"]) == 3
+  assert seen["worker"] == seen["plain"]  # bit for bit
