@@ -57,34 +57,6 @@ print(json.dumps(seen))
                                    "runtime started": False}
 
 
-def test_a_hosts_workers_fork_from_the_template_which_ends_with_the_session():
-  done = _python("""
-import json, os
-import tuning.worker_imports
-from tuning.hosts import WorkerHost
-from tuning.template import node_template
-with node_template() as template:
-  host = WorkerHost(template)
-  pid = host.start_worker("w", 1, [], 1, b"")
-  status = open(f"/proc/{pid}/status").read()
-  parent = int(next(l for l in status.splitlines() if l.startswith("PPid:")).split()[1])
-  ran_in = host.run("w", os.getpid)
-  group = os.getpgid(template.identity[0])
-  host.shutdown()
-print(json.dumps({"template": template.identity[0], "parent": parent, "worker": pid,
-                  "ran_in": ran_in, "socket": template.address, "group": group,
-                  "driver_group": os.getpgid(0)}))
-""")
-  assert done.returncode == 0, done.stderr[-2000:]
-  seen = json.loads(done.stdout.splitlines()[-1])
-  assert seen["parent"] == seen["template"]
-  assert seen["ran_in"] == seen["worker"]
-  # A Ctrl-C at the driver's terminal is the driver's to handle, not the workers'.
-  assert seen["group"] == seen["template"] != seen["driver_group"]
-  assert _ended(seen["template"]) and _ended(seen["worker"])
-  assert not os.path.exists(os.path.dirname(seen["socket"]))
-
-
 def test_the_template_ends_with_its_driver():
   done = _python("""
 import os, signal, sys
@@ -98,9 +70,11 @@ with node_template() as template:
   assert _ended(int(done.stdout.split()[0]))
 
 
-def test_a_trial_in_a_worker_of_the_template_gives_a_plain_runs_numbers(tmp_path):
-  """A worker forked from the driver, which imported with the driver's
-  environment, computes what a run in a process of its own computes."""
+def test_a_hosts_worker_is_the_templates_and_gives_a_plain_runs_numbers(tmp_path):
+  """The host's worker is the template's child, in the template's process group
+  (a Ctrl-C at the driver's terminal is the driver's to handle); forked from
+  the driver, which imported with the driver's environment, it computes what
+  a run in a process of its own computes; the template ends with the session."""
   done = _python(f"""
 import json, os, uuid
 import tuning.worker_imports
@@ -120,7 +94,10 @@ def experiment(name):
 KEYS = ("train/loss", "test/loss", "test/accuracy")
 with node_template() as template:
   host = WorkerHost(template)
-  host.start_worker("w", 1, [], 1, b"")
+  pid = host.start_worker("w", 1, [], 1, b"")
+  status = open(f"/proc/{{pid}}/status").read()
+  parent = int(next(l for l in status.splitlines() if l.startswith("PPid:")).split()[1])
+  ran_in = host.run("w", os.getpid)
   token = uuid.uuid4().hex
   assert host.call("w", "claim", token, process_table.identity(os.getpid()))
   callables = cloudpickle.dumps((lambda: experiment("worker"),
@@ -134,6 +111,7 @@ with node_template() as template:
       break
     worker.append(payload)
   host.call("w", "release", token)
+  group = os.getpgid(template.identity[0])
   host.shutdown()
 
 from tff_fedadamom.pipeline import run_experiment
@@ -142,9 +120,15 @@ Session(threads=1).apply()  # this script is its process's entry point
 plain = []
 run_experiment(experiment("plain"), progress=False, model_and_plot=False,
                on_eval=lambda event: plain.append([float(event.metrics[k]) for k in KEYS]))
-print(json.dumps({{"worker": worker, "plain": plain}}))
+print(json.dumps({{"worker": worker, "plain": plain, "template": template.identity[0],
+                  "parent": parent, "pid": pid, "ran_in": ran_in, "group": group,
+                  "driver_group": os.getpgid(0), "socket": template.address}}))
 """)
   assert done.returncode == 0, done.stderr[-3000:]
   seen = json.loads(done.stdout.splitlines()[-1])
+  assert seen["parent"] == seen["template"] and seen["ran_in"] == seen["pid"]
+  assert seen["group"] == seen["template"] != seen["driver_group"]
   assert len(seen["plain"]) == 3
   assert seen["worker"] == seen["plain"]  # bit for bit
+  assert _ended(seen["template"]) and _ended(seen["pid"])
+  assert not os.path.exists(os.path.dirname(seen["socket"]))
