@@ -94,23 +94,36 @@ def _worker_session(threads: int, gpu_ids: Sequence[str], host: tuple[int, int])
   exit_when(lambda: process_table.identity(host[0]) != host, host, also_remove=[scratch])
 
 
-def _attach(address: str) -> None:
-  """Makes this process's `multiprocessing` fork server the one listening at
-  `address` (a `tuning.template.Template`'s), which is not this process's child:
-  for a `WorkerHost`, whose process it is.
+def _attach(template) -> None:
+  """Makes this process's `multiprocessing` fork server `template`'s (a
+  `tuning.template.Template`, not this process's child): for a `WorkerHost`,
+  whose process it is. Should the template end first (its session's end, a
+  kill), the next worker's start starts a fork server of this process's own,
+  which imports, as a host on another node has.
 
   Each worker is passed the write end of an "alive" pipe of this process's (the
   fork server's protocol); the template ends with its session, not with the pipe."""
   from multiprocessing import forkserver, resource_tracker
 
   server = forkserver._forkserver  # noqa: SLF001 - the module's one instance
+  own_start = type(server).ensure_running.__get__(server)
   _, alive_w = os.pipe()
-  server._forkserver_address = address  # noqa: SLF001
+  server._forkserver_address = template.address  # noqa: SLF001
   server._forkserver_alive_fd = alive_w  # noqa: SLF001
   server._forkserver_pid = None  # noqa: SLF001 - not this process's child
-  # Its own liveness check (`waitpid`) needs a child: only the resource tracker
-  # is started, as it would be.
-  server.ensure_running = resource_tracker.ensure_running
+
+  def ensure_running() -> None:
+    # In place of the server's own check (`waitpid`), which needs a child.
+    if template.running_here():
+      resource_tracker.ensure_running()
+      return
+    del server.ensure_running
+    os.close(alive_w)
+    server._forkserver_address = server._forkserver_alive_fd = None  # noqa: SLF001
+    server.set_forkserver_preload([TEMPLATE_IMPORTS])
+    own_start()
+
+  server.ensure_running = ensure_running
 
 
 class _WorkerManager(managers.BaseManager):
@@ -152,7 +165,7 @@ class WorkerHost:
     # else one started here, which imports while the pool asks for the first workers.
     self._context = multiprocessing.get_context("forkserver")
     if template is not None and template.running_here():
-      _attach(template.address)
+      _attach(template)
     else:
       self._context.set_forkserver_preload([TEMPLATE_IMPORTS])
       forkserver.ensure_running()

@@ -148,7 +148,8 @@ def node_template() -> Iterator[Optional[Template]]:
     os.close(alive_w)
     with contextlib.suppress(ProcessLookupError):
       os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
+    with contextlib.suppress(ChildProcessError):  # reaped already (a caller's own wait)
+      os.waitpid(pid, 0)
     shutil.rmtree(folder, ignore_errors=True)
 
 

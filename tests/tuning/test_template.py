@@ -74,7 +74,8 @@ def test_a_hosts_worker_is_the_templates_and_gives_a_plain_runs_numbers(tmp_path
   """The host's worker is the template's child, in the template's process group
   (a Ctrl-C at the driver's terminal is the driver's to handle); forked from
   the driver, which imported with the driver's environment, it computes what
-  a run in a process of its own computes; the template ends with the session."""
+  a run in a process of its own computes. With the template gone, the host's
+  next worker comes from a fork server of its own; all end with the session."""
   done = _python(f"""
 import json, os, uuid
 import tuning.worker_imports
@@ -112,6 +113,11 @@ with node_template() as template:
     worker.append(payload)
   host.call("w", "release", token)
   group = os.getpgid(template.identity[0])
+  os.kill(template.identity[0], 9)  # a template gone: the next worker's fork server imports
+  os.waitpid(template.identity[0], 0)
+  later = host.start_worker("w2", 1, [], 1, b"")
+  later_ran_in = host.run("w2", os.getpid)
+  later_status = open(f"/proc/{{later}}/status").read()
   host.shutdown()
 
 from tff_fedadamom.pipeline import run_experiment
@@ -122,7 +128,10 @@ run_experiment(experiment("plain"), progress=False, model_and_plot=False,
                on_eval=lambda event: plain.append([float(event.metrics[k]) for k in KEYS]))
 print(json.dumps({{"worker": worker, "plain": plain, "template": template.identity[0],
                   "parent": parent, "pid": pid, "ran_in": ran_in, "group": group,
-                  "driver_group": os.getpgid(0), "socket": template.address}}))
+                  "driver_group": os.getpgid(0), "socket": template.address,
+                  "later": later, "later_ran_in": later_ran_in,
+                  "later_parent": int(next(l for l in later_status.splitlines()
+                                           if l.startswith("PPid:")).split()[1])}}))
 """)
   assert done.returncode == 0, done.stderr[-3000:]
   seen = json.loads(done.stdout.splitlines()[-1])
@@ -130,5 +139,6 @@ print(json.dumps({{"worker": worker, "plain": plain, "template": template.identi
   assert seen["group"] == seen["template"] != seen["driver_group"]
   assert len(seen["plain"]) == 3
   assert seen["worker"] == seen["plain"]  # bit for bit
-  assert _ended(seen["template"]) and _ended(seen["pid"])
+  assert _ended(seen["template"]) and _ended(seen["pid"]) and _ended(seen["later"])
+  assert seen["later_ran_in"] == seen["later"] and seen["later_parent"] != seen["template"]
   assert not os.path.exists(os.path.dirname(seen["socket"]))
