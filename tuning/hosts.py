@@ -105,6 +105,10 @@ def _attach(template) -> None:
   fork server's protocol); the template ends with its session, not with the pipe."""
   from multiprocessing import forkserver, resource_tracker
 
+  # This host's `multiprocessing` directory, made now as a fork server's start
+  # makes it: each worker inherits it (`_worker_session`), and `shutdown`
+  # removes it. A worker that made its own would leave it behind when killed.
+  util.get_temp_dir()
   server = forkserver._forkserver  # noqa: SLF001 - the module's one instance
   own_start = type(server).ensure_running.__get__(server)
   _, alive_w = os.pipe()

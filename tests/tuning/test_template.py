@@ -14,10 +14,10 @@ from tff_fedadamom import process_table
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _python(code: str, **kwargs) -> subprocess.CompletedProcess:
+def _python(code: str, tmpdir=None) -> subprocess.CompletedProcess:
+  env = {**os.environ, "PYTHONPATH": ROOT, **({"TMPDIR": str(tmpdir)} if tmpdir else {})}
   return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                        text=True, timeout=120, env={**os.environ, "PYTHONPATH": ROOT},
-                        **kwargs)
+                        text=True, timeout=120, env=env)
 
 
 def _ended(pid: int, within_s: float = 10.0) -> bool:
@@ -71,6 +71,7 @@ with node_template() as template:
 
 
 def test_a_hosts_worker_is_the_templates_and_gives_a_plain_runs_numbers(tmp_path):
+  (tmp_path / "tmp").mkdir()
   """The host's worker is the template's child, in the template's process group
   (a Ctrl-C at the driver's terminal is the driver's to handle); forked from
   the driver, which imported with the driver's environment, it computes what
@@ -132,7 +133,7 @@ print(json.dumps({{"worker": worker, "plain": plain, "template": template.identi
                   "later": later, "later_ran_in": later_ran_in,
                   "later_parent": int(next(l for l in later_status.splitlines()
                                            if l.startswith("PPid:")).split()[1])}}))
-""")
+""", tmpdir=tmp_path / "tmp")
   assert done.returncode == 0, done.stderr[-3000:]
   seen = json.loads(done.stdout.splitlines()[-1])
   assert seen["parent"] == seen["template"] and seen["ran_in"] == seen["pid"]
@@ -141,4 +142,6 @@ print(json.dumps({{"worker": worker, "plain": plain, "template": template.identi
   assert seen["worker"] == seen["plain"]  # bit for bit
   assert _ended(seen["template"]) and _ended(seen["pid"]) and _ended(seen["later"])
   assert seen["later_ran_in"] == seen["later"] and seen["later_parent"] != seen["template"]
+  # The killed workers' files (manager sockets, AutoGraph sources) went with their host's.
+  assert os.listdir(tmp_path / "tmp") == []
   assert not os.path.exists(os.path.dirname(seen["socket"]))
