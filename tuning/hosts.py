@@ -94,6 +94,15 @@ def _worker_session(threads: int, gpu_ids: Sequence[str], host: tuple[int, int])
   exit_when(lambda: process_table.identity(host[0]) != host, host, also_remove=[scratch])
 
 
+def _start_own_fork_server() -> None:
+  """Starts this process's own `multiprocessing` fork server, which imports
+  what the workers run (`TEMPLATE_IMPORTS`) while the first workers are asked for."""
+  from multiprocessing import forkserver
+
+  forkserver.set_forkserver_preload([TEMPLATE_IMPORTS])
+  forkserver.ensure_running()
+
+
 def _attach(template) -> None:
   """Makes this process's `multiprocessing` fork server `template`'s (a
   `tuning.template.Template`, not this process's child): for a `WorkerHost`,
@@ -110,7 +119,6 @@ def _attach(template) -> None:
   # removes it. A worker that made its own would leave it behind when killed.
   util.get_temp_dir()
   server = forkserver._forkserver  # noqa: SLF001 - the module's one instance
-  own_start = type(server).ensure_running.__get__(server)
   _, alive_w = os.pipe()
   server._forkserver_address = template.address  # noqa: SLF001
   server._forkserver_alive_fd = alive_w  # noqa: SLF001
@@ -121,11 +129,10 @@ def _attach(template) -> None:
     if template.running_here():
       resource_tracker.ensure_running()
       return
-    del server.ensure_running
+    del server.ensure_running  # the server's own again
     os.close(alive_w)
     server._forkserver_address = server._forkserver_alive_fd = None  # noqa: SLF001
-    server.set_forkserver_preload([TEMPLATE_IMPORTS])
-    own_start()
+    _start_own_fork_server()
 
   server.ensure_running = ensure_running
 
@@ -162,17 +169,14 @@ class WorkerHost:
   """Forks a node's trial workers from one template process (see the module doc)."""
 
   def __init__(self, template=None):
-    from multiprocessing import forkserver
-
     # The fork server is this process's (the host is its entry point): the
     # driver's node template (`tuning.template`) when it runs on this machine,
-    # else one started here, which imports while the pool asks for the first workers.
+    # else one started here.
     self._context = multiprocessing.get_context("forkserver")
     if template is not None and template.running_here():
       _attach(template)
     else:
-      self._context.set_forkserver_preload([TEMPLATE_IMPORTS])
-      forkserver.ensure_running()
+      _start_own_fork_server()
     self._identity = process_table.identity(os.getpid())
     self._lock = threading.Lock()
     self._workers: dict[str, concurrent.futures.Future] = {}
