@@ -29,15 +29,28 @@ def _ended(pid: int, within_s: float = 10.0) -> bool:
   return True
 
 
-def test_a_driver_is_forked_only_where_a_fork_is_safe_and_writes_nothing_twice():
+def test_a_driver_is_forked_only_where_safe_and_a_host_outlives_its_template():
+  """Forked only where a fork is safe, writing the driver's buffered output
+  once; with its template gone, a host's next worker comes from a fork server
+  of the host's own."""
   done = _python("""
-import json, threading
+import json, os, threading
 import tuning.worker_imports
+from tuning.hosts import WorkerHost
 from tuning.template import node_template
 print("written once before the fork")  # buffered: stdout is a pipe
 seen = {}
 with node_template() as template:
   seen["imported"] = template is not None
+  host = WorkerHost(template)
+  os.kill(template.identity[0], 9)
+  os.waitpid(template.identity[0], 0)
+  pid = host.start_worker("w", 1, [], 1, b"")
+  status = open(f"/proc/{pid}/status").read()
+  parent = int(next(l for l in status.splitlines() if l.startswith("PPid:")).split()[1])
+  seen["a worker after its template"] = (host.run("w", os.getpid) == pid
+                                         and parent != template.identity[0])
+  host.shutdown()
 stop = threading.Event()
 thread = threading.Thread(target=stop.wait)
 thread.start()
@@ -53,8 +66,8 @@ print(json.dumps(seen))
   assert done.returncode == 0, done.stderr[-2000:]
   lines = done.stdout.splitlines()
   assert lines.count("written once before the fork") == 1
-  assert json.loads(lines[-1]) == {"imported": True, "a thread of its own": False,
-                                   "runtime started": False}
+  assert json.loads(lines[-1]) == {"imported": True, "a worker after its template": True,
+                                   "a thread of its own": False, "runtime started": False}
 
 
 def test_the_template_ends_with_its_driver():
@@ -75,8 +88,7 @@ def test_a_hosts_worker_is_the_templates_and_gives_a_plain_runs_numbers(tmp_path
   """The host's worker is the template's child, in the template's process group
   (a Ctrl-C at the driver's terminal is the driver's to handle); forked from
   the driver, which imported with the driver's environment, it computes what
-  a run in a process of its own computes. With the template gone, the host's
-  next worker comes from a fork server of its own; all end with the session."""
+  a run in a process of its own computes; all end with the session."""
   done = _python(f"""
 import json, os, uuid
 import tuning.worker_imports
@@ -114,11 +126,6 @@ with node_template() as template:
     worker.append(payload)
   host.call("w", "release", token)
   group = os.getpgid(template.identity[0])
-  os.kill(template.identity[0], 9)  # a template gone: the next worker's fork server imports
-  os.waitpid(template.identity[0], 0)
-  later = host.start_worker("w2", 1, [], 1, b"")
-  later_ran_in = host.run("w2", os.getpid)
-  later_status = open(f"/proc/{{later}}/status").read()
   host.shutdown()
 
 from tff_fedadamom.pipeline import run_experiment
@@ -129,10 +136,7 @@ run_experiment(experiment("plain"), progress=False, model_and_plot=False,
                on_eval=lambda event: plain.append([float(event.metrics[k]) for k in KEYS]))
 print(json.dumps({{"worker": worker, "plain": plain, "template": template.identity[0],
                   "parent": parent, "pid": pid, "ran_in": ran_in, "group": group,
-                  "driver_group": os.getpgid(0), "socket": template.address,
-                  "later": later, "later_ran_in": later_ran_in,
-                  "later_parent": int(next(l for l in later_status.splitlines()
-                                           if l.startswith("PPid:")).split()[1])}}))
+                  "driver_group": os.getpgid(0), "socket": template.address}}))
 """, tmpdir=tmp_path / "tmp")
   assert done.returncode == 0, done.stderr[-3000:]
   seen = json.loads(done.stdout.splitlines()[-1])
@@ -140,8 +144,7 @@ print(json.dumps({{"worker": worker, "plain": plain, "template": template.identi
   assert seen["group"] == seen["template"] != seen["driver_group"]
   assert len(seen["plain"]) == 3
   assert seen["worker"] == seen["plain"]  # bit for bit
-  assert _ended(seen["template"]) and _ended(seen["pid"]) and _ended(seen["later"])
-  assert seen["later_ran_in"] == seen["later"] and seen["later_parent"] != seen["template"]
+  assert _ended(seen["template"]) and _ended(seen["pid"])
   # The killed workers' files (manager sockets, AutoGraph sources) went with their host's.
   assert os.listdir(tmp_path / "tmp") == []
   assert not os.path.exists(os.path.dirname(seen["socket"]))
