@@ -109,7 +109,7 @@ def test_unroll_max_batches_is_checked(tmp_path):
     load_config({**tiny(tmp_path), "runtime": {"unroll_max_batches": -1}})
 
 
-def _rounds(tmp_path, name, unroll, fuse, rounds=2, **overrides):
+def _rounds(tmp_path, name, unroll, rounds=2, **overrides):
   """The global weights and last metrics after `rounds` in-process rounds."""
   from tff_fedadamom.pipeline.backends.inprocess import InProcessLearningProcess
 
@@ -119,8 +119,7 @@ def _rounds(tmp_path, name, unroll, fuse, rounds=2, **overrides):
   data = process_lib.load_data(config)
   tensors = process_lib.make_client_tensors(config, data)
   process = InProcessLearningProcess(
-      parts_lib.learning_process(config, data, client_tensors=tensors), client_tensors=tensors,
-      fuse_after_rounds=fuse)
+      parts_lib.learning_process(config, data, client_tensors=tensors), client_tensors=tensors)
   assert is_stacked(process.compiled.computation("work").type_signature.parameter[0]) == bool(
       unroll)
   state = parts_lib.initial_state(config, process)
@@ -136,7 +135,7 @@ def _rounds(tmp_path, name, unroll, fuse, rounds=2, **overrides):
 @pytest.mark.parametrize("examples,model", [(38, "logistic"), (40, "logistic"), (38, "cnn")],
                          ids=["short-last-batch", "no-short-batch", "cnn-dropout"])
 def test_unrolled_rounds_equal_tffs_client_loop_bit_for_bit(tmp_path, examples, model):
-  """As one fused round, the stacked client work gives the weights and
+  """The stacked client work gives the weights and
   training metrics of TFF's client work over the same batches: with client
   momentum and clipping, two local epochs (batches that span both) and
   clients weighted by their examples; on the logistic model and on the CNN,
@@ -149,8 +148,8 @@ def test_unrolled_rounds_equal_tffs_client_loop_bit_for_bit(tmp_path, examples, 
                  "local_epochs": 2, "max_examples": examples},
       "server": {"optimizer": "fedadam", "learning_rate": 0.1,
                  "client_weighting": "num_examples"}}
-  expected, metrics = _rounds(tmp_path, "loop", 0, None, **overrides)
-  weights, got = _rounds(tmp_path, "fused", 100, 0, **overrides)
+  expected, metrics = _rounds(tmp_path, "loop", 0, **overrides)
+  weights, got = _rounds(tmp_path, "stacked", 100, **overrides)
   assert got["client_work"] == metrics["client_work"]
   for e, w in zip(expected, weights):
     np.testing.assert_array_equal(e, w)
@@ -160,8 +159,8 @@ def test_a_non_finite_client_is_dropped_as_tff_drops_it(tmp_path):
   """A client learning rate that overflows: TFF's update is zeroed with weight
   0 and its metrics reset; the unrolled work does the same."""
   overrides = {"client": {"learning_rate": 1e38, "batch_size": 16, "max_examples": 40}}
-  expected, metrics = _rounds(tmp_path, "loop", 0, None, rounds=1, **overrides)
-  weights, got = _rounds(tmp_path, "unrolled", 100, None, rounds=1, **overrides)
+  expected, metrics = _rounds(tmp_path, "loop", 0, rounds=1, **overrides)
+  weights, got = _rounds(tmp_path, "unrolled", 100, rounds=1, **overrides)
   assert got["client_work"] == metrics["client_work"]
   assert got["client_work"]["train"]["num_examples"] == 0  # every client's metrics reset
   for e, w in zip(expected, weights):

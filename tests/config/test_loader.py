@@ -120,7 +120,6 @@ def test_auto_means_the_in_process_backend(backend, resolved):
     ("server.client_weighting=examples", "server.client_weighting", "'uniform'"),
     ("server.schedule.kind=linear", "server.schedule.kind", "constant"),
     ("runtime.workers=2", "runtime.workers", "allowed: null with backend 'auto', or backend 'ray'"),
-    ("runtime.fuse_after_rounds=-1", "runtime.fuse_after_rounds", "an integer >= 0 (0: from"),
     ("data.name=cifar11", "data.name", "did you mean 'cifar10'"),
     ("data.name=cifar10", "data.path", "needs local files"),
     ("data.partition.kind=dirichlett", "data.partition.kind", "did you mean 'dirichlet'"),

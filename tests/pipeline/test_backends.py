@@ -11,7 +11,6 @@ import inspect
 import pytest
 
 from tests.pipeline.test_runner import tiny
-from tff_fedadamom.config.schema import FUSE_AFTER_ROUNDS
 from tff_fedadamom.pipeline import backends
 from tff_fedadamom.pipeline import parts as parts_lib
 from tff_fedadamom.pipeline.backends import inprocess, ray, tff_cpp
@@ -90,7 +89,7 @@ class _Built:
 
 @pytest.mark.parametrize("section,expected", [
     ({}, "inprocess"),  # auto
-    ({"backend": "inprocess", "max_concurrent_clients": 3, "fuse_after_rounds": 7}, "inprocess"),
+    ({"backend": "inprocess", "max_concurrent_clients": 3}, "inprocess"),
     ({"backend": "tff_cpp", "max_concurrent_clients": 2}, "tff_cpp"),
     ({"backend": "ray", "workers": 3, "cpus_per_worker": 0.5}, "ray"),
 ])
@@ -106,9 +105,7 @@ def test_the_plan_chooses_the_backend_and_its_settings(tmp_path, monkeypatch, se
   concurrent = section.get("max_concurrent_clients")
   if expected == "inprocess":
     assert built.kwargs == dict(devices=list(plan.devices), max_concurrent_clients=concurrent,
-                                client_tensors=client_tensors,
-                                fuse_after_rounds=section.get("fuse_after_rounds",
-                                                              FUSE_AFTER_ROUNDS))
+                                client_tensors=client_tensors)
   elif expected == "tff_cpp":
     assert built.args[1] is client_tensors
     assert built.kwargs == dict(max_concurrent_clients=concurrent)

@@ -41,20 +41,13 @@ def local_ray():
 
 # The char-LSTM on one actor (its two clients one after the other), the MLP on
 # two: the fold across actors is the same for every model.
-# `fuse`: each side's `runtime.fuse_after_rounds`. The MLP's in-process rounds
-# are one TensorFlow call each, and the actors' first block runs call by call,
-# their second as one call; the others run as a short run does by default, call
-# by call (tests/pipeline/test_round_speed_parts.py checks one call against
-# call by call on a CNN).
-#
 # `loop` (the MLP): every client here has at most 2 batches; both sides unroll
 # its steps (`algorithms.unrolled`, `unroll_max_batches: 4`), and a third run,
 # in-process on TFF's client loop over datasets (`unroll_max_batches: 0`), must
 # give the same bits too.
-@pytest.mark.parametrize("make,actors,fuse,loop", [
-    (_mlp, 2, {"inprocess": 0, "ray": 1}, True), (_char_lstm, 1, {}, False)],
-    ids=["mlp", "char_lstm"])
-def test_ray_equals_inprocess_bit_for_bit(tmp_path, local_ray, make, actors, fuse, loop):
+@pytest.mark.parametrize("make,actors,loop", [(_mlp, 2, True), (_char_lstm, 1, False)],
+                         ids=["mlp", "char_lstm"])
+def test_ray_equals_inprocess_bit_for_bit(tmp_path, local_ray, make, actors, loop):
   raw = make(tmp_path / "data")
   raw["client"] = {**raw["client"], "max_examples": 32, "batch_size": 16}
   raw.update(rounds=2, eval_every=2, checkpoint_every=2)
@@ -65,8 +58,6 @@ def test_ray_equals_inprocess_bit_for_bit(tmp_path, local_ray, make, actors, fus
   if loop:
     sides.append(("loop", {"backend": "inprocess", "unroll_max_batches": 0}))
   for name, runtime in sides:
-    if name in fuse:
-      runtime = {**runtime, "fuse_after_rounds": fuse[name]}
     runs[name] = run_experiment({**raw, "output_dir": str(tmp_path / name), "runtime": runtime},
                                 progress=False)
   assert runs["ray"].summary["backend"] == "ray"

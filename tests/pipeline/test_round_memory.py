@@ -25,17 +25,12 @@ def _blocks() -> int:
   return sys.getallocatedblocks()
 
 
-# Rounds as one TensorFlow call from the first, and call by call throughout: a
-# run's default switches from the second to the first once (building the one
-# call then allocates for good), so each is measured on its own.
-@pytest.mark.parametrize("fuse_after_rounds", [0, None], ids=["one-call", "call-by-call"])
-def test_rounds_keep_no_memory_behind(tmp_path, fuse_after_rounds):
+def test_rounds_keep_no_memory_behind(tmp_path):
   config = load_config({
       "seed": 0, "rounds": 100, "clients_per_round": 3, "output_dir": str(tmp_path),
       "data": {"name": "digits", "num_clients": 8}, "model": {"name": "logistic"},
       "client": {"learning_rate": 0.1, "batch_size": 16},
-      "server": {"optimizer": "fedadamom", "learning_rate": 1.0, "beta_2": 0.05},
-      "runtime": {"fuse_after_rounds": fuse_after_rounds}})
+      "server": {"optimizer": "fedadamom", "learning_rate": 1.0, "beta_2": 0.05}})
   plan = parts_lib.make_plan(config)
   parts = parts_lib.build_parts(plan)
   process, data = parts.process, parts.data

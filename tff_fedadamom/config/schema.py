@@ -131,11 +131,6 @@ AUTO, INPROCESS, TFF_CPP, RAY = "auto", "inprocess", "tff_cpp", "ray"
 BACKENDS = (AUTO, INPROCESS, TFF_CPP, RAY)
 # The ray backend's settings when left null.
 RAY_WORKERS, RAY_CPUS_PER_WORKER, RAY_GPUS_PER_WORKER = 2, 1.0, 0.0
-# Rounds of one client count run call by call before the in-process and ray
-# backends build that count's round as one TensorFlow call: it costs about a
-# second more to build and saves milliseconds a round
-# (`pipeline.backends.fused_round.Fusion`).
-FUSE_AFTER_ROUNDS = 50
 # When `runtime.unroll_max_batches` is null, the in-process and ray backends
 # stack a client's batches (`pipeline.process.unrolled_steps`) in runs that
 # train at least UNROLL_MIN_BATCHES batches (rounds x clients per round x a
@@ -195,11 +190,6 @@ class RuntimeConfig:
   entry point (the `tff-fedadamom` command, a trial worker, an actor); a
   library run whose process has another pool size fails with a `SessionError`.
 
-  `fuse_after_rounds`: after that many rounds of the same number of clients,
-  the in-process backend runs such a round as one TensorFlow call, and a ray
-  actor its block of clients (`pipeline.backends.fused_round`); the numbers
-  are the same bits as call by call, only the speed changes.
-
   `unroll_max_batches`: the in-process and ray backends may run a client's
   local steps over its round's batches held as tensors, in a
   `tf.while_loop`, instead of in TFF's loop over its dataset
@@ -220,10 +210,6 @@ class RuntimeConfig:
       None, check=positive,
       allowed="an integer >= 1 or null (one per device; on a lone CPU, all of a round's "
       "clients)")
-  fuse_after_rounds: Optional[int] = _field(
-      FUSE_AFTER_ROUNDS, check=nonnegative,
-      allowed=f"an integer >= 0 (0: from the first round; default {FUSE_AFTER_ROUNDS}) or null "
-      "(rounds always run call by call)")
   unroll_max_batches: Optional[int] = _field(
       None, check=nonnegative,
       allowed=f"null (stacked in runs that train {UNROLL_MIN_BATCHES} batches or more), "

@@ -50,30 +50,6 @@ def _unique_suffix() -> str:
     return f"ip{next(_IMPORTS)}"
 
 
-def _wrap_alone(body, signature):
-  """`tf.compat.v1.wrap_function(body, signature)`, marked never to be inlined
-  into a caller (the function attribute `_noinline`).
-
-  Why: a computation's numbers must not depend on how its calls are grouped. A
-  function inlined into a larger graph (a fused round) is optimized by Grappler
-  together with that graph, and on the quickstart CNN (conv layers, dropout)
-  that changed the weights after 2 rounds by 0.7% against the same calls made
-  one by one, which is how the ray backend's actors make them. Kept apart, each
-  computation is optimized alone wherever it runs, so a fused round, an actor's
-  calls and call-by-call rounds give the same bits. `wrap_function` takes no
-  function attributes, hence its two steps here.
-  """
-  from tensorflow.python.eager import wrap_function
-  from tensorflow.python.framework import func_graph
-
-  holder = wrap_function.VariableHolder(body)
-  graph = func_graph.func_graph_from_py_func(
-      "wrapped_function", holder, args=None, kwargs=None, signature=signature,
-      add_control_dependencies=False, collections={})
-  return wrap_function.WrappedFunction(graph, variable_holder=holder,
-                                       attrs={"_noinline": True}, signature=signature)
-
-
 def _flat_call(function, args) -> list:
   """Calls a concrete function through its flat signature.
 
@@ -127,7 +103,7 @@ class _Slot:
       traced["init"] = imported[len(out_names)] if init_name else None
       return traced["outputs"]
 
-    wrapped = _wrap_alone(body, signature)
+    wrapped = tf.compat.v1.wrap_function(body, signature)
     self._init = (wrapped.prune(feeds=[], fetches=traced["init"])
                   if traced["init"] is not None else None)
     if [t.dtype for t in wrapped.inputs] != [s.dtype for s in signature]:
@@ -143,19 +119,6 @@ class _Slot:
     if self._init is not None:
       _flat_call(self._init, [])
     return _flat_call(self._call, list(flat_args))
-
-  def in_graph(self, args) -> list:
-    """This slot's initializer, then its body on `args`, as ops of the graph being
-    built (a call of each function): the body runs after the initializer."""
-    if self._init is None:
-      return list(self._call(*args))
-    graph = tf.compat.v1.get_default_graph()
-    before = len(graph.get_operations())
-    self._init()
-    # On the call op itself: the initializer is the function's control output,
-    # which TensorFlow keeps ordered before anything that depends on the call.
-    with tf.control_dependencies(graph.get_operations()[before:]):
-      return list(self._call(*args))
 
 
 class _Serialized:
@@ -270,9 +233,7 @@ class TFComputation:
                              type_leaves(parameter) if parameter is not None else [],
                              self._devices, feed)
     self.fresh_kernels = self._slots.fresh_kernels
-    # Slots are imported on first need, at most `slots_per_device` per device:
-    # a fused round runs the computations in its own graph, so the slots of a
-    # process whose rounds are all fused (`fuse_after_rounds` 0) are never needed.
+    # Slots are imported on first need, at most `slots_per_device` per device.
     self._slots_per_device = 0 if self.fresh_kernels else slots_per_device
     self._slots.reserve(self._slots_per_device)
     weakref.finalize(self, self._slots.reserve, -self._slots_per_device)

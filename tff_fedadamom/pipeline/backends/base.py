@@ -130,4 +130,4 @@ def build_backend(plan, process, client_tensors=None) -> Backend:
 
   return inprocess.InProcessLearningProcess(
       process, devices=list(plan.devices), max_concurrent_clients=concurrent,
-      client_tensors=client_tensors, fuse_after_rounds=runtime_config.fuse_after_rounds)
+      client_tensors=client_tensors)

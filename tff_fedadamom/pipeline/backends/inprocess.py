@@ -17,14 +17,7 @@ without it:
    (`tff.backends.mapreduce.get_computation_for_map_reduce_form` is the
    reference): `prepare` on the server state, `work` on each client's dataset
    and the broadcast, `zero`/`accumulate` over the clients in the order they
-   were given, `report`, then `update`. Once a process has run
-   `fuse_after_rounds` rounds of K clients so, its rounds over K client ids
-   run as one TensorFlow call that holds all of these
-   (`fused_round.FusedRound`); each computation in it is optimized alone, so
-   its numbers are those of the same calls made one by one. Between such
-   rounds the state stays the tensors the last call returned: the state
-   handed back to the caller holds them as numpy arrays over the same memory,
-   and the next round takes them as they are when it is given that state.
+   were given, `report`, then `update`.
 
 Why clients give results independent of timing: each call of a computation first runs
 the graph's own initializer (`initialize_op`, which creates the model's and
@@ -44,13 +37,11 @@ from __future__ import annotations
 import concurrent.futures
 from typing import Any, Optional, Sequence
 
-import numpy as np
 import tensorflow as tf
 
-from tff_fedadamom.config.schema import FUSE_AFTER_ROUNDS
 from tff_fedadamom.pipeline.backends.server import ServerCalls, ServerComputations
 from tff_fedadamom.pipeline.eager_release import release
-from tff_fedadamom.pipeline.py_containers import flatten_value, type_leaves
+from tff_fedadamom.pipeline.py_containers import type_leaves
 from tff_fedadamom.pipeline.feed import Feed
 from tff_fedadamom.pipeline.tf_computation import TFComputation
 
@@ -110,33 +101,22 @@ class ClientFold:
     devices: Full TensorFlow device names; client i runs on
       `devices[i % len(devices)]`, `zero`/`accumulate` on the first.
     max_concurrent_clients: How many clients run at once (at least one per
-      device). Default: one per device; on a lone CPU, in one TensorFlow call
-      (`fused_concurrency`), all of the call's clients, and called one by one,
-      as many as TensorFlow's inter-op threads (each client's kernels run on
-      one thread; see `tff_fedadamom.session`).
+      device). Default: one per device; on a lone CPU, as many as TensorFlow's
+      inter-op threads.
     feed: A `feed.Feed` that `work` takes in place of its dataset
       (the client's example tensors and round seed; see `ClientTensors`), or
       None for a dataset.
-    fuse_after: With `feed`, `work_outputs` runs its clients as one
-      TensorFlow call (`fused_round.FusedWork`, one per client count; the same
-      bits as one call per client) once it has run that many clients
-      `fuse_after` times one by one (`fused_round.Fusion`); None: always one
-      by one, as when `work` needs fresh kernels.
   """
 
   def __init__(self, work, zero, accumulate, devices: Sequence[str],
-               max_concurrent_clients: Optional[int] = None, feed: Optional[Feed] = None,
-               fuse_after: Optional[int] = None):
-    from tff_fedadamom.pipeline.backends.fused_round import Fusion
-
+               max_concurrent_clients: Optional[int] = None, feed: Optional[Feed] = None):
     if max_concurrent_clients is not None and max_concurrent_clients < 1:
       raise ValueError(
           f"max_concurrent_clients must be an integer >= 1 or None, found {max_concurrent_clients!r}")
     devices = list(devices)
-    self._lone_cpu = devices[0].endswith("CPU:0") and len(devices) == 1
-    self._limit = max_concurrent_clients
+    lone_cpu = devices[0].endswith("CPU:0") and len(devices) == 1
     if max_concurrent_clients is None:
-      max_concurrent_clients = cpu_threads() if self._lone_cpu else len(devices)
+      max_concurrent_clients = cpu_threads() if lone_cpu else len(devices)
     self.max_concurrent_clients = max(max_concurrent_clients, len(devices))
     slots = -(-self.max_concurrent_clients // len(devices))
     self.work = TFComputation(work, devices, slots_per_device=slots, feed=feed)
@@ -144,13 +124,6 @@ class ClientFold:
     self._accumulate = TFComputation(accumulate, devices[:1])
     self._pool = concurrent.futures.ThreadPoolExecutor(
         self.max_concurrent_clients, thread_name_prefix="tff-client")
-    self._devices = devices
-    # Whether the clients' `work` may run as one TensorFlow call (here, and in
-    # `InProcessLearningProcess`'s rounds): it needs the clients' tensors, and
-    # kernels that may be kept from one call to the next.
-    self.fusable = feed is not None and not self.work.fresh_kernels
-    self._fused_work = Fusion(fuse_after if self.fusable else None)
-    self._work_computation = work
     self.feed = feed  # what `work` takes in place of its dataset (None: a dataset)
 
   def __call__(self, client_args: Sequence[Sequence[Any]], broadcast: Sequence[Any]) -> list:
@@ -164,29 +137,9 @@ class ClientFold:
     return [self._pool.submit(self.work.call_flat_leaves, [*args, *broadcast], i)
             for i, args in enumerate(client_args)]
 
-  def fused_concurrency(self, clients: int) -> int:
-    """How many of `clients` clients run at once in one TensorFlow call.
-
-    Without a limit, on a lone CPU, all of them, as TFF's C++ runtime runs a
-    round's clients by default: a client's ops form mostly one chain, so with
-    only as many clients as threads, threads wait; clients interleaved on the
-    inter-op threads fill each other's gaps (MLP-64, 5 clients on 2 threads:
-    40.7 against 52.8 ms a round). The cost is memory: every client's
-    activations at once.
-    """
-    return clients if self._limit is None and self._lone_cpu else self.max_concurrent_clients
-
   def work_outputs(self, client_args: Sequence[Sequence[Any]], broadcast: Sequence[Any]) -> list:
     """`work`'s flat outputs per client, in client order (run concurrently)."""
-    from tff_fedadamom.pipeline.backends.fused_round import FusedWork
-
-    k = len(client_args)
-    fused = self._fused_work.get(
-        k, lambda: FusedWork(self._work_computation, self._devices, k, self.feed,
-                             self.fused_concurrency(k)), f"{k} clients' work")
-    if fused is None:
-      return [future.result() for future in self._submit(client_args, broadcast)]
-    return fused(client_args, broadcast)
+    return [future.result() for future in self._submit(client_args, broadcast)]
 
   def fold(self, outputs, accumulator: Optional[Sequence[Any]] = None) -> list:
     """`accumulator` (default: `zero`) with `outputs` accumulated onto it, in order.
@@ -231,22 +184,6 @@ def client_feed(client_tensors, work) -> Optional[Feed]:
               source=client_tensors)
 
 
-def passes_through(inputs: Sequence, outputs: Sequence) -> bool:
-  """Whether an output array (a view of a result tensor's memory) shares memory
-  with the input tensor in its place: a leaf the call returned as it was given
-  (TensorFlow's `Identity` forwards its input's buffer).
-
-  A state whose arrays are its tensors' memory must not then be carried: an
-  array of the new state would be one of the state the caller passed in, and
-  writing into either would change both.
-  """
-  for given, array in zip(inputs, outputs):
-    if (isinstance(array, np.ndarray) and array.ndim
-        and np.may_share_memory(array, given._numpy())):  # noqa: SLF001
-      return True
-  return False
-
-
 class InProcessLearningProcess(ServerCalls):
   """A `tff.learning.templates.LearningProcess`, run in this Python process.
 
@@ -279,28 +216,16 @@ class InProcessLearningProcess(ServerCalls):
       computations (`server.ServerComputations`) run on the first. Default:
       every visible GPU, else the CPU.
     max_concurrent_clients: How many clients run at once (at least one per
-      device). Default: one per device; on a lone CPU, every client of a fused
-      round, and as many as TensorFlow's inter-op threads call by call
-      (`ClientFold.fused_concurrency`).
+      device). Default: one per device; on a lone CPU, as many as
+      TensorFlow's inter-op threads.
     client_tensors: A `data.client_tensors.ClientTensors` of the training set:
       rounds are then `next_for_clients(state, client_ids, round_num)`, and
       each client's dataset is built inside its `work` call, from its example
       tensors and round seed (no Python per client beyond the call).
-    fuse_after_rounds: With `client_tensors`, how many rounds of K clients
-      run call by call (2K + 4 calls from Python) before the rounds of K
-      clients run as one TensorFlow call (`fused_round.FusedRound`: the same
-      computations in the same order, each optimized alone, so the same bits).
-      One call is the faster round (`benchmarks/round_floor.py`) but costs
-      more to build (`fused_round.Fusion`). 0: one call from the first round;
-      None: always call by call, as for computations that need fresh kernels
-      (`graph_defs.needs_fresh_kernels`). Default: `FUSE_AFTER_ROUNDS`,
-      as `runtime.fuse_after_rounds`.
   """
 
   def __init__(self, process, devices: Optional[Sequence[str]] = None,
-               max_concurrent_clients: Optional[int] = None, client_tensors=None,
-               fuse_after_rounds: Optional[int] = FUSE_AFTER_ROUNDS):
-    from tff_fedadamom.pipeline.backends.fused_round import Fusion
+               max_concurrent_clients: Optional[int] = None, client_tensors=None):
     from tff_fedadamom.pipeline.compiled import compile_process
 
     compiled = compile_process(process)
@@ -313,19 +238,6 @@ class InProcessLearningProcess(ServerCalls):
         max_concurrent_clients, feed=client_feed(client_tensors, compiled.computation("work")))
     self.max_concurrent_clients = self._clients.max_concurrent_clients
     self._work = self._clients.work
-    # Rounds as one TensorFlow call (`fused_round`), one per number of clients.
-    self._fusion = Fusion(fuse_after_rounds if self._clients.fusable else None)
-    # The last fused round's state leaves, `(arrays, tensors)`: the arrays its
-    # state holds are views of the tensors' memory, and a next round given a
-    # state holding the same array objects takes those tensors as they are
-    # (`flatten_value`; any other leaf, a copy or an array the caller put in
-    # the state's lists or dicts, is converted). Why: converting the state
-    # costs more than its arithmetic on a small model (digits/logistic: about
-    # 1.1 ms a call, against 0.1 ms for finding its leaves). Kept where the
-    # arrays can share the tensors' memory (the server on a CPU) and no array
-    # of the new state is one of the state that round was given.
-    self._carry = "CPU:" in self.devices[0].upper()
-    self._carried = None
 
   @property
   def process(self):
@@ -345,39 +257,10 @@ class InProcessLearningProcess(ServerCalls):
     if self._client_tensors is None:
       raise TypeError("next_for_clients needs client_tensors=...; call next(state, datasets)")
     tensors = self._client_tensors
-    fused = self._fused_round(len(client_ids))
-    if fused is None:
-      client_args = [tensors.args(cid, round_num) for cid in client_ids]
-      output = self._round(state, client_args)
-      release(args[-1] for args in client_args)  # the round seeds; the examples stay
-      return output
-    seeds = tensors.round_seeds(client_ids, round_num)
-    created = [seeds]
-    leaves = flatten_value(state, self.state_type, created, self._carried)
-    result = fused(leaves, [tensors.examples(cid) for cid in client_ids], seeds)
-    new_leaves = result[:self.server.state_leaves]
-    views = [t._numpy() for t in new_leaves] if self._carry else None  # noqa: SLF001
-    if views is not None and passes_through(leaves, views):
-      views = None
-    output = self.server.to_python(result, state_arrays=views)
-    self._carried = (views, new_leaves) if views is not None else None
-    release([*created, *result])
+    client_args = [tensors.args(cid, round_num) for cid in client_ids]
+    output = self._round(state, client_args)
+    release(args[-1] for args in client_args)  # the round seeds; the examples stay
     return output
-
-  @property
-  def fused_rounds(self) -> bool:
-    """Whether rounds over client ids run, or will run, as one TensorFlow call
-    (`fused_round`)."""
-    return self._fusion.enabled
-
-  def _fused_round(self, k: int):
-    """The one-call round of `k` clients, or None while it is not due (`fused_round.Fusion`)."""
-    from tff_fedadamom.pipeline.backends.fused_round import FusedRound
-
-    return self._fusion.get(k, lambda: FusedRound(
-        self.compiled, self.devices, k, self._clients.feed,
-        [tf.TensorSpec(t.shape, t.dtype) for t in type_leaves(self.state_type)],
-        self._clients.fused_concurrency(k)), f"a round of {k} clients")
 
   def _round(self, state, client_args):
     return self.server.round(state, lambda broadcast: self._clients(client_args, broadcast))

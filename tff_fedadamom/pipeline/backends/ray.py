@@ -16,9 +16,8 @@ the experiment's data through the data registry itself, and per round
 receives only the broadcast (put into Ray's object store once) and the ids of
 its clients; it builds their datasets exactly as the driver would
 (`process.client_datasets`: shuffles are a function of (seed, round, client)).
-All actors run their clients' `work` at once (each actor its block of clients,
-after `runtime.fuse_after_rounds` blocks of that size, as one TensorFlow call,
-`fused_round.FusedWork`); then the accumulator goes from
+All actors run their clients' `work` at once (each actor its block of
+clients); then the accumulator goes from
 actor to actor in actor order (as an object reference: through Ray's object
 store, not through the driver), each folding its clients onto it in client
 order, with the same `inprocess.ClientFold` the in-process backend runs its

@@ -25,9 +25,6 @@ class ClientActor:
       (`work`, `zero` and `accumulate`).
     threads: TensorFlow's intra-op threads in this actor.
     max_concurrent_clients: Clients run at once in this actor (see `ClientFold`).
-
-  After `runtime.fuse_after_rounds` blocks of the same size, the actor runs
-  such a block as one TensorFlow call (`ClientFold`'s `fuse_after`).
   """
 
   def __init__(self, experiment, computations: Mapping[str, bytes], threads: int,
@@ -48,8 +45,7 @@ class ClientActor:
                               for name in inprocess.CLIENT_COMPUTATIONS)
     self._fold = inprocess.ClientFold(
         work, zero, accumulate, inprocess.visible_devices(), max_concurrent_clients,
-        feed=inprocess.client_feed(self._client_tensors, work),
-        fuse_after=experiment.runtime.fuse_after_rounds)
+        feed=inprocess.client_feed(self._client_tensors, work))
 
   def work(self, client_ids: Sequence[Any], round_num: int, broadcast: Sequence) -> int:
     """Runs `work` for `client_ids` in round `round_num` (`broadcast`: numpy
