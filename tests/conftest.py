@@ -30,8 +30,8 @@ from tff_fedadamom.session import Session, startup_imports  # noqa: E402
 with startup_imports():
   from tensorflow_federated.python.core.impl.context_stack import context_stack_impl
   from tff_fedadamom.config.schema import INPROCESS, resolved_backend
-  from tff_fedadamom.pipeline.backends import tff_cpp
-  import tff_fedadamom.pipeline.runner  # noqa: F401
+  from tff_fedadamom.runtime import tff_cpp
+  import tff_fedadamom.experiment.runner  # noqa: F401
 
 # The test run is an entry point: it sizes TensorFlow's threads, as the CLI does.
 Session().apply()
@@ -61,13 +61,13 @@ def run_shared():
   with parts built once per structure key for the whole session.
 
   Building a learning process costs seconds; a run on shared parts equals a run
-  with its own (tests/pipeline/test_parts.py), so tests whose subject is what
+  with its own (tests/experiment/test_parts.py), so tests whose subject is what
   happens across runs (resume, faults, outputs) share them. Only in-process
   runs: Ray's parts hold actors and TFF's C++ runtime's a worker_binary.
   """
   from tff_fedadamom.config import load_config
-  from tff_fedadamom.pipeline import parts_cache
-  from tff_fedadamom.pipeline import run_experiment
+  from tff_fedadamom.experiment import parts_cache
+  from tff_fedadamom.experiment import run_experiment
 
   cache = parts_cache.PartsCache(max_size=6)
   used = {}

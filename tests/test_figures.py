@@ -11,7 +11,7 @@ from benchmarks.paper import report as paper_report
 from tff_fedadamom import figures
 from tff_fedadamom.data.summary import partition_summary, plot_partition_summary
 from tff_fedadamom.metric_names import ROUND, TEST_ACCURACY, TRAIN_LOSS
-from tff_fedadamom.pipeline import outputs
+from tff_fedadamom.experiment import outputs
 
 PNG = b"\x89PNG\r\n\x1a\n"
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(paper_report.__file__)), "results.json")

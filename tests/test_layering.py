@@ -2,8 +2,10 @@
 imports that change nothing process-wide.
 
 Layers, lowest first: the ground (data, models and the small shared modules),
-optimizers (with the learning processes of `algorithms`), config, pipeline (and
-the CLI), then the sweep layer `tuning`. A module may import its own layer and
+optimizers, the learning processes of `algorithms`, the registry of methods
+above both, config, the plan and TFF process a config builds, the runtime that
+runs a process's rounds, the experiment around them, the CLI, then the sweep
+layer `tuning`. A module may import its own layer and
 those below it, never one above. The CLI alone may reach `tuning`, and only
 inside a function (it adds the `tune`/`export` subcommands when it runs).
 Imports are read with `ast`, so a lazy import inside a function counts too.
@@ -27,13 +29,17 @@ LAYERS = {
     "tff_fedadamom": 0,  # the package itself (its exports are lazy) and the shared modules
     "tff_fedadamom.data": 0,
     "tff_fedadamom.models": 0,
-    "tff_fedadamom.algorithms": 1,
     "tff_fedadamom.optimizers": 1,
-    "tff_fedadamom.config": 2,
-    "tff_fedadamom.pipeline": 3,
-    "tff_fedadamom.cli": 3,
-    "tff_fedadamom.__main__": 3,
-    "tuning": 4,
+    "tff_fedadamom.algorithms": 2,
+    "tff_fedadamom.methods": 3,
+    "tff_fedadamom.config": 4,
+    "tff_fedadamom.experiment.plan": 5,
+    "tff_fedadamom.experiment.process": 5,
+    "tff_fedadamom.runtime": 6,
+    "tff_fedadamom.experiment": 7,
+    "tff_fedadamom.cli": 8,
+    "tff_fedadamom.__main__": 8,
+    "tuning": 9,
 }
 # (importer, imported prefix): allowed upward, only from inside a function.
 LAZY_UPWARD = {("tff_fedadamom.cli", "tuning")}
@@ -132,8 +138,9 @@ def test_the_import_scan_sees_the_known_imports():
   assert ("tuning.schema", True) in checks and ("tuning.space", False) in checks
   sweep = {i.name for i in _imports("tuning.sweep", imports["tuning.sweep"])}
   assert "tuning.template" in sweep
-  assert _layer("tff_fedadamom.pipeline.runner") == 3
-  assert _layer("tff_fedadamom.naming") == 0 and _layer("tuning.workers") == 4
+  assert _layer("tff_fedadamom.experiment.runner") == 7
+  assert _layer("tff_fedadamom.experiment.plan") == 5 < _layer("tff_fedadamom.runtime.ray") == 6
+  assert _layer("tff_fedadamom.naming") == 0 and _layer("tuning.sweep") == 9
 
 
 def test_nothing_imports_upward():
@@ -227,14 +234,14 @@ def test_import_cycles_are_found():
   assert import_cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
   graph = _import_graph()
   # A lazy import counts, and so does the package it passes through.
-  assert "tff_fedadamom.pipeline.plan" in graph["tff_fedadamom.pipeline.process"]
-  assert "tff_fedadamom.config" in graph["tff_fedadamom.pipeline.compare"]
-  assert "tff_fedadamom.pipeline" not in graph["tff_fedadamom.pipeline.compare"]
+  assert "tff_fedadamom.experiment.plan" in graph["tff_fedadamom.experiment.process"]
+  assert "tff_fedadamom.config" in graph["tff_fedadamom.experiment.compare"]
+  assert "tff_fedadamom.experiment" not in graph["tff_fedadamom.experiment.compare"]
   assert "tuning.schema" not in graph["tuning.checks"]  # TYPE_CHECKING only
   # Lazy exports: a used name imports its module; a submodule, not the exports.
   assert "tuning.sweep" in graph["tuning.cli"]  # `from tuning.sweep import run_sweep`
-  assert "tff_fedadamom.optimizers.registry" in graph["tff_fedadamom.config.validate"]
-  assert "tff_fedadamom.optimizers.registry" not in graph[
+  assert "tff_fedadamom.methods" in graph["tff_fedadamom.config.validate"]
+  assert "tff_fedadamom.methods" not in graph[
       "tff_fedadamom.algorithms._common"]
 
 
@@ -353,8 +360,8 @@ def test_importing_the_package_changes_no_environment_variable():
        "assert 'TF_CPP_MIN_LOG_LEVEL' not in os.environ\n"
        "import tensorflow, tensorflow_federated\n"
        "before = dict(os.environ)\n"
-       "import tff_fedadamom.process_table, tff_fedadamom.config, tff_fedadamom.pipeline\n"
-       "import tff_fedadamom.optimizers, tff_fedadamom.pipeline.telemetry\n"
+       "import tff_fedadamom.process_table, tff_fedadamom.config, tff_fedadamom.experiment\n"
+       "import tff_fedadamom.optimizers, tff_fedadamom.experiment.telemetry\n"
        "assert dict(os.environ) == before, set(os.environ.items()) ^ set(before.items())\n")
 
 

@@ -36,7 +36,7 @@ def snapshot():
       gc=(gc.isenabled(), gc.get_freeze_count(), gc.get_threshold()))
 
 before = snapshot()
-from tff_fedadamom.pipeline import run_experiment
+from tff_fedadamom.experiment import run_experiment
 result = run_experiment({config!r}, progress=False)
 after = snapshot()
 changed = sorted(k for k in before if before[k] != after[k])

@@ -11,14 +11,14 @@ import tff_fedadamom
 # Where each public name is defined (the README's examples import them from the
 # package root).
 HOMES = {
-    "InProcessLearningProcess": "tff_fedadamom.pipeline.backends.inprocess",
+    "InProcessLearningProcess": "tff_fedadamom.runtime.inprocess",
     "Session": "tff_fedadamom.session",
     "build_fedadamom": "tff_fedadamom.optimizers",
-    "build_process": "tff_fedadamom.pipeline",
+    "build_process": "tff_fedadamom.experiment",
     "build_server_optimizer": "tff_fedadamom.optimizers",
     "list_optimizers": "tff_fedadamom.optimizers",
     "load_config": "tff_fedadamom.config",
-    "run_experiment": "tff_fedadamom.pipeline",
+    "run_experiment": "tff_fedadamom.experiment",
 }
 
 
@@ -43,7 +43,7 @@ def test_light_modules_do_not_load_tensorflow():
   """The pipeline and optimizer packages import lazily: the sweep export and
   plots, the trainable's report hook and the optimizer names' package load no
   TensorFlow."""
-  code = ("import sys, tff_fedadamom.pipeline, tff_fedadamom.optimizers, tuning.export, "
+  code = ("import sys, tff_fedadamom.experiment, tff_fedadamom.optimizers, tuning.export, "
           "tuning.plots, tuning.trainable; print('tensorflow' in sys.modules)")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
   assert out.stdout.strip() == "False"

@@ -17,12 +17,12 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "build_fedadamom": "tff_fedadamom.optimizers",
-    "build_server_optimizer": "tff_fedadamom.optimizers",
-    "list_optimizers": "tff_fedadamom.optimizers",
+    "build_server_optimizer": "tff_fedadamom.methods",
+    "list_optimizers": "tff_fedadamom.methods",
     "load_config": "tff_fedadamom.config",
-    "build_process": "tff_fedadamom.pipeline",
-    "run_experiment": "tff_fedadamom.pipeline",
-    "InProcessLearningProcess": "tff_fedadamom.pipeline.backends.inprocess",
+    "build_process": "tff_fedadamom.experiment",
+    "run_experiment": "tff_fedadamom.experiment",
+    "InProcessLearningProcess": "tff_fedadamom.runtime.inprocess",
     "Session": "tff_fedadamom.session",
 }
 

@@ -3,7 +3,7 @@ subfolder per kind, each movable by an environment variable of its own.
 
     $XDG_CACHE_HOME/tff-fedadamom/<kind>   (else ~/.cache/tff-fedadamom/<kind>)
 
-Kinds: `processes` (compiled learning processes, `pipeline.process_cache`) and
+Kinds: `processes` (compiled learning processes, `runtime.process_cache`) and
 `data` (decompressed dataset files, `data.datasets.idx`).
 """
 

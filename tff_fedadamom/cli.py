@@ -77,7 +77,7 @@ def _cmd_run(args) -> int:
   from tff_fedadamom.session import startup_imports
 
   with startup_imports(args.owns_process):  # only in a process of its own (`entry`)
-    from tff_fedadamom.pipeline import run_experiment
+    from tff_fedadamom.experiment import run_experiment
   config = load_config(args.config, args.overrides)
   _start_session(config)
   result = run_experiment(config, progress=not args.quiet, on_round=args.interrupts.check)
@@ -90,7 +90,7 @@ def _cmd_compare(args) -> int:
   from tff_fedadamom.session import startup_imports
 
   with startup_imports(args.owns_process):  # only in a process of its own (`entry`)
-    from tff_fedadamom.pipeline.compare import compare
+    from tff_fedadamom.experiment.compare import compare
 
   names = [n.strip() for n in args.optimizers.split(",") if n.strip()]
   config = load_config(args.config, args.overrides)
@@ -101,7 +101,7 @@ def _cmd_compare(args) -> int:
 
 
 def _cmd_plot(args) -> int:
-  from tff_fedadamom.pipeline.compare import plot_runs
+  from tff_fedadamom.experiment.compare import plot_runs
 
   for path in plot_runs(args.run_dirs, out=args.out):
     print(f"wrote {path}")

@@ -26,7 +26,7 @@ TEST_ACCURACY = TEST_PREFIX + "accuracy"
 ELAPSED_S = "time/elapsed_s"  # seconds from the run's start to the round's end
 TELEMETRY_S = "time/telemetry_s"  # seconds the round's optimizer statistics took
 
-# The server optimizer's state after the round (`pipeline.telemetry`); also
+# The server optimizer's state after the round (`experiment.telemetry`); also
 # the prefix of its TensorBoard histograms.
 OPT_PREFIX = "opt/"
 LEARNING_RATE = OPT_PREFIX + "learning_rate"  # the rate for the next round

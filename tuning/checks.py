@@ -38,7 +38,7 @@ def check_sweep(sweep: Sweep) -> None:
   optimizer, grids are fair, and every extreme value of every dimension gives a
   valid experiment for every optimizer. Raises SweepConfigError."""
   from tff_fedadamom.config import ConfigError, config_to_dict, load_config
-  from tff_fedadamom.optimizers import default_hparams, sweepable_hparams
+  from tff_fedadamom.methods import default_hparams, sweepable_hparams
 
   base = config_to_dict(sweep.base)
   for path, entry in sweep.space.items():

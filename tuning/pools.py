@@ -252,7 +252,7 @@ def worker_pool(sweep, enabled: bool = True, shared: Optional[SharedWorkerPool] 
     yield None
     return
 
-  from tff_fedadamom.pipeline.plan import threads_for_cpus
+  from tff_fedadamom.experiment.plan import threads_for_cpus
   from tuning import space as space_lib
 
   threads = threads_for_cpus(sweep.resources.cpus_per_trial)  # as `trial_threads` has it

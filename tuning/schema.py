@@ -217,7 +217,7 @@ def _parse_base(raw: Any, source: str, base_dir: str):
 
 
 def _parse_optimizers(raw: Any, source: str) -> tuple:
-  from tff_fedadamom.optimizers import list_optimizers
+  from tff_fedadamom.methods import list_optimizers
 
   valid = list_optimizers()
   if raw is None:
@@ -254,7 +254,7 @@ def _check_path_syntax(path: Any, source: str, field: str) -> None:
 
 def _parse_space(raw: Any, source: str, optimizers: tuple):
   """(top-level entries, {optimizer: its entries}): dotted path -> SpaceEntry."""
-  from tff_fedadamom.optimizers import list_optimizers
+  from tff_fedadamom.methods import list_optimizers
 
   raw = coerce({} if raw is None else raw, dict, source, "space", SweepConfigError)
   shared, by_optimizer = {}, {}

@@ -7,13 +7,13 @@ never the reverse), so a sweep appears here only in annotations.
 Each optimizer's space is the merge, later winning, of
 
   1. the optimizer registry's search range for each of the optimizer's tunable
-     hparams (`tff_fedadamom.optimizers.search_ranges`),
+     hparams (`tff_fedadamom.methods.search_ranges`),
   2. `DEFAULT_SPACE` (the client learning rate's range from the literature),
   3. the sweep's top-level `space` entries,
   4. the sweep's `space.<optimizer>` entries,
 
 keeping a `server.<hparam>` distribution only for the optimizers whose registry
-entry lets a sweep vary `<hparam>` (`tff_fedadamom.optimizers.sweepable_hparams`:
+entry lets a sweep vary `<hparam>` (`tff_fedadamom.methods.sweepable_hparams`:
 the tunable hparams, which have default ranges, and bool switches such as
 `bias_correction`, which a sweep varies only with an explicit
 `{dist: choice, values: [true, false]}`). The registry is the only source of
@@ -139,7 +139,7 @@ DEFAULT_SPACE: Mapping[str, Distribution] = {
 
 def registry_space(optimizer: str) -> dict[str, Distribution]:
   """`server.<hparam>` -> the registry's literature range, per tunable hparam."""
-  from tff_fedadamom.optimizers import search_ranges
+  from tff_fedadamom.methods import search_ranges
 
   return {f"server.{h}": Distribution(dist, low=low, high=high)
           for h, (dist, low, high) in search_ranges(optimizer).items()}
@@ -208,7 +208,7 @@ def set_path(tree: dict, path: str, value: Any) -> None:
 def resolve(sweep: Sweep, optimizer: str) -> OptimizerSpace:
   """The space of `optimizer` in `sweep` (see the module docstring)."""
   from tff_fedadamom.config import config_to_dict
-  from tff_fedadamom.optimizers import default_hparams, sweepable_hparams
+  from tff_fedadamom.methods import default_hparams, sweepable_hparams
 
   sweepable = set(sweepable_hparams(optimizer))
   known = set(default_hparams(optimizer))
@@ -270,7 +270,7 @@ def experiment_dict(sweep: Sweep, optimizer: str, params: Mapping[str, Any], *,
   validates the result.
   """
   from tff_fedadamom.config import config_to_dict
-  from tff_fedadamom.pipeline.compare import with_optimizer
+  from tff_fedadamom.experiment.compare import with_optimizer
 
   space = space or resolve(sweep, optimizer)
   tree = with_optimizer(copy.deepcopy(config_to_dict(sweep.base)), optimizer)

@@ -40,7 +40,7 @@ from ray import tune
 
 from tff_fedadamom.metric_names import ROUND
 from tff_fedadamom.config.loader import first_difference
-from tff_fedadamom.pipeline.hooks import evaluation_rounds
+from tff_fedadamom.experiment.hooks import evaluation_rounds
 from tuning import joint
 from tuning import schema
 from tuning import space as space_lib

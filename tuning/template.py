@@ -46,7 +46,7 @@ from tff_fedadamom import process_table
 
 # What trial workers run, imported before any of them is forked: by a template
 # of its own (`tuning.worker_imports`), or by the driver before forking.
-WORKER_MODULES = ("tff_fedadamom.pipeline.runner", "tuning.hosts")
+WORKER_MODULES = ("tff_fedadamom.experiment.runner", "tuning.hosts")
 _PR_SET_PDEATHSIG = 1
 # The template of this process's current session (`sweep_session`), if any.
 _CURRENT: list["Template"] = []
@@ -161,7 +161,7 @@ def sweep_session(address: Optional[str], resources: Optional[dict] = None):
   workers from. Yields the template, or None."""
   import ray
 
-  from tff_fedadamom.pipeline.ray_session import ray_session
+  from tff_fedadamom.runtime.ray_session import ray_session
 
   with contextlib.ExitStack() as stack:
     template = stack.enter_context(node_template()) if not ray.is_initialized() else None

@@ -34,7 +34,7 @@ import uuid
 from typing import Any, Callable, Collection, Iterable, Mapping, Optional
 
 from tff_fedadamom.metric_names import ROUND, evaluated
-from tff_fedadamom.pipeline.loop import RoundHook
+from tff_fedadamom.experiment.loop import RoundHook
 from tff_fedadamom.plain import plain
 
 OBJECTIVE = "objective"
@@ -87,7 +87,7 @@ def trial_threads() -> int:
   """The threads of this trial: from the CPUs Tune gave it (`threads_for_cpus`)."""
   from ray import tune
 
-  from tff_fedadamom.pipeline.plan import threads_for_cpus
+  from tff_fedadamom.experiment.plan import threads_for_cpus
 
   resources = tune.get_context().get_trial_resources()
   return threads_for_cpus(resources.required_resources.get("CPU", 1) if resources else 1)
@@ -135,7 +135,7 @@ def eval_result(event, *, metric, node_id: str,
   into the trial's storage and a registration by the driver; between them a
   restart runs the rounds after the latest checkpoint again, with the same
   results."""
-  from tff_fedadamom.pipeline import outputs
+  from tff_fedadamom.experiment import outputs
 
   history = outputs.read_metrics(event.output_dir)
   value = objective_from_history(history, metric.name, metric.last_k,
@@ -234,7 +234,7 @@ def train_trial(config: dict, *, sweep, optimizer: Optional[str], pool: Optional
       return
     # The trial owns its process: its session goes first, before TensorFlow runs.
     trial_session(threads, gpu=bool(gpu_ids)).apply()
-    from tff_fedadamom.pipeline import run_experiment
+    from tff_fedadamom.experiment import run_experiment
 
     # The run closes the parts it builds (a tff_cpp backend's worker_binary with them).
     run_experiment(make_experiment(),

@@ -5,7 +5,7 @@ A trial of a small model spends most of its wall time before its first round:
 importing TensorFlow and TFF, loading and partitioning the data, building the
 learning process and starting TFF's runtime. Everything a sweep varies between
 trials of one structure lives in the process state (see
-`tff_fedadamom.pipeline.parts`), so a worker that keeps those parts runs the
+`tff_fedadamom.experiment.parts`), so a worker that keeps those parts runs the
 next trial from `process.initialize()` plus `set_hparams`, with the results a
 fresh process gives.
 
@@ -225,7 +225,7 @@ class TrialWorker:
 
     try:
       with startup_imports():  # the worker is its process's entry point
-        import tff_fedadamom.pipeline.runner  # noqa: F401 - TensorFlow, TFF, what trials run
+        import tff_fedadamom.experiment.runner  # noqa: F401 - TensorFlow, TFF, what trials run
     except ImportError:  # a trial imports it again, and its error goes to its trainable
       pass
     while True:
@@ -255,7 +255,7 @@ class TrialWorker:
   def _plan(make_experiment):
     """The run plan of an experiment, made once for the cache and the run alike."""
     from tff_fedadamom.config import load_config
-    from tff_fedadamom.pipeline.parts import make_plan
+    from tff_fedadamom.experiment.parts import make_plan
     from tff_fedadamom.session import Session
 
     config = load_config(make_experiment())
@@ -265,14 +265,14 @@ class TrialWorker:
 
   def _parts(self, plan):
     """The parts of `plan`, through this worker's cache."""
-    from tff_fedadamom.pipeline.parts_cache import PartsCache
+    from tff_fedadamom.experiment.parts_cache import PartsCache
 
     if self._cache is None:
       self._cache = PartsCache(self._parts_per_worker)
     return self._cache.get(plan)
 
   def _warm_up(self, make_experiment) -> None:
-    from tff_fedadamom.pipeline.parts import warm_up
+    from tff_fedadamom.experiment.parts import warm_up
 
     try:
       plan = self._plan(make_experiment)
@@ -283,7 +283,7 @@ class TrialWorker:
       traceback.print_exc()
 
   def _run(self, trial: _Trial, make_experiment, make_result, checkpoint_rounds) -> None:
-    from tff_fedadamom.pipeline import run_experiment
+    from tff_fedadamom.experiment import run_experiment
 
     trial.check()
     plan = self._plan(make_experiment)

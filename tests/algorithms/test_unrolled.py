@@ -5,14 +5,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.pipeline.test_runner import tiny
+from tests.experiment.test_runner import tiny
 from tff_fedadamom.algorithms.unrolled import is_stacked
 from tff_fedadamom.config import ConfigError, load_config
 from tff_fedadamom.config.schema import UNROLL_MIN_BATCHES
 from tff_fedadamom.data.client_tensors import ClientTensors, stacked_batches
 from tff_fedadamom.data.sampling import UniformSampler
-from tff_fedadamom.pipeline import parts as parts_lib
-from tff_fedadamom.pipeline import process as process_lib
+from tff_fedadamom.experiment import parts as parts_lib
+from tff_fedadamom.experiment import process as process_lib
 
 
 def _tensors(tmp_path, **client):
@@ -111,7 +111,7 @@ def test_unroll_max_batches_is_checked(tmp_path):
 
 def _rounds(tmp_path, name, unroll, rounds=2, **overrides):
   """The global weights and last metrics after `rounds` in-process rounds."""
-  from tff_fedadamom.pipeline.backends.inprocess import InProcessLearningProcess
+  from tff_fedadamom.runtime.inprocess import InProcessLearningProcess
 
   raw = tiny(tmp_path / name, **overrides)
   raw["runtime"] = {**raw.get("runtime", {}), "unroll_max_batches": unroll, "cache": False}

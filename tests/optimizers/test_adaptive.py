@@ -19,7 +19,7 @@ from tff_fedadamom.optimizers import build_fadas
 from tff_fedadamom.optimizers import build_fedadam
 from tff_fedadamom.optimizers import build_fedamsgrad
 from tff_fedadamom.optimizers import build_fedyogi
-from tff_fedadamom.optimizers import registry
+from tff_fedadamom import methods as registry
 from tff_fedadamom.optimizers import state as keys
 
 LR_KEY = tff.learning.optimizers.LEARNING_RATE_KEY

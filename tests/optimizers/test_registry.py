@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_fedadamom.optimizers import registry
+from tff_fedadamom import methods as registry
 from tff_fedadamom.optimizers import state as state_keys
 
 LR_KEY = tff.learning.optimizers.LEARNING_RATE_KEY

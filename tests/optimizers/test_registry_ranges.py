@@ -6,7 +6,7 @@ import pytest
 import tensorflow_federated as tff
 
 from tff_fedadamom.config import ConfigError, load_config
-from tff_fedadamom.optimizers import registry
+from tff_fedadamom import methods as registry
 
 # The server optimizers and each bool switch flipped (a different builder for
 # FedAdam and FedYogi: TFF's corrected Adam and Yogi, or ours uncorrected).

@@ -99,7 +99,7 @@ def shared_pool():
   (`run_sweep(..., pool=shared_pool)`), where what a sweep does alone is not
   the subject: later sweeps start in warm workers, and no sweep starts a Ray of
   its own. The module's other tests must not need Ray to be down."""
-  from tff_fedadamom.pipeline.ray_session import ray_session
+  from tff_fedadamom.runtime.ray_session import ray_session
   from tuning.pools import shared_worker_pool
 
   with ray_session(None), shared_worker_pool() as pool:

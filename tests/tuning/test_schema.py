@@ -8,7 +8,7 @@ import yaml
 
 from tests.tuning.conftest import tiny_base, write_sweep
 from tff_fedadamom.metric_names import TEST_ACCURACY, TEST_LOSS
-from tff_fedadamom.optimizers import list_optimizers
+from tff_fedadamom.methods import list_optimizers
 from tuning import load_sweep
 from tuning.schema import SweepConfigError, sweep_to_dict
 
@@ -148,7 +148,7 @@ def test_schedule_parameters_are_sweepable_like_any_hparam():
   raw["base"]["server"]["schedule"] = {"kind": "exponential"}
   # A schedule drives a server optimizer's rate: whole learning processes
   # (FedCAda, FAFED) have none, and refuse one.
-  from tff_fedadamom.optimizers import is_learning_process
+  from tff_fedadamom.methods import is_learning_process
   raw["optimizers"] = [n for n in raw["optimizers"] if not is_learning_process(n)]
   raw["space"]["server.schedule.decay_rate"] = {"dist": "uniform", "low": 0.9, "high": 0.999}
   sweep = load_sweep(raw)

@@ -7,7 +7,7 @@ import pytest
 from tests.tuning.conftest import tiny_base
 from tff_fedadamom.config import load_config
 from tff_fedadamom.metric_names import TEST_ACCURACY, TEST_LOSS, TRAIN_LOSS
-from tff_fedadamom.optimizers import get_spec, list_optimizers
+from tff_fedadamom.methods import get_spec, list_optimizers
 from tuning import load_sweep
 from tuning import space as space_lib
 from tuning.trainable import objective_from_history, worst_objective

@@ -128,7 +128,7 @@ with node_template() as template:
   group = os.getpgid(template.identity[0])
   host.shutdown()
 
-from tff_fedadamom.pipeline import run_experiment
+from tff_fedadamom.experiment import run_experiment
 from tff_fedadamom.session import Session
 Session(threads=1).apply()  # this script is its process's entry point
 plain = []

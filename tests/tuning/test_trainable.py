@@ -4,11 +4,11 @@ import functools
 import math
 import types
 
-from tests.pipeline.test_loop import CountingProcess, evaluator, sampler
+from tests.experiment.test_loop import CountingProcess, evaluator, sampler
 from tests.tuning.conftest import tiny_base
 from tff_fedadamom.metric_names import ROUND, TEST_ACCURACY
-from tff_fedadamom.pipeline import hooks, run_experiment
-from tff_fedadamom.pipeline.loop import run_rounds
+from tff_fedadamom.experiment import hooks, run_experiment
+from tff_fedadamom.experiment.loop import run_rounds
 from tuning.trainable import DIVERGED, NODE_ID, OBJECTIVE, TuneReport, eval_result
 
 
@@ -77,7 +77,7 @@ def test_a_trial_run_saves_its_state_only_where_tune_takes_a_checkpoint(tmp_path
   `checkpoint_every` rounds: Tune keeps no other checkpoint of a trial."""
   import asyncio
 
-  from tff_fedadamom.pipeline import resume
+  from tff_fedadamom.experiment import resume
 
   out = str(tmp_path / "run")
   assert _reports(out, {2, 5}, saves_at={2, 5}, rounds=5, eval_every=1,

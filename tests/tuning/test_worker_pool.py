@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from tff_fedadamom.pipeline.ray_session import ray_session
+from tff_fedadamom.runtime.ray_session import ray_session
 from tuning.pools import WorkerPool, shared_worker_pool, spare_cpus
 from tuning.workers import NAMESPACE, process_identity
 

@@ -110,7 +110,7 @@ def test_worker_env_sizes_threads_and_shows_only_the_trials_gpus():
 def test_a_trial_gets_the_threads_of_its_whole_cpus(monkeypatch, cpus, threads):
   """A trial's threads (from what Tune gives it) follow the one formula the pool
   sizes its pre-started workers by: whole CPUs, at least one."""
-  from tff_fedadamom.pipeline.plan import threads_for_cpus
+  from tff_fedadamom.experiment.plan import threads_for_cpus
   from tuning.trainable import trial_threads
 
   given = types.SimpleNamespace(required_resources={"CPU": cpus})

@@ -37,7 +37,7 @@ with `benchmarks/round_floor.py --configs logistic` (5 clients of 2 to 5
 batches, 11 copies each), the loop's round took 2.16-2.17x the floor against
 2.34-2.39x for the guarded copies, in alternating runs. The loop's graph also
 does not grow with the number of batches. The pipeline uses this client work
-where `pipeline.process.unrolled_steps` says (`runtime.unroll_max_batches`).
+where `experiment.process.unrolled_steps` says (`runtime.unroll_max_batches`).
 """
 
 from __future__ import annotations

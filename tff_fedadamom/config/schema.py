@@ -132,7 +132,7 @@ BACKENDS = (AUTO, INPROCESS, TFF_CPP, RAY)
 # The ray backend's settings when left null.
 RAY_WORKERS, RAY_CPUS_PER_WORKER, RAY_GPUS_PER_WORKER = 2, 1.0, 0.0
 # When `runtime.unroll_max_batches` is null, the in-process and ray backends
-# stack a client's batches (`pipeline.process.unrolled_steps`) in runs that
+# stack a client's batches (`experiment.process.unrolled_steps`) in runs that
 # train at least UNROLL_MIN_BATCHES batches (rounds x clients per round x a
 # client's mean batch count). A stacked round is faster by about what TFF's
 # iterator costs a batch (`benchmarks/round_floor.py`, one-call rounds:
@@ -173,7 +173,7 @@ class RuntimeConfig:
   compiled process in this Python process on TensorFlow's devices; `tff_cpp` is
   TFF's own C++ runtime, a `worker_binary` child process (CPU only; it listens on
   every interface, so it runs in a private network namespace, reached through a
-  Unix socket: `pipeline/backends/tff_cpp.py`), kept as the reference.
+  Unix socket: `runtime/tff_cpp.py`), kept as the reference.
   `devices` spreads a round's clients over TensorFlow devices round-robin
   (in-process only; default: every GPU, else the CPU). `ray` runs each round's
   clients on Ray actors: `workers` counts the actors (the field keeps its
@@ -199,7 +199,7 @@ class RuntimeConfig:
   most that many batches; 0: never.
 
   `cache` keeps the compiled learning process of the in-process and ray
-  backends in a machine-wide cache (`pipeline.process_cache`) at `cache_dir`,
+  backends in a machine-wide cache (`runtime.process_cache`) at `cache_dir`,
   so that every later run, trial or actor of the same structure loads it
   instead of building it; results are identical either way.
   """

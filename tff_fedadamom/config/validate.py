@@ -83,10 +83,10 @@ def _named_argument(message: str) -> str | None:
 
 
 def _check_server(server: schema.ServerConfig, source: str) -> schema.ServerConfig:
-  from tff_fedadamom import optimizers
+  from tff_fedadamom import methods
 
-  _check_name(server.optimizer, optimizers.list_optimizers(), source, "server.optimizer")
-  defaults = optimizers.default_hparams(server.optimizer)
+  _check_name(server.optimizer, methods.list_optimizers(), source, "server.optimizer")
+  defaults = methods.default_hparams(server.optimizer)
   valid_keys = list(defaults) + [f.name for f in dataclasses.fields(server)
                                  if f.name != "hparams"]
   for key in server.hparams:
@@ -111,7 +111,7 @@ def _check_server(server: schema.ServerConfig, source: str) -> schema.ServerConf
                         allowed="a finite number")
     hparams[key] = float(value)
   try:
-    resolved = optimizers.check_hparams(server.optimizer, **hparams)  # defaults filled in
+    resolved = methods.check_hparams(server.optimizer, **hparams)  # defaults filled in
   except ValueError as e:
     name = _named_argument(str(e))
     field = f"server.{name}" if name else "server"
@@ -139,10 +139,10 @@ def _check_schedule(schedule: Mapping[str, Any], source: str) -> dict:
 
 def _check_learning_process(config: schema.ExperimentConfig, source: str) -> None:
   """Options a whole learning process (FedCAda, FAFED) has no use for are errors."""
-  from tff_fedadamom import optimizers
+  from tff_fedadamom import methods
 
   name = config.server.optimizer
-  if not optimizers.is_learning_process(name):
+  if not methods.is_learning_process(name):
     return
   if config.client.momentum:
     raise ConfigError(source, "client.momentum",

@@ -8,7 +8,7 @@ recompute a round's clients without the run's history. FedJAX's client
 samplers (`fedjax.core.client_samplers`) are keyed the same way, by round.
 
 A sampler is any callable `round_num -> list of client ids`; the round loop
-(`pipeline.loop.run_rounds`) takes one, as TFF's `run_simulation` takes a
+(`experiment.loop.run_rounds`) takes one, as TFF's `run_simulation` takes a
 `client_selection_fn`.
 """
 

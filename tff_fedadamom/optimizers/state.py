@@ -6,7 +6,7 @@ so `tff.learning.optimizers.schedule_learning_rate` can drive it), then the
 slots, each a structure like the weights. The slot names are TFF's own (its
 `build_sgdm`, `build_adam`, `build_yogi` and `build_adagrad` states use
 `accumulator`, `preconditioner`, `step`, `beta_1`, `beta_2`, `epsilon`), so a
-reader of the state (`tff_fedadamom.pipeline.telemetry`) needs one vocabulary
+reader of the state (`tff_fedadamom.experiment.telemetry`) needs one vocabulary
 for TFF's optimizers and ours. This module is that vocabulary's one home; which
 keys each optimizer's state has is recorded in the registry
 (`OptimizerSpec.state`).

@@ -1,0 +1,120 @@
+"""`PartsCache`: the parts (`parts.ExperimentParts`) of the last few structures
+a process ran, and the pieces several structures share.
+
+A sweep's trial worker runs trial after trial of a dozen structures, and a
+process running the paper study's units runs unit after unit; each structure's
+parts cost seconds to build and are the same for every config of the
+structure (`parts.structure_key`). What structures have in common is kept
+apart, so that it is made once: the data, the evaluator with its Keras model,
+and the clients' tensors, whose processes then share the computations they
+have in common (`tf_computation._slot_pool`).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+from typing import Any
+
+from tff_fedadamom.config import ExperimentConfig, config_to_dict
+from tff_fedadamom.experiment import lru
+from tff_fedadamom.experiment.evaluation import Evaluator
+from tff_fedadamom.experiment.parts import ExperimentParts, build_parts, make_plan
+
+
+def data_key(config: ExperimentConfig) -> str:
+  """What `process.load_data` depends on: the `data` section."""
+  return json.dumps(config_to_dict(config)["data"], sort_keys=True, default=repr)
+
+
+def evaluator_key(config: ExperimentConfig) -> str:
+  """What an `Evaluator` and its Keras model depend on: the `data` section (the
+  test split, the evaluation batch size) and the `model` section. Not the seed:
+  the model's initial weights are never read (a run's own weights are assigned
+  before each evaluation and before the model is saved)."""
+  tree = config_to_dict(config)
+  return json.dumps({"data": tree["data"], "model": tree["model"]}, sort_keys=True,
+                    default=repr)
+
+
+def client_tensors_key(config: ExperimentConfig) -> str:
+  """What a run's `ClientTensors` depends on (`process.make_client_tensors`):
+  the `data` section and `process.client_tensors_options`."""
+  from tff_fedadamom.experiment import process as process_lib
+
+  return json.dumps({"data": config_to_dict(config)["data"],
+                     **process_lib.client_tensors_options(config)},
+                    sort_keys=True, default=repr)
+
+
+class PartsCache:
+  """The parts of at most `max_size` structure keys; out goes the least recently
+  used of those not got again since they were built, else the least recently used.
+  Why: a sweep's FedCAda and FAFED trials are a structure each (their sampled
+  hparams are built into the process), used once between the trials of the
+  structures that recur, which least recently used alone evicted.
+
+  Data is cached apart from the rest, by `data_key`, so that configs with the
+  same data but another model or optimizer load it once; so is the `Evaluator`
+  (with its Keras model), by `evaluator_key`, so that configs with the same data
+  and model but another optimizer trace its forward pass once; and so are the
+  clients' tensors, by `client_tensors_key`, so that the processes of configs
+  with the same data and clients but another server optimizer share their
+  clients' computations, imported and compiled once (`tf_computation`). A
+  cache serves one run at a time: the runs of its parts share their Keras model.
+
+  Args:
+    max_size: How many `ExperimentParts` to keep (>= 1). Each holds a built
+      learning process and a Keras model; on a small machine keep it small.
+  """
+
+  def __init__(self, max_size: int = 2):
+    if not isinstance(max_size, int) or max_size < 1:
+      raise ValueError(f"PartsCache `max_size` must be an integer >= 1, found {max_size!r}.")
+    self.max_size = max_size
+    self._parts: collections.OrderedDict[str, ExperimentParts] = collections.OrderedDict()
+    self._data: collections.OrderedDict[str, Any] = collections.OrderedDict()
+    self._evaluators: collections.OrderedDict[str, Evaluator] = collections.OrderedDict()
+    self._client_tensors: collections.OrderedDict[str, Any] = collections.OrderedDict()
+    self._reused: set[str] = set()  # keys got again since their parts were built
+    self.hits = 0
+    self.misses = 0
+
+  def __len__(self) -> int:
+    return len(self._parts)
+
+  def __contains__(self, key: str) -> bool:
+    """Whether the parts of structure key `key` (a `RunPlan.key`) are kept."""
+    return key in self._parts
+
+  def get(self, config) -> ExperimentParts:
+    """The parts for `config` (a `RunPlan`, or a config planned here), built
+    (and cached) on a miss."""
+    from tff_fedadamom.experiment import process as process_lib
+
+    plan = make_plan(config)
+    key = plan.key
+    parts = lru.get(self._parts, key)
+    if parts is not None:
+      self.hits += 1
+      self._reused.add(key)
+      return parts
+    self.misses += 1
+    config, model_key = plan.config, evaluator_key(plan.config)
+    data = self._kept(self._data, data_key(config), lambda: process_lib.load_data(config))
+    tensors = self._kept(self._client_tensors, client_tensors_key(config),
+                         lambda: process_lib.make_client_tensors(config, data))
+    parts = build_parts(plan, data=data, evaluator=lru.get(self._evaluators, model_key),
+                        client_tensors=tensors)
+    lru.put(self._parts, key, parts, self.max_size, keep=self._reused)
+    self._reused &= self._parts.keys()
+    lru.put(self._evaluators, model_key, parts.evaluator, self.max_size)
+    return parts
+
+  def _kept(self, store: collections.OrderedDict, key: str, make):
+    """`store[key]`, or `make()` kept there (least recently used out)."""
+    value = lru.get(store, key)
+    if value is None:
+      value = make()
+      lru.put(store, key, value, self.max_size)
+    return value

@@ -1,0 +1,351 @@
+"""Config -> `tff.learning.templates.LearningProcess`.
+
+`build_process` is the one place where a config becomes TFF objects: the Keras
+model through the model registry, the server optimizer through the optimizer
+registry (wrapped in its learning-rate schedule), the client optimizer, and the
+client weighting; or, for registry entries that are whole learning processes
+(FedCAda, FAFED), that process with the client options it supports.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import threading
+from typing import Callable, Optional
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_fedadamom import methods, models
+from tff_fedadamom.algorithms.unrolled import build_unrolled_client_work
+from tff_fedadamom.config import ExperimentConfig, config_to_dict, schema
+from tff_fedadamom.data import FederatedData, load_federated_data
+from tff_fedadamom.optimizers.client import build_client_sgd
+
+
+def load_data(config: ExperimentConfig) -> FederatedData:
+  """Loads the config's federated data set through the data registry."""
+  from tff_fedadamom.data import DATASETS
+
+  data = config.data
+  kind, partition = schema.split_kind(data.partition, schema.DEFAULT_PARTITION_KIND)
+  kwargs = dict(path=data.path, seed=data.seed, **data.options)
+  if DATASETS[data.name].natural_clients:
+    if data.num_clients is not None:
+      kwargs["num_clients"] = data.num_clients
+  else:
+    kwargs.update(num_clients=data.num_clients, partition=kind,
+                  partition_options=partition)
+  return load_federated_data(data.name, **kwargs)
+
+
+def client_tensors_options(config: ExperimentConfig) -> dict:
+  """What a run's `ClientTensors` is made with besides its training data."""
+  client = config.client
+  return dict(seed=config.seed, batch_size=client.batch_size,
+              local_epochs=client.local_epochs, augment=config.data.augment,
+              max_examples=client.max_examples)
+
+
+def make_client_tensors(config: ExperimentConfig, data: FederatedData):
+  """The training clients as tensors, with the config's batching (`ClientTensors`)."""
+  from tff_fedadamom.data.client_tensors import ClientTensors
+
+  return ClientTensors(data.train, **client_tensors_options(config))
+
+
+def client_datasets(config: ExperimentConfig, data: FederatedData, client_ids,
+                    round_num: int, client_tensors=None) -> list[tf.data.Dataset]:
+  """The batched datasets of `client_ids` for round `round_num`.
+
+  The shuffle order is a function of (seed, round, client), so that a resumed
+  run feeds exactly the batches an uninterrupted one would. Pass the run's
+  `client_tensors` (`make_client_tensors`) to reuse its tensors.
+  """
+  if client_tensors is None:
+    client_tensors = make_client_tensors(config, data)
+  return client_tensors.datasets(client_ids, round_num)
+
+
+def input_spec(config: ExperimentConfig, data: FederatedData):
+  """The batched element spec TFF's model wrapper needs."""
+  cid = data.train.client_ids[0]
+  return client_datasets(config, data, [cid], 0)[0].element_spec
+
+
+def data_signature(config: ExperimentConfig, data: FederatedData, spec=None,
+                   unroll_steps: Optional[int] = None) -> dict:
+  """What a learning process built by `build_process` sees of `data`: the
+  batched element spec of its clients' datasets (TFF's input spec, `spec` if
+  the caller has it), the model's input shape and class count, and with
+  `unroll_steps` (`unrolled_steps`) the batch size of its clients' stacked
+  batches (their number does not enter the computation: it loops over them).
+  Nothing else of the data enters a traced computation: examples reach the
+  process as its clients' datasets."""
+  spec = spec if spec is not None else input_spec(config, data)
+  signature = {"input_spec": repr(spec), "input_shape": list(data.input_shape),
+               "num_classes": int(data.num_classes)}
+  if unroll_steps is not None:
+    signature["unrolled"] = {"batch_size": config.client.batch_size}
+  return signature
+
+
+def unrolled_steps(config: ExperimentConfig, backend: str, client_tensors) -> Optional[int]:
+  """The most batches a client has (its last, shorter one included) where its
+  client work takes them stacked (`algorithms.unrolled`), or None: TFF's loop
+  over the client's dataset.
+
+  When `runtime.unroll_max_batches` is null, stacked in runs that train
+  `UNROLL_MIN_BATCHES` batches or more (rounds x clients per round x a
+  client's mean batch count), which pay back the dearer build; when it is
+  set, in any run whose clients have at most that many batches; never when
+  it is 0. Only where every client's batch count is known
+  (`client_tensors.batch_counts()`, for array client data), on the in-process
+  and ray backends (TFF's runtime is given datasets), for the FedAvg
+  processes whose client work this project composes (`_weighted_fed_avg`;
+  not the learning-process entries nor a decaying client rate), without
+  augmentation (its batches are not a gather). Either way the numbers are the
+  same bits; stacked, a small model's round is faster
+  (`benchmarks/round_floor.py`).
+  """
+  from tff_fedadamom.config.schema import TFF_CPP, UNROLL_MIN_BATCHES
+
+  limit = config.runtime.unroll_max_batches
+  if (limit == 0 or backend == TFF_CPP or not client_lr_in_state(config)
+      or config.data.augment is not None):
+    return None
+  counts = client_tensors.batch_counts()  # None: not known without reading every client
+  if counts is None:
+    return None
+  most = max(counts)
+  if limit is None:
+    run_batches = config.rounds * config.clients_per_round * sum(counts) / len(counts)
+    return most if run_batches >= UNROLL_MIN_BATCHES else None
+  return most if most <= limit else None
+
+
+def make_keras_model(config: ExperimentConfig, data: FederatedData) -> tf.keras.Model:
+  return models.build_model(
+      config.model.name, input_shape=tuple(data.input_shape),
+      num_classes=data.num_classes, seed=config.seed, **config.model.options)
+
+
+def make_model_fn(config: ExperimentConfig, data: FederatedData,
+                  spec=None) -> Callable[[], tff.learning.models.VariableModel]:
+  spec = spec if spec is not None else input_spec(config, data)
+  loss_factory, metric_factories = models.loss_and_metrics(
+      models.MODELS[config.model.name].task)
+
+  def model_fn():
+    return tff.learning.models.from_keras_model(
+        make_keras_model(config, data), loss=loss_factory(), input_spec=spec,
+        metrics=[m() for m in metric_factories])
+
+  return model_fn
+
+
+def build_server_optimizer(config: ExperimentConfig) -> tff.learning.optimizers.Optimizer:
+  """The registry optimizer with the config's hparams and learning-rate schedule."""
+  from tff_fedadamom.optimizers import schedules
+
+  server = config.server
+  optimizer = methods.build_server_optimizer(server.optimizer, **server.hparams)
+  kind, params = schema.split_kind(server.schedule, schema.DEFAULT_SCHEDULE_KIND)
+  base_lr = server.hparams["learning_rate"]
+  return schedules.with_schedule(optimizer,
+                                 schedules.build_schedule(kind, base_lr, **params))
+
+
+class _UniformMean(tff.aggregators.WeightedAggregationFactory):
+  """A weighted-aggregation factory that ignores the weights: the plain mean.
+
+  `build_weighted_fed_avg_with_optimizer_schedule` always weights clients by
+  their number of examples; the paper averages uniformly.
+  """
+
+  def create(self, value_type, weight_type):
+    inner = tff.aggregators.UnweightedMeanFactory().create(value_type)
+
+    @tff.federated_computation(
+        inner.next.type_signature.parameter[0],
+        tff.FederatedType(value_type, tff.CLIENTS),
+        tff.FederatedType(weight_type, tff.CLIENTS))
+    def next_fn(state, value, weight):
+      del weight
+      return inner.next(state, value)
+
+    return tff.templates.AggregationProcess(inner.initialize, next_fn)
+
+
+def client_learning_rate(config: ExperimentConfig, round_num) -> float:
+  """eta_l * lr_decay ** round (round counted from 0)."""
+  return config.client.learning_rate * config.client.lr_decay ** round_num
+
+
+def client_lr_in_state(config: ExperimentConfig) -> bool:
+  """Whether the process keeps the client learning rate in its state.
+
+  `build_weighted_fed_avg` does (`client_work=<learning_rate=...>`); the
+  optimizer-schedule variant, used when the rate decays per round, closes over
+  it in a Python function instead. Whole learning processes from the registry
+  (FedCAda, FAFED) are counted as not keeping it.
+  """
+  return config.client.lr_decay == 1.0 and not methods.is_learning_process(
+      config.server.optimizer)
+
+
+def build_process(config: ExperimentConfig, data: Optional[FederatedData] = None,
+                  loop_implementation=None, server_optimizer=None,
+                  unroll_steps: Optional[int] = None) -> tff.learning.templates.LearningProcess:
+  """Builds the TFF learning process an experiment config describes.
+
+  Args:
+    config: A validated `ExperimentConfig` (see `load_config`).
+    data: The loaded data, if the caller has it already (its element spec and
+      class count shape the model); loaded from the config otherwise.
+    loop_implementation: TFF's loop over a client's data; by default the one
+      for the devices the config's rounds run on (`plan.training_loop`).
+    server_optimizer: The config's `build_server_optimizer(config)`, if the
+      caller built it already (`plan.RunPlan.server_optimizer`); TFF's
+      optimizers hold no state of their own, so one object serves any number
+      of processes.
+    unroll_steps: `unrolled_steps(...)`: with a number, the clients' data are
+      stacked batches and their steps a loop over them (`algorithms.unrolled`);
+      only for the processes `unrolled_steps` names.
+
+  Returns:
+    TFF's `build_weighted_fed_avg` process (composed as that builder composes
+    it, with a client work shared by the server optimizers of one model and
+    client options: `_weighted_fed_avg`), or TFF's optimizer-schedule variant
+    when the client learning rate decays per round; for a registry entry of kind
+    `LEARNING_PROCESS` (FedCAda, FAFED), the process its builder makes.
+  """
+  from tff_fedadamom.experiment.plan import training_loop
+
+  if unroll_steps is not None and not client_lr_in_state(config):
+    raise ValueError("unroll_steps is for processes that keep the client learning rate in "
+                     "their state (see unrolled_steps)")
+  data = data if data is not None else load_data(config)
+  if loop_implementation is None:
+    loop_implementation = training_loop(config.runtime.devices or ())
+  element_spec = input_spec(config, data)
+  model_fn = make_model_fn(config, data, element_spec)
+  client = config.client
+  uniform = config.server.client_weighting == "uniform"
+  weighting = (tff.learning.ClientWeighting.UNIFORM if uniform
+               else tff.learning.ClientWeighting.NUM_EXAMPLES)
+  spec = methods.get_spec(config.server.optimizer)
+  if spec.kind == methods.LEARNING_PROCESS:
+    # The clients' rule changes too (FedCAda, FAFED): the registry entry builds
+    # the whole process. Validation rejected client momentum and server schedules.
+    return spec.builder(
+        model_fn, client.learning_rate, client_weighting=weighting,
+        client_lr_decay=client.lr_decay, weight_decay=client.weight_decay,
+        clip_norm=client.clip_norm, loop_implementation=loop_implementation,
+        **config.server.hparams)
+  if server_optimizer is None:
+    server_optimizer = build_server_optimizer(config)
+
+  def client_optimizer_fn(lr):
+    return build_client_sgd(lr, momentum=client.momentum, weight_decay=client.weight_decay,
+                            clip_norm=client.clip_norm)
+
+  if client_lr_in_state(config):
+    return _weighted_fed_avg(
+        model_fn, client_optimizer_fn(client.learning_rate), server_optimizer, weighting,
+        loop_implementation, client_work_key=_client_work_key(
+            config, data_signature(config, data, element_spec, unroll_steps), weighting,
+            loop_implementation),
+        stacked_batch_size=None if unroll_steps is None else client.batch_size)
+  lr0, decay = client.learning_rate, client.lr_decay
+  return tff.learning.algorithms.build_weighted_fed_avg_with_optimizer_schedule(
+      model_fn,
+      client_learning_rate_fn=lambda r: lr0 * tf.pow(decay, tf.cast(r, tf.float32)),
+      client_optimizer_fn=client_optimizer_fn,
+      server_optimizer_fn=server_optimizer,
+      model_aggregator=_UniformMean() if uniform else None,
+      loop_implementation=loop_implementation)
+
+
+# Client works built in this process, by `_client_work_key`, least recently
+# used first. A client work is a function of its key alone (TFF computations
+# hold no state), so one serves every server optimizer of the same model, data
+# signature and client options.
+_CLIENT_WORKS: collections.OrderedDict = collections.OrderedDict()
+_CLIENT_WORKS_KEPT = 8
+_CLIENT_WORKS_LOCK = threading.Lock()
+
+
+def _client_work_key(config: ExperimentConfig, signature: dict, weighting,
+                     loop_implementation) -> str:
+  """What `build_model_delta_client_work` depends on: the model (its section,
+  the seed it is initialized and its dropout seeded with, the data signature it
+  is built for), the client options, the weighting and TFF's loop."""
+  raw = config_to_dict(config)
+  return json.dumps({"model": raw["model"], "seed": config.seed, "client": raw["client"],
+                     "data": signature, "weighting": weighting.name,
+                     "loop": loop_implementation.name}, sort_keys=True)
+
+
+def _shared_client_work(key: str, build: Callable[[], tff.learning.templates.ClientWorkProcess]):
+  """The client work of `key`: built once per process (`build()`), then shared."""
+  with _CLIENT_WORKS_LOCK:
+    if key in _CLIENT_WORKS:
+      _CLIENT_WORKS.move_to_end(key)
+      return _CLIENT_WORKS[key]
+  client_work = build()
+  with _CLIENT_WORKS_LOCK:
+    _CLIENT_WORKS[key] = client_work
+    while len(_CLIENT_WORKS) > _CLIENT_WORKS_KEPT:
+      _CLIENT_WORKS.popitem(last=False)
+  return client_work
+
+
+def _weighted_fed_avg(model_fn, client_optimizer, server_optimizer, weighting,
+                      loop_implementation, client_work_key: str,
+                      stacked_batch_size: Optional[int] = None):
+  """`tff.learning.algorithms.build_weighted_fed_avg(model_fn, client_optimizer,
+  server_optimizer, client_weighting=weighting, loop_implementation=...)`, made
+  of the same TFF pieces composed the same way (TFF 0.87's
+  `learning/algorithms/fed_avg.py`), with one change: the client work comes
+  from `_shared_client_work`.
+
+  Why: tracing the client work is most of building a process (digits MLP:
+  1.2 of 2.5 s; Shakespeare char-LSTM: 3.3-4.6 of 5-6.7 s, measured after the
+  first build in a process), and it is the same for every server optimizer of
+  one model, data signature and client options. The builder traces it anew
+  for each; a study or sweep that runs several optimizers in one process
+  traces it once. The process is the builder's: same type signatures and,
+  from the same state and data, the same results (tests/experiment/test_process.py).
+
+  `stacked_batch_size`: the batch size of the clients' stacked batches, for
+  the client work of `algorithms.unrolled` (TFF's update looping over them;
+  the same results), or None for TFF's.
+  """
+
+  @tff.tensorflow.computation()
+  def initial_model_weights_fn():
+    return tff.learning.models.ModelWeights.from_model(model_fn())
+
+  weights_type = initial_model_weights_fn.type_signature.result
+
+  def build_client_work():
+    if stacked_batch_size is not None:
+      return build_unrolled_client_work(
+          model_fn, client_optimizer, weighting, batch_size=stacked_batch_size,
+          metrics_aggregator=tff.learning.metrics.sum_then_finalize)
+    return tff.learning.templates.build_model_delta_client_work(
+        model_fn, client_optimizer, weighting,
+        metrics_aggregator=tff.learning.metrics.sum_then_finalize,
+        loop_implementation=loop_implementation)
+
+  client_work = _shared_client_work(client_work_key, build_client_work)
+  aggregator = tff.aggregators.MeanFactory().create(weights_type.trainable,
+                                                     tff.TensorType(np.float32))
+  return tff.learning.templates.compose_learning_process(
+      initial_model_weights_fn,
+      tff.learning.templates.build_broadcast_process(weights_type),
+      client_work, aggregator,
+      tff.learning.templates.build_apply_optimizer_finalizer(server_optimizer, weights_type))

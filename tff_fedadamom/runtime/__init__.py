@@ -1,0 +1,19 @@
+"""The execution backends: `inprocess`, `tff_cpp` and `ray`, one module each,
+behind one small protocol (`base.Backend`), built once per run from its plan
+(`base.build_backend`). See `base` for what each backend is.
+
+Names are imported lazily (`tff_fedadamom.lazy`): importing the package imports
+no backend.
+"""
+
+from tff_fedadamom.lazy import lazy_exports
+
+_EXPORTS = {
+    "Backend": "tff_fedadamom.runtime.base",
+    "build_backend": "tff_fedadamom.runtime.base",
+    "ray_settings": "tff_fedadamom.runtime.base",
+    "round_devices": "tff_fedadamom.runtime.base",
+}
+
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -1,0 +1,133 @@
+"""Where rounds run: the `Backend` protocol, and the one choice of a backend.
+
+Three backends (`runtime.backend`), one module each:
+
+* `inprocess` (what `auto` means): TFF compiles the learning process to its
+  MapReduceForm and its TensorFlow computations run in this Python process
+  (`inprocess.InProcessLearningProcess`), on the GPUs TensorFlow sees, with no
+  child process and no open port.
+* `tff_cpp`: TFF's own C++ runtime, kept as the reference. It runs every
+  TensorFlow computation in TFF's `worker_binary`, a child process built
+  without CUDA. That binary listens on every network interface and cannot be
+  told otherwise, so it runs in a private network namespace, reachable only
+  through a Unix socket, and ends with this process (`tff_cpp`). Its execution
+  context is installed around each call of the process (`tff_cpp.TffCppProcess`),
+  never as TFF's default.
+* `ray`: the clients of each round run on Ray actors (`ray`), the server's
+  computations in this process (`server`, shared with `inprocess`); a local Ray
+  is bound to 127.0.0.1 and shut down with the run.
+
+Each is an object with the calls of `Backend`, the only calls the runner, the
+loop and the hooks make; a round is `next_for_clients(state, client_ids,
+round_num)` on all three (each builds its clients' data from their ids). The
+plan resolves `auto` once (`plan.RunPlan.backend`), and `build_backend` is the
+one place that reads it to build a backend; `round_devices` is the one place
+that names each backend's devices.
+
+Nothing here installs a signal handler: the CLI does that for itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Protocol, Sequence, runtime_checkable
+
+from tff_fedadamom.config.schema import RAY, TFF_CPP
+
+
+@runtime_checkable
+class Backend(Protocol):
+  """What runs a learning process's computations: the calls a run makes.
+
+  States, metrics and weights are the Python containers TFF's own context
+  returns (`LearningAlgorithmState`, `ModelWeights`, OrderedDicts).
+  """
+
+  def initialize(self) -> Any:
+    """The process's initial state."""
+
+  def next_for_clients(self, state, client_ids: Sequence[Any], round_num: int) -> Any:
+    """One round over `client_ids` (their datasets built by the backend, a
+    function of (seed, round, client)): TFF's `LearningProcessOutput`."""
+
+  def get_model_weights(self, state) -> Any:
+    """The global model's `ModelWeights` in `state`."""
+
+  def get_hparams(self, state) -> Any:
+    """The hparams `state` holds (server optimizer, client learning rate)."""
+
+  def set_hparams(self, state, hparams) -> Any:
+    """`state` with `hparams` put in."""
+
+  def close(self) -> None:
+    """Ends what the backend started (threads, a worker_binary, Ray actors);
+    idempotent."""
+
+
+def ray_settings(backend: str, runtime_config) -> Optional[dict]:
+  """The ray backend's settings, nulls resolved (`ray.ray_actors`), for
+  `plan.RunPlan.ray`; None when `backend` (resolved) is another."""
+  if backend != RAY:
+    return None
+  from tff_fedadamom.runtime.ray import ray_actors
+
+  return ray_actors(runtime_config)
+
+
+def round_devices(backend: str, runtime_config, ray: Optional[dict] = None,
+                  source: str = "<config>") -> list[str]:
+  """The devices the rounds of `backend` (resolved: `plan.RunPlan.backend`) run
+  on, as summary.json names them: tff_cpp, the worker_binary's CPU; ray, one
+  label per actor of `ray` (`ray_settings`: 'ray actor K (CPU|GPU)');
+  inprocess, TensorFlow's full names of `runtime.devices` (default: every
+  visible GPU, else the CPU).
+
+  Raises:
+    ConfigError: naming `runtime.devices` when TensorFlow does not see one of them.
+  """
+  if backend == TFF_CPP:
+    from tff_fedadamom.runtime.tff_cpp import TFF_CPP_DEVICE
+
+    return [TFF_CPP_DEVICE]
+  if backend == RAY:
+    from tff_fedadamom.runtime.ray import actor_labels
+
+    if ray is None:
+      raise ValueError("the ray backend's devices are its actors: pass its settings (ray=...)")
+    return actor_labels(ray)
+  from tff_fedadamom.config import ConfigError
+  from tff_fedadamom.runtime import inprocess
+
+  try:
+    return inprocess.resolve_devices(runtime_config.devices)
+  except ValueError as e:
+    raise ConfigError(source, "runtime.devices", str(e),
+                      value=list(runtime_config.devices or ()),
+                      allowed=f"devices TensorFlow sees: {inprocess.visible_names()}") from None
+
+
+def build_backend(plan, process, client_tensors=None) -> Backend:
+  """The backend `plan` names (`plan.RunPlan.backend`), running `process`.
+
+  Args:
+    plan: The run's `plan.RunPlan`: its backend, devices and config.
+    process: What `parts.learning_process` builds for the plan: TFF's process
+      for `tff_cpp`, its `CompiledProcess` for the others.
+    client_tensors: The run's `ClientTensors` (`process.make_client_tensors`),
+      from which `inprocess` and `tff_cpp` build each round's client data (the
+      ray actors load their own). Without them, `next_for_clients` refuses.
+  """
+  runtime_config = plan.config.runtime
+  concurrent: Optional[int] = runtime_config.max_concurrent_clients
+  if plan.backend == TFF_CPP:
+    from tff_fedadamom.runtime import tff_cpp
+
+    return tff_cpp.TffCppProcess(process, client_tensors, max_concurrent_clients=concurrent)
+  if plan.backend == RAY:
+    from tff_fedadamom.runtime import ray
+
+    return ray.RayLearningProcess(process, plan.config, **plan.ray)
+  from tff_fedadamom.runtime import inprocess
+
+  return inprocess.InProcessLearningProcess(
+      process, devices=list(plan.devices), max_concurrent_clients=concurrent,
+      client_tensors=client_tensors)

@@ -1,0 +1,270 @@
+"""Runs a TFF learning process inside the Python process, on TensorFlow's devices.
+
+TFF 0.87's local execution context runs every TensorFlow computation in a
+`worker_binary` child process that is built without CUDA and serves
+unauthenticated gRPC on all interfaces. This module runs the same process
+without it:
+
+1. TFF's own compiler turns `process.next` into its MapReduceForm
+   (`tff.backends.mapreduce.get_map_reduce_form_for_computation`) and
+   `process.initialize` into one TensorFlow computation
+   (`get_state_initialization_computation`). The learning process itself is
+   TFF's, built by TFF's builders, unchanged.
+2. Every computation of the form is a plain TensorFlow graph. Each is imported once
+   into a `tf.compat.v1.wrap_function` and called like any concrete function,
+   so TensorFlow places its ops on a GPU when one is visible.
+3. A round is the MapReduceForm's semantics spelled out in Python
+   (`tff.backends.mapreduce.get_computation_for_map_reduce_form` is the
+   reference): `prepare` on the server state, `work` on each client's dataset
+   and the broadcast, `zero`/`accumulate` over the clients in the order they
+   were given, `report`, then `update`.
+
+Why clients give results independent of timing: each call of a computation first runs
+the graph's own initializer (`initialize_op`, which creates the model's and
+metrics' variables afresh, as TFF's executor does), on variables private to the
+slot that runs it; clients run concurrently (one slot per concurrent client,
+spread round-robin over the devices), but their outputs are accumulated in
+client order.
+
+Two details that matter for results equal to TFF's runtime: graphs imported
+side by side must not share function-library names (they are suffixed per
+import), and a `tf.data.Dataset` iterated twice reshuffles, so callers pass
+fresh client datasets to every `next` (the pipeline builds them per round).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from typing import Any, Optional, Sequence
+
+import tensorflow as tf
+
+from tff_fedadamom.runtime.server import ServerCalls, ServerComputations
+from tff_fedadamom.runtime.eager_release import release
+from tff_fedadamom.runtime.py_containers import type_leaves
+from tff_fedadamom.runtime.feed import Feed
+from tff_fedadamom.runtime.tf_computation import TFComputation
+
+# The form's computations that run a round's clients: here in one `ClientFold`,
+# on the ray backend in one per actor.
+CLIENT_COMPUTATIONS = ("work", "zero", "accumulate")
+
+
+def visible_devices() -> list[str]:
+  """The devices rounds run on by default: every visible GPU, else the first CPU."""
+  gpus = tf.config.list_logical_devices("GPU")
+  return [d.name for d in gpus] or [tf.config.list_logical_devices("CPU")[0].name]
+
+
+def _short(name: str) -> str:
+  return name.split("device:")[-1].upper()
+
+
+def visible_names() -> list[str]:
+  """Short names ('CPU:0', 'GPU:1', ...) of every device TensorFlow sees."""
+  return [_short(d.name) for d in tf.config.list_logical_devices()]
+
+
+def resolve_devices(devices: Optional[Sequence[str]]) -> list[str]:
+  """Full TensorFlow names of `devices` ('GPU:1' -> '/job:localhost/.../device:GPU:1').
+
+  Raises:
+    ValueError: naming the first device TensorFlow does not see.
+  """
+  if not devices:
+    return visible_devices()
+  known = {_short(d.name): d.name for d in tf.config.list_logical_devices()}
+  out = []
+  for device in devices:
+    if _short(str(device)).lstrip("/") not in known:
+      raise ValueError(f"device {device!r} is not visible to TensorFlow")
+    out.append(known[_short(str(device)).lstrip("/")])
+  return out
+
+
+def cpu_threads() -> int:
+  """TensorFlow's inter-op threads: how many clients' kernels can run side by side."""
+  from tff_fedadamom.session import cpu_count
+
+  return tf.config.threading.get_inter_op_parallelism_threads() or cpu_count()
+
+
+class ClientFold:
+  """`work` on each client, concurrently, folded by `zero`/`accumulate` in client order.
+
+  What one MapReduceForm client group does: the in-process backend runs one
+  fold for all of a round's clients, the ray backend one per actor.
+
+  Args:
+    work, zero, accumulate: The form's computations (TFF computations, or what
+      `tf_computation.deserialize` rebuilds from their bytes).
+    devices: Full TensorFlow device names; client i runs on
+      `devices[i % len(devices)]`, `zero`/`accumulate` on the first.
+    max_concurrent_clients: How many clients run at once (at least one per
+      device). Default: one per device; on a lone CPU, as many as TensorFlow's
+      inter-op threads.
+    feed: A `feed.Feed` that `work` takes in place of its dataset
+      (the client's example tensors and round seed; see `ClientTensors`), or
+      None for a dataset.
+  """
+
+  def __init__(self, work, zero, accumulate, devices: Sequence[str],
+               max_concurrent_clients: Optional[int] = None, feed: Optional[Feed] = None):
+    if max_concurrent_clients is not None and max_concurrent_clients < 1:
+      raise ValueError(
+          f"max_concurrent_clients must be an integer >= 1 or None, found {max_concurrent_clients!r}")
+    devices = list(devices)
+    lone_cpu = devices[0].endswith("CPU:0") and len(devices) == 1
+    if max_concurrent_clients is None:
+      max_concurrent_clients = cpu_threads() if lone_cpu else len(devices)
+    self.max_concurrent_clients = max(max_concurrent_clients, len(devices))
+    slots = -(-self.max_concurrent_clients // len(devices))
+    self.work = TFComputation(work, devices, slots_per_device=slots, feed=feed)
+    self._zero = TFComputation(zero, devices[:1])
+    self._accumulate = TFComputation(accumulate, devices[:1])
+    self._pool = concurrent.futures.ThreadPoolExecutor(
+        self.max_concurrent_clients, thread_name_prefix="tff-client")
+    self.feed = feed  # what `work` takes in place of its dataset (None: a dataset)
+
+  def __call__(self, client_args: Sequence[Sequence[Any]], broadcast: Sequence[Any]) -> list:
+    """The accumulator (flat tensors) of the clients whose leading `work`
+    arguments are `client_args` (see `client_leaves`), given the broadcast's
+    flat leaves."""
+    futures = self._submit(client_args, broadcast)
+    return self.fold(future.result() for future in futures)  # accumulates as they finish
+
+  def _submit(self, client_args, broadcast):
+    return [self._pool.submit(self.work.call_flat_leaves, [*args, *broadcast], i)
+            for i, args in enumerate(client_args)]
+
+  def work_outputs(self, client_args: Sequence[Sequence[Any]], broadcast: Sequence[Any]) -> list:
+    """`work`'s flat outputs per client, in client order (run concurrently)."""
+    return [future.result() for future in self._submit(client_args, broadcast)]
+
+  def fold(self, outputs, accumulator: Optional[Sequence[Any]] = None) -> list:
+    """`accumulator` (default: `zero`) with `outputs` accumulated onto it, in order.
+
+    Each output, and each accumulator but the result, is released
+    (`eager_release`) once accumulated: they may be folded again, but keep
+    nothing cached.
+    """
+    if accumulator is None:
+      accumulator = self._zero.call_flat_leaves([])
+    for output in outputs:
+      folded = self._accumulate.call_flat_leaves([*accumulator, *output])
+      release([*accumulator, *output])
+      accumulator = folded
+    return accumulator
+
+  def close(self) -> None:
+    self._pool.shutdown(wait=True)
+
+  def __del__(self):
+    pool = getattr(self, "_pool", None)
+    if pool is not None:
+      pool.shutdown(wait=False)
+
+
+def client_feed(client_tensors, work) -> Optional[Feed]:
+  """The `Feed` that builds a client's data inside its `work` call from
+  `client_tensors.args(...)` (None: `work` takes a dataset): its round
+  dataset, or its stacked batches when `work` takes those
+  (`algorithms.unrolled`)."""
+  from tff_fedadamom.algorithms.unrolled import is_stacked
+
+  if client_tensors is None:
+    return None
+  if is_stacked(type_leaves(work.type_signature.parameter)[0]):
+    return Feed(client_tensors.signature, 1,
+                lambda *args: [client_tensors.stacked(*args)._variant_tensor],  # noqa: SLF001
+                to_element=lambda *args: tf.nest.flatten(client_tensors.stacked_element(*args)),
+                source=client_tensors)
+  return Feed(client_tensors.signature, 1,
+              lambda *args: [client_tensors.dataset(*args)._variant_tensor],  # noqa: SLF001
+              source=client_tensors)
+
+
+class InProcessLearningProcess(ServerCalls):
+  """A `tff.learning.templates.LearningProcess`, run in this Python process.
+
+  Same calls as the process it wraps: `initialize()`, `next(state, client_data)`
+  (returning TFF's `LearningProcessOutput`), `get_model_weights(state)`, and
+  `get_hparams`/`set_hparams` when the process has them; states and metrics are
+  the same Python containers as TFF's own context returns. With
+  `client_tensors`, it is the `inprocess` backend (`base.Backend`): rounds are
+  `next_for_clients(state, client_ids, round_num)`.
+
+  The server's computations are a `server.ServerComputations` (whose calls
+  `server.ServerCalls` gives it); the clients' are a `ClientFold` on
+  `devices`, handed to the server's `round`.
+
+  Example:
+
+    process = tff.learning.algorithms.build_weighted_fed_avg(
+        model_fn, client_optimizer_fn=..., server_optimizer_fn=...,
+        loop_implementation=tff.learning.LoopImplementation.DATASET_ITERATOR)  # ops may leave the CPU
+    process = InProcessLearningProcess(process)
+    state = process.initialize()
+    for datasets in rounds:                       # fresh tf.data.Datasets each round
+      state, metrics = process.next(state, datasets)
+
+  Args:
+    process: The learning process (TFF's builders' output, or any process whose
+      `next` TFF can compile to MapReduceForm).
+    devices: TensorFlow device names the clients are spread over, round-robin
+      (client i of a round runs on `devices[i % len(devices)]`); the server's
+      computations (`server.ServerComputations`) run on the first. Default:
+      every visible GPU, else the CPU.
+    max_concurrent_clients: How many clients run at once (at least one per
+      device). Default: one per device; on a lone CPU, as many as
+      TensorFlow's inter-op threads.
+    client_tensors: A `data.client_tensors.ClientTensors` of the training set:
+      rounds are then `next_for_clients(state, client_ids, round_num)`, and
+      each client's dataset is built inside its `work` call, from its example
+      tensors and round seed (no Python per client beyond the call).
+  """
+
+  def __init__(self, process, devices: Optional[Sequence[str]] = None,
+               max_concurrent_clients: Optional[int] = None, client_tensors=None):
+    from tff_fedadamom.runtime.compiled import compile_process
+
+    compiled = compile_process(process)
+    self._process = None if process is compiled else process
+    self._client_tensors = client_tensors
+    self.devices = resolve_devices(devices)
+    self.server = ServerComputations(compiled, self.devices[0])
+    self._clients = ClientFold(
+        *(compiled.computation(name) for name in CLIENT_COMPUTATIONS), self.devices,
+        max_concurrent_clients, feed=client_feed(client_tensors, compiled.computation("work")))
+    self.max_concurrent_clients = self._clients.max_concurrent_clients
+    self._work = self._clients.work
+
+  @property
+  def process(self):
+    """The wrapped TFF learning process (None when built from a `CompiledProcess`)."""
+    return self._process
+
+  def next(self, state, client_data: Sequence[Any]):
+    """One round: `prepare`, `work` per client (concurrently), `accumulate` in
+    client order, `report`, `update`."""
+    if self._client_tensors is not None:
+      raise TypeError("this process builds client datasets itself: call "
+                      "next_for_clients(state, client_ids, round_num)")
+    return self._round(state, [[dataset._variant_tensor] for dataset in client_data])  # noqa: SLF001
+
+  def next_for_clients(self, state, client_ids: Sequence[Any], round_num: int):
+    """One round over `client_ids`, their datasets built in their `work` calls."""
+    if self._client_tensors is None:
+      raise TypeError("next_for_clients needs client_tensors=...; call next(state, datasets)")
+    tensors = self._client_tensors
+    client_args = [tensors.args(cid, round_num) for cid in client_ids]
+    output = self._round(state, client_args)
+    release(args[-1] for args in client_args)  # the round seeds; the examples stay
+    return output
+
+  def _round(self, state, client_args):
+    return self.server.round(state, lambda broadcast: self._clients(client_args, broadcast))
+
+  def close(self) -> None:
+    """Stops the client threads (also done when the object is collected)."""
+    self._clients.close()

@@ -1,0 +1,76 @@
+"""The ray backend's actor (`runtime.ray`): one actor's data and client computations.
+
+Its own module, whose top imports nothing heavy: Ray starts an actor by
+importing the module of its class in a new worker process, so a module that
+imported TensorFlow at its top had the actor's heaviest imports run before
+its own code, with Python's garbage collector walking them as they went. Here
+the actor imports TensorFlow, TFF and the pipeline in its `__init__`, as the
+entry point of its process, outside the collector (`session.startup_imports`),
+as the run command and the sweeps' trial workers do.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping, Optional, Sequence
+
+
+class ClientActor:
+  """One actor's state: the experiment's data and the form's client computations.
+
+  Args:
+    experiment: The validated experiment config (`load_config`); pickled to the
+      actor, it keeps its validated mark, so the actor does not validate it again.
+    computations: `serialize`d bytes of the form's `CLIENT_COMPUTATIONS`
+      (`work`, `zero` and `accumulate`).
+    threads: TensorFlow's intra-op threads in this actor.
+    max_concurrent_clients: Clients run at once in this actor (see `ClientFold`).
+  """
+
+  def __init__(self, experiment, computations: Mapping[str, bytes], threads: int,
+               max_concurrent_clients: Optional[int] = None):
+    from tff_fedadamom.session import Session, startup_imports
+
+    # The actor is its process's entry point; it ends with its raylet.
+    with startup_imports():
+      import tff_fedadamom.experiment.process as process_lib
+      from tff_fedadamom.runtime import inprocess
+      from tff_fedadamom.runtime.tf_computation import deserialize
+    Session(threads=threads, exit_with_parent=True).apply()
+    self._client_tensors = process_lib.make_client_tensors(
+        experiment, process_lib.load_data(experiment))
+    self._outputs: list = []
+    # Ray exposes to an actor only the GPUs it was given.
+    work, zero, accumulate = (deserialize(computations[name])
+                              for name in inprocess.CLIENT_COMPUTATIONS)
+    self._fold = inprocess.ClientFold(
+        work, zero, accumulate, inprocess.visible_devices(), max_concurrent_clients,
+        feed=inprocess.client_feed(self._client_tensors, work))
+
+  def work(self, client_ids: Sequence[Any], round_num: int, broadcast: Sequence) -> int:
+    """Runs `work` for `client_ids` in round `round_num` (`broadcast`: numpy
+    leaves); keeps the outputs for `fold`."""
+    import tensorflow as tf
+
+    client_args = [self._client_tensors.args(cid, round_num) for cid in client_ids]
+    self._outputs = self._fold.work_outputs(client_args,
+                                            [tf.convert_to_tensor(b) for b in broadcast])
+    return len(self._outputs)
+
+  def fold(self, accumulator: Optional[Sequence]) -> list:
+    """`accumulator` (None: `zero`) with the last `work`'s outputs accumulated
+    onto it in client order (numpy leaves)."""
+    import tensorflow as tf
+
+    if accumulator is not None:
+      accumulator = [tf.convert_to_tensor(a) for a in accumulator]
+    return [t.numpy() for t in self._fold.fold(self._outputs, accumulator)]
+
+  def pid(self) -> int:
+    return os.getpid()
+
+  def node(self) -> Any:
+    """The id of the Ray node this actor runs on."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id()

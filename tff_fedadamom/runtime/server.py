@@ -1,0 +1,123 @@
+"""The server side of a compiled process's rounds, run in this Python process.
+
+A MapReduceForm round (see `inprocess` for how the form's computations run):
+
+    broadcast   = prepare(state)                      server
+    accumulator = zero, accumulate(out_c) per client   clients: the client fold
+    state', out = update(state, report(accumulator))   server
+
+The in-process and ray backends differ only in the middle line: in-process, a
+`inprocess.ClientFold` on this process's devices; ray, the same fold on each
+actor, passed from actor to actor. Both hold a `ServerComputations` for the
+rest and hand their client fold to its `round`; `ServerCalls` gives both the
+calls of `base.Backend` that involve no client.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+from tff_fedadamom.runtime.eager_release import release
+from tff_fedadamom.runtime.py_containers import flatten_value, to_python, type_leaves
+from tff_fedadamom.runtime.tf_computation import TFComputation
+
+
+class ServerComputations:
+  """`initialize`, `prepare`, `report`, `update` and the process's
+  `get_model_weights`/`get_hparams`/`set_hparams`, on one device.
+
+  Args:
+    compiled: The `compiled.CompiledProcess`.
+    device: The full TensorFlow name of the device they run on (None: TensorFlow's
+      choice).
+  """
+
+  def __init__(self, compiled, device):
+    self.compiled = compiled
+    self._device = [device]
+    types = compiled.result_types
+    self._initialize = TFComputation(compiled.computation("initialize"), self._device,
+                                     result_type=types["initialize"])
+    self._prepare = TFComputation(compiled.computation("prepare"), self._device)
+    self._report = TFComputation(compiled.computation("report"), self._device)
+    self.update = TFComputation(compiled.computation("update"), self._device,
+                                result_type=types["next"])
+    self.state_type = compiled.state_type
+    self.state_leaves = len(type_leaves(self.state_type))
+    self._extra: dict[str, TFComputation] = {}
+
+  def initialize(self):
+    return self._initialize()
+
+  def round(self, state, client_fold: Callable[[list], Sequence[Any]]):
+    """One round from `state`: `prepare`, then `client_fold(broadcast leaves)`
+    (the round's accumulator, flat), then `report` and `update`. Every tensor
+    it makes is released once used (`eager_release`: each would otherwise
+    leave a block behind for good)."""
+    created = []
+    state_leaves = flatten_value(state, self.state_type, created)
+    broadcast = self._prepare.call_flat_leaves(state_leaves)
+    accumulator = client_fold(broadcast)
+    release(broadcast)
+    report = self._report.call_flat_leaves(accumulator)
+    result = self.update.call_flat_leaves([*state_leaves, *report])
+    output = self.to_python(result)
+    release([*created, *accumulator, *report, *result])
+    return output
+
+  def to_python(self, update_result, state_arrays=None):
+    """`update`'s flat result as TFF's `LearningProcessOutput` (state, metrics).
+
+    `state_arrays`: the new state's leaves as given, in place of copies of its
+    tensors: `InProcessLearningProcess` gives views of the tensors' own memory
+    (`EagerTensor._numpy()`, no copy; on a CPU only), so the tensors stay what
+    the state holds even if a caller writes into its arrays, and can be passed
+    to the next round as they are.
+    """
+    state = list(state_arrays) if state_arrays is not None else []
+    return to_python(state + [t.numpy() for t in update_result[len(state):]],
+                     self.update.result_type)
+
+  def _computation(self, name: str) -> TFComputation:
+    if name not in self._extra:
+      self._extra[name] = TFComputation(self.compiled.computation(name), self._device,
+                                        result_type=self.compiled.result_types[name])
+    return self._extra[name]
+
+  def get_model_weights(self, state):
+    return self._computation("get_model_weights")(state)
+
+  def get_hparams(self, state):
+    return self._computation("get_hparams")(state)
+
+  def set_hparams(self, state, hparams):
+    return self._computation("set_hparams")([state, hparams])
+
+
+class ServerCalls:
+  """The calls of `base.Backend` that run on the server alone (`initialize`,
+  `get_model_weights`, `get_hparams`, `set_hparams`), for a backend whose
+  `ServerComputations` is its `server` attribute."""
+
+  server: ServerComputations
+
+  @property
+  def compiled(self):
+    """The `compiled.CompiledProcess` this runs."""
+    return self.server.compiled
+
+  @property
+  def state_type(self):
+    return self.server.state_type
+
+  def initialize(self):
+    return self.server.initialize()
+
+  def get_model_weights(self, state):
+    return self.server.get_model_weights(state)
+
+  def get_hparams(self, state):
+    return self.server.get_hparams(state)
+
+  def set_hparams(self, state, hparams):
+    return self.server.set_hparams(state, hparams)
