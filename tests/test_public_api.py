@@ -12,11 +12,10 @@ import tff_fedadamom
 # package root).
 HOMES = {
     "InProcessLearningProcess": "tff_fedadamom.runtime.inprocess",
-    "Session": "tff_fedadamom.session",
     "build_fedadamom": "tff_fedadamom.optimizers",
     "build_process": "tff_fedadamom.experiment",
-    "build_server_optimizer": "tff_fedadamom.optimizers",
-    "list_optimizers": "tff_fedadamom.optimizers",
+    "build_server_optimizer": "tff_fedadamom.methods",
+    "list_optimizers": "tff_fedadamom.methods",
     "load_config": "tff_fedadamom.config",
     "run_experiment": "tff_fedadamom.experiment",
 }

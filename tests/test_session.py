@@ -1,15 +1,14 @@
 """The entry point's Session sets the environment its process and children need;
-a sweep trial that runs in its own process hands its settings to one."""
+a library run needs none."""
 
 import os
 import subprocess
 import sys
 
 from tff_fedadamom.session import Session
-from tuning.trainable import trial_session
-from tuning.workers import worker_env
 
 MARK = "TFF_FEDADAMOM_SESSION_TEST"
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_apply_sets_the_environment_a_child_process_inherits(monkeypatch):
@@ -27,17 +26,6 @@ def test_a_session_without_environ_leaves_the_environment_alone():
   Session().apply()
   assert dict(os.environ) == before
   assert hash(Session(threads=2)) == hash(Session(threads=2, environ={MARK: "x"}))
-
-
-def test_a_trial_in_its_own_process_sizes_its_threads_and_devices():
-  cpu = trial_session(3, gpu=False)
-  assert cpu.threads == 3 and cpu.environ == worker_env(3, [])
-  assert cpu.environ["CUDA_VISIBLE_DEVICES"] == ""  # kept off the node's GPUs
-  gpu = trial_session(2, gpu=True)
-  # Ray shows a GPU trial its devices: the session leaves them as Ray set them.
-  assert gpu.threads == 2 and "CUDA_VISIBLE_DEVICES" not in gpu.environ
-  assert gpu.environ["TF_NUM_INTEROP_THREADS"] == "2"
-  assert gpu.environ["TF_NUM_INTRAOP_THREADS"] == "1"
 
 
 # A function AutoGraph converts (a Python `if` on a tensor), then the paths of
@@ -218,3 +206,33 @@ def test_the_command_freezes_its_imports_only_in_a_process_of_its_own(tmp_path):
                           capture_output=True, text=True, timeout=600,
                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
   assert "module's process: 2 True True" in module.stdout.splitlines(), module.stderr
+
+
+# A program as the README shows one: no set-up call, the library's names only.
+LIBRARY_RUN = """
+import logging, sys
+logging.basicConfig(level=logging.WARNING)
+from tff_fedadamom import load_config, run_experiment
+config = load_config("configs/quickstart.yaml", overrides=[
+    "rounds=1", "eval_every=1", "clients_per_round=2", "model.name=logistic",
+    "data.name=digits", "data.num_clients=10", "client.max_examples=20",
+    f"output_dir={sys.argv[1]}"])
+summary = run_experiment(config, progress=False).summary
+print("kernel_threads", summary["kernel_threads"], summary["status"])
+"""
+
+
+def test_a_library_run_needs_no_set_up_call_and_exits_cleanly(tmp_path):
+  """A fresh program runs an experiment with no `Session` and no other set-up:
+  it finishes, records the kernel threads it ran with (warning once when they
+  are not one), and exits without a traceback or an 'Exception ignored'."""
+  env = {k: v for k, v in os.environ.items() if not k.startswith("TF_NUM_")}
+  out = subprocess.run([sys.executable, "-c", LIBRARY_RUN, str(tmp_path / "run")],
+                       capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
+  text = out.stdout + out.stderr
+  assert out.returncode == 0, text
+  assert "Traceback" not in text and "Exception ignored" not in text, text
+  threads = int(out.stdout.split("kernel_threads")[1].split()[0])
+  assert threads == len(os.sched_getaffinity(0))  # TensorFlow's default: every CPU
+  assert out.stdout.strip().endswith("completed"), text
+  assert (text.count("TensorFlow runs each kernel on") == (threads != 1)), text

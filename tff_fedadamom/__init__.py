@@ -23,7 +23,6 @@ _EXPORTS = {
     "build_process": "tff_fedadamom.experiment",
     "run_experiment": "tff_fedadamom.experiment",
     "InProcessLearningProcess": "tff_fedadamom.runtime.inprocess",
-    "Session": "tff_fedadamom.session",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -3,17 +3,15 @@
 TensorFlow's thread pools are sized once per process, before it runs its first
 op, and every later request is refused or ignored. So they are not a run's
 settings but the process's: the entry points (the `tff-fedadamom` command, a
-sweep's trial worker, a Ray actor, a test session) apply them once with
-`Session(...).apply()`, and library calls only check them (`require_applied`).
-The same object sets the environment variables the process (and the processes
-it starts, such as TFF's worker_binary) must have: no library call edits
-`os.environ`. And it releases, at the process's exit, the execution context
-that importing TFF installs (`release_tff_default_context`).
+sweep trial, a Ray actor, a test session) apply them once with
+`Session(...).apply()`. A library call needs no set-up: it runs with the
+process's settings and records them (`kernel_threads`). The same object sets
+the environment variables the process (and the processes it starts, such as
+TFF's worker_binary) must have: no library call edits `os.environ`.
 
 Why kernels run single-threaded: a multi-threaded kernel splits its reductions
 by the thread count, so float round-off, amplified by training, made a run's
-numbers depend on the machine's cores (quickstart CNN: test accuracy 0.5827
-with 2 threads, 0.5912 with 1). With one intra-op thread per kernel and the
+numbers depend on the machine's cores. With one intra-op thread per kernel and the
 cores spent on running clients side by side (the natural parallel unit of
 federated learning), a run is a function of its config on any CPU machine.
 """
@@ -78,9 +76,9 @@ def remove_autograph_files() -> list[str]:
 
   Why: AutoGraph writes each converted function to a file in the temp
   directory and removes it at interpreter exit (`atexit`), which a process
-  ended by a signal or `os._exit` never reaches. Each trial worker a sweep
-  ends with `ray.kill` left its files in /tmp: 90 after one quickstart sweep.
-  For a process about to end that way (an `exit_when` watch's last step).
+  ended by a signal or `os._exit` never reaches, so such processes would leave
+  their files in the temp directory. For a process about to end that way (an
+  `exit_when` watch's last step).
   The converted code stays loaded and runs as before; tracebacks through it
   lose their source lines.
   """
@@ -114,9 +112,8 @@ def startup_imports(enabled: bool = True):
   process (modules, classes, functions, op registrations). With the collector
   on, each full collection during the imports walks every object made so far,
   and every later one (Python's own, a checkpoint's `gc.collect`) walks them
-  all again. On the 2-core reference machine, importing TFF and the pipeline
-  took 1.90-1.99 s with the collector off against 2.50-2.54 s with it on, and a
-  full collection right after them 0.11 s. Frozen, they are never walked again;
+  all again, which makes start-up measurably slower. Frozen, they are never
+  walked again;
   the cyclic garbage the imports leave (about 3,200 objects, found by a
   collection after them) stays allocated, a negligible share of the process.
 
@@ -148,8 +145,7 @@ def exit_when(gone: Callable[[], bool], what, also_remove: Sequence[str] = ()) -
   this process and the directories `also_remove` (best effort).
 
   For an entry point only (the process's end is its own): a `Session` with
-  `exit_with_parent`, or a worker forked on behalf of a process that is not its
-  parent (`tuning.hosts`)."""
+  `exit_with_parent`."""
   import shutil
   import threading
   import time
@@ -184,7 +180,7 @@ class Session:
       kernel itself runs on one thread.
     gpu_memory_growth: Let concurrent processes share a GPU.
     environ: Environment variables this process and its children need (a
-      sweep trial's thread and GPU settings, `tuning.workers.worker_env`,
+      sweep trial's thread and GPU settings, `tuning.trainable.trial_environ`,
       which TFF's worker_binary inherits); set first, before TensorFlow
       starts and reads them.
     exit_with_parent: End this process as soon as its parent is gone (it was
@@ -243,21 +239,31 @@ class Session:
     return self
 
 
-def require_applied(threads: Optional[int] = None) -> None:
-  """Raises `SessionError` unless this process's kernels run single-threaded and,
-  when `threads` is given, its inter-op pool has that size.
+_WARNED: list = []  # the kernel-thread warning, given once per process
 
-  A library call cannot size TensorFlow's pools itself (they belong to the
-  process): it checks, so that a run never silently depends on the cores.
+
+def kernel_threads() -> int:
+  """The threads each TensorFlow kernel of this process may use (its intra-op
+  pool; 0, TensorFlow's default, reads as every CPU of the process).
+
+  A library run calls this and goes on whatever it is: the pool belongs to the
+  process, and TensorFlow fixes it at its first op. With more than one, a
+  kernel splits its reductions by the thread count, so the last digits of a
+  run's numbers (and, amplified by training, more) depend on the machine's
+  cores. The run records the count in its summary and warns once; the
+  `tff-fedadamom` command, sweep trials and Ray actors run kernels on one
+  thread (`Session`), so their numbers are the same on any CPU machine.
   """
+  import logging
+
   import tensorflow as tf
 
-  intra = tf.config.threading.get_intra_op_parallelism_threads()
-  inter = tf.config.threading.get_inter_op_parallelism_threads()
-  if intra != 1 or (threads is not None and inter != threads):
-    wanted = f"Session(threads={threads})" if threads is not None else "Session()"
-    raise SessionError(
-        f"TensorFlow runs with {intra or 'all'} intra-op and {inter or 'default'} inter-op "
-        f"threads, so the run's numbers would depend on this machine's cores. Call "
-        f"tff_fedadamom.{wanted}.apply() at the start of the program, before TensorFlow "
-        "runs anything (the tff-fedadamom command does it for you)")
+  threads = tf.config.threading.get_intra_op_parallelism_threads() or cpu_count()
+  if threads != 1 and not _WARNED:
+    _WARNED.append(threads)
+    logging.getLogger("tff_fedadamom").warning(
+        "TensorFlow runs each kernel on %d threads here, so this run's numbers can differ "
+        "slightly from the same config run by `tff-fedadamom run`, which uses one. For the "
+        "command's numbers, call tf.config.threading.set_intra_op_parallelism_threads(1) "
+        "before TensorFlow runs anything.", threads)
+  return threads

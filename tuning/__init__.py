@@ -4,13 +4,6 @@
     result = run_sweep("configs/sweeps/quickstart.yaml")
     export_sweep(result.sweep_dir)
 
-A caller that owns its Ray session and runs sweep after sweep keeps the trial
-workers warm between them:
-
-    with sweep_session(None), shared_worker_pool() as pool:
-      run_sweep("a.yaml", pool=pool)
-      run_sweep("b.yaml", pool=pool)
-
 Names are imported lazily: `import tuning` (and the CLI's parser) pulls in
 neither Ray nor TensorFlow.
 """
@@ -26,9 +19,6 @@ _EXPORTS = {
     "SweepResult": "tuning.sweep",
     "export_sweep": "tuning.export",
     "ExportResult": "tuning.export",
-    "shared_worker_pool": "tuning.pools",
-    "SharedWorkerPool": "tuning.pools",
-    "sweep_session": "tuning.template",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -7,13 +7,14 @@ extreme value of every dimension gives a valid experiment for every optimizer.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 from tuning.errors import SweepConfigError
 from tuning.space import Distribution, OptimizerSpace, experiment_dict, hparam_of, resolve
 
-if TYPE_CHECKING:
-  from tuning.schema import Sweep
+# A `tuning.schema.Sweep`: the schema calls these checks, which therefore read
+# a sweep's fields without importing it.
+Sweep = Any
 
 
 def _check_parent(sweep: Sweep, path: str, field: str, base: Mapping) -> None:

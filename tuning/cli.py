@@ -28,7 +28,7 @@ def _cmd_tune(args) -> int:
       sweep = schema.load_sweep(args.sweep)
     result = run_sweep(sweep, resume=args.resume, smoke_test=args.smoke_test,
                        progress_interval_s=args.progress_every,
-                       reuse_workers=not args.no_reuse)
+                       reuse_actors=not args.no_reuse)
   except SweepConfigError as e:
     print(f"sweep config error: {e}", file=sys.stderr)
     return 2
@@ -72,8 +72,8 @@ def add_tune_parser(subparsers) -> argparse.ArgumentParser:
   p.add_argument("--progress-every", type=float, default=30.0, metavar="SECONDS",
                  help="seconds between progress tables (default 30)")
   p.add_argument("--no-reuse", action="store_true",
-                 help="run every trial in a new process instead of long-lived workers "
-                 "that keep data and built processes between trials (same results, slower)")
+                 help="start a new Tune actor for every trial instead of reusing actors, "
+                 "which keep data and built processes between trials (same results, slower)")
   p.set_defaults(fn=_cmd_tune)
   return p
 

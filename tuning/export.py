@@ -26,8 +26,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from tff_fedadamom.atomic_io import atomic_write_json, atomic_write_text
 from tff_fedadamom.metric_names import ROUND, TEST_ACCURACY, TEST_LOSS, TRAIN_LOSS
-from tff_fedadamom.experiment.outputs import rounds_to_targets
-from tff_fedadamom.experiment.tables import csv_table, markdown_table
+from tff_fedadamom.experiment.outputs import csv_table, markdown_table, rounds_to_targets
 from tff_fedadamom.plain import plain
 from tuning import joint
 from tuning import schema

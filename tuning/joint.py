@@ -1,40 +1,36 @@
-"""One Tune experiment for all the optimizers of a random or grid sweep.
+"""One Tune experiment for all the optimizers of a sweep, the budget equal per optimizer.
 
-Why: a `Tuner` costs seconds of its own before and after its trials (Tune's
-controller, the trials' actors, the experiment state written to disk), measured
-at 4-5 s per `Tuner.fit` of two trivial trials on 2 cores. A Tuner per
-optimizer paid that ten times on the quickstart sweep, more than all the
-sweep's rounds, and left a slot idle at the end of every optimizer. One Tuner
-pays it once and runs trials of different optimizers side by side.
+Why one: a `Tuner` has a fixed cost of its own before and after its trials
+(Tune's controller, the trials' actors, the experiment state written to disk);
+a Tuner per optimizer paid it once per optimizer and left a slot idle at the
+end of each. One Tuner pays it once and runs trials of different optimizers
+side by side.
 
-What keeps the budget equal, the reason sweeps used a Tuner per optimizer:
-  * The trials are fixed before Tune starts: each optimizer's
-    `trials_per_optimizer` configurations, drawn from its own space, each
-    dimension with a seed of its own (`space.sample_trials`), handed to Tune
-    as one grid of fully specified trials. No searcher trades trials between
-    optimizers.
-  * They are interleaved (every optimizer's first trial, then every
-    optimizer's second, ...), so a time budget that ends the sweep early cuts
-    each optimizer's trials alike, within one.
+What keeps the budget equal:
+  * Random and grid search: the trials are fixed before Tune starts, each
+    optimizer's `trials_per_optimizer` configurations drawn from its own space,
+    each dimension with a seed of its own (`space.sample_trials`), handed to
+    Tune as one grid of fully specified trials, interleaved (every optimizer's
+    first trial, then every optimizer's second, ...), so a time budget that
+    ends the sweep early cuts each optimizer's trials alike, within one.
+  * Optuna proposes a trial from the ones before it: `PerOptimizerSearch`
+    keeps one study per optimizer, each in its own space, asks them in turn,
+    and stops each at its budget.
   * Early stopping compares an optimizer with itself only:
     `PerOptimizerScheduler` keeps one ASHA per optimizer.
-Optuna proposes a trial from the ones before it, in one space: its sweeps keep
-a Tuner per optimizer (`applies`). So does a random or grid sweep run with
-`run_sweep(..., one_experiment=False)`, with the same fully specified trials.
 
-A trial's Tune config is `{"trial": {"optimizer": name, <dotted path>: value}}`
-(Optuna's, and those of experiments saved before sweeps were joint, are the
-flat dotted paths of one optimizer); `split` is the one place that reads it.
+A trial's Tune config is `{"trial": {"optimizer": name, <dotted path>: value}}`;
+`split` is the one place that reads it.
 """
 
 from __future__ import annotations
 
-import os
 import pickle
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
+from ray.tune.search import Searcher
 
 from tuning import space as space_lib
 
@@ -42,19 +38,6 @@ from tuning import space as space_lib
 EXPERIMENT = "trials"
 TRIAL_KEY = "trial"
 OPTIMIZER_KEY = "optimizer"
-
-
-def applies(sweep, sweep_dir: str, preferred: bool = True) -> bool:
-  """Whether `sweep` runs as one joint experiment in `sweep_dir`.
-
-  A sweep directory that already holds experiments keeps the layout they have
-  (a resumed sweep, whichever layout is `preferred` now); a new one is joint
-  when `preferred` and the search is random or grid."""
-  if os.path.isdir(os.path.join(sweep_dir, EXPERIMENT)):
-    return True
-  if any(os.path.isdir(os.path.join(sweep_dir, o)) for o in sweep.optimizers):
-    return False
-  return preferred and sweep.search.kind in ("random", "grid")
 
 
 def trial_configs(sweep, optimizers: Optional[Sequence[str]] = None) -> list[dict]:
@@ -119,9 +102,7 @@ class PerOptimizerScheduler(NewestPendingFirst):
 
   Args:
     make: Returns a new scheduler (one per optimizer, built here).
-    optimizers: The sweep's optimizers; one for the Tuner of that optimizer
-      alone (Optuna's, or a sweep run a Tuner per optimizer), whose trials'
-      configs do not name it.
+    optimizers: The sweep's optimizers.
   """
 
   def __init__(self, make: Callable[[], TrialScheduler], optimizers: Sequence[str]):
@@ -157,6 +138,72 @@ class PerOptimizerScheduler(NewestPendingFirst):
 
   def debug_string(self) -> str:
     return "\n".join(f"{o}: {s.debug_string()}" for o, s in self._by_optimizer.items())
+
+  def save(self, checkpoint_path: str) -> None:
+    with open(checkpoint_path, "wb") as f:
+      pickle.dump(self.__dict__, f)
+
+  def restore(self, checkpoint_path: str) -> None:
+    with open(checkpoint_path, "rb") as f:
+      self.__dict__.update(pickle.load(f))
+
+
+class PerOptimizerSearch(Searcher):
+  """One searcher per optimizer (an Optuna study each) behind Tune's one searcher.
+
+  Trials are asked of the optimizers in turn, each until it has proposed its
+  `trials_per_optimizer`; an optimizer whose searcher has nothing to propose
+  yet is passed over. Each searcher sees only its own trials' results, so a
+  study models one optimizer's space, as it would in a Tuner of its own.
+
+  Args:
+    make: optimizer -> its searcher, built with its space, metric and mode.
+    optimizers: The sweep's optimizers, in the order they are asked.
+    trials_per_optimizer: Each optimizer's budget.
+  """
+
+  def __init__(self, make: Callable[[str], Searcher], optimizers: Sequence[str],
+               trials_per_optimizer: int):
+    super().__init__()
+    self._by_optimizer = {o: make(o) for o in optimizers}
+    self._budget = trials_per_optimizer
+    self._proposed = {o: 0 for o in optimizers}
+    self._owner: dict[str, str] = {}  # trial id -> its optimizer
+    self._turn = 0
+
+  def set_search_properties(self, metric: Optional[str], mode: Optional[str], config: dict,
+                            **spec) -> bool:
+    # The studies have their spaces, metric and mode; Tune's are the same.
+    if config:
+      return False
+    self._metric, self._mode = metric or self._metric, mode or self._mode
+    return True
+
+  def suggest(self, trial_id: str) -> Optional[dict]:
+    order = list(self._by_optimizer)
+    for k in range(len(order)):
+      optimizer = order[(self._turn + k) % len(order)]
+      if self._proposed[optimizer] >= self._budget:
+        continue
+      params = self._by_optimizer[optimizer].suggest(trial_id)
+      if params is None or params == Searcher.FINISHED:
+        continue
+      self._proposed[optimizer] += 1
+      self._owner[trial_id] = optimizer
+      self._turn = (order.index(optimizer) + 1) % len(order)
+      return {TRIAL_KEY: {OPTIMIZER_KEY: optimizer, **params}}
+    if all(n >= self._budget for n in self._proposed.values()):
+      return Searcher.FINISHED
+    return None
+
+  def on_trial_result(self, trial_id: str, result: dict) -> None:
+    if trial_id in self._owner:
+      self._by_optimizer[self._owner[trial_id]].on_trial_result(trial_id, result)
+
+  def on_trial_complete(self, trial_id: str, result: Optional[dict] = None,
+                        error: bool = False) -> None:
+    if trial_id in self._owner:
+      self._by_optimizer[self._owner[trial_id]].on_trial_complete(trial_id, result, error)
 
   def save(self, checkpoint_path: str) -> None:
     with open(checkpoint_path, "wb") as f:

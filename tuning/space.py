@@ -38,15 +38,16 @@ import dataclasses
 import itertools
 import math
 import zlib
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Union
+from typing import Any, Mapping, Optional, Union
 
 from tff_fedadamom.config.sections import coerce, reject_numeric_string, reject_unknown
 from tff_fedadamom.naming import suggest
 from tff_fedadamom.plain import plain
 from tuning.errors import SweepConfigError
 
-if TYPE_CHECKING:  # annotations only: the sweep schema builds on this module
-  from tuning.schema import Sweep
+# A `tuning.schema.Sweep`. The schema builds on this module, which therefore
+# reads a sweep's fields without importing it.
+Sweep = Any
 
 DISTRIBUTIONS = ("loguniform", "uniform", "choice", "grid")
 

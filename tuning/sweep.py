@@ -1,25 +1,20 @@
-"""`run_sweep`: every optimizer tuned with the same budget, through Ray Tune.
+"""`run_sweep`: every optimizer tuned with the same budget, in one Ray Tune experiment.
 
-Random and grid sweeps run as one Tune experiment for all optimizers
-(`tuning.joint`): each optimizer's trials are drawn from its own space before
-Tune starts (`space.sample_trials`), interleaved, and early-stopped by an ASHA of
-its own, so the budget stays equal per optimizer while Tune's fixed cost is paid
-once and trials of different optimizers share the slots.
-
-Optuna sweeps run one `Tuner` per optimizer, one after the other:
-  * Optuna proposes each trial from the ones before it, in one space; in a
-    single Tuner it would spend trials on whichever optimizer looks best early.
-  * Resume works per optimizer: a finished optimizer's experiment is restored
-    with nothing left to run; an interrupted one continues where it stopped.
-The cost: a Tuner's start and end per optimizer, and the last trials of each
-optimizer can leave a slot idle.
+One `Tuner` runs every optimizer's trials (`tuning.joint`), so Tune's fixed
+cost is paid once and trials of different optimizers share the slots, while
+the budget stays equal per optimizer:
+  * random and grid search: each optimizer's trials are drawn from its own
+    space before Tune starts (`space.sample_trials`) and interleaved;
+  * Optuna: one study per optimizer (`joint.PerOptimizerSearch`), asked in
+    turn, each for its optimizer's `trials_per_optimizer` trials;
+  * early stopping compares an optimizer with itself only: one ASHA per
+    optimizer (`joint.PerOptimizerScheduler`).
+Trials are Tune class trainables (`trainable.SweepTrial`) in actors Tune
+reuses from trial to trial (`reuse_actors`), each keeping the parts it built.
 
 Layout of a sweep directory (`<resources.storage_path>/<name>`):
     sweep.yaml          the validated sweep, base experiment inlined
-    trials/             the Tune experiment of a random or grid sweep (trial
-                        dirs, checkpoints, searcher state)
-    <optimizer>/        one per optimizer instead, for Optuna (and for sweeps
-                        started with per-optimizer experiments, kept on resume)
+    trials/             the Tune experiment (trial dirs, checkpoints, searcher state)
     best/<opt>.yaml     exported best configs        (see tuning.export)
     leaderboard.csv/md, trials.csv, export.json, plots/
 """
@@ -45,14 +40,12 @@ from tuning import joint
 from tuning import schema
 from tuning import space as space_lib
 from tuning import trainable as trainable_lib
-from tuning import pools
 from tuning.errors import SweepError
 from tuning.export import export_sweep
 # SweepProgress is imported here too: Tune pickles callbacks into an experiment,
 # and experiments saved before it moved to tuning.progress name it tuning.sweep's.
 from tuning.progress import LIVE, OptimizerState, SweepProgress, SweepState, print_progress
 from tuning.schema import SWEEP_FILE, Sweep
-from tuning.template import sweep_session
 
 __all__ = ["SWEEP_FILE", "SweepError", "SweepProgress", "SweepResult", "asha_milestones",
            "checkpoint_rounds", "run_sweep", "smoke_test_sweep"]
@@ -67,9 +60,9 @@ class SweepResult:
   Attributes:
     sweep: The sweep that ran (after `--smoke-test` shrinking, if any).
     sweep_dir: Its directory.
-    results: Optimizer -> its trials' Tune results: the `ResultGrid` of its
-      Tuner (Optuna), or its part of the joint experiment's
-      (`tuning.joint.OptimizerResults`: len, iteration, errors, num_terminated).
+    results: Optimizer -> its trials' Tune results, its part of the
+      experiment's `ResultGrid` (`tuning.joint.OptimizerResults`: len,
+      iteration, errors, num_terminated).
     interrupted: True when the sweep stopped early (Ctrl-C; resume with `resume=True`).
     export: The `tuning.export.ExportResult`, None when interrupted.
   """
@@ -154,8 +147,7 @@ def _prepare_dir(sweep: Sweep, resume: bool) -> str:
           "only 'resources.address' may change on --resume (start a new sweep under "
           "another name to change the rest)")
     return sweep_dir
-  if os.path.exists(saved_path) or any(
-      os.path.isdir(os.path.join(sweep_dir, o)) for o in (*sweep.optimizers, joint.EXPERIMENT)):
+  if os.path.exists(saved_path) or os.path.isdir(os.path.join(sweep_dir, joint.EXPERIMENT)):
     raise SweepError(f"{sweep_dir} already holds sweep {sweep.name!r}; pass --resume to "
                      "continue it, or change 'name' or 'resources.storage_path'")
   os.makedirs(sweep_dir, exist_ok=True)
@@ -164,17 +156,22 @@ def _prepare_dir(sweep: Sweep, resume: bool) -> str:
 
 
 def _searcher(sweep: Sweep):
-  kind = sweep.search.kind
-  if kind == "optuna":
+  """Random or grid: Tune's variant generator over the fixed trials (it limits
+  concurrency itself); Optuna: a study per optimizer."""
+  if sweep.search.kind == "optuna":
     from ray.tune.search.optuna import OptunaSearch
 
-    return OptunaSearch(seed=sweep.search.seed)
+    def study(optimizer):
+      space = space_lib.tune_space(space_lib.resolve(sweep, optimizer))
+      return OptunaSearch(space=OptunaSearch.convert_search_space(space),
+                          metric=trainable_lib.OBJECTIVE, mode=sweep.metric.mode,
+                          seed=sweep.search.seed)
+
+    return joint.PerOptimizerSearch(study, sweep.optimizers, sweep.budget.trials_per_optimizer)
   from ray.tune.search import BasicVariantGenerator
 
-  # A SearchAlgorithm, not a Searcher: it limits concurrency itself (Tune
-  # ignores TuneConfig.max_concurrent_trials for it).
   return BasicVariantGenerator(
-      random_state=sweep.search.seed if kind == "random" else None,
+      random_state=sweep.search.seed if sweep.search.kind == "random" else None,
       max_concurrent=sweep.resources.max_concurrent_trials or 0)
 
 
@@ -231,23 +228,21 @@ def _asha(sweep: Sweep):
                        reduction_factor=sweep.scheduler.reduction_factor)
 
 
-def _scheduler(sweep: Sweep, optimizer: Optional[str]):
-  """The early stopping of one optimizer's Tuner, or (`optimizer` None) of the joint
-  experiment: one ASHA per optimizer; without, none. Either way the newest
-  pending trial starts first (`joint.NewestPendingFirst`)."""
+def _scheduler(sweep: Sweep):
+  """One ASHA per optimizer, or none; either way the newest pending trial
+  starts first (`joint.NewestPendingFirst`)."""
   if sweep.scheduler.kind == "none":
     return joint.NewestPendingFirst()
-  return joint.PerOptimizerScheduler(functools.partial(_asha, sweep),
-                                     sweep.optimizers if optimizer is None else [optimizer])
+  return joint.PerOptimizerScheduler(functools.partial(_asha, sweep), sweep.optimizers)
 
 
-def _trainable(sweep: Sweep, optimizer: Optional[str], pool: Optional[str]):
+def _trainable(sweep: Sweep):
   resources = {"cpu": sweep.resources.cpus_per_trial}
   if sweep.resources.gpus_per_trial:
     resources["gpu"] = sweep.resources.gpus_per_trial
   return tune.with_resources(
-      tune.with_parameters(trainable_lib.train_trial, sweep=sweep, optimizer=optimizer,
-                           pool=pool, checkpoint_rounds=checkpoint_rounds(sweep)),
+      tune.with_parameters(trainable_lib.SweepTrial, sweep=sweep,
+                           checkpoint_rounds=checkpoint_rounds(sweep)),
       resources)
 
 
@@ -255,41 +250,23 @@ def _trial_dirname(trial) -> str:
   return f"trial_{trial.trial_id}"
 
 
-def new_tuner(sweep: Sweep, optimizer: Optional[str], sweep_dir: str, callbacks: list,
-              pool: Optional[str], trainable=None):
-  """The Tuner of one optimizer, or (`optimizer` None) the joint one.
-
-  `trainable` runs instead of the sweep's trials, in actors Tune reuses as with
-  a pool: Tune's own cost for these trials (`benchmarks/tune_floor.py`). It
-  must report the sweep's objective and `ROUND`."""
-  budget = sweep.resources.time_budget_s
-  if optimizer is not None and budget:
-    budget /= len(sweep.optimizers)
-  if sweep.search.kind == "optuna":
-    param_space = space_lib.tune_space(space_lib.resolve(sweep, optimizer))
-    num_samples = sweep.budget.trials_per_optimizer
-  else:
-    # Every trial fully specified before Tune starts (tuning.joint): one grid
-    # point each, the same trials whether the Tuner runs one optimizer or all.
-    param_space = joint.param_space(sweep, None if optimizer is None else [optimizer])
-    num_samples = 1
+def new_tuner(sweep: Sweep, sweep_dir: str, callbacks: Sequence[Any] = (),
+              reuse_actors: bool = True):
+  """The sweep's Tuner: every optimizer's trials in one experiment."""
+  optuna = sweep.search.kind == "optuna"
   tune_config = tune.TuneConfig(
       metric=trainable_lib.OBJECTIVE, mode=sweep.metric.mode,
-      search_alg=_searcher(sweep), scheduler=_scheduler(sweep, optimizer),
-      num_samples=num_samples,
-      max_concurrent_trials=(sweep.resources.max_concurrent_trials
-                             if sweep.search.kind == "optuna" else None),
-      time_budget_s=budget,
-      # With a worker pool a trial's own process only reports (it never imports
-      # TensorFlow), so Tune may hand it the next trial of this Tuner. Without,
-      # a trial's process holds TFF's runtime, bound to the trial's thread.
-      reuse_actors=pool is not None or trainable is not None,
+      search_alg=_searcher(sweep), scheduler=_scheduler(sweep),
+      # Random and grid: one grid point per fully specified trial (`joint`).
+      num_samples=sweep.budget.trials_per_optimizer * len(sweep.optimizers) if optuna else 1,
+      max_concurrent_trials=sweep.resources.max_concurrent_trials if optuna else None,
+      time_budget_s=sweep.resources.time_budget_s, reuse_actors=reuse_actors,
       trial_dirname_creator=_trial_dirname)
   run_config = tune.RunConfig(
-      name=optimizer or joint.EXPERIMENT, storage_path=sweep_dir, verbose=0, callbacks=callbacks,
+      name=joint.EXPERIMENT, storage_path=sweep_dir, verbose=0, callbacks=list(callbacks),
       failure_config=tune.FailureConfig(max_failures=sweep.resources.max_failures),
       checkpoint_config=tune.CheckpointConfig(num_to_keep=1))
-  return tune.Tuner(trainable or _trainable(sweep, optimizer, pool), param_space=param_space,
+  return tune.Tuner(_trainable(sweep), param_space=None if optuna else joint.param_space(sweep),
                     tune_config=tune_config, run_config=run_config)
 
 
@@ -305,9 +282,7 @@ def _saved_statuses(experiment_dir: str) -> dict[str, str]:
 
 def run_sweep(sweep, *, resume: bool = False, smoke_test: bool = False,
               callbacks: Sequence[Any] = (), progress_interval_s: float = 30.0,
-              export: bool = True, stream=None, reuse_workers: bool = True,
-              one_experiment: bool = True,
-              pool: Optional[pools.SharedWorkerPool] = None) -> SweepResult:
+              export: bool = True, stream=None, reuse_actors: bool = True) -> SweepResult:
   """Runs (or resumes) a sweep and exports its best configs.
 
   Args:
@@ -316,23 +291,15 @@ def run_sweep(sweep, *, resume: bool = False, smoke_test: bool = False,
       trials are kept as they are, unfinished ones continue from their last
       checkpoint, and the searcher proposes only the trials still missing.
     smoke_test: Run `smoke_test_sweep(sweep)` instead (a quick end-to-end check).
-    callbacks: Extra Tune callbacks for every Tuner. Tune saves them with the
-      experiment: a resumed experiment runs with the callbacks it started with.
+    callbacks: Extra Tune callbacks. Tune saves them with the experiment: a
+      resumed experiment runs with the callbacks it started with.
     progress_interval_s: Seconds between progress tables (0: every step).
     export: Export best configs, leaderboard and plots at the end (in a thread,
-      from Tune's files, while the sweep's own worker pool and Ray session end).
+      from Tune's files, while the Ray session ends).
     stream: Where progress goes (default stdout).
-    reuse_workers: Run trials in long-lived workers that keep imports, data
-      and built processes between trials (`tuning.workers`); False runs each
-      trial in a process of its own. The results are the same either way.
-    one_experiment: Run a random or grid sweep as one Tune experiment for all
-      optimizers (`tuning.joint`); False runs a Tuner per optimizer, one after
-      the other, as Optuna sweeps do. The trials are the same either way. A
-      resumed sweep keeps the layout it started with.
-    pool: A `pools.shared_worker_pool()` to run the trials in, kept after the
-      sweep for the next one, whose trials then start in warm workers. The
-      caller owns the Ray session (the pool lives in it). Default: workers of
-      this sweep's own, ended with it.
+    reuse_actors: Run trial after trial in the same Tune actors, which keep
+      their imports and built parts (`trainable.SweepTrial.reset_config`);
+      False starts an actor per trial. The results are the same either way.
 
   Returns:
     A `SweepResult`.
@@ -341,9 +308,9 @@ def run_sweep(sweep, *, resume: bool = False, smoke_test: bool = False,
     SweepConfigError: the sweep file is invalid (nothing has run).
     SweepError: the directory holds another sweep, or there is nothing to resume.
   """
+  from tff_fedadamom.runtime.ray_session import ray_session
+
   sweep = schema.load_sweep(sweep)
-  if pool is not None:
-    pools.check_shared(pool, reuse_workers)
   if smoke_test:
     sweep = smoke_test_sweep(sweep)
   sweep_dir = _prepare_dir(sweep, resume)
@@ -353,40 +320,31 @@ def run_sweep(sweep, *, resume: bool = False, smoke_test: bool = False,
       per_optimizer={o: OptimizerState(total=sweep.budget.trials_per_optimizer)
                      for o in sweep.optimizers})
   LIVE[sweep_dir] = state
+  experiment_dir = os.path.join(sweep_dir, joint.EXPERIMENT)
   results, interrupted, exporting = {}, False, None
   try:
     with futures.ThreadPoolExecutor(1) as background, expected_warnings_silenced(), \
-        sweep_session(sweep.resources.address), \
-        pools.worker_pool(sweep, reuse_workers, shared=pool) as pool_name:
-      # (optimizer, its experiment), or (None, the joint experiment of all).
-      experiments = ([(None, os.path.join(sweep_dir, joint.EXPERIMENT))]
-                     if joint.applies(sweep, sweep_dir, preferred=one_experiment) else
-                     [(o, os.path.join(sweep_dir, o)) for o in sweep.optimizers])
-      for optimizer, experiment_dir in experiments:
-        progress = SweepProgress(sweep_dir, optimizer, progress_interval_s)
-        if resume and tune.Tuner.can_restore(experiment_dir):
-          tuner = tune.Tuner.restore(experiment_dir,
-                                     trainable=_trainable(sweep, optimizer, pool_name),
-                                     resume_unfinished=True, resume_errored=True)
-        else:
-          tuner = new_tuner(sweep, optimizer, sweep_dir, [progress, *callbacks], pool_name)
-        grid = tuner.fit()
-        statuses = _saved_statuses(experiment_dir)
-        ran = ({optimizer: grid} if optimizer is not None else
-               joint.by_optimizer(grid, sweep.optimizers, statuses))
-        results.update(ran)
-        print_progress(state)
-        for name, trials in ran.items():
-          for error in trials.errors:
-            lines = str(error).strip().splitlines()
-            print(f"   {name}: a trial failed: {lines[-1] if lines else error!r}",
-                  file=out, flush=True)
-        if any(status not in ("TERMINATED", "ERROR") for status in statuses.values()):
-          interrupted = True
-          print(f"sweep interrupted; continue it with --resume ({sweep_dir})", file=out,
-                flush=True)
-          break
-      if export and not interrupted:  # from Tune's files, while the pool and Ray end
+        ray_session(sweep.resources.address):
+      if resume and tune.Tuner.can_restore(experiment_dir):
+        tuner = tune.Tuner.restore(experiment_dir, trainable=_trainable(sweep),
+                                   resume_unfinished=True, resume_errored=True)
+      else:
+        progress = SweepProgress(sweep_dir, None, progress_interval_s)
+        tuner = new_tuner(sweep, sweep_dir, [progress, *callbacks], reuse_actors)
+      grid = tuner.fit()
+      statuses = _saved_statuses(experiment_dir)
+      results = joint.by_optimizer(grid, sweep.optimizers, statuses)
+      print_progress(state)
+      for name, trials in results.items():
+        for error in trials.errors:
+          lines = str(error).strip().splitlines()
+          print(f"   {name}: a trial failed: {lines[-1] if lines else error!r}",
+                file=out, flush=True)
+      if any(status not in ("TERMINATED", "ERROR") for status in statuses.values()):
+        interrupted = True
+        print(f"sweep interrupted; continue it with --resume ({sweep_dir})", file=out,
+              flush=True)
+      elif export:  # from Tune's files, while Ray ends
         exporting = background.submit(export_sweep, sweep_dir)
   finally:
     LIVE.pop(sweep_dir, None)

@@ -1,40 +1,36 @@
-"""The Tune trainable: one trial = one experiment through `run_experiment`.
+"""The Tune trainable: one trial = one experiment, stepped one evaluation at a time.
 
-A plain function trainable. It builds the trial's experiment (the sweep's base,
-the optimizer, the sampled hparams, a private run directory), restores the run
-directory from `tune.get_checkpoint()` when Tune restarts the trial (after a
-crash, or when a sweep is resumed), and runs the project's one training loop
-with a callback that calls `tune.report` after every evaluation, with the run
-directory as the checkpoint where one is needed: at ASHA's rungs, at the last
-round, and where a diverged run stops (`eval_result`). In a sweep the rounds
-run in a long-lived worker that keeps the built experiment between trials
-(`tuning.workers`); this process then only reports. The last checkpoint of a
-trial (where it ended) holds the run's metrics.csv, config.yaml, TensorBoard
-events and program state; the run directory itself is deleted when the trial
-ends.
+A class trainable (`SweepTrial`, Tune's `tune.Trainable`): `setup` makes the
+trial's actor process ready and plans the trial's experiment; `step` runs its
+rounds up to the next evaluation (`iter_experiment`) and returns the result;
+`save_checkpoint`/`load_checkpoint` copy the run directory (metrics.csv,
+config.yaml, TensorBoard events, program state), so a restored trial resumes
+exactly where its checkpoint was taken; `reset_config` starts the next trial in
+the same actor (`reuse_actors=True`), which keeps the built parts of the
+structures it ran (`PartsCache`). The run directory is private scratch on the
+actor's node, removed when the trial ends; what outlives a trial is what it
+reports, and its checkpoints.
 
-What each report holds: the evaluation's flat metrics (`test/accuracy`,
+What each result holds: the evaluation's flat metrics (`test/accuracy`,
 `train/loss`, ...), `round`, `objective` (the sweep's metric averaged over the
 last k evaluations; the one value the TuneConfig optimises), `diverged` (0/1),
-`node_id` and `worker_pid`, the process that ran the rounds (Tune adds
-`hostname`, `node_ip` and `pid`, the trainable's process, itself). A diverged
-trial reports `objective = worst_objective(mode)`, a finite value no real
-metric reaches, so it can never be chosen as best, and ASHA's cut-offs (which
+`node_id` and `worker_pid`, the process that ran the rounds. A diverged trial
+reports `objective = worst_objective(mode)`, a finite value no real metric
+reaches, so it can never be chosen as best, and ASHA's cut-offs (which
 interpolate between recorded values) stay finite.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 import shutil
 import tempfile
-import uuid
-from typing import Any, Callable, Collection, Iterable, Mapping, Optional
+from typing import Any, Collection, Iterable, Mapping, Optional
+
+from ray import tune
 
 from tff_fedadamom.metric_names import ROUND, evaluated
-from tff_fedadamom.experiment.loop import RoundHook
 from tff_fedadamom.plain import plain
 
 OBJECTIVE = "objective"
@@ -93,24 +89,6 @@ def trial_threads() -> int:
   return threads_for_cpus(resources.required_resources.get("CPU", 1) if resources else 1)
 
 
-def trial_session(threads: int, gpu: bool):
-  """The `Session` of a trial that runs in its own process (no worker pool).
-
-  Its environment sizes what the thread settings cannot reach: TFF's
-  worker_binary, a child process with its own TensorFlow runtime, where the
-  federated computations run. A trial without a GPU is kept off the node's
-  GPUs whatever Ray's default for zero-GPU tasks is (it is changing); one
-  with a GPU keeps the devices Ray shows it.
-  """
-  from tff_fedadamom.session import Session
-  from tuning.workers import worker_env
-
-  env = worker_env(threads, [])
-  if gpu:
-    del env["CUDA_VISIBLE_DEVICES"]
-  return Session(threads=threads, environ=env)
-
-
 def _numbers(metrics: Mapping[str, Any]) -> dict:
   out = {}
   for key, value in metrics.items():
@@ -149,96 +127,135 @@ def eval_result(event, *, metric, node_id: str,
   return result, event.output_dir if event.checkpoint_saved and due else None
 
 
-class TuneReport(RoundHook):
-  """The round hook a trial's run reports through: after every evaluation,
-  `report(make_result(event))` with the round's `EvalEvent`. It runs after the
-  run's own hooks, so the round's metrics row and checkpoint are on disk when
-  `make_result` reads them.
+def trial_environ(threads: int, gpus: bool) -> dict[str, str]:
+  """What a trial's process sets before TensorFlow starts, for itself and TFF's
+  worker_binary, which inherits it: kernels on one thread (the numbers of a run
+  do not depend on the machine's cores, see `tff_fedadamom.session`), clients
+  side by side on `threads`; and, without a GPU, no GPU visible (whatever
+  Ray's default for zero-GPU actors is)."""
+  env = {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": str(threads),
+         "OMP_NUM_THREADS": "1"}
+  if not gpus:
+    env["CUDA_VISIBLE_DEVICES"] = ""
+  return env
 
-  Args:
-    output_dir: The trial's run directory.
-    make_result: `EvalEvent -> (result, checkpoint_dir or None)` (`eval_result`).
-    report: Hands that pair to Tune (`_report_to_tune`).
+
+class SweepTrial(tune.Trainable):
+  """One trial of a sweep: one experiment, stepped one evaluation at a time.
+
+  Tune's class API, used as Tune documents it:
+    * `setup` makes the actor's process the trial's (its `Session`: threads
+      from the CPUs Tune gave it, kernels on one thread) and starts the run.
+      The actor keeps a `PartsCache`, so that a trial of a structure the actor
+      ran before (same data, model and process; other hparams) starts without
+      building anything.
+    * `step` runs rounds up to the next evaluation and returns its result;
+      `should_checkpoint` is set where Tune must keep the run (ASHA's rungs, the
+      last round, a diverged run's stop: `eval_result`).
+    * `save_checkpoint` / `load_checkpoint` copy the run directory (its
+      metrics, config and program state): a restored trial resumes exactly
+      where its checkpoint was taken (rounds are deterministic).
+    * `reset_config` starts the next trial in the same actor
+      (`reuse_actors=True`), keeping the cache.
+
+  Bound by `tune.with_parameters` to `sweep` (the validated `Sweep`),
+  `optimizer` (None: the trial's config names it, `joint.split`) and
+  `checkpoint_rounds` (`sweep.checkpoint_rounds`).
   """
 
-  def __init__(self, output_dir: str, make_result: Callable, report: Callable):
-    self._output_dir = output_dir
-    self._make_result = make_result
-    self._report = report
+  def setup(self, config, *, sweep, optimizer: Optional[str] = None,
+            checkpoint_rounds: Collection[int] = ()):
+    import ray
 
-  def end_round(self, end) -> None:
-    if end.evaluated:
-      self._report(self._make_result(end.eval_event(self._output_dir)))
+    from tff_fedadamom.session import Session, startup_imports
 
+    self._sweep, self._optimizer = sweep, optimizer
+    self._checkpoint_rounds = frozenset(checkpoint_rounds)
+    self._threads = trial_threads()
+    gpus = bool(ray.get_gpu_ids())
+    # The actor is its process's entry point: its session goes first, before
+    # TensorFlow runs (idempotent when the actor is reused).
+    with startup_imports():
+      Session(threads=self._threads, environ=trial_environ(self._threads, gpus)).apply()
+      from tff_fedadamom.experiment.parts_cache import PartsCache
+    self._node_id = ray.get_runtime_context().get_node_id()
+    # The structures of one optimizer recur trial after trial; learning
+    # processes (hparams built in) are one structure a trial.
+    self._cache = PartsCache(max_size=max(2, len(sweep.optimizers)))
+    self._steps = self._scratch = None
+    self._start(config)
 
-def _report_to_tune(payload) -> None:
-  """Hands `eval_result`'s (result, checkpoint directory or None) to Tune."""
-  from ray import tune
+  def _start(self, config) -> None:
+    """Plans the trial `config` names; its rounds start at the first `step`,
+    after any checkpoint Tune restores is in place."""
+    from tff_fedadamom.config import load_config
+    from tff_fedadamom.experiment.parts import make_plan
+    from tuning import joint
+    from tuning import space as space_lib
 
-  result, checkpoint_dir = payload
-  if checkpoint_dir is not None:
-    tune.report(result, checkpoint=tune.Checkpoint.from_directory(checkpoint_dir))
-  else:
-    tune.report(result)
+    self._end_run()
+    self._remove_scratch()
+    optimizer, params = joint.split(config, self._optimizer)
+    self._scratch = tempfile.mkdtemp(prefix=f"tff-trial-{self.trial_id}-")
+    self._output_dir = os.path.join(self._scratch, RUN_SUBDIR)
+    experiment = space_lib.experiment_dict(
+        self._sweep, optimizer, {path: plain(value) for path, value in params.items()},
+        output_dir=self._output_dir, threads=self._threads,
+        name=f"{self._sweep.name}/{optimizer}/{self.trial_name}")
+    self._plan = make_plan(load_config(experiment))
 
+  def step(self) -> dict:
+    from tff_fedadamom.experiment.runner import iter_experiment
 
-def train_trial(config: dict, *, sweep, optimizer: Optional[str], pool: Optional[str],
-                checkpoint_rounds: Collection[int]) -> None:
-  """Runs one trial: of `optimizer` with the hparams `config`, or of the
-  optimizer and hparams that `config` names (`tuning.joint.split`).
+    if self._steps is None:
+      self._steps = iter_experiment(
+          self._plan, parts=self._cache.get(self._plan), progress=False,
+          model_and_plot=False, checkpoint_rounds=self._checkpoint_rounds)
+    for end in self._steps:
+      if end.evaluated:
+        result, checkpoint_dir = eval_result(
+            end.eval_event(self._output_dir), metric=self._sweep.metric,
+            node_id=self._node_id, checkpoint_rounds=self._checkpoint_rounds)
+        return {**result, tune.result.SHOULD_CHECKPOINT: checkpoint_dir is not None,
+                tune.result.DONE: end.final}
+    # Nothing left to run: the run directory held a finished run (a restored
+    # final checkpoint); its last evaluation is the trial's result.
+    return {**self._finished_result(), tune.result.DONE: True}
 
-  Bound to `sweep`, `optimizer`, `pool` and `checkpoint_rounds` (the rounds
-  whose reports carry a checkpoint, `tuning.sweep.checkpoint_rounds`, and the
-  only rounds whose state the run saves: Tune keeps no other) with
-  `tune.with_parameters` by `run_sweep`. With `pool` (a `tuning.workers`
-  pool's name) the trial runs in a long-lived worker of that pool and this
-  process only reports; without, it runs here, in a process of its own.
-  """
-  import ray
-  from ray import tune
+  def _finished_result(self) -> dict:
+    from tff_fedadamom.experiment import outputs
 
-  from tuning import joint
-  from tuning import space as space_lib
+    metric = self._sweep.metric
+    rows = [row for row in outputs.read_metrics(self._output_dir) if evaluated(row)]
+    value = objective_from_history(rows, metric.name, metric.last_k)
+    diverged = value is None or not math.isfinite(value)
+    return {**(_numbers(rows[-1]) if rows else {}), DIVERGED: int(diverged),
+            OBJECTIVE: worst_objective(metric.mode) if diverged else value,
+            NODE_ID: self._node_id, WORKER_PID: os.getpid()}
 
-  optimizer, config = joint.split(config, optimizer)
-  threads = trial_threads()
-  gpu_ids = [str(g) for g in ray.get_gpu_ids()]
-  context = tune.get_context()
-  # The run directory is private scratch on this node: Tune's trial directory is
-  # synced by the driver while the run writes (and would race with its temp
-  # files). What outlives the trial is what it reports, and its checkpoints.
-  # Without a pool, one name per trial: a restart (after a crash) replaces what
-  # a killed attempt left here. With one, a name per attempt: a worker may
-  # still be giving up a killed attempt, and removes its directory itself.
-  attempt = f"-{uuid.uuid4().hex[:8]}" if pool else ""
-  scratch = os.path.join(tempfile.gettempdir(),
-                         f"tff-trial-{context.get_trial_id()}{attempt}")
-  shutil.rmtree(scratch, ignore_errors=True)
-  output_dir = os.path.join(scratch, RUN_SUBDIR)
-  checkpoint = tune.get_checkpoint()
-  if checkpoint is not None:
-    checkpoint.to_directory(output_dir)  # run_experiment resumes from it exactly
-  params = {path: plain(value) for path, value in config.items()}
-  make_experiment = functools.partial(
-      space_lib.experiment_dict, sweep, optimizer, params, output_dir=output_dir,
-      threads=threads, name=f"{sweep.name}/{optimizer}/{context.get_trial_name()}")
-  make_result = functools.partial(eval_result, metric=sweep.metric,
-                                  node_id=ray.get_runtime_context().get_node_id(),
-                                  checkpoint_rounds=checkpoint_rounds)
-  try:
-    if pool is not None:
-      from tuning import workers
+  def save_checkpoint(self, checkpoint_dir: str) -> None:
+    shutil.copytree(self._output_dir, checkpoint_dir, dirs_exist_ok=True)
 
-      workers.run_trial(pool, make_experiment, make_result, _report_to_tune, threads=threads,
-                        gpu_ids=gpu_ids, scratch=scratch, checkpoint_rounds=checkpoint_rounds)
-      return
-    # The trial owns its process: its session goes first, before TensorFlow runs.
-    trial_session(threads, gpu=bool(gpu_ids)).apply()
-    from tff_fedadamom.experiment import run_experiment
+  def load_checkpoint(self, checkpoint_dir: str) -> None:
+    self._end_run()
+    shutil.rmtree(self._output_dir, ignore_errors=True)
+    shutil.copytree(checkpoint_dir, self._output_dir)  # the run resumes from it exactly
 
-    # The run closes the parts it builds (a tff_cpp backend's worker_binary with them).
-    run_experiment(make_experiment(),
-                   hooks=[TuneReport(output_dir, make_result, _report_to_tune)],
-                   progress=False, model_and_plot=False, checkpoint_rounds=checkpoint_rounds)
-  finally:
-    shutil.rmtree(scratch, ignore_errors=True)
+  def reset_config(self, new_config) -> bool:
+    self._start(new_config)
+    return True
+
+  def _end_run(self) -> None:
+    """Ends the current run where it stands (its hooks close)."""
+    if self._steps is not None:
+      self._steps.close()
+      self._steps = None
+
+  def _remove_scratch(self) -> None:
+    if self._scratch:
+      shutil.rmtree(self._scratch, ignore_errors=True)
+      self._scratch = None
+
+  def cleanup(self) -> None:
+    self._end_run()
+    self._remove_scratch()

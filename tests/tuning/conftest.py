@@ -86,23 +86,18 @@ def assert_no_worker_binaries_left(timeout_s: float = 15.0) -> None:
 
 @pytest.fixture
 def no_leftover_workers():
-  """Fails a test that leaves a TFF worker_binary of its own behind. (The
-  workers of a module's `shared_pool` are descendants of this process until
-  the pool ends; the pool checks them then.)"""
+  """Fails a test that leaves a TFF worker_binary of its own behind."""
   yield
   assert_no_worker_binaries_left()
 
 
 @pytest.fixture(scope="module")
-def shared_pool():
-  """A local Ray and a trial-worker pool kept for a module's sweeps
-  (`run_sweep(..., pool=shared_pool)`), where what a sweep does alone is not
-  the subject: later sweeps start in warm workers, and no sweep starts a Ray of
-  its own. The module's other tests must not need Ray to be down."""
+def shared_ray():
+  """A local Ray kept for a module's sweeps, where what a sweep does alone is
+  not the subject: no sweep starts (and ends) a Ray of its own. The module's
+  other tests must not need Ray to be down."""
   from tff_fedadamom.runtime.ray_session import ray_session
-  from tuning.pools import shared_worker_pool
 
-  with ray_session(None), shared_worker_pool() as pool:
-    yield pool
-  # The pool's workers, and whatever they started, end with the pool.
+  with ray_session(None):
+    yield
   assert_no_worker_binaries_left()

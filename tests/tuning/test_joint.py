@@ -9,7 +9,9 @@ import sys
 import types
 
 import pytest
+from ray import tune
 from ray.tune.schedulers import ASHAScheduler, TrialScheduler
+from ray.tune.search import Searcher
 
 from tests.tuning.conftest import tiny_base
 from tuning import joint, schema
@@ -118,15 +120,59 @@ def test_split_reads_joint_and_flat_configs():
       "fedavg", {"server.learning_rate": 0.1})
 
 
-def test_the_layout_follows_the_search_and_an_existing_directory(tmp_path):
-  assert joint.applies(_sweep(), str(tmp_path))
-  assert not joint.applies(_sweep(), str(tmp_path), preferred=False)
-  assert not joint.applies(_sweep(search={"kind": "optuna", "seed": 0}), str(tmp_path))
-  per_optimizer, one = tmp_path / "per_optimizer", tmp_path / "one"
-  os.makedirs(per_optimizer / "fedadam")  # a sweep started with a Tuner per optimizer
-  assert not joint.applies(_sweep(), str(per_optimizer))
-  os.makedirs(one / joint.EXPERIMENT)  # a sweep started as one experiment
-  assert joint.applies(_sweep(), str(one), preferred=False)
+class _Proposer(Searcher):
+  """A searcher that proposes `lr` 1, 2, ... and records what it is told."""
+
+  def __init__(self, pending_limit=None):
+    super().__init__()
+    self.proposed, self.told, self.limit = 0, [], pending_limit
+
+  def suggest(self, trial_id):
+    if self.limit is not None and self.proposed - len(self.told) >= self.limit:
+      return None  # nothing to propose until a trial completes
+    self.proposed += 1
+    return {"lr": self.proposed}
+
+  def on_trial_complete(self, trial_id, result=None, error=False):
+    self.told.append((trial_id, result["objective"]))
+
+
+def test_per_optimizer_search_asks_each_optimizer_in_turn_up_to_its_budget():
+  made = {}
+  search = joint.PerOptimizerSearch(lambda o: made.setdefault(o, _Proposer(pending_limit=(
+      1 if o == "b" else None))), ["a", "b", "c"], trials_per_optimizer=2)
+  assert search.set_search_properties("objective", "max", {})
+  assert not search.set_search_properties("objective", "max", {"x": 1})  # its own spaces
+  got = [search.suggest(f"t{i}") for i in range(5)]
+  # b has one trial pending and nothing to propose: it is passed over.
+  assert [g[joint.TRIAL_KEY]["optimizer"] if g else None for g in got] == [
+      "a", "b", "c", "a", "c"]
+  assert got[0] == {joint.TRIAL_KEY: {"optimizer": "a", "lr": 1}}
+  assert search.suggest("t5") is None  # b waits for its trial
+  search.on_trial_complete("t1", {"objective": 0.5})
+  assert made["b"].told == [("t1", 0.5)] and made["a"].told == []  # routed to its owner
+  assert search.suggest("t6")[joint.TRIAL_KEY] == {"optimizer": "b", "lr": 2}
+  assert search.suggest("t7") == Searcher.FINISHED  # every optimizer has its 2
+  assert {o: s.proposed for o, s in made.items()} == {"a": 2, "b": 2, "c": 2}
+
+
+def test_per_optimizer_search_saves_and_restores_its_studies(tmp_path):
+  from ray.tune.search.optuna import OptunaSearch
+
+  def study(optimizer):
+    space = OptunaSearch.convert_search_space({"lr": tune.loguniform(1e-3, 1.0)})
+    return OptunaSearch(space=space, metric="objective", mode="max", seed=0)
+
+  search = joint.PerOptimizerSearch(study, ["a", "b"], trials_per_optimizer=3)
+  first = [search.suggest(f"t{i}") for i in range(2)]
+  for i in range(2):
+    search.on_trial_complete(f"t{i}", {"objective": float(i)})
+  search.save(str(tmp_path / "search.pkl"))
+  restored = joint.PerOptimizerSearch(study, ["a", "b"], trials_per_optimizer=3)
+  restored.restore(str(tmp_path / "search.pkl"))
+  assert restored.suggest("t2") == search.suggest("t2")
+  assert [f[joint.TRIAL_KEY]["optimizer"] for f in first] == ["a", "b"]
+  assert all(1e-3 <= f[joint.TRIAL_KEY]["lr"] <= 1.0 for f in first)
 
 
 class _Trial:
@@ -176,15 +222,17 @@ def test_the_scheduler_survives_save_and_restore(tmp_path):
   assert "good:" in restored.debug_string() and "poor:" in restored.debug_string()
 
 
-def test_a_tuner_of_one_optimizer_gets_its_asha_and_the_newest_pending_trial_first():
-  """Optuna's Tuners (and a sweep run a Tuner per optimizer) name no optimizer in
-  their trials' configs: their one ASHA judges every trial, as Tune's own would."""
+def test_one_optimizer_gets_its_asha_and_the_newest_pending_trial_first():
+  """A sweep's scheduler is one ASHA per optimizer; with one optimizer it judges
+  every trial as Tune's own ASHA would."""
   from tuning import sweep as sweep_lib
 
   sweep = _sweep(search={"kind": "optuna", "seed": 0},
                  scheduler={"kind": "asha", "grace_period": 1, "reduction_factor": 2})
-  scheduler = sweep_lib._scheduler(sweep, "fedadam")
-  assert isinstance(scheduler, joint.NewestPendingFirst)
+  scheduler = sweep_lib._scheduler(sweep)
+  assert isinstance(scheduler, joint.PerOptimizerScheduler)
+  assert isinstance(sweep_lib._scheduler(_sweep(scheduler={"kind": "none"})),
+                    joint.NewestPendingFirst)
   reports = [("a1", 0.9), ("a2", 0.8), ("a3", 0.95), ("a4", 0.1)]
 
   def feed(scheduler):

@@ -1,12 +1,9 @@
 """An interrupted sweep continues with resume=True (`tune --resume`): trials that
 finished are not run again, the unfinished one continues, the missing ones run.
-The module's sweeps share one local Ray and trial-worker pool (`shared_pool`);
-a resumed sweep's trials may run in the interrupted one's workers."""
+The sweeps share one local Ray (`shared_ray`)."""
 
 import os
 import signal
-
-import pytest
 
 from ray import tune
 
@@ -39,11 +36,7 @@ def _rows(trial_dir):
     return [line for line in f if line.strip()]
 
 
-@pytest.mark.parametrize("one_experiment", [True, False], ids=["one-experiment", "per-optimizer"])
-def test_resume_does_not_rerun_finished_trials(tmp_path, shared_pool, no_leftover_workers,
-                                               one_experiment):
-  """Both layouts (`tuning.sweep`): the joint experiment of a random sweep, and
-  a Tuner per optimizer (Optuna's, and a sweep run with one_experiment=False)."""
+def test_resume_does_not_rerun_finished_trials(tmp_path, shared_ray, no_leftover_workers):
   path = write_sweep(tmp_path, {
       "name": "resume",
       "base": tiny_base(),
@@ -54,18 +47,17 @@ def test_resume_does_not_rerun_finished_trials(tmp_path, shared_pool, no_leftove
       "resources": {"max_concurrent_trials": 2, "storage_path": str(tmp_path / "sweeps")},
   })
   first = run_sweep(path, callbacks=[InterruptOnce(str(tmp_path / "interrupted"))],
-                    progress_interval_s=60, one_experiment=one_experiment, pool=shared_pool)
+                    progress_interval_s=60)
   assert first.interrupted and first.export is None
   grid = first.results["fedavg"]
   finished = {r.metrics["trial_id"]: r.metrics["pid"] for r in grid
               if r.metrics.get("done")}
   assert finished, "no trial finished before the interruption"
-  experiment = os.path.join(first.sweep_dir, joint.EXPERIMENT if one_experiment else "fedavg")
+  experiment = os.path.join(first.sweep_dir, joint.EXPERIMENT)
   assert os.path.isdir(experiment)
   rows_before = {t: _rows(os.path.join(experiment, f"trial_{t}")) for t in finished}
 
-  # The layout a sweep started with is kept on resume, whatever the flag says.
-  second = run_sweep(path, resume=True, progress_interval_s=60, pool=shared_pool)
+  second = run_sweep(path, resume=True, progress_interval_s=60)
   assert not second.interrupted
   grid = second.results["fedavg"]
   assert len(grid) == 3 and grid.num_terminated == 3 and not grid.errors
@@ -84,7 +76,7 @@ def test_resume_does_not_rerun_finished_trials(tmp_path, shared_pool, no_leftove
   records = read_trials(second.sweep_dir, "fedavg")
   assert [[h["round"] for h in r.history] for r in records] == [[1, 2, 3]] * 3
   assert set(second.export.best) == {"fedavg"}
-  # The same trials either way: those the sweep planned (tuning.joint).
+  # The trials the sweep planned (tuning.joint).
   planned = sorted(sorted(p.items()) for p in space_lib.sample_trials(load_sweep(path), "fedavg"))
   ran = sorted(sorted(r.params.items()) for r in read_trials(second.sweep_dir, "fedavg"))
   assert ran == planned and len({str(p) for p in planned}) == 3

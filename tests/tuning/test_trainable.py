@@ -1,26 +1,43 @@
-"""The trainable's report hook: what a trial tells Tune after each evaluation."""
+"""What a trial tells Tune after each evaluation (`eval_result`), and the run
+generator its `step` advances (`iter_experiment`)."""
 
 import functools
 import math
+import os
 import types
 
-from tests.experiment.test_loop import CountingProcess, evaluator, sampler
 from tests.tuning.conftest import tiny_base
 from tff_fedadamom.metric_names import ROUND, TEST_ACCURACY
-from tff_fedadamom.experiment import hooks, run_experiment
-from tff_fedadamom.experiment.loop import run_rounds
-from tuning.trainable import DIVERGED, NODE_ID, OBJECTIVE, TuneReport, eval_result
+from tff_fedadamom.experiment import iter_experiment, run_experiment
+from tuning.trainable import DIVERGED, NODE_ID, OBJECTIVE, eval_result, trial_environ
 
 
-def test_tune_report_reports_evaluated_rounds_only():
-  reports = []
-  report = TuneReport("/runs/t", lambda event: ("result", event), reports.append)
-  run_rounds(CountingProcess(losses={5: math.nan}), 0.0, range(1, 9), sampler,
-             [hooks.Divergence(3), hooks.Evaluate(evaluator, every=2), report])
-  events = [event for _, event in reports]
-  assert [(e.round_num, e.diverged, e.output_dir) for e in events] == [
-      (2, False, "/runs/t"), (4, False, "/runs/t"), (5, True, "/runs/t")]
-  assert [e.metrics[TEST_ACCURACY] for e in events] == [0.2, 0.4, 0.5]
+def test_a_run_steps_round_by_round_and_stops_where_it_is_closed(tmp_path):
+  """`iter_experiment` yields each round after its hooks (its metrics row and
+  checkpoint are on disk); closed early, the run stops there and a later run
+  resumes from its checkpoint to the same numbers as one uninterrupted run."""
+  from tff_fedadamom.experiment import outputs
+
+  raw = {**tiny_base(rounds=4, eval_every=1, checkpoint_every=1),
+         "output_dir": str(tmp_path / "stepped")}
+  steps = iter_experiment(raw, progress=False)
+  first = next(steps)
+  assert first.round_num == 1 and first.evaluated and first.checkpoint_saved
+  assert [int(r[ROUND]) for r in outputs.read_metrics(raw["output_dir"])] == [1]
+  assert next(steps).round_num == 2
+  steps.close()  # as a trial's reset or end does
+  assert not os.path.exists(os.path.join(raw["output_dir"], outputs.SUMMARY_FILE))
+  resumed = run_experiment(raw, progress=False).summary
+  whole = run_experiment({**raw, "output_dir": str(tmp_path / "whole")}, progress=False).summary
+  assert resumed["resumed_from_round"] == 2
+  assert resumed["final_test_accuracy"] == whole["final_test_accuracy"]
+
+
+def test_a_trial_runs_kernels_on_one_thread_and_sees_gpus_only_when_given():
+  cpu = trial_environ(3, gpus=False)
+  assert cpu["TF_NUM_INTRAOP_THREADS"] == "1" and cpu["TF_NUM_INTEROP_THREADS"] == "3"
+  assert cpu["CUDA_VISIBLE_DEVICES"] == ""  # kept off the node's GPUs
+  assert "CUDA_VISIBLE_DEVICES" not in trial_environ(2, gpus=True)  # as Ray set them
 
 
 def test_a_run_reports_each_evaluation_with_its_objective_and_checkpoint(tmp_path):
@@ -30,7 +47,7 @@ def test_a_run_reports_each_evaluation_with_its_objective_and_checkpoint(tmp_pat
   make_result = functools.partial(eval_result, metric=metric, node_id="node",
                                   checkpoint_rounds={2, 3})
   run_experiment({**tiny_base(rounds=3, eval_every=2, checkpoint_every=3), "output_dir": out},
-                 hooks=[TuneReport(out, make_result, reports.append)], progress=False)
+                 on_eval=lambda event: reports.append(make_result(event)), progress=False)
   results = [result for result, _ in reports]
   assert [r[ROUND] for r in results] == [2, 3]  # every 2nd round and the last
   # Round 2 is a checkpoint round, but the run saved nothing there.
@@ -53,7 +70,7 @@ def _reports(out, checkpoint_rounds, saves_at=None, **overrides):
   make_result = functools.partial(eval_result, metric=metric, node_id="node",
                                   checkpoint_rounds=checkpoint_rounds)
   run_experiment({**tiny_base(**overrides), "output_dir": out},
-                 hooks=[TuneReport(out, make_result, reports.append)], progress=False,
+                 on_eval=lambda event: reports.append(make_result(event)), progress=False,
                  checkpoint_rounds=saves_at)
   return [(result[ROUND], result[DIVERGED], checkpoint) for result, checkpoint in reports]
 

@@ -1,7 +1,7 @@
 """The TFF pipeline: config -> learning process -> rounds, checkpoints and outputs.
 
 Names are imported lazily (`tff_fedadamom.lazy`), like the root package's:
-importing a light module of the pipeline (`outputs`, `tables`, `loop`) does not
+importing a light module of the pipeline (`outputs`, `loop`) does not
 import TensorFlow.
 """
 
@@ -11,6 +11,7 @@ _EXPORTS = {
     "EvalEvent": "tff_fedadamom.experiment.loop",
     "RunResult": "tff_fedadamom.experiment.runner",
     "build_process": "tff_fedadamom.experiment.process",
+    "iter_experiment": "tff_fedadamom.experiment.runner",
     "run_experiment": "tff_fedadamom.experiment.runner",
 }
 

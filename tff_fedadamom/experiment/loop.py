@@ -20,7 +20,7 @@ import dataclasses
 import functools
 import logging
 import math
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+from typing import Any, Callable, Generator, Iterable, Mapping, Optional, Sequence
 
 from tff_fedadamom.metric_names import NONFINITE_UPDATES, ROUND, TEST_ACCURACY, TRAIN_ACCURACY
 from tff_fedadamom.metric_names import LOSS, NUM_EXAMPLES, TRAIN_LOSS, TRAIN_NUM_EXAMPLES
@@ -136,7 +136,22 @@ def flatten_round_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
 
 def run_rounds(process, state, rounds: Iterable[int], sampler: Callable[[int], list],
                hooks: Sequence[RoundHook] = ()) -> LoopResult:
-  """Runs `rounds` of `process` from `state`, calling `hooks` around each.
+  """Runs `rounds` of `process` from `state`, calling `hooks` around each
+  (`iter_rounds`, run to its end)."""
+  steps = iter_rounds(process, state, rounds, sampler, hooks)
+  while True:
+    try:
+      next(steps)
+    except StopIteration as done:
+      return done.value
+
+
+def iter_rounds(process, state, rounds: Iterable[int], sampler: Callable[[int], list],
+                hooks: Sequence[RoundHook] = ()) -> Generator[RoundEnd, None, LoopResult]:
+  """Runs `rounds` of `process` from `state`, calling `hooks` around each, and
+  yields each round's `RoundEnd` once its hooks have run: a generator, so that
+  a caller (a Tune trainable's `step`) can run a run a few rounds at a time.
+  Closing it early ends the loop there (the hooks' `close` runs).
 
   Args:
     process: The run's backend (`backends.Backend`): each round is
@@ -147,7 +162,7 @@ def run_rounds(process, state, rounds: Iterable[int], sampler: Callable[[int], l
     sampler: `round_num -> clients` (`data.sampling.UniformSampler`).
     hooks: `RoundHook`s, called in this order.
 
-  Returns:
+  Returns (as the generator's value):
     A `LoopResult`. The loop stops early after a round a hook marks diverged.
   """
   rounds = list(rounds)
@@ -164,6 +179,7 @@ def run_rounds(process, state, rounds: Iterable[int], sampler: Callable[[int], l
                      clients, last=round_num == rounds[-1], process=process)
       for hook in hooks:
         hook.end_round(end)
+      yield end
       if end.diverged:
         logger.warning("diverged at round %d", round_num)
         return LoopResult(state, rounds_run, round_num)

@@ -17,16 +17,16 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from typing import Any, Callable, Collection, Mapping, Optional, Sequence
+from typing import Any, Callable, Collection, Generator, Mapping, Optional, Sequence
 
 from tff_fedadamom import session
 from tff_fedadamom.config import ConfigError, dump_config, load_config
 from tff_fedadamom.experiment import hooks as hooks_lib
 from tff_fedadamom.experiment import outputs, resume, tensorboard_events
-from tff_fedadamom.experiment.loop import ROUND, EvalEvent, RoundHook, run_rounds
+from tff_fedadamom.experiment.loop import ROUND, EvalEvent, RoundEnd, RoundHook, iter_rounds
 from tff_fedadamom.experiment.plan import RunPlan
 
-__all__ = ["EvalEvent", "RunResult", "run_experiment"]
+__all__ = ["EvalEvent", "RunResult", "iter_experiment", "run_experiment"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,12 +71,36 @@ def _round_hooks(config, parts, *, started, state_manager, release_managers, his
   return hooks
 
 
-def run_experiment(config, *, overrides=(), on_eval: Optional[Callable[[EvalEvent], None]] = None,
+def run_experiment(config, *, overrides=(),
+                   on_eval: Optional[Callable[[EvalEvent], None]] = None,
                    on_round: Optional[Callable[[int, Mapping[str, float]], None]] = None,
-                   progress: bool = True, parts=None,
-                   hooks: Sequence[RoundHook] = (), model_and_plot: bool = True,
+                   progress: bool = True, parts=None, hooks: Sequence[RoundHook] = (),
+                   model_and_plot: bool = True,
                    checkpoint_rounds: Optional[Collection[int]] = None) -> RunResult:
-  """Runs (or resumes) the experiment a config describes.
+  """Runs (or resumes) the experiment a config describes and returns its
+  `RunResult`: `iter_experiment` (which documents the arguments) to its end."""
+  steps = iter_experiment(config, overrides=overrides, on_eval=on_eval, on_round=on_round,
+                          progress=progress, parts=parts, hooks=hooks,
+                          model_and_plot=model_and_plot, checkpoint_rounds=checkpoint_rounds)
+  while True:
+    try:
+      next(steps)
+    except StopIteration as done:
+      return done.value
+
+
+def iter_experiment(config, *, overrides=(),
+                    on_eval: Optional[Callable[[EvalEvent], None]] = None,
+                    on_round: Optional[Callable[[int, Mapping[str, float]], None]] = None,
+                    progress: bool = True, parts=None,
+                    hooks: Sequence[RoundHook] = (), model_and_plot: bool = True,
+                    checkpoint_rounds: Optional[Collection[int]] = None
+                    ) -> Generator[RoundEnd, None, RunResult]:
+  """Runs (or resumes) the experiment a config describes, round by round: a
+  generator of each round's `loop.RoundEnd` (after the run's hooks, so its
+  metrics row and checkpoint are written), whose value is the `RunResult`.
+  A Ray Tune trainable steps it one evaluation at a time; closing it early
+  ends the run where it stands (a later run resumes from its checkpoints).
 
   Args:
     config: A `plan.RunPlan` (`parts.make_plan`), an `ExperimentConfig`, a YAML
@@ -100,7 +124,7 @@ def run_experiment(config, *, overrides=(), on_eval: Optional[Callable[[EvalEven
       instead of every `checkpoint_every` rounds: for a caller that keeps only
       those checkpoints (a sweep trial, `tuning.sweep.checkpoint_rounds`).
 
-  Returns:
+  Returns (as the generator's value):
     A `RunResult` with the output directory and the summary written there.
   """
   from tff_fedadamom.experiment import parts as parts_lib
@@ -111,14 +135,15 @@ def run_experiment(config, *, overrides=(), on_eval: Optional[Callable[[EvalEven
     plan = parts_lib.make_plan(load_config(getattr(config, "config", config), overrides))
   outputs.check_writable(plan.config.output_dir)
   resuming = resume.check_resumable(plan.config, plan.config.output_dir)
-  session.require_applied(plan.threads)
+  session.release_tff_at_exit()
+  session.kernel_threads()  # warns once when the numbers may depend on the cores
   parts_lib.check_parts(plan, parts)
   own_parts = parts is None  # parts given by the caller outlive this run
   parts = parts if parts is not None else parts_lib.build_parts(plan)
   try:
-    return _run(plan, parts, resuming=resuming, on_eval=on_eval, on_round=on_round,
+    return (yield from _run(plan, parts, resuming=resuming, on_eval=on_eval, on_round=on_round,
                 progress=progress, hooks=hooks, model_and_plot=model_and_plot,
-                checkpoint_rounds=checkpoint_rounds)
+                checkpoint_rounds=checkpoint_rounds))
   finally:
     # After the results: writing them reads the final model's weights, which a
     # backend (tff_cpp's worker_binary) computes.
@@ -127,8 +152,8 @@ def run_experiment(config, *, overrides=(), on_eval: Optional[Callable[[EvalEven
 
 
 def _run(plan, parts, *, resuming, on_eval, on_round, progress, hooks,
-         model_and_plot, checkpoint_rounds) -> RunResult:
-  """The rounds of `run_experiment` on `parts`, and its results."""
+         model_and_plot, checkpoint_rounds) -> Generator[RoundEnd, None, RunResult]:
+  """The rounds of `iter_experiment` on `parts`, and its results."""
   import tensorflow_federated as tff
 
   from tff_fedadamom.data.sampling import UniformSampler
@@ -153,6 +178,7 @@ def _run(plan, parts, *, resuming, on_eval, on_round, progress, hooks,
   finished = resume.finished_summary(output_dir, start_round, config.rounds)
   if finished is not None:
     return RunResult(output_dir, finished)
+    yield  # a generator even when there is nothing left to run
 
   tb_dir = os.path.join(output_dir, outputs.TENSORBOARD_DIR)
   tb_manager = tensorboard_events.ReleaseManager(tb_dir)
@@ -162,7 +188,7 @@ def _run(plan, parts, *, resuming, on_eval, on_round, progress, hooks,
   started = time.perf_counter()
   run_async = hooks_lib.EventLoop()
   try:
-    result = run_rounds(
+    result = yield from iter_rounds(
         process, state, range(start_round + 1, config.rounds + 1), sampler,
         _round_hooks(config, parts, started=started, state_manager=state_manager,
                      release_managers=[csv_manager, tb_manager],
@@ -200,7 +226,7 @@ def _write_results(plan, evaluator, process, result, *, wall: float,
       history, targets=config.targets, status=status, diverged_round=result.diverged_round,
       wall_time_s=wall, rounds_run=result.rounds_run, devices=list(plan.devices),
       extra={"optimizer": config.server.optimizer, "seed": config.seed,
-             "backend": plan.backend,
+             "backend": plan.backend, "kernel_threads": session.kernel_threads(),
              "resumed_from_round": start_round or None})
   outputs.write_summary(output_dir, summary)
   return summary
