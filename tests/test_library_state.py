@@ -1,7 +1,6 @@
 """A program that uses the library, not the command, keeps its process as it was.
 
-The program applies its `Session` (it is its own entry point), then builds a
-learning process, runs rounds in-process with evaluations and checkpoints, and
+The program makes no set-up call: it builds a learning process, runs rounds in-process with evaluations and checkpoints, and
 evaluates through `run_experiment`. Around those library calls nothing
 process-wide may change: the environment, signal handlers, the hooks for
 uncaught and unraisable exceptions, logging's root handlers and level,
@@ -13,12 +12,12 @@ import os
 import subprocess
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.helpers import ROOT
+
 
 PROGRAM = """
 import gc, logging, os, signal, sys
 import tff_fedadamom
-tff_fedadamom.Session().apply()
 import tensorflow as tf
 from tensorflow_federated.python.core.impl.context_stack import context_stack_impl
 
@@ -62,7 +61,7 @@ def _library_program(tmp_path):
   program = PROGRAM.format(config=_config(tmp_path / "run"))
   return subprocess.run([sys.executable, "-c", program], cwd=tmp_path, capture_output=True,
                         text=True, timeout=600,
-                        env={**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2"})
+                        env={**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2"})
 
 
 def test_a_library_run_changes_nothing_process_wide_and_exits_cleanly(tmp_path):

@@ -258,8 +258,7 @@ def entry() -> None:
   prompt exit.
 
   Python's normal exit ends with a full garbage collection of every module's
-  objects, and TensorFlow's and TFF's heap makes that cost about 3 s on this
-  project's reference machine (2 cores, idle), longer on a loaded one; after a
+  objects, and TensorFlow's and TFF's heap makes that cost seconds; after a
   SIGTERM mid-run that delay is how long the command takes to die. Everything a
   command writes is closed by then (its own `finally` blocks ran), so the exit
   handlers run (`atexit`: logging, Ray's shutdown, releasing TFF's default

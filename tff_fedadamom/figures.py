@@ -29,14 +29,10 @@ def new_figure(*, figsize, ncols: int = 1, nrows: int = 1, squeeze: bool = True,
 
 def margins_in_inches(fig, *, left: float = 0.8, right: float = 0.2, bottom: float = 0.55,
                       top: float = 0.45, wspace: float = 0.25, hspace: float = 0.45) -> None:
-  """Fixed margins around the axes, in inches, instead of `tight_layout`.
-
-  `tight_layout` measures every tick label of every axis before it places them:
-  a run's two-axis curves took 0.35-0.46 s with it and 0.22-0.27 s without, and
-  a quickstart sweep's 10 x 4 axes 10 s. The labels of the project's plots fit
-  the defaults: a y label and tick labels of up to 6 characters on the left, a
-  title on top.
-  """
+  """Fixed margins around the axes, in inches, instead of `tight_layout`, which
+  measures every tick label of every axis first (slow on a sweep's many axes).
+  The project's labels fit the defaults: a y label and tick labels of up to 6
+  characters on the left, a title on top."""
   width, height = fig.get_size_inches()
   fig.subplots_adjust(left=left / width, right=1 - right / width, bottom=bottom / height,
                       top=1 - top / height, wspace=wspace, hspace=hspace)

@@ -1,24 +1,16 @@
-"""The one registry of server optimizers: name -> TFF optimizer builder.
+"""The one registry of methods: name -> server optimizer, or whole learning process.
 
-An entry can also be a whole learning process (`kind=LEARNING_PROCESS`: FedCAda
-and FAFED change what the clients do, so they are not a server optimizer inside
-FedAvg); `build_process` dispatches on `kind`, and such an entry records its
-communication cost relative to FedAvg.
+An entry of `kind=LEARNING_PROCESS` (FedCAda, FAFED) changes what the clients
+do too, so it is not a server optimizer inside FedAvg; `build_process`
+dispatches on `kind`. The config and sweep layers ask this module which names
+exist, their hparams and which are tunable.
 
-Every place in the project that turns an optimizer name into an optimizer goes
-through `build_server_optimizer`; the config and sweep layers ask this module
-which names exist, which hyperparameters each one has, and which are tunable.
-
-Hyperparameter names are shared across optimizers (`learning_rate`, `beta_1`,
-`beta_2`, `epsilon`, `momentum`, `bias_correction`). The convention: each
-entry's defaults follow its method's official code (for FedAdam, FedYogi and
-FedAdagrad, Reddi et al.'s google-research/federated `optimization/`; for
-FedAMSGrad, jinghuichen/FedCAMS; for FADAS, yujiaw98/FADAS) and, where no
-official code exists, the paper or a named public implementation; the module
-that builds each optimizer cites the file. The README's optimizer table lists
-every default with its source. Server learning rates must be tuned; their
-defaults are starting points in the range where the papers found the best
-values.
+Hparam names are shared (`learning_rate`, `beta_1`, `beta_2`, `epsilon`,
+`momentum`, `bias_correction`). Each entry's defaults follow its method's
+official code (FedAdam, FedYogi, FedAdagrad: google-research/federated
+`optimization/`; FedAMSGrad: jinghuichen/FedCAMS; FADAS: yujiaw98/FADAS), else
+the paper or a named public implementation; the building module cites the file.
+Server learning rates must be tuned: their defaults are starting points.
 """
 
 from __future__ import annotations
@@ -44,38 +36,26 @@ LEARNING_PROCESS = 'learning_process'  # a whole LearningProcess (the clients ch
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerSpec:
-  """A registered server optimizer.
+  """A registered method.
 
   Attributes:
-    name: Registry name.
-    builder: Callable taking the hparams as keywords, returning a TFF optimizer.
-    defaults: Every hparam the optimizer accepts, with its default. A bool
-      default marks a build-time switch (`bias_correction`): it picks the
-      update rule and the state's structure, so it is not in the state.
-    tunable: The hparams a sweep varies by default (a subset of `defaults`,
-      each with a search range). Bool switches are not tunable: a sweep
-      varies one only when it asks, with `{dist: choice, values: [...]}`
-      (see `sweepable_hparams`).
-    description: One line for listings and docs.
-    search_ranges: For each tunable hparam, the literature's search range as
-      (distribution, low, high), distribution 'loguniform' or 'uniform'.
-    kind: `SERVER_OPTIMIZER` (builder(**hparams) -> Optimizer, run inside
-      FedAvg) or `LEARNING_PROCESS` (builder(model_fn, client_learning_rate,
-      **hparams, client options...) -> LearningProcess, see
-      `tff_fedadamom.algorithms`).
-    communication: Parameter-sized tensors each sampled client sends (and
-      receives) per round, relative to FedAvg's one model (update).
-    communication_note: What is counted in `communication`.
-    check: `check(**hparams)` raises ValueError naming an out-of-range hparam:
-      the ranges the builder enforces, checked without building anything
-      (`optimizers.ranges`; a learning process' own check).
-    display_name: The optimizer's name in messages, tables and plots.
-    state: The keys of its state (for a learning process: of the optimizer
-      state telemetry reads, the finalizer's plus the moments the global
-      state carries beside the model, see `state.process_moments`).
-    momentum_coefficient: Diagnostics: None, or `f(v_flat, epsilon)`, the
-      per-coordinate momentum coefficient the optimizer derives from its
-      state's second moment (FedAdamom's beta1_t), which telemetry reports.
+    builder: `builder(**hparams) -> Optimizer` (`SERVER_OPTIMIZER`), or
+      `builder(model_fn, client_learning_rate, **hparams, **client_options)
+      -> LearningProcess` (`LEARNING_PROCESS`, see `tff_fedadamom.algorithms`).
+    defaults: Every hparam, with its default. A bool default is a build-time
+      switch (`bias_correction`): it picks the rule and the state's structure.
+    tunable: The hparams a sweep varies by default, each with a search range;
+      a switch only when the sweep asks (`sweepable_hparams`).
+    search_ranges: (distribution 'loguniform'|'uniform', low, high) per tunable hparam.
+    communication: Parameter-sized tensors a sampled client sends (and
+      receives) per round, relative to FedAvg's one model; `communication_note`
+      says what is counted.
+    check: `check(**hparams)` raises ValueError naming an out-of-range hparam,
+      without building anything (`optimizers.ranges`).
+    state: The keys of its state as telemetry reads it (`state.process_moments`
+      for a learning process).
+    momentum_coefficient: None, or `f(v_flat, epsilon)`: the per-coordinate
+      momentum the state's second moment sets (FedAdamom's beta1_t).
   """
 
   name: str
@@ -98,9 +78,7 @@ def _fedavg(learning_rate):
 
 
 def _fedavgm(learning_rate, momentum):
-  return tff.learning.optimizers.build_sgdm(
-      learning_rate=learning_rate, momentum=momentum
-  )
+  return tff.learning.optimizers.build_sgdm(learning_rate=learning_rate, momentum=momentum)
 
 
 def _fedadagrad(learning_rate, epsilon, initial_preconditioner):
@@ -108,19 +86,15 @@ def _fedadagrad(learning_rate, epsilon, initial_preconditioner):
   # optimization/shared/optimizer_utils.py): no momentum, v_0 = 0 (their runs'
   # initial accumulator, optimization/docs/hyperparameters.md), epsilon 1e-3.
   return tff.learning.optimizers.build_adagrad(
-      learning_rate=learning_rate,
-      initial_preconditioner_value=initial_preconditioner,
-      epsilon=epsilon,
-  )
+      learning_rate=learning_rate, initial_preconditioner_value=initial_preconditioner,
+      epsilon=epsilon)
 
 
-# Search ranges from the literature. eta: Reddi et al. (2021) grid 10^-3..10^1;
-# epsilon: their tau grid 10^-5..10^-1 (FedAdamom's clip margin, reference 1e-3,
-# lies inside); Adam-family beta_2 around the official codes' 0.99 (FedAMS,
-# FADAS) and 0.999 (Reddi et al.); FedAvgM momentum,
-# Hsu et al. (2019) best 0.9-0.97; FedAdamom beta_2: the paper's ablation 0.01-0.3.
-# FADAS: eta log-uniform 1e-4..1e0 and epsilon 1e-8..1e-1 hold the authors'
-# settings (eta 1e-4 and 1e-3, eps 1e-8) and most of Reddi et al.'s grids.
+# Search ranges from the literature: eta and epsilon (tau) Reddi et al.'s (2021)
+# grids, which hold FedAdamom's clip margin 1e-3; Adam-family beta_2 around the
+# official codes' 0.99 and 0.999; FedAvgM momentum around Hsu et al.'s (2019)
+# best 0.9-0.97; FedAdamom's beta_2 its paper's ablation; FADAS' ranges hold its
+# authors' settings (eta 1e-4 and 1e-3, eps 1e-8) and most of Reddi et al.'s grids.
 _RANGES = {
     'learning_rate': ('loguniform', 1e-3, 1e1),
     'epsilon': ('loguniform', 1e-5, 1e-1),
@@ -129,9 +103,7 @@ _RANGES = {
 }
 
 
-# Reddi et al.'s code and notes (google-research/federated,
-# optimization/docs/hyperparameters.md; see `adaptive.REDDI_*`); eta a starting
-# point inside their best range.
+# Reddi et al.'s notes (`adaptive.REDDI_*`); eta a starting point in their best range.
 _REDDI_ADAM_DEFAULTS = {'learning_rate': 0.01, 'beta_1': adaptive.REDDI_BETA_1,
                         'beta_2': adaptive.REDDI_BETA_2, 'epsilon': adaptive.REDDI_EPSILON}
 
@@ -139,8 +111,8 @@ _REDDI_ADAM_DEFAULTS = {'learning_rate': 0.01, 'beta_1': adaptive.REDDI_BETA_1,
 def _spec(name, display_name, builder, defaults, tunable, description, state, *,
           check=None, process=None, momentum_coefficient=None,
           **search) -> OptimizerSpec:
-  """An entry; `process=dict(check=..., communication=..., communication_note=...)`
-  makes it a `LEARNING_PROCESS` entry. `search` overrides `_RANGES`."""
+  """An entry; `process=dict(check, communication, communication_note)` makes it
+  a `LEARNING_PROCESS`; `search` overrides `_RANGES`."""
   search_ranges = {h: search.get(h, _RANGES.get(h)) for h in tunable}
   extra = dict(kind=LEARNING_PROCESS, **process) if process else dict(check=check)
   return OptimizerSpec(name, builder, dict(defaults), tuple(tunable), description,
@@ -148,147 +120,85 @@ def _spec(name, display_name, builder, defaults, tunable, description, state, *,
                        momentum_coefficient=momentum_coefficient, **extra)
 
 
-# FedCAda and FAFED: neither paper's hparam grid could be consulted (see
-# tff_fedadamom/algorithms); the ranges are the usual ones for client Adam
-# (beta_2 0.99..0.999, epsilon 1e-8..1e-3) and, for FAFED, a STORM weight and
-# an adaptive constant rho spanning a decade or more around the defaults of the
-# public implementation its module cites (alpha = rho = 0.1).
+# FedCAda and FAFED: neither paper's hparam grid could be consulted; the ranges
+# are the usual ones for client Adam and, for FAFED, a decade or more around the
+# defaults of the implementation its module cites (alpha = rho = 0.1).
 _CLIENT_ADAPTIVE_COMM = ('the model update, the first and the second moment up; the model'
                          ' and both moments down (plus a scalar step count for FedCAda)')
 
 
-OPTIMIZERS: Mapping[str, OptimizerSpec] = {
-    s.name: s
-    for s in (
-        _spec(
-            'fedavg',
-            'FedAvg',
-            _fedavg,
-            {'learning_rate': 1.0},
-            ['learning_rate'],
-            'FedAvg: server SGD, w - eta * g (eta = 1 is plain averaging).',
-            keys.SGD_STATE,
-            check=ranges.check_sgd,
-        ),
-        _spec(
-            'fedavgm',
-            'FedAvgM',
-            _fedavgm,
-            {'learning_rate': 1.0, 'momentum': 0.9},
-            ['learning_rate', 'momentum'],
-            'FedAvgM: server heavy-ball momentum, m = momentum * m + g.',
-            keys.SGDM_STATE,
-            check=ranges.check_sgd,
-        ),
-        _spec(
-            'fedadam',
-            adaptive.FEDADAM_NAME,
-            adaptive.build_fedadam,
-            {**_REDDI_ADAM_DEFAULTS, 'bias_correction': True},
-            ['learning_rate', 'beta_2', 'epsilon'],
-            'FedAdam (Reddi et al. 2021): Adam on the server.',
-            keys.ADAM_STATE,
-            check=functools.partial(ranges.check_adam_family, adaptive.FEDADAM_NAME, 'Adam'),
-        ),
-        _spec(
-            'fedyogi',
-            adaptive.FEDYOGI_NAME,
-            adaptive.build_fedyogi,
-            {**_REDDI_ADAM_DEFAULTS,
-             'initial_preconditioner': adaptive.REDDI_YOGI_INITIAL_PRECONDITIONER,
-             'bias_correction': True},
-            ['learning_rate', 'beta_2', 'epsilon'],
-            'FedYogi (Reddi et al. 2021): Yogi on the server.',
-            keys.ADAM_STATE,
-            check=functools.partial(ranges.check_adam_family, adaptive.FEDYOGI_NAME, 'Yogi'),
-        ),
-        _spec(
-            'fedadagrad',
-            'FedAdagrad',
-            _fedadagrad,
-            {'learning_rate': 0.1, 'epsilon': 1e-3,
-             'initial_preconditioner': 0.0},
-            ['learning_rate', 'epsilon'],
-            'FedAdagrad (Reddi et al. 2021): Adagrad on the server.',
-            keys.ADAGRAD_STATE,
-            check=ranges.check_adagrad,
-        ),
-        _spec(
-            'fedadamom',
-            fedadamom.NAME,
-            fedadamom.build_fedadamom,
-            {'learning_rate': fedadamom.DEFAULT_LEARNING_RATE,
-             'beta_2': fedadamom.DEFAULT_BETA_2,
-             'epsilon': fedadamom.DEFAULT_EPSILON},
-            ['learning_rate', 'beta_2', 'epsilon'],
-            'FedAdamom: second moment sets a per-coordinate momentum.',
-            keys.StateKeys(frozenset(fedadamom.STATE_KEYS)),
-            check=fedadamom.check_hparams,
-            momentum_coefficient=fedadamom.momentum_coefficient_numpy,
-            beta_2=('uniform', 0.01, 0.3),
-        ),
-        _spec(
-            'fedamsgrad',
-            adaptive.FEDAMSGRAD_NAME,
-            adaptive.build_fedamsgrad,
-            {'learning_rate': adaptive.FEDAMS_LEARNING_RATE,
-             'beta_1': adaptive.FEDAMS_BETA_1, 'beta_2': adaptive.FEDAMS_BETA_2,
-             'epsilon': adaptive.FEDAMS_EPSILON,
-             'initial_max_preconditioner': adaptive.FEDAMS_INITIAL_MAX_PRECONDITIONER,
-             'bias_correction': True},
-            ['learning_rate', 'beta_2', 'epsilon'],
-            'FedAMSGrad (FedAMS, Wang et al. 2022): AMSGrad on the server.',
-            keys.AMSGRAD_STATE,
-            check=functools.partial(ranges.check_adaptive, adaptive.FEDAMSGRAD_NAME,
-                                    amsgrad=True),
-        ),
-        _spec(
-            'fadas',
-            fadas.NAME,
-            fadas.build_fadas,
-            {'learning_rate': fadas.DEFAULT_LEARNING_RATE,
-             'beta_1': fadas.DEFAULT_BETA_1,
-             'beta_2': fadas.DEFAULT_BETA_2,
-             'epsilon': fadas.DEFAULT_EPSILON,
-             'delay_threshold': fadas.DEFAULT_DELAY_THRESHOLD,
-             'bias_correction': True},
-            ['learning_rate', 'beta_2', 'epsilon'],
-            'FADAS (Wang et al. 2024): AMSGrad, delay-adaptive rate; '
-            'synchronous rounds only.',
-            keys.FADAS_STATE,
-            check=functools.partial(ranges.check_adaptive, fadas.NAME, amsgrad=True),
-            learning_rate=('loguniform', 1e-4, 1e0),
-            epsilon=('loguniform', 1e-8, 1e-1),
-        ),
-        _spec(
-            'fedcada',
-            fedcada._NAME,  # pylint: disable=protected-access
-            algorithms.build_fedcada,
-            {'learning_rate': fedcada.DEFAULT_LEARNING_RATE,
-             'beta_1': fedcada.DEFAULT_BETA_1, 'beta_2': fedcada.DEFAULT_BETA_2,
-             'epsilon': fedcada.DEFAULT_EPSILON},
-            ['beta_2', 'epsilon'],
-            'FedCAda (Zhou et al. 2024): Adam on the clients, Adam state averaged.',
-            keys.CLIENT_ADAPTIVE_STATE,
-            process=dict(check=fedcada.check_hparams, communication=3.0,
-                         communication_note=_CLIENT_ADAPTIVE_COMM),
-            beta_2=('uniform', 0.99, 0.999), epsilon=('loguniform', 1e-8, 1e-3),
-        ),
-        _spec(
-            'fafed',
-            fafed._NAME,  # pylint: disable=protected-access
-            algorithms.build_fafed,
-            {'learning_rate': fafed.DEFAULT_LEARNING_RATE, 'alpha': fafed.DEFAULT_ALPHA,
-             'beta_2': fafed.DEFAULT_BETA_2, 'epsilon': fafed.DEFAULT_EPSILON},
-            ['alpha', 'epsilon'],
-            'FAFED (Wu et al. 2023): STORM client steps, shared adaptive matrix.',
-            keys.CLIENT_ADAPTIVE_STATE,
-            process=dict(check=fafed.check_hparams, communication=3.0,
-                         communication_note=_CLIENT_ADAPTIVE_COMM),
-            alpha=('loguniform', 1e-2, 1.0), epsilon=('loguniform', 1e-3, 1.0),
-        ),
-    )
-}
+OPTIMIZERS: Mapping[str, OptimizerSpec] = {s.name: s for s in (
+    _spec('fedavg', 'FedAvg', _fedavg, {'learning_rate': 1.0}, ['learning_rate'],
+          'FedAvg: server SGD, w - eta * g (eta = 1 is plain averaging).', keys.SGD_STATE,
+          check=ranges.check_sgd),
+    _spec('fedavgm', 'FedAvgM', _fedavgm, {'learning_rate': 1.0, 'momentum': 0.9},
+          ['learning_rate', 'momentum'],
+          'FedAvgM: server heavy-ball momentum, m = momentum * m + g.', keys.SGDM_STATE,
+          check=ranges.check_sgd),
+    _spec('fedadam', adaptive.FEDADAM_NAME, adaptive.build_fedadam,
+          {**_REDDI_ADAM_DEFAULTS, 'bias_correction': True},
+          ['learning_rate', 'beta_2', 'epsilon'],
+          'FedAdam (Reddi et al. 2021): Adam on the server.', keys.ADAM_STATE,
+          check=functools.partial(ranges.check_adam_family, adaptive.FEDADAM_NAME, 'Adam')),
+    _spec('fedyogi', adaptive.FEDYOGI_NAME, adaptive.build_fedyogi,
+          {**_REDDI_ADAM_DEFAULTS,
+           'initial_preconditioner': adaptive.REDDI_YOGI_INITIAL_PRECONDITIONER,
+           'bias_correction': True},
+          ['learning_rate', 'beta_2', 'epsilon'],
+          'FedYogi (Reddi et al. 2021): Yogi on the server.', keys.ADAM_STATE,
+          check=functools.partial(ranges.check_adam_family, adaptive.FEDYOGI_NAME, 'Yogi')),
+    _spec('fedadagrad', 'FedAdagrad', _fedadagrad,
+          {'learning_rate': 0.1, 'epsilon': 1e-3, 'initial_preconditioner': 0.0},
+          ['learning_rate', 'epsilon'],
+          'FedAdagrad (Reddi et al. 2021): Adagrad on the server.', keys.ADAGRAD_STATE,
+          check=ranges.check_adagrad),
+    _spec('fedadamom', fedadamom.NAME, fedadamom.build_fedadamom,
+          {'learning_rate': fedadamom.DEFAULT_LEARNING_RATE,
+           'beta_2': fedadamom.DEFAULT_BETA_2, 'epsilon': fedadamom.DEFAULT_EPSILON},
+          ['learning_rate', 'beta_2', 'epsilon'],
+          'FedAdamom: second moment sets a per-coordinate momentum.',
+          keys.StateKeys(frozenset(fedadamom.STATE_KEYS)), check=fedadamom.check_hparams,
+          momentum_coefficient=fedadamom.momentum_coefficient_numpy,
+          beta_2=('uniform', 0.01, 0.3)),
+    _spec('fedamsgrad', adaptive.FEDAMSGRAD_NAME, adaptive.build_fedamsgrad,
+          {'learning_rate': adaptive.FEDAMS_LEARNING_RATE,
+           'beta_1': adaptive.FEDAMS_BETA_1, 'beta_2': adaptive.FEDAMS_BETA_2,
+           'epsilon': adaptive.FEDAMS_EPSILON,
+           'initial_max_preconditioner': adaptive.FEDAMS_INITIAL_MAX_PRECONDITIONER,
+           'bias_correction': True},
+          ['learning_rate', 'beta_2', 'epsilon'],
+          'FedAMSGrad (FedAMS, Wang et al. 2022): AMSGrad on the server.',
+          keys.AMSGRAD_STATE,
+          check=functools.partial(ranges.check_adaptive, adaptive.FEDAMSGRAD_NAME,
+                                  amsgrad=True)),
+    _spec('fadas', fadas.NAME, fadas.build_fadas,
+          {'learning_rate': fadas.DEFAULT_LEARNING_RATE, 'beta_1': fadas.DEFAULT_BETA_1,
+           'beta_2': fadas.DEFAULT_BETA_2, 'epsilon': fadas.DEFAULT_EPSILON,
+           'delay_threshold': fadas.DEFAULT_DELAY_THRESHOLD, 'bias_correction': True},
+          ['learning_rate', 'beta_2', 'epsilon'],
+          'FADAS (Wang et al. 2024): AMSGrad, delay-adaptive rate; synchronous rounds only.',
+          keys.FADAS_STATE,
+          check=functools.partial(ranges.check_adaptive, fadas.NAME, amsgrad=True),
+          learning_rate=('loguniform', 1e-4, 1e0), epsilon=('loguniform', 1e-8, 1e-1)),
+    _spec('fedcada', fedcada._NAME, algorithms.build_fedcada,  # pylint: disable=protected-access
+          {'learning_rate': fedcada.DEFAULT_LEARNING_RATE, 'beta_1': fedcada.DEFAULT_BETA_1,
+           'beta_2': fedcada.DEFAULT_BETA_2, 'epsilon': fedcada.DEFAULT_EPSILON},
+          ['beta_2', 'epsilon'],
+          'FedCAda (Zhou et al. 2024): Adam on the clients, Adam state averaged.',
+          keys.CLIENT_ADAPTIVE_STATE,
+          process=dict(check=fedcada.check_hparams, communication=3.0,
+                       communication_note=_CLIENT_ADAPTIVE_COMM),
+          beta_2=('uniform', 0.99, 0.999), epsilon=('loguniform', 1e-8, 1e-3)),
+    _spec('fafed', fafed._NAME, algorithms.build_fafed,  # pylint: disable=protected-access
+          {'learning_rate': fafed.DEFAULT_LEARNING_RATE, 'alpha': fafed.DEFAULT_ALPHA,
+           'beta_2': fafed.DEFAULT_BETA_2, 'epsilon': fafed.DEFAULT_EPSILON},
+          ['alpha', 'epsilon'],
+          'FAFED (Wu et al. 2023): STORM client steps, shared adaptive matrix.',
+          keys.CLIENT_ADAPTIVE_STATE,
+          process=dict(check=fafed.check_hparams, communication=3.0,
+                       communication_note=_CLIENT_ADAPTIVE_COMM),
+          alpha=('loguniform', 1e-2, 1.0), epsilon=('loguniform', 1e-3, 1.0)),
+)}
 
 
 def list_optimizers() -> list[str]:
@@ -327,11 +237,8 @@ def default_hparams(name: str) -> dict[str, Any]:
 
 
 def sweepable_hparams(name: str) -> tuple[str, ...]:
-  """The hparams a sweep may vary: the tunable ones, then the bool switches.
-
-  A switch (such as `bias_correction`) has no default range; a sweep varies
-  it only with an explicit choice of values.
-  """
+  """The hparams a sweep may vary: the tunable ones, then the bool switches
+  (which have no default range: a sweep varies one only with explicit values)."""
   spec = get_spec(name)
   switches = tuple(h for h, v in spec.defaults.items()
                    if isinstance(v, bool) and h not in spec.tunable)
@@ -364,22 +271,12 @@ def check_hparams(name: str, **hparams) -> dict[str, Any]:
   return resolved
 
 
-def build_server_optimizer(
-    name: str, **hparams
-) -> tff.learning.optimizers.Optimizer:
-  """Builds the server optimizer `name` with `hparams` over its defaults.
-
-  Args:
-    name: One of `list_optimizers()`.
-    **hparams: Values for any of the optimizer's hparams (`default_hparams`).
-
-  Returns:
-    A `tff.learning.optimizers.Optimizer`.
+def build_server_optimizer(name: str, **hparams) -> tff.learning.optimizers.Optimizer:
+  """The server optimizer `name` with `hparams` over its defaults.
 
   Raises:
-    ValueError: For an unknown name or hparam (listing the valid ones), or an
-      out-of-range value (raised by the optimizer, naming the argument), and
-      for a name that is a whole learning process (FedCAda, FAFED).
+    ValueError: an unknown name or hparam, an out-of-range value (naming the
+      argument), or a name that is a whole learning process.
   """
   spec = get_spec(name)
   if spec.kind == LEARNING_PROCESS:

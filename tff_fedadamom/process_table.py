@@ -1,15 +1,10 @@
 """Reading Linux's process table (`/proc`): which processes run, their parents
 and start times.
 
-The one home of the project's /proc walk: the runtime finds which workers TFF
-started still run, a sweep worker checks that its trial's owner still runs, and
-a local Ray session names the processes Ray started for it (the tests' walks,
-over command lines, environments and sockets, build on these in
-`tests/process_table.py`). Nothing here signals, waits for or otherwise changes
-a process; callers decide what to do with pids.
-
-A process that ends while it is being read is simply not reported; off Linux
-(no /proc) none is.
+The one home of the project's /proc walk (the runtime's workers, a sweep
+trial's owner, the processes a local Ray started; the tests' walks build on it
+in `tests/process_table.py`). Nothing here signals or waits for a process. A
+process that ends while it is being read is not reported; off Linux none is.
 """
 
 from __future__ import annotations
@@ -24,15 +19,11 @@ class Stat:
   """The fields of `/proc/PID/stat` the project uses.
 
   Attributes:
-    pid: The process id.
     state: One letter, e.g. 'R', 'S', 'Z' (zombie: ended, not yet reaped).
-    ppid: The parent's pid.
-    start_time: When the process started, in clock ticks after boot; tells a
-      reused pid apart.
-    name: The executable's name as the kernel keeps it (`comm`, at most 15
-      characters), e.g. 'gcs_server'.
-    wait_status: A zombie's status as `waitpid` would report it (exit code or
-      signal), None while it runs or where the kernel does not say (before 3.5).
+    start_time: Clock ticks after boot; tells a reused pid apart.
+    name: The executable's name as the kernel keeps it (`comm`, <= 15 characters).
+    wait_status: A zombie's status as `waitpid` would report it, None while it
+      runs or where the kernel does not say (before 3.5).
   """
   pid: int
   state: str
@@ -113,13 +104,8 @@ def stats() -> list[Stat]:
 
 def descendants(roots: int | Iterable[int], table: Optional[Iterable[Stat]] = None) -> list[int]:
   """Every descendant of `roots` (one pid or several), in walk order, without
-  the roots themselves.
-
-  Args:
-    roots: A pid or an iterable of pids.
-    table: The processes to walk (default: `stats()` now); pass one table to
-      several walks to see a single moment of the process table.
-  """
+  the roots themselves. `table`: the processes to walk (default: `stats()`
+  now); one table passed to several walks sees a single moment."""
   roots = [roots] if isinstance(roots, int) else list(roots)
   children: dict[int, list[int]] = {}
   for s in (stats() if table is None else table):

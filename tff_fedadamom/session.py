@@ -108,14 +108,12 @@ def startup_imports(enabled: bool = True):
   `enabled` False, nothing is changed (a command called by a caller's program,
   `cli.main`).
 
-  Why: those imports make about 450,000 objects that live as long as the
-  process (modules, classes, functions, op registrations). With the collector
-  on, each full collection during the imports walks every object made so far,
-  and every later one (Python's own, a checkpoint's `gc.collect`) walks them
-  all again, which makes start-up measurably slower. Frozen, they are never
-  walked again;
-  the cyclic garbage the imports leave (about 3,200 objects, found by a
-  collection after them) stays allocated, a negligible share of the process.
+  Why: those imports make hundreds of thousands of objects that live as long
+  as the process (modules, classes, functions, op registrations). With the
+  collector on, each full collection during the imports walks every object
+  made so far, and every later one (Python's own, a checkpoint's
+  `gc.collect`) walks them all again. Frozen, they are never walked again; the
+  little cyclic garbage the imports leave stays allocated.
 
   For an entry point only: the collector's state is the process's. It is on
   again after the block if it was before.

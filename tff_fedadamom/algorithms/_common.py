@@ -1,32 +1,25 @@
 """The TFF composition shared by the client-adaptive processes (FedCAda, FAFED).
 
-Both algorithms send more than the model in each direction: a client starts a
-round from the global model AND global optimizer statistics (Adam's moments for
-FedCAda, the momentum estimator and second moment for FAFED), and sends back
-its trained model and its statistics, which the server averages. In TFF's
-composition (`tff.learning.templates.compose_learning_process`) the one value
-that flows from the server to the clients is what the distributor broadcasts,
-the "global model weights". Here that value is a *global state*:
+A client starts a round from the global model AND global optimizer statistics,
+and sends back its trained model and statistics, which the server averages. In
+`tff.learning.templates.compose_learning_process` the one value broadcast is
+the "global model weights"; here it is a global state
 
     OrderedDict(model=ModelWeights, accumulator=[...], preconditioner=[...], ...)
 
-(`accumulator`/`preconditioner` are the names TFF's Adam state uses for the first
-and second moment, and the names the pipeline's telemetry reads.) The parts:
+(TFF's Adam slot names, which telemetry reads). The parts:
 
-- distributor: `tff.learning.templates.build_broadcast_process(global state type)`;
-- client work: a `ClientWorkProcess` whose server state holds the client hparams
-  and the round number (broadcast beside the global state); its update is
-  `OrderedDict(model=initial - trained, <statistics>)` (TFF's sign convention: a
-  pseudo-gradient), its weight 1 (UNIFORM) or the examples seen (NUM_EXAMPLES);
-- aggregator: a weighted `tff.aggregators.MeanFactory` over the whole update;
-- finalizer: `model <- model - eta * mean pseudo-gradient` (eta = 1 is plain
-  averaging of the clients' models), statistics <- their means; a non-finite
-  aggregate is rejected and counted in `update_non_finite`, as TFF's
-  `apply_optimizer_finalizer` does.
+- distributor: `build_broadcast_process(global state type)`;
+- client work: server state = the client hparams and the round number; update
+  `OrderedDict(model=initial - trained, <statistics>)`, weight 1 (UNIFORM) or
+  the examples seen (NUM_EXAMPLES);
+- aggregator: a weighted `MeanFactory` over the whole update;
+- finalizer: `model <- model - eta * mean pseudo-gradient`, statistics <- their
+  means; a non-finite aggregate is rejected and counted in `update_non_finite`,
+  as TFF's `apply_optimizer_finalizer` does.
 
-`compose_learning_process` would make `get_model_weights` return the whole global
-state, so `compose` re-wraps its result in a `LearningProcess` whose
-`get_model_weights` returns `global_model_weights['model']`.
+`compose` re-wraps the composed process so that `get_model_weights` returns
+`global_model_weights['model']`, not the whole global state.
 """
 
 from __future__ import annotations
@@ -130,18 +123,12 @@ def initial_global_state_fn(model_fn, initial_statistics: Callable[[list], Mappi
 
 def build_client_work(model_fn, make_client_update, hparams: Mapping[str, float],
                       global_type) -> tff.learning.templates.ClientWorkProcess:
-  """A `ClientWorkProcess` running `make_client_update()` on every client.
+  """A `ClientWorkProcess` running `make_client_update()` (called inside the
+  client computation: `(state, global_state, dataset) -> (ClientResult,
+  unfinalized metrics)`) on every client.
 
-  Its server state is `OrderedDict(**hparams, round_num)`: the hparams are what
-  `get_hparams`/`set_hparams` expose (the client learning rate among them), and
-  `round_num` counts the rounds run (schedules on the clients read it).
-
-  Args:
-    model_fn: No-arg callable returning a `tff.learning.models.VariableModel`.
-    make_client_update: Called inside the client computation; returns a function
-      `(state, global_state, dataset) -> (ClientResult, unfinalized metrics)`.
-    hparams: The client-side hparams and their initial values (float32).
-    global_type: The type of the broadcast global state.
+  Its server state is `OrderedDict(**hparams, round_num)`: the float32 hparams
+  are what `get_hparams`/`set_hparams` expose, `round_num` counts the rounds.
   """
   with tf.Graph().as_default():
     model = model_fn()
@@ -295,21 +282,15 @@ def build(algorithm: str, model_fn, client_learning_rate: float, *, learning_rat
 
   Args:
     algorithm: Its name, for error messages.
-    model_fn: No-arg callable returning a new `tff.learning.models.VariableModel`.
-    client_learning_rate: The clients' step size.
+    client_learning_rate: The clients' step size, times `client_lr_decay` per round.
     learning_rate: eta, the server's step on the mean model update (1 = averaging).
     client_hparams: The algorithm's own client hparams (in the client work's state).
-    initial_statistics: See `compose`.
-    local_rule: See `client_update_builder`.
-    client_weighting: `tff.learning.ClientWeighting.UNIFORM` or `NUM_EXAMPLES`, for
-      the model update and the statistics alike.
-    client_lr_decay: The client step size is multiplied by this per round.
-    weight_decay: Coupled L2 decay added to the gradients.
-    clip_norm: Global gradient-norm bound applied to the gradients, or None.
-    model_aggregator: A weighted `tff.aggregators` factory for the client update;
-      `tff.aggregators.MeanFactory()` if None.
-    loop_implementation: TFF's `DATASET_ITERATOR` loop instead of `dataset.reduce`
-      lets training ops leave the CPU in simulations (as in TFF's own builders).
+    initial_statistics, local_rule: See `compose` and `client_update_builder`.
+    client_weighting: UNIFORM or NUM_EXAMPLES, for the update and statistics alike.
+    weight_decay, clip_norm: The clients' `clip_and_decay` of the gradients.
+    model_aggregator: A weighted aggregation factory (default `MeanFactory()`).
+    loop_implementation: TFF's `DATASET_ITERATOR` loop instead of
+      `dataset.reduce` lets training ops leave the CPU, as in TFF's builders.
   """
   check_positive('client_learning_rate', client_learning_rate, algorithm=algorithm)
   check_client_options(algorithm, weight_decay, clip_norm, client_lr_decay)
@@ -328,18 +309,9 @@ def build(algorithm: str, model_fn, client_learning_rate: float, *, learning_rat
 def compose(model_fn, *, initial_statistics, make_client_update, client_hparams,
             server_learning_rate: float, model_aggregator: Optional[Any] = None
             ) -> tff.learning.templates.LearningProcess:
-  """Distributor, client work, aggregator and finalizer, composed by TFF.
-
-  Args:
-    model_fn: No-arg callable returning a `tff.learning.models.VariableModel`.
-    initial_statistics: `trainable tensors -> OrderedDict` of the statistics'
-      initial values (they define the statistics' names and types).
-    make_client_update: See `build_client_work`.
-    client_hparams: The client work's hparams (see `build_client_work`).
-    server_learning_rate: eta of the finalizer.
-    model_aggregator: A weighted `tff.aggregators` factory for the update;
-      `tff.aggregators.MeanFactory()` if None.
-  """
+  """Distributor, client work (`build_client_work`), aggregator and finalizer,
+  composed by TFF. `initial_statistics(trainable tensors) -> OrderedDict` gives
+  the statistics' initial values, names and types."""
   initial_global = initial_global_state_fn(model_fn, initial_statistics)
   global_type = initial_global.type_signature.result
   distributor = tff.learning.templates.build_broadcast_process(global_type)

@@ -1,25 +1,21 @@
 """FAFED: momentum-based variance-reduced client steps with a shared adaptive matrix.
 
 Wu, Huang, Hu and Huang, "Faster Adaptive Federated Learning", AAAI 2023
-(arXiv:2212.00974), Algorithm 1 (FAFED). Only the paper's abstract could be
-read and no code by its authors is known; the rule below follows the abstract
-(momentum-based variance reduction, cross-silo, an adaptive matrix shared by
-the workers) and an unofficial public PyTorch implementation (naya0000/FaFed,
-`code/Image/FAFED.py` and `code/NLP/FAFED.py` with their `main.py`; the same
-files in Xiao-Chenguang/FaFed), which averages the parameters, u and v at every
-communication and sets H = sqrt(v) + rho from the averaged v. Where this
-implementation departs from it, it is said below. Each worker i keeps a STORM-type
-momentum estimator u (Cutkosky & Orabona, 2019) and an exponential average v of
-squared gradients; every q local steps (one round here) the server averages
-x, u and v over the workers, forms the adaptive matrix A = diag(sqrt(v) + rho)
-from the averaged v, and every worker continues from the averages. Between
-communications A is fixed.
+(arXiv:2212.00974), Algorithm 1. Only the abstract could be read and no code by
+its authors is known; the rule follows the abstract (momentum-based variance
+reduction, an adaptive matrix shared by the workers) and an unofficial PyTorch
+implementation (naya0000/FaFed, `code/Image/FAFED.py`, `code/NLP/FAFED.py`,
+their `main.py`), which averages the parameters, u and v at every
+communication and sets H = sqrt(v) + rho from the averaged v. Each worker keeps
+a STORM momentum estimator u (Cutkosky & Orabona, 2019) and an average v of
+squared gradients; every round the server averages x, u and v, and A is fixed
+between communications.
 
 One round r (0-based), client i, from the broadcast (x, u, v):
 
 ```
 A = sqrt(v) + rho                                     (fixed for the round)
-for each batch B (the round's q = K local steps):
+for each batch B:
   x_new = x - gamma_r * u / A
   u     = g(x_new; B) + (1 - alpha) * (u - g(x; B))  (both gradients on the SAME batch)
   v     = beta_2 * v + (1 - beta_2) * g(x_new; B)**2
@@ -27,70 +23,35 @@ for each batch B (the round's q = K local steps):
 send (x_start - x, u, v)
 ```
 
-Server: `x <- x - eta * mean(x_start - x_i)` (eta = 1: the models averaged, as in
-the paper), `u, v <- mean of the clients' u, v`.
+Server: `x <- x - eta * mean(x_start - x_i)` (eta = 1: the models averaged),
+`u, v <- their means`. Round 0 is Algorithm 1's initialisation (u_1 = g,
+v_1 = g**2, averaged): each client evaluates one batch at x and sends u = g,
+v = g**2 and a zero model update (the same step with gamma = 0, alpha = 1,
+beta_2 = 0). Defaults alpha = beta = rho = 0.1 are that implementation's
+argparse defaults (beta is `beta_2` here, rho `epsilon`).
 
-Initialisation (the lines before the loop of Algorithm 1): each worker sets
-u_1 = g(x_1; B_1), v_1 = g(x_1; B_1)**2 and the server averages them before the
-first step. Here round 0 is that initialisation round: every sampled client
-evaluates one batch at x, sends u = g, v = g**2 and a zero model update (the
-same local step with gamma = 0, alpha = 1, beta_2 = 0). Training steps start
-at round 1.
+Deviations from that implementation (ours):
+- u is updated after each step from g(x) and g(x_new) on the same batch, x the
+  point the step started from (the averaged model at a round's start), so the
+  correction is the gradient change along the step taken, which STORM's
+  variance argument bounds; the implementation differences against the
+  client's own pre-averaging iterate, and moves the model while initialising.
+- The old gradient's weight `ext` is 1 (STORM); the image script's 0.95 leaves
+  u a bias of (1 - alpha) (1 - ext) g_old.
+- gamma and alpha are constants (gamma_r = gamma * client_lr_decay**r); the
+  NLP script's (1 + epoch)^(-1/3) decay is not offered.
+- Clipping and weight decay apply to both gradients (with a clip norm the
+  correction is not exactly a difference of gradients of one function); dropout
+  draws different masks for the two evaluations; train metrics are those at x
+  (the second evaluation's metric updates are undone).
 
-Defaults: alpha = 0.1, beta = 0.1 (`beta_2` here; v = 0.1 v + 0.9 g**2, so
-v follows the latest gradients closely) and rho = 0.1 (`epsilon` here), the
-argparse defaults of both of that implementation's `main.py` (image and NLP).
+Partial participation: FAFED is cross-silo (every worker, every round). With
+`clients_per_round < num_clients` the averages are over the sampled clients and
+a client sampled later starts from the current averages, as after a full sync;
+the averaged u then also carries client-sampling noise, which the STORM
+correction does not remove (the analysis assumes full participation).
 
-Choices and deviations (ours), each where the implementation departs from the
-STORM estimator the abstract names, or where it could not be checked against
-the paper:
-- The iterate the estimator differences against. The implementation updates u
-  before each step from g(x_t) and g(x_prev), x_prev being the client's
-  iterate before its previous step, which after a communication is its own
-  pre-averaging iterate, not the averaged model it continues from; and it
-  takes one plain gradient step during initialisation. Here u is updated
-  after each step from g(x) and g(x_new) on the same batch, x being the point
-  the step started from (the averaged model at a round's start), so the
-  correction is the gradient change along the step actually taken, which is
-  what STORM's variance argument bounds (by |x_new - x|); the recursion is
-  otherwise the same. Initialisation does not move the model.
-- The old gradient's weight. The implementation scales it by `ext`:
-  u = g_new + (1 - alpha) (u - ext * g_old), with ext = 0.95 in its image
-  script and 1 in its NLP script. Here ext = 1, the STORM estimator (with
-  ext < 1 the correction no longer cancels in expectation and u keeps a
-  bias of (1 - alpha) (1 - ext) g_old).
-- Step size. The image script keeps gamma constant; the NLP script decays it
-  per epoch, gamma / (1 + epoch)^(1/3), after the analysis's schedule
-  eta_t = k / (m + t)^(1/3) (whose alpha_{t+1} = c eta_t^2 neither script
-  uses). Here gamma and alpha are constants, and
-  gamma_r = gamma * client_lr_decay**r supports the pipeline's per-round
-  client learning-rate decay; no (1 + epoch)^(-1/3) schedule is offered.
-- The paper names the adaptive constant rho; here it is the shared hparam
-  `epsilon`, beta (the v decay) is `beta_2`, and alpha keeps its name.
-- Clipping and weight decay (`clip_and_decay`) are applied to both gradients.
-  Clipping is not linear, so with a clip norm the STORM correction is not
-  exactly the difference of two gradients of one function; without clipping it
-  is. Dropout draws different masks for the two gradient evaluations.
-- Train metrics are those of the gradient at x (before each step); the second
-  evaluation's metric updates are undone.
-
-Partial participation. FAFED is a cross-silo method: every worker takes part in
-every round. After each communication every worker holds the same (x, u, v),
-the averages, so a worker needs no state of its own between communications.
-What a non-participating worker would contribute is its q local steps: its u
-carries the variance-reduced estimate of ITS gradient, and the average of all
-workers' u estimates the full gradient. With `clients_per_round <
-num_clients` this process averages over the sampled clients only and the
-others do nothing; a client sampled later starts from the current averages,
-exactly as it would after a full-participation sync. The price is that the
-averaged u (and v) estimate the sampled clients' gradient, so the estimator
-also carries client-sampling noise, which the STORM correction (a difference
-of gradients of the same client) does not remove; the variance-reduction
-guarantee of the analysis is for full participation only.
-
-Communication per round and client: model + u + v in each direction, 3x FedAvg
-(A is formed on each client from the broadcast v; sending A instead of v costs
-the same).
+Communication per round and client: model + u + v each way, 3x FedAvg.
 """
 
 from __future__ import annotations
@@ -171,16 +132,11 @@ def _local_rule(model, trainable, state, global_state, dataset, reduce_fn, trans
       (_common.ACCUMULATOR_KEY, list(u)), (_common.PRECONDITIONER_KEY, list(v))]), num_examples
 
 
-def build_fafed(
-    model_fn: Callable[[], tff.learning.models.VariableModel],
-    client_learning_rate: float,
-    *,
-    learning_rate: float = DEFAULT_LEARNING_RATE,
-    alpha: float = DEFAULT_ALPHA,
-    beta_2: float = DEFAULT_BETA_2,
-    epsilon: float = DEFAULT_EPSILON,
-    **client_options,
-) -> tff.learning.templates.LearningProcess:
+def build_fafed(model_fn: Callable[[], tff.learning.models.VariableModel],
+                client_learning_rate: float, *, learning_rate: float = DEFAULT_LEARNING_RATE,
+                alpha: float = DEFAULT_ALPHA, beta_2: float = DEFAULT_BETA_2,
+                epsilon: float = DEFAULT_EPSILON,
+                **client_options) -> tff.learning.templates.LearningProcess:
   """Builds the FAFED learning process (see the module docstring for the rule).
 
   Args:

@@ -1,18 +1,13 @@
 """FedCAda: Adam on the clients, with the Adam state averaged by the server.
 
 Zhou et al., "FedCAda: Adaptive Client-Side Optimization for Accelerated and
-Stable Federated Learning", arXiv:2405.11811 (2024). What the paper states
-(abstract and summary): clients run Adam; FedCAda "adjusts the correction
-process" of Adam's first moment m and second moment v on the clients, imposing
-stronger constraints in early rounds (when a client's model holds little
-information from other clients) and diminishing them as training progresses;
-adding a term to the correction's denominator is what stabilises the updates;
-the server aggregates the model AND the adaptive parameters (m, v).
-
-The paper's algorithm box and equation numbers could not be consulted for this
-implementation (only the abstract was readable; no code by its authors is
-known), so the correction schedule below is this project's reading of that
-description, not a transcription; it is marked as such wherever it appears.
+Stable Federated Learning", arXiv:2405.11811 (2024). The paper states (abstract
+and summary): clients run Adam; FedCAda "adjusts the correction process" of
+Adam's m and v on the clients, with stronger constraints in early rounds,
+diminishing as training progresses, by a term added to the correction's
+denominator; the server aggregates the model AND (m, v). Its algorithm box
+could not be consulted (no code by its authors is known), so the correction
+schedule below is this project's reading of that description.
 
 One round r (0-based), client i, from the broadcast (x, m, v, t):
 
@@ -29,36 +24,27 @@ for each batch (k = 1..K):
 send (x_start - x, m, v, t)
 ```
 
-Server: `x <- x - eta * mean(x_start - x_i)` (eta = 1: the clients' models
-averaged), `m, v, t <- mean of the clients' m, v, t` (weighted like the model).
+Server: `x <- x - eta * mean(x_start - x_i)` (eta = 1: the models averaged),
+`m, v, t <- their means` (weighted like the model).
 
 Choices the description leaves open (ours):
-- Adam's step count t is part of the averaged Adam state, like m and v (a
-  client's Adam state is (m, v, t); PyTorch's Adam keeps `step` beside the
-  moments), so the bias correction `1 - beta**t` uses the global step count
-  and stops amplifying after the first rounds instead of restarting each round
-  with moments that are no longer zero.
-- The adjustment enters each correction denominator as the factor (1 + a_r),
-  with a_r = 1 / (r + 1); equivalently the term a_r * (1 - beta**t) is added
-  to it. Then m^ / sqrt(v^) is plain Adam's corrected ratio times
-  (1 + a_r)^(-1/2), at every step t of the round, whatever beta_1, beta_2 and
-  the moments are: the step is damped by 1/sqrt(2) in round 0, and the damping
-  vanishes as rounds pass, recovering plain Adam with averaged state. (With
-  epsilon > 0 the factor lies between (1 + a_r)^(-1) and (1 + a_r)^(-1/2).)
-  Why this form: the description asks for stronger constraints early that
-  diminish later. Adding a_r itself to `1 - beta**t` does not do that: with
-  beta_2 = 0.999 and a_r = 1, `(1 - beta_2**t) + 1` is about 1 while
-  `1 - beta_2**t` is 0.001 at t = 1, so against plain Adam v^ shrinks about
-  1000-fold but m^ (beta_1 = 0.9) only 11-fold, and the step is about 2.9
-  times plain Adam's at t = 1 (4.0 times at t = 10), an amplification. The paper compares several adjustment functions; which one it
-  recommends could not be checked, so 1 / (r + 1) is an assumption.
-- Clipping and weight decay act on g before Adam (the reference setup's client
-  transform, `tff_fedadamom.optimizers.client.clip_and_decay`).
-- Partial participation: the average is over the sampled clients only; a client
-  keeps no state between rounds (it starts from the broadcast m, v, t).
+- t is part of the averaged Adam state, like m and v (PyTorch's Adam keeps
+  `step` beside the moments), so the bias correction uses the global step
+  count instead of restarting each round with moments that are not zero.
+- The adjustment multiplies each correction denominator by (1 + a_r), with
+  a_r = 1 / (r + 1). Then m^ / sqrt(v^) is plain Adam's ratio times
+  (1 + a_r)^(-1/2) at every step, whatever the moments: damped by 1/sqrt(2) in
+  round 0, and plain Adam as rounds pass (with epsilon > 0 the factor lies
+  between (1 + a_r)^(-1) and (1 + a_r)^(-1/2)). Adding a_r itself to
+  `1 - beta**t` would do the opposite: with beta_2 = 0.999 and a_r = 1, v^
+  shrinks about 1000-fold against plain Adam at t = 1 but m^ only 11-fold, an
+  amplified step. Which adjustment function the paper recommends could not be
+  checked, so 1 / (r + 1) is an assumption.
+- Partial participation: the average is over the sampled clients; a client
+  keeps no state between rounds.
 
-Communication per round and client: model + m + v (+ one scalar) in each
-direction, 3x FedAvg.
+Communication per round and client: model + m + v (+ one scalar) each way,
+3x FedAvg.
 """
 
 from __future__ import annotations
@@ -141,16 +127,11 @@ def _local_rule(model, trainable, state, global_state, dataset, reduce_fn, trans
       (STEP_KEY, t)]), num_examples
 
 
-def build_fedcada(
-    model_fn: Callable[[], tff.learning.models.VariableModel],
-    client_learning_rate: float,
-    *,
-    learning_rate: float = DEFAULT_LEARNING_RATE,
-    beta_1: float = DEFAULT_BETA_1,
-    beta_2: float = DEFAULT_BETA_2,
-    epsilon: float = DEFAULT_EPSILON,
-    **client_options,
-) -> tff.learning.templates.LearningProcess:
+def build_fedcada(model_fn: Callable[[], tff.learning.models.VariableModel],
+                  client_learning_rate: float, *, learning_rate: float = DEFAULT_LEARNING_RATE,
+                  beta_1: float = DEFAULT_BETA_1, beta_2: float = DEFAULT_BETA_2,
+                  epsilon: float = DEFAULT_EPSILON,
+                  **client_options) -> tff.learning.templates.LearningProcess:
   """Builds the FedCAda learning process (see the module docstring for the rule).
 
   Args:

@@ -1,43 +1,28 @@
 """FedAvg's client work over a client's stacked batches: no loop over a dataset.
 
-TFF's client work (`tff.learning.templates.build_model_delta_client_work`)
-reads a client's batches from a `tf.data` iterator inside a loop. On a small
-model that loop, not the training, is most of a client's time: reading a
-digits/logistic client's batches from an iterator alone costs about 1.5x the
-steps themselves, while TFF's own update unrolled over the same batches is
-within 1.1x of them (`benchmarks/round_floor.py`). This client work runs the
-same update over the client's batches held as tensors:
+TFF's client work (`build_model_delta_client_work`) reads a client's batches
+from a `tf.data` iterator inside a loop; on a small model that loop, not the
+training, is most of a client's time (`benchmarks/rounds.py`). This client
+work runs the same update over the client's batches held as tensors:
 
 * A client's data is still a TFF sequence (the only client data TFF 0.87's
-  `ClientWorkProcess` accepts), of one element: the client's round batches,
-  stacked, as its examples and the positions of each batch in them,
-  `OrderedDict(examples=<[n, ...] per key>, full=<the full batches'
-  positions, [F, batch]>, last=<the last, shorter batch's, [r]; r may be
-  0>)`. `data.client_tensors.ClientTensors.stacked` builds it for the batches
-  `ClientTensors.dataset` would yield, in their order; each step gathers its
-  batch (`client_tensors.batch_of`), so the client's memory is what TFF's
-  loop over its dataset holds, whatever its number of batches.
-* The update is TFF's (`model_delta_client_work.
-  build_model_delta_update_with_tff_optimizer`, TFF 0.87): the model's
-  `forward_pass` on each batch with its metrics, the client optimizer's
-  `next`, the delta `initial - trained` zeroed with weight 0 when not finite,
-  weight 1 (UNIFORM) or the examples seen (NUM_EXAMPLES). Departure: the loop
-  over the batches is a `tf.while_loop` over the F full batches, each
-  gathered from the examples, then one step on the last batch when r > 0
-  (`tf.cond`). The arithmetic is the same ops on the same batches in the same
-  order, so the results are bit-identical to TFF's client work over the
-  client's dataset (tests/algorithms/test_unrolled.py, on the logistic model
-  and the CNN with dropout).
+  `ClientWorkProcess` accepts), of one element: its round batches, stacked, as
+  `OrderedDict(examples=<[n, ...] per key>, full=<the full batches' positions,
+  [F, batch]>, last=<the last, shorter batch's, [r]; r may be 0>)`, built by
+  `ClientTensors.stacked` for the batches `ClientTensors.dataset` would yield.
+  Each step gathers its batch (`client_tensors.batch_of`), so a client holds no
+  more memory than TFF's loop over its dataset.
+* The update is TFF 0.87's `build_model_delta_update_with_tff_optimizer`:
+  `forward_pass` with metrics, the client optimizer's `next`, the delta zeroed
+  with weight 0 when not finite, weight 1 or the examples seen. Departure: the
+  loop is a `tf.while_loop` over the F full batches, then one step on the last
+  when r > 0. The same ops on the same batches in the same order: the results
+  are bit-identical to TFF's (tests/algorithms/test_unrolled.py).
 
-Why a `tf.while_loop` and not the steps written out (as this module first did,
-each copy guarded by `tf.cond(i < F)` so that one computation served every
-client): TensorFlow lowers such a `tf.cond` to a switch and a merge, and the
-executor still visits every op of a copy not taken, marking it dead. Measured
-with `benchmarks/round_floor.py --configs logistic` (5 clients of 2 to 5
-batches, 11 copies each), the loop's round took 2.16-2.17x the floor against
-2.34-2.39x for the guarded copies, in alternating runs. The loop's graph also
-does not grow with the number of batches. The pipeline uses this client work
-where `experiment.process.unrolled_steps` says (`runtime.unroll_max_batches`).
+A `tf.while_loop` rather than the steps written out, each guarded by
+`tf.cond(i < F)`: TensorFlow's executor still visits every op of a branch not
+taken, and the loop's graph does not grow with the number of batches. The
+pipeline uses this client work where `experiment.process.unrolled_steps` says.
 """
 
 from __future__ import annotations

@@ -6,17 +6,6 @@ from tff_fedadamom.config.loader import (apply_overrides, config_to_dict, dump_c
 from tff_fedadamom.config.schema import (ClientConfig, DataConfig, ExperimentConfig,
                                          ModelConfig, RuntimeConfig, ServerConfig)
 
-__all__ = [
-    "ClientConfig",
-    "ConfigError",
-    "DataConfig",
-    "ExperimentConfig",
-    "ModelConfig",
-    "RuntimeConfig",
-    "ServerConfig",
-    "apply_overrides",
-    "config_to_dict",
-    "dump_config",
-    "load_config",
-    "parse_config",
-]
+__all__ = ["ClientConfig", "ConfigError", "DataConfig", "ExperimentConfig", "ModelConfig",
+           "RuntimeConfig", "ServerConfig", "apply_overrides", "config_to_dict", "dump_config",
+           "load_config", "parse_config"]

@@ -145,16 +145,9 @@ def _deep_copy(value):
 
 def load_config(config: Union[str, os.PathLike, Mapping, schema.ExperimentConfig],
                 overrides: Iterable[str] = ()) -> schema.ExperimentConfig:
-  """Loads and validates an experiment config.
-
-  Args:
-    config: A YAML path, a plain mapping, or an `ExperimentConfig`.
-    overrides: Dotted `key=value` strings (values parsed as YAML).
-
-  Returns:
-    The validated config. A config `load_config` (or `parse_config`) already
-    returned comes back unchanged, without a second validation, unless
-    `overrides` change it.
+  """The validated config of a YAML path, a mapping or an `ExperimentConfig`,
+  with dotted `key=value` `overrides` (values parsed as YAML). A config this
+  returned before comes back as it is unless `overrides` change it.
 
   Raises:
     ConfigError: naming the file, field, value and what is allowed.

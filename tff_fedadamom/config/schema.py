@@ -45,10 +45,6 @@ def nonnegative(x) -> bool:
   return x >= 0
 
 
-def unit_closed(x) -> bool:
-  return 0 <= x <= 1
-
-
 def finite(x) -> bool:
   return math.isfinite(x)
 
@@ -133,14 +129,10 @@ BACKENDS = (AUTO, INPROCESS, TFF_CPP, RAY)
 RAY_WORKERS, RAY_CPUS_PER_WORKER, RAY_GPUS_PER_WORKER = 2, 1.0, 0.0
 # When `runtime.unroll_max_batches` is null, the in-process and ray backends
 # stack a client's batches (`experiment.process.unrolled_steps`) in runs that
-# train at least UNROLL_MIN_BATCHES batches (rounds x clients per round x a
-# client's mean batch count). A stacked round is faster by about what TFF's
-# iterator costs a batch (`benchmarks/round_floor.py`, one-call rounds:
-# 0.17-0.24 ms a batch on digits/logistic, 0.08-0.14 ms on the Fashion-MNIST
-# MLP), but its process costs more to build and its first round more to
-# optimize: 0.10-1.15 s more from the build's start to round 3's end on those
-# two (three builds each, cache off). 10,000 batches pay back 1.15 s at
-# 0.115 ms a batch.
+# train at least this many batches (rounds x clients per round x a client's mean
+# batch count): a stacked round saves about what TFF's iterator costs a batch,
+# but its process costs more to build, which a short run does not pay back
+# (`benchmarks/rounds.py`; see benchmarks/RESULTS.md).
 UNROLL_MIN_BATCHES = 10_000
 # A Ray cluster to join: 'auto' (the one this machine belongs to) or a head's host:port.
 RAY_ADDRESS = re.compile(r"^(auto|(ray://)?[A-Za-z0-9_.\-\[\]:]+:\d+)$")
@@ -167,41 +159,32 @@ def resolved_backend(runtime: RuntimeConfig) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class RuntimeConfig:
-  """How the process uses this machine.
+  """How the process runs rounds.
 
-  `backend` says where rounds run: `inprocess` (what `auto` means) runs TFF's
-  compiled process in this Python process on TensorFlow's devices; `tff_cpp` is
-  TFF's own C++ runtime, a `worker_binary` child process (CPU only; it listens on
-  every interface, so it runs in a private network namespace, reached through a
-  Unix socket: `runtime/tff_cpp.py`), kept as the reference.
-  `devices` spreads a round's clients over TensorFlow devices round-robin
-  (in-process only; default: every GPU, else the CPU). `ray` runs each round's
-  clients on Ray actors: `workers` counts the actors (the field keeps its
-  name: stored results hash it), each with `cpus_per_worker` CPUs and
-  `gpus_per_worker` GPUs (per actor; fractions allowed), on a local Ray bound
-  to 127.0.0.1 or on the cluster at `address`; those four fields belong to the
-  ray backend only (null: `RAY_WORKERS` actors, `RAY_CPUS_PER_WORKER` CPUs and
-  `RAY_GPUS_PER_WORKER` GPUs each, a local Ray). With `ray`, `threads` and `max_concurrent_clients` apply to each actor
-  (default threads: its whole CPUs).
+  `backend`: `inprocess` (what `auto` means) runs TFF's compiled process in this
+  Python process, its clients spread round-robin over `devices` (default: every
+  GPU, else the CPU); `tff_cpp` is TFF's own C++ runtime, the reference: a
+  `worker_binary` child (CPU only) confined to a private network namespace
+  (`runtime/tff_cpp.py`); `ray` runs each round's clients on `workers` Ray
+  actors (the field keeps its name: stored results hash it), each with
+  `cpus_per_worker` CPUs and `gpus_per_worker` GPUs, on a local Ray bound to
+  127.0.0.1 or the cluster at `address`. Those four fields are the ray
+  backend's alone (null: `RAY_*` defaults); there `threads` and
+  `max_concurrent_clients` apply to each actor.
 
-  `threads` sizes the process's TensorFlow pool that runs clients side by
-  side; every kernel runs on one thread, so no thread count changes a number
-  (`tff_fedadamom.session`). It is the process's setting, applied by the
-  entry point (the `tff-fedadamom` command, a trial worker, an actor); a
-  library run whose process has another pool size fails with a `SessionError`.
+  `threads` sizes the process's TensorFlow pool that runs clients side by side;
+  every kernel runs on one thread, so no thread count changes a number. The
+  entry point applies it (`tff_fedadamom.session`); a library run uses the pool
+  its process has.
 
   `unroll_max_batches`: the in-process and ray backends may run a client's
-  local steps over its round's batches held as tensors, in a
-  `tf.while_loop`, instead of in TFF's loop over its dataset
-  (`algorithms.unrolled`): the same bits, and on small models a faster round
-  that costs more to build. Null: in runs that train at least
-  `UNROLL_MIN_BATCHES` batches; an integer: in any run whose clients have at
-  most that many batches; 0: never.
+  steps over its batches held as tensors (`algorithms.unrolled`: the same bits,
+  a faster round that costs more to build). Null: in runs that train at least
+  `UNROLL_MIN_BATCHES` batches; N: when no client has more than N batches; 0: never.
 
-  `cache` keeps the compiled learning process of the in-process and ray
-  backends in a machine-wide cache (`runtime.process_cache`) at `cache_dir`,
-  so that every later run, trial or actor of the same structure loads it
-  instead of building it; results are identical either way.
+  `cache` keeps the compiled process in a machine-wide cache at `cache_dir`
+  (`runtime.process_cache`) for every later run of the same structure; results
+  are identical either way.
   """
 
   threads: Optional[int] = _field(None, check=positive,

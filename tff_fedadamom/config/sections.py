@@ -1,10 +1,7 @@
-"""Typed config sections: a mapping checked against a frozen dataclass.
-
-The one place where a raw mapping becomes a typed section, used by the
-experiment loader (`loader.parse_config`), the registry checks (`validate`) and
-the sweep schema (`tuning.schema`, `tuning.space`). Every problem raises the
-caller's error type (`ConfigError` or a subclass) naming the source, the dotted
-field, the value and what is allowed.
+"""Typed config sections: the one place a raw mapping becomes a frozen dataclass
+(for `loader.parse_config`, `validate` and the sweep schema). Every problem raises
+the caller's error type (`ConfigError` or a subclass) naming the source, the
+dotted field, the value and what is allowed.
 """
 
 from __future__ import annotations

@@ -27,24 +27,25 @@ def _check_options(options: Mapping, defaults: Mapping, source: str, prefix: str
   reject_unknown(options, defaults, source, prefix)
   for key, value in options.items():
     default = defaults[key]
-    if default is None or value is None:
-      continue
-    if isinstance(default, bool) != isinstance(value, bool):
-      raise ConfigError(source, prefix + key, "wrong type", value=value,
-                        allowed=f"like the default {default!r}")
-    if isinstance(default, (int, float)) and not isinstance(default, bool):
-      if not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ConfigError(source, prefix + key, "wrong type", value=value,
-                          allowed=f"a finite number like the default {default!r}")
-      if isinstance(default, int) and isinstance(value, float) and not value.is_integer():
-        raise ConfigError(source, prefix + key, "wrong type", value=value,
-                          allowed=f"an integer like the default {default!r}")
-    elif isinstance(default, str) and not isinstance(value, str):
-      raise ConfigError(source, prefix + key, "wrong type", value=value,
-                        allowed=f"a string like the default {default!r}")
-    elif isinstance(default, (list, tuple)) and not isinstance(value, (list, tuple)):
-      raise ConfigError(source, prefix + key, "wrong type", value=value,
-                        allowed=f"a list like the default {list(default)!r}")
+    allowed = None if default is None or value is None else _unlike(default, value)
+    if allowed:
+      raise ConfigError(source, prefix + key, "wrong type", value=value, allowed=allowed)
+
+
+def _unlike(default, value) -> str | None:
+  """What an option must be to stand where `default` does, or None if `value` may."""
+  if isinstance(default, bool) != isinstance(value, bool):
+    return f"like the default {default!r}"
+  if isinstance(default, (int, float)) and not isinstance(default, bool):
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+      return f"a finite number like the default {default!r}"
+    if isinstance(default, int) and isinstance(value, float) and not value.is_integer():
+      return f"an integer like the default {default!r}"
+  elif isinstance(default, str) and not isinstance(value, str):
+    return f"a string like the default {default!r}"
+  elif isinstance(default, (list, tuple)) and not isinstance(value, (list, tuple)):
+    return f"a list like the default {list(default)!r}"
+  return None
 
 
 def _check_data(data: schema.DataConfig, source: str) -> schema.DataConfig:

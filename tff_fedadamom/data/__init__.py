@@ -14,23 +14,8 @@ from tff_fedadamom.data.sampling import UniformSampler, sample_clients
 from tff_fedadamom.data.summary import (partition_summary, plot_partition_summary,
                                         save_partition_summary)
 
-__all__ = [
-    "ArrayClientData",
-    "CentralizedData",
-    "DATASETS",
-    "DataNotFoundError",
-    "DatasetSpec",
-    "FederatedData",
-    "PARTITIONERS",
-    "PartitionerSpec",
-    "UniformSampler",
-    "client_dataset",
-    "client_round_seed",
-    "list_datasets",
-    "load_federated_data",
-    "partition_summary",
-    "plot_partition_summary",
-    "sample_clients",
-    "save_partition_summary",
-    "test_dataset",
-]
+__all__ = ["ArrayClientData", "CentralizedData", "DATASETS", "DataNotFoundError",
+           "DatasetSpec", "FederatedData", "PARTITIONERS", "PartitionerSpec", "UniformSampler",
+           "client_dataset", "client_round_seed", "list_datasets", "load_federated_data",
+           "partition_summary", "plot_partition_summary", "sample_clients",
+           "save_partition_summary", "test_dataset"]

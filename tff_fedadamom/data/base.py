@@ -1,10 +1,9 @@
 """The data layer's value types: what a loader returns and how a dataset is registered.
 
-Two kinds of datasets exist. *Centralized* ones (Fashion-MNIST, CIFAR, ...) come as one
-train and one test array; the registry splits the train part over clients with a
-partitioner, so the loader returns :class:`CentralizedData`. *Natural* ones (Shakespeare,
-EMNIST, Synthetic) already have their own clients; their loader returns a finished
-:class:`FederatedData` and partitioners do not apply.
+A *centralized* data set's loader (Fashion-MNIST, CIFAR, ...) returns
+:class:`CentralizedData`, whose train part the registry splits over clients with a
+partitioner; a *natural* one's (Shakespeare, EMNIST, Synthetic) has its own clients
+and returns a finished :class:`FederatedData`.
 """
 
 from __future__ import annotations
@@ -40,14 +39,11 @@ class FederatedData:
   """A federated data set ready for TFF.
 
   Attributes:
-    name: The registry name of the data set.
     train: Per-client training data; unbatched elements ``OrderedDict(x=..., y=...)``.
     test: The centralized held-out set, unbatched, with the same element structure.
-    input_shape: Shape of one ``x``.
     num_classes: Number of classes (for next-character tasks, the vocabulary size).
-    partition_summary: Client sizes, label histograms and heterogeneity (see
-      :func:`tff_fedadamom.data.partition_summary`), or None where computing it would
-      mean reading the whole data set (EMNIST from SQLite).
+    partition_summary: :func:`tff_fedadamom.data.partition_summary`, or None where
+      it would mean reading the whole data set (EMNIST from SQLite).
   """
 
   name: str
@@ -74,15 +70,11 @@ class DatasetSpec:
   """A registry entry.
 
   Attributes:
-    name: Registry name.
-    loader: ``loader(*, path, seed, **options)`` returning :class:`CentralizedData`
-      when ``natural_clients`` is False; ``loader(*, path, seed, num_clients, **options)``
-      returning :class:`FederatedData` when it is True.
-    natural_clients: True when the data set has its own clients (partitioners do not
-      apply).
-    needs_path: True when the files must be supplied by the user (``path=``).
-    options: Data-set specific keyword options and their defaults; the only options
-      :func:`load_federated_data` accepts for this data set.
+    loader: ``loader(*, path, seed, **options) -> CentralizedData``, or with
+      ``natural_clients`` (the data set has its own clients: no partitioner)
+      ``loader(*, path, seed, num_clients, **options) -> FederatedData``.
+    needs_path: The user must supply the files (``path=``).
+    options: The data set's keyword options with their defaults.
     description, source, license: Human-readable provenance.
   """
 

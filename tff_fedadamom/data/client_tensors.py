@@ -1,12 +1,11 @@
 """Each client's examples as tensors, made once; its round's batches built in-graph.
 
-A round used to build one `tf.data` pipeline per sampled client in Python:
-milliseconds per client, more than a small model's local training, and every
-pipeline traced new dataset functions into TensorFlow's eager context, which
-kept growing. Here a client's examples become tensors the first time it is
-sampled, and `ClientTensors.dataset` builds its round's dataset from those
-tensors and a round seed with graph ops alone, so it can run inside the same
-TensorFlow call as the client's training (`tf_computation.Feed`).
+A `tf.data` pipeline built in Python per sampled client and round costs more
+than a small model's local training, and traces new dataset functions into
+TensorFlow's eager context, which keeps growing. Here a client's examples
+become tensors the first time it is sampled, and `ClientTensors.dataset` builds
+its round's dataset from those tensors and a round seed with graph ops alone,
+inside the same TensorFlow call as the client's training (`runtime.tf_computation.Feed`).
 
 The batches are exactly those of `preprocess.client_dataset` over the client's
 `create_tf_dataset_for_client` dataset (it is the same function, given tensors):
@@ -130,12 +129,6 @@ class ClientTensors:
     seed = np.int64(client_round_seed(self._seed, round_num, client_id))
     return [*self.examples(client_id), tf.constant(seed, tf.int64)]
 
-  def round_seeds(self, client_ids, round_num: int) -> tf.Tensor:
-    """The round seeds `args` gives `client_ids` in round `round_num`, as one
-    int64 vector (one tensor made instead of one per client)."""
-    return tf.constant(np.array([client_round_seed(self._seed, round_num, cid)
-                                 for cid in client_ids], np.int64))
-
   def dataset(self, *args) -> tf.data.Dataset:
     """The client's round dataset from `args(...)`'s tensors (or graph inputs of
     `signature`): shuffled, repeated, augmented and batched as
@@ -147,8 +140,7 @@ class ClientTensors:
     arrays = convert_elements(collections.OrderedDict(zip(self.keys, examples)))
     size = tf.shape(examples[0], out_type=tf.int64)[0]
     # No prefetch: the client's training reads each batch as soon as it is made,
-    # in the same call, so a prefetch thread only adds a hand-over per batch
-    # (on the MLP, about a quarter of a round).
+    # in the same call, so a prefetch thread only adds a hand-over per batch.
     ds = client_dataset(tf.data.Dataset.from_tensor_slices(arrays), batch_size=self._batch_size,
                         local_epochs=self._local_epochs, seed=seed,
                         shuffle_buffer=tf.maximum(size, 1), augment=self._augment,
@@ -162,9 +154,7 @@ class ClientTensors:
 
   def batch_counts(self) -> Optional[list[int]]:
     """Every client's round batch count, in `client_ids` order, or None where
-    finding them would read every client's data (client data other than an
-    `ArrayClientData`, such as EMNIST's thousands of clients read from TFF's
-    files)."""
+    that would read every client's data (client data other than `ArrayClientData`)."""
     if not isinstance(self._client_data, ArrayClientData):
       return None
     return [self.batch_count(cid) for cid in self._client_data.client_ids]
@@ -181,11 +171,9 @@ class ClientTensors:
     `OrderedDict(examples=<the client's examples, converted as `dataset`
     converts them>, full=<the full batches' positions, [F, batch] int64>,
     last=<the last, shorter batch's, [r] int64; r may be 0>)`; `batch_of`
-    gathers a batch. Each batch is gathered as it is trained on, rather than
-    the round's batches all at once: on Fashion-MNIST clients of up to 622
-    batches, a round gathered at once peaked 93 MB higher than TFF's loop (one
-    local epoch) and 287 MB (two), one copy of the clients' examples per epoch.
-    Not for augmented data (its batches are not a gather).
+    gathers a batch as it is trained on (gathering a round's batches at once
+    would hold a copy of the client's examples per epoch). Not for augmented
+    data (its batches are not a gather).
     """
     return tf.data.Dataset.from_tensors(self.stacked_element(*args))
 
@@ -198,12 +186,9 @@ class ClientTensors:
     size = tf.shape(examples[0], out_type=tf.int64)[0]
     epochs = self._local_epochs
     # The order stays tf.data's own shuffle, though it is a large part of a small
-    # model's round (digits/logistic: a call drawing 5 clients' orders took
-    # 0.9-1.3 ms, an empty call 0.3-0.4 ms, the whole round about 5 ms). The
-    # same permutation from stateless ops is a Fisher-Yates loop over TF's
-    # Philox stream, one `tf.while_loop` step per example: 10.7 ms for the same
-    # 5 clients. One tf.data pipeline mapping over the 5 (size, seed) pairs gave
-    # the same orders, about 3x slower.
+    # model's round: the same permutation from stateless ops (a Fisher-Yates
+    # `tf.while_loop` over TF's Philox stream), or one pipeline mapping over the
+    # clients' (size, seed) pairs, was slower still.
     order = (tf.data.Dataset.range(size)
              .shuffle(tf.maximum(size, 1), seed=seed, reshuffle_each_iteration=True)
              .repeat(epochs).batch(size * epochs).with_options(STATIC_OPTIONS)

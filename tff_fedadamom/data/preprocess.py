@@ -72,20 +72,16 @@ def client_dataset(ds: tf.data.Dataset, *, batch_size: int, local_epochs: int, s
 
   Args:
     ds: Unbatched ``OrderedDict(x=..., y=...)`` elements of one client.
-    batch_size: Examples per batch.
-    local_epochs: Passes over the client's data; every pass is shuffled anew, in an
-      order fixed by ``seed``.
-    seed: Seed of this client in this round, e.g. from :func:`client_round_seed`: a
-      Python int, or an int64 scalar tensor (the same value gives the same order).
-    shuffle_buffer: Defaults to the client's size when known (a full shuffle), else
+    local_epochs: Passes over the data, each shuffled anew in an order fixed by ``seed``.
+    seed: This client's seed in this round (:func:`client_round_seed`), a Python
+      int or an int64 scalar tensor.
+    shuffle_buffer: Default: the client's size when known (a full shuffle), else
       1024; an int or an int64 scalar tensor.
-    augment: None, or ``"crop_flip"`` (random crop with 4-pixel zero padding plus
+    augment: None, or ``"crop_flip"`` (4-pixel zero padding, random crop and
       horizontal flip, for CIFAR-like images), seeded with stateless ops.
-    drop_remainder: Drop a last incomplete batch.
-    prefetch: Prefetch batches on a background thread (``AUTOTUNE``). Changes
-      no batch; worth it only when producing a batch costs about as much as
-      consuming one, which is not so for a pipeline built and read inside one
-      TensorFlow call (``ClientTensors.dataset``).
+    prefetch: Prefetch batches on a background thread: worth it only when making
+      a batch costs about as much as consuming one, not for a pipeline built and
+      read inside one TensorFlow call (``ClientTensors.dataset``).
   """
   if batch_size < 1 or local_epochs < 1:
     raise ValueError(f"batch_size and local_epochs must be >= 1, got {batch_size}, "

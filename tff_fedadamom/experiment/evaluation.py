@@ -1,19 +1,16 @@
 """Centralized evaluation of the global model on the held-out test set.
 
-The numbers are Keras' `model.evaluate`'s, bit for bit; the batches run side
-by side. Each kernel of a run runs on one thread (`tff_fedadamom.session`), so
-`evaluate`, one batch after another, used one core: on the quickstart CNN its
-10,000 test images took 6.6 s per evaluation, as long as 2.7 rounds.
+The numbers are Keras' `model.evaluate`'s, bit for bit, but the batches run
+side by side: each kernel runs on one thread (`tff_fedadamom.session`), so
+`evaluate`, one batch after another, would use one core.
 
-Why the numbers stay Keras': `evaluate` keeps its loss and each metric as a
-float32 running (total, count), adding each batch's contribution in batch order.
-Here every batch computes its contribution with Keras' own objects (the
-model's compiled loss container and a fresh instance of each metric, updated
-once, as `evaluate`'s step does), on the model called as `evaluate` calls it;
-the contributions are then added in batch order, in float32, and each result
-is `total / count`. Float32
-addition and division are exact IEEE operations wherever they run, so which
-thread ran a batch, and when, changes nothing.
+`evaluate` keeps its loss and each metric as a float32 running (total, count),
+adding each batch's contribution in batch order. Here every batch computes its
+contribution with Keras' own objects (the compiled loss container and a fresh
+instance of each metric, updated once, as `evaluate`'s step does); the
+contributions are then added in batch order in float32, and each result is
+`total / count`: exact IEEE operations, so which thread ran a batch, and when,
+changes nothing.
 """
 
 from __future__ import annotations
@@ -85,23 +82,16 @@ class Evaluator:
     loss_factory, self._metric_factories = models.loss_and_metrics(
         models.MODELS[self._config.model.name].task)
     # Nothing here trains with the Keras optimizer, but model.keras is saved with
-    # it, for a user to go on training. Keras' default, RMSprop, was saved
-    # unbuilt (its step count alone), and every load warned that it skipped
-    # the variables it expected ("RMSprop ... has 3 variables whereas the saved
-    # optimizer has 1"). Plain SGD, the clients' rule, built: the file holds
-    # its zero momentum slots too, one array per weight.
+    # it, for a user to go on training: plain SGD, built, so that the file holds
+    # its variables and a load does not warn that it skipped the ones it expected.
     model.compile(optimizer="sgd", loss=loss_factory(),
                   metrics=[m() for m in self._metric_factories])
     model.optimizer.build(model.trainable_variables)
 
   def _forward(self):
-    """The forward pass of `evaluate`'s step, traced once, for any batch size.
-
-    Keras traces its step for the dataset's element spec, whose batch size is
-    unknown (a last batch may be partial). One trace per batch shape would trace
-    a char-LSTM again for the partial batch, and concurrent first calls would
-    each trace it anew: the concrete function is made here, before the batches
-    run side by side."""
+    """The forward pass of `evaluate`'s step, traced once for any batch size (a
+    last batch may be partial), before the batches run side by side (concurrent
+    first calls would each trace it)."""
     import tensorflow as tf
 
     if self._predict is None:

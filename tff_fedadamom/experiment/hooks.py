@@ -139,12 +139,11 @@ class EventLoop:
 
   TFF's release and program-state managers are coroutines that do their file
   work in the loop's default executor. `asyncio.run` per call started a new loop
-  and a new thread every round, and a long run's memory grew with them (about
-  40 MB per 1,000 rounds of digits/logistic, `benchmarks/round_memory.py`). One
-  executor thread for the run still left most of the growth: glibc gives each
-  thread that allocates its own malloc arena, and what TensorFlow keeps of a
-  SavedModel save (a checkpoint) pinned pages of the executor's arena, which
-  took about 33 MB per 1,000 rounds with a checkpoint every 50. The round loop
+  and a new thread every round, and a long run's memory grew with them
+  (`benchmarks/rounds.py` measures a run's memory over rounds). One executor
+  thread for the run still left most of the growth: glibc gives each thread
+  that allocates its own malloc arena, and what TensorFlow keeps of a save
+  pinned pages of the executor's arena. The round loop
   waits for every call anyway, so the file work runs in the calling thread
   (`_CallingThread`), in the arena the rest of the run uses.
   """
@@ -185,11 +184,10 @@ class Checkpoint(RoundHook):
   `rounds` is for a run whose checkpoints only a caller keeps (a sweep trial's:
   Tune takes them at `tuning.sweep.checkpoint_rounds`, and the run directory
   ends with the trial): every other save would be written for nothing. A
-  save writes one `.npz` file (`state_files.ArrayStateManager`), which takes
-  under a millisecond and leaves no garbage: it once wrote a SavedModel (TFF's
-  `FileProgramStateManager`), about 40 ms for digits/logistic, whose traced
-  graphs were cyclic garbage holding native memory until a full collection,
-  and this hook ran collections for it.
+  save writes one `.npz` file (`resume.ArrayStateManager`), which is cheap and
+  leaves no garbage, unlike a SavedModel (TFF's `FileProgramStateManager`),
+  whose traced graphs are cyclic garbage holding native memory until a full
+  collection.
   """
 
   def __init__(self, manager, every: int, run_async: Callable = asyncio.run,

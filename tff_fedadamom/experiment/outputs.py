@@ -1,44 +1,34 @@
-"""What a run leaves in its output directory, and how it is read back.
+"""What a run leaves in its output directory, and how it is read back:
 
     config.yaml          the resolved config (what `run` accepts as is)
     metrics.csv          one row per round (TFF's CSVFileReleaseManager)
     tensorboard/         TensorBoard event files (`tensorboard_events`: the round's
                          metrics, plus histograms of the optimizer state)
-    checkpoints/         program state (`state_files.ArrayStateManager`: round_<n>/arrays.npz)
+    checkpoints/         program state (`resume.ArrayStateManager`: round_<n>/arrays.npz)
     model.keras          the final global model, compiled (the task's loss and metrics,
                          plain SGD), loadable with plain Keras (a seeded CNN's dropout
                          saved as Keras' own: `models._common.with_keras_dropout`)
     curves.png           train loss and test accuracy vs round
     summary.json         final/best accuracy, rounds to targets, timing, status
 
-Every file this module writes itself is written atomically.
+Every file this module writes is written atomically. Its CSV and Markdown table
+writers (which return the text) also serve `compare` and the sweep exports.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import logging
 import math
 import os
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from tff_fedadamom.atomic_io import atomic_write_json, atomic_write_text
 from tff_fedadamom.figures import margins_in_inches, new_figure, save_figure
-from tff_fedadamom.metric_names import (
-    BETA1_MEAN,
-    FRAC_BETA1_AT_0,
-    FRAC_BETA1_AT_MAX,
-    NONFINITE_UPDATES,
-    ROUND,
-    TEST_ACCURACY,
-    TEST_LOSS,
-    TRAIN_LOSS,
-    V_MEDIAN,
-    V_P01,
-    V_P99,
-)
-from tff_fedadamom.experiment import tables
-
+from tff_fedadamom.metric_names import (BETA1_MEAN, FRAC_BETA1_AT_0, FRAC_BETA1_AT_MAX,
+                                        NONFINITE_UPDATES, ROUND, TEST_ACCURACY, TEST_LOSS,
+                                        TRAIN_LOSS, V_MEDIAN, V_P01, V_P99)
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.csv"
 SUMMARY_FILE = "summary.json"
@@ -46,6 +36,39 @@ MODEL_FILE = "model.keras"
 CURVES_FILE = "curves.png"
 CHECKPOINT_DIR = "checkpoints"
 TENSORBOARD_DIR = "tensorboard"
+# The csv module's own line ending: metrics.csv (TFF's CSVFileReleaseManager)
+# and `compare.csv` use it; sweep tables end lines with "\n".
+CRLF = "\r\n"
+
+
+def columns(rows: Iterable[Mapping[str, Any]]) -> list[str]:
+  """Every key of `rows`, in order of first appearance."""
+  return list(dict.fromkeys(k for row in rows for k in row))
+
+
+def csv_rows(header: Sequence[str], rows: Iterable[Sequence[Any]], *,
+             lineterminator: str = CRLF) -> str:
+  """CSV text of a header and rows of cells."""
+  buffer = io.StringIO()
+  writer = csv.writer(buffer, lineterminator=lineterminator)
+  writer.writerow(header)
+  writer.writerows(rows)
+  return buffer.getvalue()
+
+
+def csv_table(rows: Sequence[Mapping[str, Any]], *, lineterminator: str = CRLF) -> str:
+  """CSV text of dict rows: one column per key (`columns`), None as an empty cell."""
+  fields = columns(rows)
+  return csv_rows(fields, ([("" if row.get(f) is None else row[f]) for f in fields]
+                           for row in rows), lineterminator=lineterminator)
+
+
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]],
+                   cell: Callable[[Any], str] = str) -> str:
+  """A Markdown table, a line per row, each ending in a newline; `cell` formats values."""
+  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+  lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+  return "\n".join(lines) + "\n"
 
 
 def check_writable(output_dir: str) -> None:
@@ -114,7 +137,7 @@ def repair_metrics(output_dir: str, last_round: int) -> int:
     (kept if ok and round_num == len(kept) + 1 else dropped).append(
         row if ok else round_num)
   if dropped:
-    atomic_write_text(path, tables.csv_rows(header, kept))
+    atomic_write_text(path, csv_rows(header, kept))
     logging.getLogger("tff_fedadamom").warning(
         "metrics.csv: dropped %d row(s) not covered by the checkpoint of round %d",
         len(dropped), last_round)

@@ -264,7 +264,7 @@ def initial_state(config, process):
   from another config of the same `structure_key` it yields this config's
   initial state. Values go through `set_hparams`, a TFF computation, so they
   take the dtypes of the state's own leaves; when the state holds them already
-  (in those dtypes), the call, whose first costs ~0.1 s, is skipped.
+  (in those dtypes), the call, whose first is not free, is skipped.
   """
   if isinstance(config, RunPlan):
     config, paths = config.config, config.state_paths

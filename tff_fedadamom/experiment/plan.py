@@ -41,7 +41,7 @@ def training_loop(devices: Sequence[str]):
 
   TFF's other loop, `dataset.reduce`, instantiates (and optimizes with
   Grappler) its training step afresh on every call: on a small model that is
-  most of a client's time (digits/logistic: about 5x its training). The
+  most of a client's time. The
   iterator loop is part of the client computation's own graph, optimized once
   when that is first called, and it lets the training ops follow the model
   onto a GPU. Both run the same arithmetic on the same batches (a run's

@@ -95,20 +95,13 @@ def data_signature(config: ExperimentConfig, data: FederatedData, spec=None,
 def unrolled_steps(config: ExperimentConfig, backend: str, client_tensors) -> Optional[int]:
   """The most batches a client has (its last, shorter one included) where its
   client work takes them stacked (`algorithms.unrolled`), or None: TFF's loop
-  over the client's dataset.
+  over the client's dataset. The numbers are the same bits either way.
 
-  When `runtime.unroll_max_batches` is null, stacked in runs that train
-  `UNROLL_MIN_BATCHES` batches or more (rounds x clients per round x a
-  client's mean batch count), which pay back the dearer build; when it is
-  set, in any run whose clients have at most that many batches; never when
-  it is 0. Only where every client's batch count is known
-  (`client_tensors.batch_counts()`, for array client data), on the in-process
-  and ray backends (TFF's runtime is given datasets), for the FedAvg
-  processes whose client work this project composes (`_weighted_fed_avg`;
-  not the learning-process entries nor a decaying client rate), without
-  augmentation (its batches are not a gather). Either way the numbers are the
-  same bits; stacked, a small model's round is faster
-  (`benchmarks/round_floor.py`).
+  As `runtime.unroll_max_batches` says (`schema.RuntimeConfig`), and only where
+  every client's batch count is known (array client data), on the in-process
+  and ray backends (TFF's runtime is given datasets), for the FedAvg processes
+  this project composes (`_weighted_fed_avg`: no learning-process entry, no
+  decaying client rate), without augmentation (its batches are not a gather).
   """
   from tff_fedadamom.config.schema import TFF_CPP, UNROLL_MIN_BATCHES
 
@@ -179,11 +172,6 @@ class _UniformMean(tff.aggregators.WeightedAggregationFactory):
     return tff.templates.AggregationProcess(inner.initialize, next_fn)
 
 
-def client_learning_rate(config: ExperimentConfig, round_num) -> float:
-  """eta_l * lr_decay ** round (round counted from 0)."""
-  return config.client.learning_rate * config.client.lr_decay ** round_num
-
-
 def client_lr_in_state(config: ExperimentConfig) -> bool:
   """Whether the process keeps the client learning rate in its state.
 
@@ -202,25 +190,20 @@ def build_process(config: ExperimentConfig, data: Optional[FederatedData] = None
   """Builds the TFF learning process an experiment config describes.
 
   Args:
-    config: A validated `ExperimentConfig` (see `load_config`).
-    data: The loaded data, if the caller has it already (its element spec and
-      class count shape the model); loaded from the config otherwise.
-    loop_implementation: TFF's loop over a client's data; by default the one
-      for the devices the config's rounds run on (`plan.training_loop`).
-    server_optimizer: The config's `build_server_optimizer(config)`, if the
-      caller built it already (`plan.RunPlan.server_optimizer`); TFF's
-      optimizers hold no state of their own, so one object serves any number
-      of processes.
+    config: A validated `ExperimentConfig`.
+    data: The loaded data, if the caller has it (else loaded from the config).
+    loop_implementation: TFF's loop over a client's data; default: the one for
+      the config's devices (`plan.training_loop`).
+    server_optimizer: `build_server_optimizer(config)`, if the caller has it
+      (TFF's optimizers hold no state, so one serves any number of processes).
     unroll_steps: `unrolled_steps(...)`: with a number, the clients' data are
-      stacked batches and their steps a loop over them (`algorithms.unrolled`);
-      only for the processes `unrolled_steps` names.
+      stacked batches and their steps a loop over them (`algorithms.unrolled`).
 
   Returns:
-    TFF's `build_weighted_fed_avg` process (composed as that builder composes
-    it, with a client work shared by the server optimizers of one model and
-    client options: `_weighted_fed_avg`), or TFF's optimizer-schedule variant
-    when the client learning rate decays per round; for a registry entry of kind
-    `LEARNING_PROCESS` (FedCAda, FAFED), the process its builder makes.
+    TFF's `build_weighted_fed_avg` process (`_weighted_fed_avg`: its client work
+    shared by the server optimizers of one model and client options), TFF's
+    optimizer-schedule variant when the client learning rate decays, or for a
+    `LEARNING_PROCESS` entry (FedCAda, FAFED) the process its builder makes.
   """
   from tff_fedadamom.experiment.plan import training_loop
 
@@ -312,13 +295,11 @@ def _weighted_fed_avg(model_fn, client_optimizer, server_optimizer, weighting,
   `learning/algorithms/fed_avg.py`), with one change: the client work comes
   from `_shared_client_work`.
 
-  Why: tracing the client work is most of building a process (digits MLP:
-  1.2 of 2.5 s; Shakespeare char-LSTM: 3.3-4.6 of 5-6.7 s, measured after the
-  first build in a process), and it is the same for every server optimizer of
-  one model, data signature and client options. The builder traces it anew
-  for each; a study or sweep that runs several optimizers in one process
-  traces it once. The process is the builder's: same type signatures and,
-  from the same state and data, the same results (tests/experiment/test_process.py).
+  Why: tracing the client work is most of building a process, and it is the
+  same for every server optimizer of one model, data signature and client
+  options; a study or sweep running several optimizers in one process traces
+  it once. The process is the builder's: same type signatures and results
+  (tests/experiment/test_process.py).
 
   `stacked_batch_size`: the batch size of the clients' stacked batches, for
   the client work of `algorithms.unrolled` (TFF's update looping over them;

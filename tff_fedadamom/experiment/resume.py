@@ -1,7 +1,7 @@
 """Resuming a run: which saved run it is, the state to go on from, repairs.
 
 A run directory holds the saved config, the program state of the last few
-rounds (`checkpoints/round_<n>`, `state_files.ArrayStateManager`) and the
+rounds (`checkpoints/round_<n>/arrays.npz`, `ArrayStateManager`) and the
 metrics rows of every round run. A run killed at any instant leaves them
 consistent enough to go on from:
 
@@ -15,6 +15,15 @@ consistent enough to go on from:
 
 Since client sampling and every client's shuffle are functions of (seed, round),
 the rounds run again give what the lost ones gave.
+
+A checkpoint is a short list of arrays (`pack_leaves`: one per dtype), so
+`ArrayStateManager` is TFF's `FileProgramStateManager` (its versions, paths and
+retention) writing each version with NumPy instead of as a SavedModel, whose
+save traces new graphs for every version and leaves cyclic garbage holding
+native memory. Version `v` is `<root_dir>/<prefix><v>/arrays.npz` (`np.savez`
+of the values in order), written into a hidden directory beside it and renamed
+into place, so a process killed mid-write leaves no version that lists; the
+next save removes what it left. Versions in TFF's SavedModel format still load.
 """
 
 from __future__ import annotations
@@ -25,9 +34,11 @@ import logging
 import os
 import shutil
 import time
-from typing import Any, Optional
+import uuid
+from typing import Any, Optional, Sequence
 
 import numpy as np
+import tensorflow_federated as tff
 
 from tff_fedadamom.config import ConfigError, ExperimentConfig, config_to_dict, load_config
 from tff_fedadamom.config.loader import first_difference
@@ -37,6 +48,72 @@ logger = logging.getLogger("tff_fedadamom")
 
 # Sections a resumed run may change: how long it runs, how, and its name.
 RESUMABLE_CHANGES = ("runtime", "output_dir", "rounds", "name")
+ARRAYS_FILE = "arrays.npz"
+# Where a version is written before it is renamed into place (never a version).
+PARTIAL_PREFIX = ".partial-"
+
+
+class ArrayStateManager(tff.program.FileProgramStateManager):
+  """`tff.program.FileProgramStateManager` for program states that are flat
+  sequences of arrays, each version one `.npz` file (see the module doc).
+
+  `save` takes a list or tuple of values NumPy converts to arrays (numbers,
+  arrays, eager tensors, `tff.program.MaterializableValueReference`s); `load`
+  gives back a list of NumPy arrays, as many as `structure` has items.
+  """
+
+  async def save(self, program_state: Sequence, version: int) -> None:
+    """Saves `program_state` as `version`, then drops versions beyond retention.
+
+    Raises:
+      TypeError: `program_state` is not a list or tuple.
+      tff.program.ProgramStateExistsError: `version` is already saved.
+    """
+    if not isinstance(program_state, (list, tuple)):
+      raise TypeError("program_state must be a list or tuple of arrays, got "
+                      f"{type(program_state).__name__}")
+    path = self._get_path_for_version(version)
+    if os.path.exists(path):
+      raise tff.program.ProgramStateExistsError(version=version, path=self._root_dir)
+    values = await tff.program.materialize_value(list(program_state))
+    arrays = [np.asarray(value) for value in values]
+    self._remove_partial_writes()
+    partial = os.path.join(self._root_dir, f"{PARTIAL_PREFIX}{os.path.basename(path)}-"
+                           f"{uuid.uuid4().hex}")
+    os.makedirs(partial)
+    try:
+      np.savez(os.path.join(partial, ARRAYS_FILE), *arrays)
+      os.rename(partial, path)
+    except BaseException:
+      shutil.rmtree(partial, ignore_errors=True)
+      raise
+    await self._remove_old_program_state()
+
+  async def load(self, version: int, structure: Sequence) -> list:
+    """The arrays of `version`, one per item of `structure`.
+
+    Raises:
+      tff.program.ProgramStateNotFoundError: `version` is not saved.
+      ValueError: the version holds another number of arrays, or is damaged
+        (as are `OSError` and the errors of NumPy's and zipfile's readers).
+    """
+    path = self._get_path_for_version(version)
+    arrays_path = os.path.join(path, ARRAYS_FILE)
+    if not os.path.exists(arrays_path):
+      if os.path.isdir(path) and not os.path.exists(os.path.join(path, "saved_model.pb")):
+        raise ValueError(f"{path} holds neither {ARRAYS_FILE} nor a SavedModel")
+      return list(await super().load(version, structure))  # TFF's format; not found
+    with np.load(arrays_path, allow_pickle=False) as stored:
+      arrays = [stored[f"arr_{i}"] for i in range(len(stored.files))]
+    if len(arrays) != len(structure):
+      raise ValueError(f"{arrays_path} holds {len(arrays)} arrays, not {len(structure)}")
+    return arrays
+
+  def _remove_partial_writes(self) -> None:
+    """Removes what saves killed mid-write left (a run directory has one writer)."""
+    for entry in os.listdir(self._root_dir):
+      if entry.startswith(PARTIAL_PREFIX):
+        shutil.rmtree(os.path.join(self._root_dir, entry), ignore_errors=True)
 
 
 def check_resumable(config: ExperimentConfig, output_dir: str) -> bool:
@@ -60,10 +137,7 @@ def check_resumable(config: ExperimentConfig, output_dir: str) -> bool:
 
 
 def state_manager(output_dir: str):
-  """The run's program-state manager: the last 3 saved rounds, as arrays
-  (`state_files.ArrayStateManager`, TFF's file manager storing `.npz` files)."""
-  from tff_fedadamom.experiment.state_files import ArrayStateManager
-
+  """The run's program-state manager: the last 3 saved rounds, as arrays."""
   return ArrayStateManager(os.path.join(output_dir, outputs.CHECKPOINT_DIR),
                            prefix="round_", keep_total=3, keep_first=False)
 
@@ -73,10 +147,8 @@ def pack_leaves(leaves) -> list:
   appears, each leaf raveled in turn: what a checkpoint holds (`save_state`).
 
   Packed because TFF's SavedModel saver, which wrote the checkpoints before
-  `state_files`, took time that grew with the number of arrays: 0.11 s for 1,
-  0.42 s for 30, 1.2 s for 100 (10x10 float32 arrays), and a learning
-  process's state has tens of leaves (hundreds for ResNet-18). The layout
-  stays: the checkpoints of those versions load as they were written.
+  `ArrayStateManager`, took time that grew with the number of arrays, and a
+  state has tens of leaves (hundreds for ResNet-18); such checkpoints still load.
   """
   groups: dict = {}
   for leaf in leaves:
@@ -139,12 +211,9 @@ def _load_leaves(manager, version: int, like, layouts) -> list:
 
 
 def load_checkpoint(manager, like, root_dir: str, at_most: Optional[int] = None):
-  """(The leaves of the newest checkpoint that loads, its round), shaped as the
-  leaves `like`; falls back past corrupt ones.
-
-  An unreadable checkpoint is moved aside to `checkpoints_corrupt/` (kept for
-  inspection), so that the round can be saved again when the run redoes it.
-  (None, 0) when there is none; an error when there are some and none loads.
+  """(The leaves of the newest checkpoint that loads, shaped as `like`, its round);
+  (None, 0) when there is none, an error when none of them loads. An unreadable
+  one is moved aside to `checkpoints_corrupt/`, so the redone round can be saved.
   """
   versions = asyncio.run(manager.get_versions()) or []
   if at_most is not None:
@@ -188,14 +257,8 @@ def _restored(manager, initial, root_dir: str, at_most: Optional[int] = None):
 
 def restore(manager, initial, output_dir: str) -> tuple[Any, int]:
   """The state to go on from and the rounds it has run, with the run's metrics
-  rows repaired to match (see the module doc).
-
-  Args:
-    manager: The run's `state_manager`.
-    initial: The run's initial state: its structure is the checkpoints', and it
-      is what a run with nothing to resume starts from.
-    output_dir: The run directory.
-  """
+  rows repaired to match (see the module doc); `initial`, the run's initial
+  state, gives the checkpoints' structure and is what a new run starts from."""
   root_dir = os.path.join(output_dir, outputs.CHECKPOINT_DIR)
   state, start_round = _restored(manager, initial, root_dir)
   complete = outputs.repair_metrics(output_dir, start_round)

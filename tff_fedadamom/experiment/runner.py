@@ -118,8 +118,8 @@ def iter_experiment(config, *, overrides=(),
     model_and_plot: Write the final model (`model.keras`) and the curves plot
       (`curves.png`) at the end; `summary.json` is written either way. A sweep
       trial's run directory is scratch that ends with the trial, after its last
-      Tune checkpoint, so its trials do without them: the plot and the model
-      took 0.15-0.18 s of a warm quickstart-sweep trial's 0.3-0.5 s.
+      Tune checkpoint, so its trials do without them (on a small model they
+      cost about as much as the trial's rounds).
     checkpoint_rounds: Save the state at these rounds (and the final one)
       instead of every `checkpoint_every` rounds: for a caller that keeps only
       those checkpoints (a sweep trial, `tuning.sweep.checkpoint_rounds`).

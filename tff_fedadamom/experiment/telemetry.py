@@ -2,29 +2,16 @@
 
 After each round the runner reads the server optimizer state from the learning
 process state (`state.finalizer`, numpy arrays) and passes it here; nothing in
-the TFF computation changes. The kind of state is recognised by its keys:
+the TFF computation changes. A `{round_num, optimizer}` state (from
+`schedule_learning_rate`) is unwrapped; a client-adaptive process (FedCAda,
+FAFED) adds the moments its global state carries beside the model.
 
-| state keys                                   | optimizer            |
-|----------------------------------------------|----------------------|
-| preconditioner + accumulator + epsilon,      | FedAdamom            |
-|   no beta_1 / step                           |                      |
-| preconditioner (+ accumulator, beta_1, step) | Adam, Yogi, Adagrad  |
-| ... + max_preconditioner                     | FedAMSGrad, FADAS    |
-| accumulator only                             | SGD with momentum    |
-| learning_rate only                           | SGD                  |
-| global state {model, accumulator,            | FedCAda, FAFED       |
-|   preconditioner} + finalizer learning_rate  |   (client moments)   |
-
-The key names are the optimizers' own (`tff_fedadamom.optimizers.state`), and
-which optimizer a state belongs to is the registry's answer
-(`methods.optimizers_of_state`): its `momentum_coefficient`, where it has one
-(FedAdamom's beta1_t), gives the `beta1` statistics.
-
-A `{round_num, optimizer}` state (from `schedule_learning_rate`) is unwrapped,
-and a whole learning process state is accepted too (its `finalizer` is read).
-
-Each statistic is computed once over the concatenation of every leaf (one copy
-of `v`), so the cost is a few passes over the model's parameters.
+A statistic is reported where the state has its key (the vocabulary of
+`optimizers.state`: `preconditioner` v, `max_preconditioner` v_hat,
+`accumulator` m, `learning_rate`); which optimizer a state belongs to is the
+registry's answer (`methods.optimizers_of_state`), whose `momentum_coefficient`
+(FedAdamom's beta1_t) gives the `beta1` statistics. Each statistic is computed
+once over the concatenation of every leaf: a few passes over the parameters.
 """
 
 from __future__ import annotations
@@ -34,26 +21,13 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tff_fedadamom.metric_names import (
-    BETA1_MEAN,
-    FRAC_BETA1_AT_0,
-    FRAC_BETA1_AT_MAX,
-    LEARNING_RATE,
-    MOMENTUM_NORM,
-    OPT_PREFIX,
-    UPDATE_NORM,
-    layer_stat,
-    moment_stats,
-)
+from tff_fedadamom.metric_names import (BETA1_MEAN, FRAC_BETA1_AT_0, FRAC_BETA1_AT_MAX,
+                                        LEARNING_RATE, MOMENTUM_NORM, OPT_PREFIX, UPDATE_NORM,
+                                        layer_stat, moment_stats)
 from tff_fedadamom import methods
-from tff_fedadamom.optimizers.state import (
-    ACCUMULATOR_KEY,
-    EPSILON_KEY,
-    LEARNING_RATE_KEY,
-    MAX_PRECONDITIONER_KEY,
-    PRECONDITIONER_KEY,
-    process_moments,
-)
+from tff_fedadamom.optimizers.state import (ACCUMULATOR_KEY, EPSILON_KEY, LEARNING_RATE_KEY,
+                                            MAX_PRECONDITIONER_KEY, PRECONDITIONER_KEY,
+                                            process_moments)
 
 # The percentiles of `moment_stats`: its p01, median and p99.
 _PERCENTILES = (1.0, 50.0, 99.0)
@@ -75,17 +49,11 @@ def unwrap_optimizer_state(state: Any) -> Mapping[str, Any]:
       # A client-adaptive process (FedCAda, FAFED): the moments the server
       # averages travel with the model; the finalizer holds the learning rate.
       state = {**state, **moments}
-  while (
-      isinstance(state, Mapping)
-      and 'optimizer' in state
-      and 'round_num' in state
-  ):
+  while isinstance(state, Mapping) and 'optimizer' in state and 'round_num' in state:
     state = state['optimizer']
   if not isinstance(state, Mapping):
-    raise TypeError(
-        'Expected a server optimizer state (a mapping such as'
-        f' {{learning_rate, ...}}), found {type(state).__name__}.'
-    )
+    raise TypeError('Expected a server optimizer state (a mapping such as '
+                    f'{{learning_rate, ...}}), found {type(state).__name__}.')
   return state
 
 
@@ -124,8 +92,7 @@ def _percentiles(x: np.ndarray, percents: Sequence[float]) -> list[float]:
   The same values as `np.percentile`, with only the order statistics the
   interpolation needs. When no element has its sign bit set (a second moment
   is never negative), IEEE floats order exactly like their bit patterns read as
-  integers, and partitioning that integer view is about a third faster. The
-  caller handles NaN.
+  integers, whose partition is faster. The caller handles NaN.
   """
   n = x.size
   positions = [p / 100.0 * (n - 1) for p in percents]
@@ -160,19 +127,12 @@ def _segment_sums(values: np.ndarray, sizes: Sequence[int]) -> np.ndarray:
   return out
 
 
-def _layer_stats(
-    beta1: np.ndarray | None,
-    v: np.ndarray,
-    sizes: Sequence[int],
-    layer_names: Sequence[str],
-    upper,
-) -> dict[str, float]:
+def _layer_stats(beta1: np.ndarray | None, v: np.ndarray, sizes: Sequence[int],
+                 layer_names: Sequence[str], upper) -> dict[str, float]:
   """Per-layer means and fractions; leaves sharing a name are pooled."""
   if len(layer_names) != len(sizes):
-    raise ValueError(
-        f'`layer_names` has {len(layer_names)} names but the optimizer state'
-        f' has {len(sizes)} tensors; give one name per trainable tensor.'
-    )
+    raise ValueError(f'`layer_names` has {len(layer_names)} names but the optimizer state '
+                     f'has {len(sizes)} tensors; give one name per trainable tensor.')
   names = list(dict.fromkeys(layer_names))  # Unique, in first-seen order.
   index = np.array([names.index(n) for n in layer_names], np.int64)
 
@@ -205,51 +165,29 @@ def _moment_stats(x: np.ndarray, name: str) -> dict[str, float]:
   return dict(zip(moment_stats(name), (mean, float(p50), float(p01), float(p99))))
 
 
-def optimizer_state_stats(
-    state: Any,
-    *,
-    previous_weights: Any = None,
-    weights: Any = None,
-    layer_names: Sequence[str] | None = None,
-    epsilon: float | None = None,
-) -> dict[str, float]:
-  """Statistics of a server optimizer state, keyed under `opt/`.
+def optimizer_state_stats(state: Any, *, previous_weights: Any = None, weights: Any = None,
+                          layer_names: Sequence[str] | None = None,
+                          epsilon: float | None = None) -> dict[str, float]:
+  """Statistics of a server optimizer state, as Python floats keyed under `opt/`.
 
   Keys present depend on the state (see the module docstring):
 
-  - `opt/learning_rate`: the rate the state holds. Under a schedule that is
-    the rate for the NEXT round (`schedule_learning_rate` stores
-    `schedule(round_num)` after the round).
-  - With a second moment / preconditioner `v`: `opt/v_mean`, `opt/v_median`,
-    `opt/v_p01`, `opt/v_p99` (percentiles with linear interpolation, the
-    values of `np.percentile`).
-  - With AMSGrad's running maximum `v_hat` (FedAMSGrad, FADAS): the same four
-    statistics of it, `opt/vhat_mean`, `opt/vhat_median`, `opt/vhat_p01`,
-    `opt/vhat_p99`.
-  - With a momentum / accumulator `m`: `opt/momentum_norm`, the global L2 norm
-    sqrt(sum over leaves of ||m||^2).
-  - With both `weights` and `previous_weights`: `opt/update_norm`, the global
-    L2 norm of `weights - previous_weights` (the update the round applied).
-  - FedAdamom only: `opt/beta1_mean`, `opt/frac_beta1_at_0` and
-    `opt/frac_beta1_at_max` (fraction of coordinates with beta1_t == 0 and
-    beta1_t == 1 - epsilon), beta1_t recomputed from `v` by the registry's
-    `momentum_coefficient` of the optimizer (`fedadamom.momentum_coefficient_numpy`).
-  - With `layer_names`: per layer `opt/layer/<name>/v_mean` and, for
-    FedAdamom, `.../beta1_mean`, `.../frac_at_0`, `.../frac_at_max`.
+  - `opt/learning_rate`: the rate the state holds (under a schedule, the NEXT
+    round's: `schedule_learning_rate` stores `schedule(round_num)` after it).
+  - With a second moment `v`: `opt/v_mean`, `_median`, `_p01`, `_p99` (the
+    values of `np.percentile`); with AMSGrad's `v_hat`, the same as `opt/vhat_*`.
+  - With a momentum `m`: `opt/momentum_norm`, its global L2 norm.
+  - With `weights` and `previous_weights`: `opt/update_norm`, the global L2
+    norm of the update the round applied.
+  - Where the registry gives the optimizer a `momentum_coefficient`
+    (FedAdamom): `opt/beta1_mean`, `opt/frac_beta1_at_0` and
+    `opt/frac_beta1_at_max` (beta1_t == 1 - epsilon), beta1_t recomputed from v.
+  - With `layer_names` (one per leaf of `v`, in `tf.nest.flatten` order; leaves
+    of one name pooled): `opt/layer/<name>/v_mean` and, for FedAdamom,
+    `.../beta1_mean`, `.../frac_at_0`, `.../frac_at_max`.
 
-  Args:
-    state: A server optimizer state (numpy arrays or tensors), possibly
-      wrapped by `schedule_learning_rate`, or a learning process state.
-    previous_weights: The trainable weights before the round.
-    weights: The trainable weights after the round (same structure).
-    layer_names: One name per leaf of `v`, in `tf.nest.flatten` order (for
-      the trainable weights list, the order of `trainable_variables`). Leaves
-      with the same name are pooled, so `['dense', 'dense']` reports kernel and
-      bias of one layer together.
-    epsilon: FedAdamom's clip margin; defaults to the state's `epsilon`.
-
-  Returns:
-    A dict of Python floats.
+  `state` may be wrapped by `schedule_learning_rate`, or a learning process
+  state; `epsilon` defaults to the state's.
 
   Raises:
     ValueError: If `layer_names` or the weights do not match the state.
@@ -289,10 +227,8 @@ def optimizer_state_stats(
   if weights is not None and previous_weights is not None:
     new, old = _leaves(weights), _leaves(previous_weights)
     if len(new) != len(old) or any(a.shape != b.shape for a, b in zip(new, old)):
-      raise ValueError(
-          '`weights` and `previous_weights` differ in structure: shapes'
-          f' {[a.shape for a in new]} vs {[b.shape for b in old]}.'
-      )
+      raise ValueError('`weights` and `previous_weights` differ in structure: shapes '
+                       f'{[a.shape for a in new]} vs {[b.shape for b in old]}.')
     stats[UPDATE_NORM] = float(
         np.sqrt(_sq_norm(np.subtract(a, b) for a, b in zip(new, old))))
   return stats

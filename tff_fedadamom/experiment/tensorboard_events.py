@@ -2,19 +2,12 @@
 
 A run writes each round's metrics as TensorBoard scalars and, every
 `histogram_every` rounds, histograms of the server optimizer's state. TFF's
-`tff.program.TensorBoardReleaseManager` and `tf.summary` build every value as
-eager tensors (tag, step, value, metadata: about 240 a round for digits/logistic
-with telemetry). In TensorFlow 2.14 on Python 3.11 each eager tensor created
-leaves a Python-side block behind for good (16 bytes in a bare process, 48 in a
-run; tracemalloc attributes it to the line that created the tensor), so those
-summaries grew a long run's memory by about 10 MB per 1,000 rounds
-(`benchmarks/round_memory.py --trace`).
-
-Here the summaries are the protos TensorBoard's own `scalar_pb` and
-`histogram_pb` build in numpy (the same tags, plugin metadata and float32
-values as `tf.summary.scalar`; histograms with TensorBoard's default of 30
-buckets, counted as `histogram_pb` below says), written by TensorBoard's event
-file writer.
+`TensorBoardReleaseManager` and `tf.summary` build every value as eager tensors
+(tag, step, value, metadata), and in TensorFlow 2.14 on Python 3.11 each eager
+tensor leaves a block behind for good (`runtime.eager_release`), so a long run's
+memory grew with its rounds. Here the summaries are the protos TensorBoard's
+own `scalar_pb` and `histogram_pb` build in numpy (the same tags, metadata and
+float32 values as `tf.summary.scalar`), written by TensorBoard's event writer.
 """
 
 from __future__ import annotations
@@ -31,15 +24,12 @@ def histogram_pb(tag: str, data):
   same summary proto, with the buckets counted by `np.bincount`.
 
   Why not TensorBoard's own: it counts by comparing every value with every
-  bucket, an N x 30 boolean matrix. On the quickstart CNN's 1.2 million
-  parameters that took 167 ms (and 36 MB) a histogram, against 16 ms here; on
-  ResNet-18's 11 million the matrix alone is 335 MB. Everything else is
-  TensorBoard's: the values as float64, the edges (`linspace` from the minimum
-  to the maximum), a value's bucket, floor((value - min) / width), clamped to
-  the last, so the maximum lands there, and values that land nowhere (NaN, or
-  every value when the range is infinite) counted nowhere. Empty data and
-  data of one value go to TensorBoard's function itself: it builds no matrix
-  for them.
+  bucket, an N x buckets boolean matrix, which for ResNet-18's 11 million
+  parameters alone is hundreds of MB. Everything else is TensorBoard's: the
+  values as float64, the edges (`linspace` from the minimum to the maximum), a
+  value's bucket floor((value - min) / width) clamped to the last, and values
+  that land nowhere (NaN, or all when the range is infinite) counted nowhere.
+  Empty data and data of one value go to TensorBoard's function itself.
   """
   from tensorboard.compat.proto import summary_pb2
   from tensorboard.plugins.histogram import metadata, summary_v2

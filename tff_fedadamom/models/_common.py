@@ -18,14 +18,12 @@ import tensorflow as tf
 
 
 class SeedStream:
-  """Hands out one distinct initializer seed per call, derived from ``seed``.
+  """Hands out one distinct initializer seed per call, derived from ``seed``
+  (None: always None, Keras' nondeterministic default).
 
-  Keras initializers that share a seed produce identical values for tensors of
-  the same shape, so reusing the model seed for every layer would make, e.g.,
-  the two LSTM layers start from the same recurrent kernel. Each call mixes the
-  model seed with a counter through ``numpy.random.SeedSequence`` instead.
-  With ``seed=None`` every call returns ``None``: Keras' nondeterministic
-  default.
+  Keras initializers that share a seed give tensors of one shape identical
+  values (two LSTM layers would start from the same recurrent kernel), so each
+  call mixes the model seed with a counter through ``numpy.random.SeedSequence``.
   """
 
   def __init__(self, seed: Optional[int]):
@@ -109,21 +107,16 @@ def image_input(input_shape: tuple[int, ...]):
   return inputs, x
 
 
-
 @tf.keras.utils.register_keras_serializable(package="tff_fedadamom")
 class SeededDropout(tf.keras.layers.Layer):
   """Dropout with masks from a stateless random op, keyed by (seed, training step).
 
-  Keras' seeded dropout is a stateful random op: its place in the mask
-  sequence lives in the op's kernel. A client computation compiled once and
-  called for client after client (TFF's iterator loop, which is what lets a
-  round run without re-instantiating the training step for every client)
-  would then continue the sequence from whatever ran before it on the same
-  compiled copy, and a run's masks would depend on how clients were spread
-  over copies and threads. Here the step is a non-trainable variable of the
-  model: every client starts from the server's value (0: the server never
-  changes it) and counts its own local steps, so each client's masks are a
-  function of `seed` and its step alone, and differ from batch to batch.
+  Keras' seeded dropout keeps its place in the mask sequence in the op's
+  kernel, so a client computation compiled once and called client after client
+  (TFF's iterator loop) would continue from whatever ran before it on that
+  copy. Here the step is a non-trainable variable: every client starts from the
+  server's 0 and counts its own local steps, so its masks are a function of
+  `seed` and its step alone, and differ from batch to batch.
   """
 
   def __init__(self, rate: float, seed: int, **kwargs):
@@ -154,15 +147,12 @@ class SeededDropout(tf.keras.layers.Layer):
 
 def with_keras_dropout(model: tf.keras.Model) -> tf.keras.Model:
   """A copy of `model` whose `SeededDropout` layers are Keras' own `Dropout`
-  (same rate, seed and name), every other layer holding the same weights; or
-  `model` itself when it has none.
+  (same rate, seed and name), other layers holding the same weights; or `model`
+  itself when it has none.
 
-  What it is for: the model a run saves (`model.keras`). `SeededDropout` is
-  this project's class, so a file holding it loads only where
-  `tff_fedadamom.models` was imported; plain Keras fails on it ("'str' object
-  is not callable"). Dropout passes its input through at inference, so the copy
-  computes the same outputs. Trained further in Keras, it draws Keras' masks
-  (the step variable of `SeededDropout` is not carried over).
+  For the model a run saves (`model.keras`), which plain Keras must load
+  without `tff_fedadamom.models` imported. Dropout passes its input through at
+  inference, so the copy computes the same outputs.
   """
   if not any(isinstance(layer, SeededDropout) for layer in model.layers):
     return model

@@ -6,12 +6,11 @@ Dropout(0.25) -> Flatten -> Dense(128, ReLU) -> Dropout(0.5) -> Dense(classes),
 Glorot-normal kernels. The final softmax is left out: the loss takes logits.
 On 28x28x1 inputs with 62 classes it has 1,206,590 parameters.
 
-``seed`` fixes the initial weights and seeds the dropout layers, as the
-research code does. Unseeded dropout would make two runs with the same config
-differ, and then neither resume nor an exported best config would reproduce a
-result. The price: a seeded dropout op restarts its mask sequence whenever TFF
-builds the client computation afresh, so masks can repeat across clients and
-rounds (the batches they meet still differ).
+``seed`` fixes the initial weights and seeds the dropout layers
+(`_common.SeededDropout`), as the research code does: unseeded dropout would
+make two runs of one config differ, so neither a resume nor an exported best
+config would reproduce a result. Each client's masks restart with its round,
+so they repeat across clients and rounds (the batches they meet differ).
 """
 
 from __future__ import annotations

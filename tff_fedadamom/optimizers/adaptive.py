@@ -1,19 +1,14 @@
 """The Adam family on the server: FedAdam, FedYogi, FedAMSGrad and FADAS.
 
 One `tff.learning.optimizers.Optimizer` (`AdaptiveOptimizer`) holds the update
-every member shares; the members differ in three build-time choices:
-
-- the second-moment rule: Adam's `v = beta_2 * v + (1 - beta_2) * g**2`, or
-  Yogi's additive `v = v - (1 - beta_2) * sign(v - g**2) * g**2`;
-- AMSGrad or not: divide by `v_hat = max(v_hat, v)`, the running maximum of
-  `v`, instead of by `v`;
-- bias correction or not (see below).
-
+the members share; they differ in the second-moment rule (Adam's, or Yogi's
+additive `v = v - (1 - beta_2) * sign(v - g**2) * g**2`), AMSGrad or not
+(divide by the running maximum `v_hat` of `v`), and bias correction or not.
 FADAS adds a delay-adaptive learning rate (`delay_adaptive_learning_rate`).
 
 With TFF's sign convention the optimizer receives the pseudo-gradient
-`g = initial - trained = -Delta` and applies `w - lr * ...`; the papers write
-`x + eta * ...` with `Delta`, which is the same update. One round t:
+`g = initial - trained = -Delta` and applies `w - lr * ...` (the papers'
+`x + eta * ...` with `Delta`). One round t:
 
 ```
 m     = beta_1 * m + (1 - beta_1) * g
@@ -26,31 +21,22 @@ with bias correction:     w = w - lr_t / (1 - beta_1**t) * m
                                   / (sqrt(d) / sqrt(1 - beta_2**t) + epsilon)
 ```
 
-Bias correction: the convention. `bias_correction` is a build-time switch of
-every member, and its default follows the member's official code (the
-README's optimizer table lists each default and its source):
+`bias_correction` is a build-time switch (it adds a `step` to the state), on
+by default as in each member's official code:
 
-- FedAdam, FedYogi: on. Reddi et al.'s code (google-research/federated,
-  `optimization/shared/optimizer_utils.py`) runs Keras' Adam and its own Yogi
-  (`utils/optimizers/yogi.py`), which both correct in the "epsilon hat" form
-  `lr * sqrt(1 - beta_2**t) / (1 - beta_1**t) * m / (sqrt(v) + epsilon)`;
-  TFF's `build_adam`/`build_yogi` are that form, and `build_fedadam`/
-  `build_fedyogi` return them.
-- FedAMSGrad, FADAS: on, in the form of their authors' code
-  (jinghuichen/FedCAMS and yujiaw98/FADAS, `update.py`, optimizer `fedams`):
-  the second block above, where epsilon is added after `sqrt(d)` is
-  rescaled. `AdaptiveOptimizer` implements that form; `v_hat` is the maximum
-  of the uncorrected `v`, as in that code.
+- FedAdam, FedYogi: Reddi et al.'s code (google-research/federated) runs Keras'
+  Adam and its own Yogi, which correct in the "epsilon hat" form
+  `lr * sqrt(1 - beta_2**t) / (1 - beta_1**t) * m / (sqrt(v) + epsilon)`:
+  TFF's `build_adam`/`build_yogi`, which `build_fedadam`/`build_fedyogi` return.
+- FedAMSGrad, FADAS: their authors' code (jinghuichen/FedCAMS, yujiaw98/FADAS,
+  `update.py`): the second block above, epsilon added after `sqrt(d)` is
+  rescaled, `v_hat` the maximum of the uncorrected `v`.
 - Off: the first block, the FedAdamom authors' FedAdam and FedYogi
   (Tenshawn/FedAdamom, `models/distributed_training_utils.py`).
 
-`bias_correction` is not a state hparam: it decides whether the state has a
-`step` counter (a different state structure).
-
-Every member's state is a flat OrderedDict of tensors, learning rate first
-(under `LEARNING_RATE_KEY`, so `schedule_learning_rate` works), then the
-hparams, then `step` (bias correction only), then the slots `accumulator`
-(m), `preconditioner` (v) and `max_preconditioner` (v_hat, AMSGrad only).
+The state is a flat OrderedDict: learning rate first (`LEARNING_RATE_KEY`, so
+`schedule_learning_rate` works), the hparams, `step`, then the slots
+`accumulator` (m), `preconditioner` (v), `max_preconditioner` (v_hat).
 Gradients that are None leave their weights and slots unchanged.
 """
 
@@ -73,18 +59,14 @@ FEDADAM_NAME = 'FedAdam'
 FEDYOGI_NAME = 'FedYogi'
 FEDAMSGRAD_NAME = 'FedAMSGrad'
 
-# FedAdam and FedYogi defaults: Reddi et al.'s code (google-research/federated,
-# `optimization/docs/hyperparameters.md`): Keras' beta_1 = 0.9 and
-# beta_2 = 0.999, kept fixed in their experiments; epsilon (tau) 1e-3, their
-# recommended value; Yogi's initial accumulator 0.0, the value of their runs.
+# FedAdam and FedYogi defaults: Reddi et al.'s `optimization/docs/hyperparameters.md`
+# (Keras' betas, fixed in their experiments; tau 1e-3; Yogi's accumulator 0).
 REDDI_BETA_1 = 0.9
 REDDI_BETA_2 = 0.999
 REDDI_EPSILON = 1e-3
 REDDI_YOGI_INITIAL_PRECONDITIONER = 0.0
-# FedAMSGrad defaults: its authors' code (jinghuichen/FedCAMS, `options.py` for
-# the betas, the README's FedAMS command for the rest): beta_1 = 0.9,
-# beta_2 = 0.99, global learning rate 1.0, eps 0 and v_hat_0 = 1e-3 (`max_init`,
-# the "max stabilization" that keeps the denominator away from 0).
+# FedAMSGrad defaults: jinghuichen/FedCAMS (`options.py`, the README's FedAMS
+# command; v_hat_0 is its `max_init`).
 FEDAMS_LEARNING_RATE = 1.0
 FEDAMS_BETA_1 = 0.9
 FEDAMS_BETA_2 = 0.99
@@ -136,21 +118,10 @@ class AdaptiveOptimizer(tff.learning.optimizers.Optimizer):
       `delay_adaptive_learning_rate(lr, max_delay, delay_threshold)`.
   """
 
-  def __init__(
-      self,
-      name: str,
-      learning_rate,
-      beta_1,
-      beta_2,
-      epsilon,
-      *,
-      rule: str = ADAM,
-      amsgrad: bool = False,
-      bias_correction: bool = False,
-      initial_preconditioner: float = 0.0,
-      initial_max_preconditioner=None,
-      delay_threshold=None,
-  ):
+  def __init__(self, name: str, learning_rate, beta_1, beta_2, epsilon, *, rule: str = ADAM,
+               amsgrad: bool = False, bias_correction: bool = False,
+               initial_preconditioner: float = 0.0, initial_max_preconditioner=None,
+               delay_threshold=None):
     check_adaptive(name, learning_rate, beta_1, beta_2, epsilon, amsgrad=amsgrad,
                    bias_correction=bias_correction,
                    initial_preconditioner=initial_preconditioner,
@@ -181,9 +152,8 @@ class AdaptiveOptimizer(tff.learning.optimizers.Optimizer):
     slots = (keys.ACCUMULATOR_KEY, keys.PRECONDITIONER_KEY)
     return slots + ((keys.MAX_PRECONDITIONER_KEY,) if self._amsgrad else ())
 
-  # Traced as written: TFF calls this inside an autograph `tf.function`, whose
-  # conversion of it (it has no tensor-dependent Python control flow) cost
-  # 0.5-0.9 s per class and process, about a third of a learning process's build.
+  # Not converted by autograph: no tensor-dependent control flow, and
+  # converting it is a large part of a learning process's build.
   @tf.autograph.experimental.do_not_convert
   def initialize(self, specs: Any) -> collections.OrderedDict:
     zeros = lambda s: tf.zeros(s.shape, s.dtype)
@@ -208,16 +178,12 @@ class AdaptiveOptimizer(tff.learning.optimizers.Optimizer):
 
   @tf.autograph.experimental.do_not_convert
   def next(self, state, weights, gradients):
-    gradients = tff.learning.optimizers.handle_indexed_slices_gradients(
-        gradients
-    )
+    gradients = tff.learning.optimizers.handle_indexed_slices_gradients(gradients)
     tff.learning.optimizers.check_weights_gradients_match(weights, gradients)
-    beta_1 = state[keys.BETA_1_KEY]
-    beta_2 = state[keys.BETA_2_KEY]
+    beta_1, beta_2 = state[keys.BETA_1_KEY], state[keys.BETA_2_KEY]
     epsilon = state[keys.EPSILON_KEY]
     lr = self._learning_rate(state)
-    new_state = collections.OrderedDict(
-        (k, state[k]) for k in self._hparams)
+    new_state = collections.OrderedDict((k, state[k]) for k in self._hparams)
     root_scale = 1.0  # Multiplies sqrt(d) in the denominator.
     if self._bias_correction:
       # The authors' form (module docstring): m / (1 - beta_1**t) over
@@ -270,31 +236,16 @@ class AdaptiveOptimizer(tff.learning.optimizers.Optimizer):
     return keys.set_hparams(self._name, state, hparams, self._hparams)
 
 
-def build_fedadam(
-    learning_rate,
-    beta_1=REDDI_BETA_1,
-    beta_2=REDDI_BETA_2,
-    epsilon=REDDI_EPSILON,
-    bias_correction: bool = True,
-) -> tff.learning.optimizers.Optimizer:
-  """FedAdam: Adam on the server, with or without bias correction.
-
-  ```
-  m = beta_1 * m + (1 - beta_1) * g;   v = beta_2 * v + (1 - beta_2) * g**2   (v_0 = 0)
-  w = w - lr * c_t * m / (sqrt(v) + epsilon)
-  ```
+def build_fedadam(learning_rate, beta_1=REDDI_BETA_1, beta_2=REDDI_BETA_2,
+                  epsilon=REDDI_EPSILON,
+                  bias_correction: bool = True) -> tff.learning.optimizers.Optimizer:
+  """FedAdam: `w = w - lr * c_t * m / (sqrt(v) + epsilon)`, Adam's m and v (v_0 = 0).
 
   `bias_correction=True` (the default) is TFF's `build_adam`, with
-  `c_t = sqrt(1 - beta_2**t) / (1 - beta_1**t)`: the Keras Adam that Reddi et
-  al.'s experiments ran (google-research/federated,
-  `optimization/shared/optimizer_utils.py`). `bias_correction=False` has
-  `c_t = 1` and no `step` in the state: the FedAdamom authors' FedAdam
-  (Tenshawn/FedAdamom, `models/distributed_training_utils.py`). For
-  beta_1 = 0.9, beta_2 = 0.999, c_t is 0.316 at t = 1, 0.153 at t = 10,
-  0.309 at t = 100 and 0.795 at t = 1000: the corrected optimizer steps 3-6
-  times shorter for hundreds of rounds. Defaults
-  (`REDDI_*`): google-research/federated, `optimization/docs/hyperparameters.md`
-  (Keras' betas 0.9 and 0.999, epsilon 1e-3).
+  `c_t = sqrt(1 - beta_2**t) / (1 - beta_1**t)`: the Keras Adam of Reddi et al.'s
+  experiments. `bias_correction=False` has `c_t = 1` and no `step` in the state:
+  the FedAdamom authors' FedAdam. For beta_1 = 0.9, beta_2 = 0.999, c_t stays
+  below 1/3 for the first hundred rounds: the corrected optimizer steps shorter.
 
   Raises:
     ValueError: naming an out-of-range argument or a non-bool `bias_correction`.
@@ -306,31 +257,16 @@ def build_fedadam(
   return AdaptiveOptimizer(FEDADAM_NAME, learning_rate, beta_1, beta_2, epsilon)
 
 
-def build_fedyogi(
-    learning_rate,
-    beta_1=REDDI_BETA_1,
-    beta_2=REDDI_BETA_2,
-    epsilon=REDDI_EPSILON,
-    initial_preconditioner=REDDI_YOGI_INITIAL_PRECONDITIONER,
-    bias_correction: bool = True,
-) -> tff.learning.optimizers.Optimizer:
-  """FedYogi: Yogi on the server, with or without bias correction.
+def build_fedyogi(learning_rate, beta_1=REDDI_BETA_1, beta_2=REDDI_BETA_2,
+                  epsilon=REDDI_EPSILON,
+                  initial_preconditioner=REDDI_YOGI_INITIAL_PRECONDITIONER,
+                  bias_correction: bool = True) -> tff.learning.optimizers.Optimizer:
+  """FedYogi: FedAdam with Yogi's `v = v - (1 - beta_2) * sign(v - g**2) * g**2`.
 
-  ```
-  m = beta_1 * m + (1 - beta_1) * g
-  v = v - (1 - beta_2) * sign(v - g**2) * g**2        v_0 = initial_preconditioner
-  w = w - lr * c_t * m / (sqrt(v) + epsilon)
-  ```
-
-  `bias_correction=True` (the default) is TFF's `build_yogi`, with
-  `c_t = sqrt(1 - beta_2**t) / (1 - beta_1**t)`, the form of Reddi et al.'s
-  Yogi (google-research/federated, `utils/optimizers/yogi.py`).
-  `bias_correction=False` has `c_t = 1` and no `step` in the state: the
-  FedAdamom authors' FedYogi (Tenshawn/FedAdamom,
-  `models/distributed_training_utils.py`). `v_0 = 0` by default: the
-  `server_yogi_initial_accumulator_value=0.0` of Reddi et al.'s runs
-  (`optimization/docs/hyperparameters.md`) and the FedAdamom code's zero start
-  (TFF's own default is 1e-6). Other defaults as `build_fedadam`.
+  `bias_correction=True` (the default) is TFF's `build_yogi` (the form of Reddi
+  et al.'s `utils/optimizers/yogi.py`); False: `c_t = 1`, the FedAdamom authors'
+  FedYogi. `v_0 = initial_preconditioner`, 0 by default as in Reddi et al.'s
+  runs and the FedAdamom code (TFF's own default is 1e-6).
 
   Raises:
     ValueError: naming an out-of-range argument or a non-bool `bias_correction`.
@@ -343,14 +279,10 @@ def build_fedyogi(
                    rule=YOGI, initial_preconditioner=initial_preconditioner)
 
 
-def build_fedamsgrad(
-    learning_rate=FEDAMS_LEARNING_RATE,
-    beta_1=FEDAMS_BETA_1,
-    beta_2=FEDAMS_BETA_2,
-    epsilon=FEDAMS_EPSILON,
-    initial_max_preconditioner=FEDAMS_INITIAL_MAX_PRECONDITIONER,
-    bias_correction: bool = True,
-) -> tff.learning.optimizers.Optimizer:
+def build_fedamsgrad(learning_rate=FEDAMS_LEARNING_RATE, beta_1=FEDAMS_BETA_1,
+                     beta_2=FEDAMS_BETA_2, epsilon=FEDAMS_EPSILON,
+                     initial_max_preconditioner=FEDAMS_INITIAL_MAX_PRECONDITIONER,
+                     bias_correction: bool = True) -> tff.learning.optimizers.Optimizer:
   """FedAMSGrad: AMSGrad on the server (FedAMS; synchronous FADAS).
 
   ```
@@ -362,17 +294,11 @@ def build_fedamsgrad(
 
   AMSGrad (Reddi, Kale, Kumar, ICLR 2018) divides by the running maximum of
   `v`, so no coordinate's step size ever grows; FedAMS (Wang, Lin and Chen,
-  "Communication-Efficient Adaptive Federated Learning", ICML 2022) runs it on
-  the server, and FADAS (`build_fadas`) is its asynchronous extension. Rule
-  and defaults follow the FedAMS authors' code (jinghuichen/FedCAMS,
-  `update.py`, optimizer `fedams`; `options.py`; the README's FedAMS command):
-  bias correction in the form above, epsilon outside the root, beta_1 = 0.9,
-  beta_2 = 0.99, global learning rate 1.0, and the command's "max
-  stabilization" `eps = 0`, `v_hat_0 = 1e-3` (`max_init`), which keeps the
-  denominator at least `sqrt(1e-3)`. `bias_correction=False` drops both
-  `1 - beta**t` factors and the state's `step`.
-
-  The state adds `max_preconditioner` (v_hat) to Adam's slots.
+  ICML 2022) runs it on the server. Rule and defaults follow the FedAMS
+  authors' code (jinghuichen/FedCAMS, `update.py`, optimizer `fedams`): epsilon
+  outside the root, and the "max stabilization" `eps = 0`, `v_hat_0 = 1e-3`,
+  which keeps the denominator at least `sqrt(1e-3)`. `bias_correction=False`
+  drops both `1 - beta**t` factors and the state's `step`.
 
   Raises:
     ValueError: naming an out-of-range argument or a non-bool `bias_correction`.

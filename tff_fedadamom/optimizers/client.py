@@ -57,9 +57,8 @@ class _ClientSGD(tff.learning.optimizers.Optimizer):
     self._weight_decay = weight_decay
     self._clip_norm = clip_norm
 
-  # Traced as written: TFF calls this inside an autograph `tf.function`, whose
-  # conversion of it (it has no tensor-dependent Python control flow) cost
-  # 0.5-0.9 s per class and process, about a third of a learning process's build.
+  # Not converted by autograph: no tensor-dependent control flow, and
+  # converting it is a large part of a learning process's build.
   @tf.autograph.experimental.do_not_convert
   def initialize(self, specs):
     return self._sgd.initialize(specs)
@@ -79,12 +78,6 @@ class _ClientSGD(tff.learning.optimizers.Optimizer):
 def build_client_sgd(learning_rate: float, momentum: float = 0.0,
                      weight_decay: float = 0.0,
                      clip_norm: Optional[float] = None) -> tff.learning.optimizers.Optimizer:
-  """SGD with momentum, weight decay and global-norm clipping (see module doc).
-
-  Args:
-    learning_rate: The client learning rate eta_l.
-    momentum: Heavy-ball momentum in [0, 1); 0 is plain SGD.
-    weight_decay: Coupled L2 decay added to the gradient (the reference uses 1e-3).
-    clip_norm: Global gradient-norm bound (the reference uses 10), or None.
-  """
+  """SGD with heavy-ball `momentum` in [0, 1), coupled `weight_decay` and a
+  global gradient-norm bound `clip_norm` or None (the reference: 1e-3 and 10)."""
   return _ClientSGD(learning_rate, momentum, weight_decay, clip_norm)

@@ -11,10 +11,8 @@ import tensorflow_federated as tff
 
 from tff_fedadamom.optimizers import adaptive
 
-# The authors' code (yujiaw98/FADAS: `options.py`; README run commands, CIFAR-10
-# ResNet): beta_1 0.9, beta_2 0.99, eps 1e-8, tau_c 1, max_init 0, global lr
-# 1e-3 with the delay-adaptive rate (1e-4 without it), chosen with the bias
-# correction of `update.py` on.
+# The authors' code (yujiaw98/FADAS: `options.py`; the README's CIFAR-10 command:
+# global lr 1e-3 with the delay-adaptive rate, chosen with bias correction on).
 DEFAULT_LEARNING_RATE = 1e-3
 DEFAULT_BETA_1 = 0.9
 DEFAULT_BETA_2 = 0.99
@@ -23,14 +21,10 @@ DEFAULT_EPSILON = 1e-8
 DEFAULT_DELAY_THRESHOLD = 1.0
 
 
-def build_fadas(
-    learning_rate=DEFAULT_LEARNING_RATE,
-    beta_1=DEFAULT_BETA_1,
-    beta_2=DEFAULT_BETA_2,
-    epsilon=DEFAULT_EPSILON,
-    delay_threshold=DEFAULT_DELAY_THRESHOLD,
-    bias_correction: bool = True,
-) -> tff.learning.optimizers.Optimizer:
+def build_fadas(learning_rate=DEFAULT_LEARNING_RATE, beta_1=DEFAULT_BETA_1,
+                beta_2=DEFAULT_BETA_2, epsilon=DEFAULT_EPSILON,
+                delay_threshold=DEFAULT_DELAY_THRESHOLD,
+                bias_correction: bool = True) -> tff.learning.optimizers.Optimizer:
   """Returns FADAS' server optimizer as a `tff.learning.optimizers.Optimizer`.
 
   FADAS' server buffers M client updates (each computed from a possibly stale
@@ -48,42 +42,21 @@ def build_fadas(
   w     = w - eta_t / (1 - beta_1**t) * m / (sqrt(v_hat / (1 - beta_2**t)) + epsilon)
   ```
 
-  `tau_max` is the largest staleness (in server rounds) among the round's
-  buffered updates and `tau_c` the delay threshold. The state carries both as
-  hparams: `delay_threshold` (tau_c) and `max_delay` (tau_max, 0 after
-  `initialize`), so an asynchronous driver sets the round's staleness with
-  `set_hparams(state, {'max_delay': tau})` before `next`; the rule is
-  `adaptive.delay_adaptive_learning_rate`.
+  `tau_max` is the largest staleness (in server rounds) of the round's buffered
+  updates and `tau_c` the delay threshold, both in the state as hparams
+  (`max_delay`, 0 after `initialize`, and `delay_threshold`): an asynchronous
+  driver would set `max_delay` with `set_hparams` before `next`.
 
-  Synchronous only. This project's pipeline runs synchronous rounds
-  (`tff.learning.algorithms.build_weighted_fed_avg`: every sampled client
-  starts from the current model and the server waits for all of them), so
-  every update has staleness 0, `max_delay` stays 0, `eta_t = eta`, and FADAS
-  is FedAMSGrad's rule (`adaptive.build_fedamsgrad`) with FADAS' defaults
-  (v_hat_0 = 0, epsilon 1e-8). The buffered asynchronous mode (clients
-  training on stale models, a buffer of M updates) is NOT offered: it needs a
-  different learning process, not a server optimizer.
+  Synchronous only: the pipeline's rounds (`build_weighted_fed_avg`) have
+  staleness 0, so `eta_t = eta` and FADAS is FedAMSGrad's rule with FADAS'
+  defaults (v_hat_0 = 0, epsilon 1e-8). The buffered asynchronous mode needs a
+  different learning process, not a server optimizer, and is not offered.
 
-  Source. Only the paper's abstract could be read, so the rule above is the
-  authors' code (yujiaw98/FADAS): `update.py`, optimizer `fedams`, for the
-  step, and `g_delay_adaptive.py` for the rate. In particular:
-
-  - Bias correction: on by default, as the code always corrects (and its
-    eta = 1e-3 was chosen so); epsilon is added after `sqrt(v_hat)` is divided
-    by `sqrt(1 - beta_2**t)`, as there. `v_hat` is the maximum of the
-    uncorrected `v`. `bias_correction=False` drops both `1 - beta**t` factors.
-  - Delay-adaptive rate: `eta / tau_max` above the threshold, the code's
-    `lr_lambda = 1 / max(delay)` multiplying eta.
-  - Initial values: m = v = 0, v_hat = 0 (the code's `max_init` default).
-
-  Args:
-    learning_rate: Nonnegative base server learning rate eta. Default 1e-3,
-      the authors' command for CIFAR-10 with the delay-adaptive rate.
-    beta_1: First-moment decay in [0, 1]; 0.9 as in the code.
-    beta_2: Second-moment decay in [0, 1]; 0.99 as in the code.
-    epsilon: Positive term added to the denominator; 1e-8 as in the code.
-    delay_threshold: tau_c >= 0, in rounds; 1 as in the code.
-    bias_correction: Python bool, see above; True follows the code.
+  Source: only the paper's abstract could be read, so the rule is the authors'
+  code (yujiaw98/FADAS): `update.py` (optimizer `fedams`: bias correction always
+  on, epsilon after `sqrt(v_hat)` is rescaled, v_hat_0 = 0) and
+  `g_delay_adaptive.py` (`lr_lambda = 1 / max(delay)` multiplying eta). The
+  defaults are its `options.py` and its CIFAR-10 command (eta 1e-3).
 
   Raises:
     ValueError: naming an out-of-range argument or a non-bool `bias_correction`.

@@ -78,24 +78,12 @@ def momentum_coefficient(v: tf.Tensor, vbar: tf.Tensor, epsilon) -> tf.Tensor:
 
 
 def momentum_coefficient_numpy(v_flat: np.ndarray, epsilon) -> np.ndarray:
-  """beta1_t = clip(1 - v / vbar, 0, 1 - epsilon) in numpy, for a state read back.
+  """`momentum_coefficient` in numpy over `v_flat`, every trainable leaf of the
+  second moment concatenated, for telemetry (no TensorFlow op per round).
 
-  The numpy twin of `momentum_coefficient` over ALL the state's leaves at once,
-  for telemetry (a few vectorised passes, no TensorFlow op per round): `vbar` is
-  ONE scalar, the mean over every element of every leaf, held in float32
-  (float64 if `v_flat` is float64; the sum is accumulated in float64, so `vbar`
-  is within a rounding of the optimizer's); the coefficient is computed in that
-  dtype as `offset - v * inv_vbar` with `(offset, inv_vbar) = (1, 1 / vbar)`, or
-  `(0, 0)` when `vbar == 0` (then every beta1_t is 0, plain SGD).
-
-  FedAdamom stores the `v` it used for its last step, so on the state read
-  after a round this is the beta1_t of that round's update. (The optimizer
-  leaves tensors whose gradient is None out of vbar; in a TFF learning process
-  every trainable tensor has a gradient.)
-
-  Args:
-    v_flat: The second moment of every trainable leaf, concatenated flat.
-    epsilon: The clip margin (`state['epsilon']`).
+  `vbar` is held in float32 (float64 for float64 `v_flat`), summed in float64,
+  so it is within a rounding of the optimizer's. FedAdamom stores the `v` of its
+  last step, so on a state read after a round this is that round's beta1_t.
   """
   dtype = np.float64 if v_flat.dtype == np.float64 else np.float32
   v = v_flat.astype(dtype, copy=False)
@@ -142,20 +130,15 @@ def _fedadamom_steps(momenta, moments, grads, lr, beta_2, epsilon):
 class _FedAdamom(tff.learning.optimizers.Optimizer):
   """FedAdamom server optimizer, see `build_fedadamom` for details."""
 
-  def __init__(
-      self,
-      learning_rate=DEFAULT_LEARNING_RATE,
-      beta_2=DEFAULT_BETA_2,
-      epsilon=DEFAULT_EPSILON,
-  ):
+  def __init__(self, learning_rate=DEFAULT_LEARNING_RATE, beta_2=DEFAULT_BETA_2,
+               epsilon=DEFAULT_EPSILON):
     check_hparams(learning_rate, beta_2, epsilon)
     self._lr = learning_rate
     self._beta_2 = beta_2
     self._epsilon = epsilon
 
-  # Traced as written: TFF calls this inside an autograph `tf.function`, whose
-  # conversion of it (it has no tensor-dependent Python control flow) cost
-  # 0.5-0.9 s per class and process, about a third of a learning process's build.
+  # Not converted by autograph: no tensor-dependent control flow, and
+  # converting it is a large part of a learning process's build.
   @tf.autograph.experimental.do_not_convert
   def initialize(self, specs: Any) -> collections.OrderedDict:
     zeros = lambda s: tf.zeros(s.shape, s.dtype)
@@ -169,14 +152,9 @@ class _FedAdamom(tff.learning.optimizers.Optimizer):
 
   @tf.autograph.experimental.do_not_convert
   def next(self, state, weights, gradients):
-    gradients = tff.learning.optimizers.handle_indexed_slices_gradients(
-        gradients
-    )
+    gradients = tff.learning.optimizers.handle_indexed_slices_gradients(gradients)
     tff.learning.optimizers.check_weights_gradients_match(weights, gradients)
-    lr = state[LEARNING_RATE_KEY]
-    beta_2 = state[BETA_2_KEY]
-    epsilon = state[EPSILON_KEY]
-
+    lr, beta_2, epsilon = state[LEARNING_RATE_KEY], state[BETA_2_KEY], state[EPSILON_KEY]
     flat_w = tf.nest.flatten(weights)
     flat_m = tf.nest.flatten(state[ACCUMULATOR_KEY])
     flat_v = tf.nest.flatten(state[PRECONDITIONER_KEY])
@@ -184,35 +162,20 @@ class _FedAdamom(tff.learning.optimizers.Optimizer):
     flat_g = tf.nest.flatten(gradients)
     if not len(flat_w) == len(flat_m) == len(flat_v) == len(flat_g):
       raise ValueError(
-          f'{NAME} state does not match the weights: '
-          f'{len(flat_w)} weights, {len(flat_g)} gradients, '
-          f'{len(flat_m)} momentum and {len(flat_v)} second-moment tensors.'
-      )
+          f'{NAME} state does not match the weights: {len(flat_w)} weights, {len(flat_g)} '
+          f'gradients, {len(flat_m)} momentum and {len(flat_v)} second-moment tensors.')
     active = [i for i, g in enumerate(flat_g) if g is not None]
     new_w, new_m, new_v = list(flat_w), list(flat_m), list(flat_v)
     if active:
       steps, momenta, moments = _fedadamom_steps(
-          [flat_m[i] for i in active],
-          [flat_v[i] for i in active],
-          [flat_g[i] for i in active],
-          lr, beta_2, epsilon,
-      )
+          [flat_m[i] for i in active], [flat_v[i] for i in active],
+          [flat_g[i] for i in active], lr, beta_2, epsilon)
       for i, step, m, v in zip(active, steps, momenta, moments):
         new_w[i], new_m[i], new_v[i] = flat_w[i] - step, m, v
-
     updated_state = collections.OrderedDict([
-        (LEARNING_RATE_KEY, lr),
-        (BETA_2_KEY, beta_2),
-        (EPSILON_KEY, epsilon),
-        (
-            ACCUMULATOR_KEY,
-            tf.nest.pack_sequence_as(state[ACCUMULATOR_KEY], new_m),
-        ),
-        (
-            PRECONDITIONER_KEY,
-            tf.nest.pack_sequence_as(state[PRECONDITIONER_KEY], new_v),
-        ),
-    ])
+        (LEARNING_RATE_KEY, lr), (BETA_2_KEY, beta_2), (EPSILON_KEY, epsilon),
+        (ACCUMULATOR_KEY, tf.nest.pack_sequence_as(state[ACCUMULATOR_KEY], new_m)),
+        (PRECONDITIONER_KEY, tf.nest.pack_sequence_as(state[PRECONDITIONER_KEY], new_v))])
     return updated_state, tf.nest.pack_sequence_as(weights, new_w)
 
   def get_hparams(self, state) -> collections.OrderedDict:
@@ -222,11 +185,8 @@ class _FedAdamom(tff.learning.optimizers.Optimizer):
     return state_keys.set_hparams(NAME, state, hparams, HPARAMS_KEYS)
 
 
-def build_fedadamom(
-    learning_rate=DEFAULT_LEARNING_RATE,
-    beta_2=DEFAULT_BETA_2,
-    epsilon=DEFAULT_EPSILON,
-) -> tff.learning.optimizers.Optimizer:
+def build_fedadamom(learning_rate=DEFAULT_LEARNING_RATE, beta_2=DEFAULT_BETA_2,
+                    epsilon=DEFAULT_EPSILON) -> tff.learning.optimizers.Optimizer:
   """Returns a `tff.learning.optimizers.Optimizer` for FedAdamom.
 
   FedAdamom is the server optimizer of "FedAdamom: Adaptive Momentum for

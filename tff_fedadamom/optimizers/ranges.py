@@ -1,16 +1,11 @@
-"""The hyperparameter ranges of the server optimizers, checked without building one.
+"""The hparam ranges of the server optimizers, checked without building one.
 
-A config is validated by asking the registry (`registry.check_hparams`), which
-runs the entry's `check` here: the ranges each builder enforces, on plain
-numbers, with no TFF optimizer constructed. Our own optimizers
-(`adaptive.AdaptiveOptimizer`, FedAdamom) run the same functions when they are
-built. TFF's builders (SGD, Adam, Yogi, Adagrad) keep their own checks; the
-functions for them state the same ranges in the same words, and
-tests/optimizers/test_registry.py holds each check to its builder: one refuses
-exactly what the other refuses.
-
-Each raises ValueError naming the argument (`name` in backticks) and the
-allowed range; `config.validate` turns that into a ConfigError on the field.
+A config is validated by the registry (`methods.check_hparams`), which runs an
+entry's `check` here on plain numbers. Our optimizers run the same functions
+when built; for TFF's builders (SGD, Adam, Yogi, Adagrad) they state TFF's
+ranges in TFF's words (tests/optimizers/test_registry.py holds each check to
+its builder). Each raises ValueError naming the argument in backticks, which
+`config.validate` turns into a ConfigError on the field.
 """
 
 from __future__ import annotations
@@ -25,10 +20,8 @@ def _nonnegative(optimizer: str, name: str, value) -> None:
 def check_bias_correction(bias_correction) -> bool:
   """`bias_correction` as a Python bool; ValueError naming it otherwise."""
   if not isinstance(bias_correction, bool):
-    raise ValueError(
-        '`bias_correction` must be true or false (a bool), found'
-        f' {bias_correction!r}.'
-    )
+    raise ValueError(f'`bias_correction` must be true or false (a bool), found '
+                     f'{bias_correction!r}.')
   return bias_correction
 
 

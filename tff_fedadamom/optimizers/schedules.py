@@ -1,13 +1,8 @@
 """The one registry of server learning-rate schedules.
 
-A schedule maps the server round number `t` (0 for the first round) to the
-server learning rate used in that round. Every schedule is written in
-TensorFlow ops so that it runs inside a `tff.tensorflow.computation`, and is
-applied through `tff.learning.optimizers.schedule_learning_rate` (see
-`with_schedule`), so it works for every optimizer whose state holds a
-`learning_rate`.
-
-With base rate `lr` and `t` the round number, the decays are:
+A schedule maps the server round `t` (0 for the first) to that round's server
+learning rate, in TensorFlow ops, applied through `schedule_learning_rate`
+(`with_schedule`) to any optimizer whose state holds a `learning_rate`:
 
 ```
 constant:      lr
@@ -27,9 +22,7 @@ t >= W:   decay(t - W)           # the decay starts when the warm-up ends
 ```
 
 so the rate reaches `lr` at round `W` and the schedule is continuous there.
-
-The config and sweep layers ask `SCHEDULES` (or `resolve_schedule_params`)
-which parameters each schedule has; nothing else switches on schedule names.
+The config and sweep layers ask `SCHEDULES` which parameters each schedule has.
 """
 
 from __future__ import annotations
@@ -51,15 +44,8 @@ _WARMUP_DEFAULTS = {'warmup_rounds': 0, 'warmup_init': 0.0}
 
 @dataclasses.dataclass(frozen=True)
 class ScheduleSpec:
-  """A registered learning-rate schedule.
-
-  Attributes:
-    name: Registry name.
-    defaults: Every parameter the schedule accepts, with its default (the
-      warm-up parameters included).
-    tunable: The parameters a sweep may vary (a subset of `defaults`).
-    description: One line for listings and docs, with the formula.
-  """
+  """A registered schedule: every parameter with its default (warm-up included),
+  those a sweep may vary, and a one-line formula."""
 
   name: str
   defaults: Mapping[str, Any]
@@ -68,42 +54,22 @@ class ScheduleSpec:
 
 
 def _spec(name, defaults, tunable, description) -> ScheduleSpec:
-  return ScheduleSpec(
-      name, {**defaults, **_WARMUP_DEFAULTS}, tuple(tunable), description
-  )
+  return ScheduleSpec(name, {**defaults, **_WARMUP_DEFAULTS}, tuple(tunable), description)
 
 
-SCHEDULES: Mapping[str, ScheduleSpec] = {
-    s.name: s
-    for s in (
-        _spec(
-            'constant',
-            {},
-            ['warmup_rounds', 'warmup_init'],
-            'lr, the same every round.',
-        ),
-        _spec(
-            'exponential',
-            {'decay_rate': 0.99, 'decay_steps': 1, 'staircase': False},
-            ['decay_rate', 'decay_steps', 'warmup_rounds'],
-            'lr * decay_rate ** (t / decay_steps); floor(t / decay_steps)'
-            ' when staircase.',
-        ),
-        _spec(
-            'cosine',
-            {'decay_rounds': 1000, 'alpha': 0.0},
-            ['decay_rounds', 'alpha', 'warmup_rounds'],
-            'lr * ((1 - alpha) * (1 + cos(pi * min(t, decay_rounds) /'
-            ' decay_rounds)) / 2 + alpha); alpha is the final fraction of lr.',
-        ),
-        _spec(
-            'inverse_time',
-            {'decay_rate': 0.01, 'decay_steps': 1},
-            ['decay_rate', 'decay_steps', 'warmup_rounds'],
-            'lr / (1 + decay_rate * t / decay_steps).',
-        ),
-    )
-}
+SCHEDULES: Mapping[str, ScheduleSpec] = {s.name: s for s in (
+    _spec('constant', {}, ['warmup_rounds', 'warmup_init'], 'lr, the same every round.'),
+    _spec('exponential', {'decay_rate': 0.99, 'decay_steps': 1, 'staircase': False},
+          ['decay_rate', 'decay_steps', 'warmup_rounds'],
+          'lr * decay_rate ** (t / decay_steps); floor(t / decay_steps) when staircase.'),
+    _spec('cosine', {'decay_rounds': 1000, 'alpha': 0.0},
+          ['decay_rounds', 'alpha', 'warmup_rounds'],
+          'lr * ((1 - alpha) * (1 + cos(pi * min(t, decay_rounds) / decay_rounds)) / 2'
+          ' + alpha); alpha is the final fraction of lr.'),
+    _spec('inverse_time', {'decay_rate': 0.01, 'decay_steps': 1},
+          ['decay_rate', 'decay_steps', 'warmup_rounds'],
+          'lr / (1 + decay_rate * t / decay_steps).'),
+)}
 
 
 def list_schedules() -> list[str]:
@@ -111,14 +77,9 @@ def list_schedules() -> list[str]:
   return list(SCHEDULES)
 
 
-
 def get_schedule_spec(kind: str) -> ScheduleSpec:
   """Returns the registry entry for `kind`; ValueError listing the valid names."""
   return keys.lookup(SCHEDULES, kind, 'learning-rate schedule')
-
-
-# ---------------------------------------------------------------------------
-# Validation: each check names the parameter and the value it found.
 
 
 def _bad(kind: str, name: str, value, requirement: str) -> ValueError:
@@ -186,27 +147,16 @@ def _check_params(kind: str, base_lr, params: dict) -> dict:
 
 
 def resolve_schedule_params(kind: str, base_lr=1.0, **params) -> dict[str, Any]:
-  """Defaults of `kind` updated with `params`, checked.
-
-  Args:
-    kind: One of `list_schedules()`.
-    base_lr: The base learning rate the schedule scales (checked too).
-    **params: Values for any of the schedule's parameters.
-
-  Returns:
-    Every parameter of the schedule (not `base_lr`), with normalised values.
+  """Every parameter of schedule `kind` (not `base_lr`, though it is checked
+  too): its defaults updated with `params`, normalised.
 
   Raises:
-    ValueError: For an unknown kind or parameter (listing the valid ones), or a
-      bad value (naming the parameter and the value).
+    ValueError: an unknown kind or parameter (listing the valid ones), or a bad
+      value (naming the parameter and the value).
   """
   spec = get_schedule_spec(kind)
   keys.check_known(f'Schedule {kind!r}', params, spec.defaults, 'parameter')
   return _check_params(kind, base_lr, {**spec.defaults, **params})
-
-
-# ---------------------------------------------------------------------------
-# The schedules, in TF ops (float32).
 
 
 def _decay_fn(kind: str, base_lr: float, p: dict) -> Callable[[tf.Tensor], tf.Tensor]:
@@ -244,32 +194,15 @@ def _decay_fn(kind: str, base_lr: float, p: dict) -> Callable[[tf.Tensor], tf.Te
 
 
 def build_schedule(kind: str, base_lr, **params) -> ScheduleFn:
-  """Returns the schedule `kind` as `round_num -> learning rate` in TF ops.
+  """The schedule `kind` (module docstring) as `round_num -> float32 rate` in TF ops.
 
-  The returned callable takes an integer scalar round number (a `tf.Tensor` or
-  a Python int; 0 for the first round) and returns a float32 scalar tensor. It
-  is traced inside a `tff.tensorflow.computation` by
-  `tff.learning.optimizers.schedule_learning_rate`. The formulas are in this
-  module's docstring; in short, with `W = warmup_rounds`:
-
-  ```
-  lr_t = base_lr * (warmup_init + (1 - warmup_init) * t / W)   for t < W
-  lr_t = decay(t - W)                                          for t >= W
-  ```
-
-  The callable carries `kind`, `base_lr`, `params` (all of them, defaults
-  filled in) and `is_constant` (True for `constant` without warm-up) as
-  attributes, for logging and for `with_schedule`.
-
-  Args:
-    kind: One of `list_schedules()`.
-    base_lr: The base learning rate; it replaces the optimizer's own rate when
-      the schedule is applied, so pass the optimizer's learning rate.
-    **params: The schedule's parameters (`SCHEDULES[kind].defaults`).
+  `round_num` is an integer scalar, 0 for the first round. `base_lr` replaces
+  the optimizer's own rate when the schedule is applied: pass that rate. The
+  callable carries `kind`, `base_lr`, `params` (defaults filled in) and
+  `is_constant` (`constant` without warm-up), for logging and `with_schedule`.
 
   Raises:
-    ValueError: For an unknown kind or parameter, or a bad value (naming the
-      parameter and the value).
+    ValueError: as `resolve_schedule_params`.
   """
   p = resolve_schedule_params(kind, base_lr, **params)
   base_lr = float(base_lr)
@@ -294,25 +227,14 @@ def build_schedule(kind: str, base_lr, **params) -> ScheduleFn:
   return schedule
 
 
-def with_schedule(
-    optimizer: tff.learning.optimizers.Optimizer,
-    schedule_fn: ScheduleFn | None,
-) -> tff.learning.optimizers.Optimizer:
-  """Applies `schedule_fn` to `optimizer`'s learning rate.
+def with_schedule(optimizer: tff.learning.optimizers.Optimizer,
+                  schedule_fn: ScheduleFn | None) -> tff.learning.optimizers.Optimizer:
+  """`tff.learning.optimizers.schedule_learning_rate(optimizer, schedule_fn)`:
+  round `i` uses `schedule_fn(i)`, and the state becomes `{round_num,
+  optimizer}`, whose inner `learning_rate` is the rate of the NEXT round.
 
-  This is `tff.learning.optimizers.schedule_learning_rate`: the round-`i` call
-  of `next` uses `schedule_fn(i)`, and the optimizer state becomes
-  `{round_num, optimizer: <inner state>}`, where the inner `learning_rate` is
-  the rate for the NEXT call. A constant schedule (from `build_schedule` with
-  no warm-up) or `None` returns `optimizer` unchanged, so constant-rate runs
-  keep the plain optimizer state; the optimizer's own learning rate is then
-  the one used.
-
-  Args:
-    optimizer: A `tff.learning.optimizers.Optimizer` whose state has a
-      `learning_rate`.
-    schedule_fn: A callable from `build_schedule`, any `round_num -> rate`
-      callable in TF ops, or None.
+  A constant schedule (`is_constant`) or None returns `optimizer` unchanged, so
+  constant-rate runs keep the plain optimizer state.
   """
   if schedule_fn is None or getattr(schedule_fn, 'is_constant', False):
     return optimizer

@@ -1,15 +1,11 @@
 """The vocabulary of server optimizer states, and the hparam plumbing they share.
 
-Every server optimizer in this package keeps a flat `collections.OrderedDict`
-of tensors: the hparams (learning rate first, under TFF's `LEARNING_RATE_KEY`,
-so `tff.learning.optimizers.schedule_learning_rate` can drive it), then the
-slots, each a structure like the weights. The slot names are TFF's own (its
-`build_sgdm`, `build_adam`, `build_yogi` and `build_adagrad` states use
-`accumulator`, `preconditioner`, `step`, `beta_1`, `beta_2`, `epsilon`), so a
-reader of the state (`tff_fedadamom.experiment.telemetry`) needs one vocabulary
-for TFF's optimizers and ours. This module is that vocabulary's one home; which
-keys each optimizer's state has is recorded in the registry
-(`OptimizerSpec.state`).
+Every server optimizer here keeps a flat OrderedDict of tensors: the hparams
+(learning rate first, under TFF's `LEARNING_RATE_KEY`, so
+`schedule_learning_rate` can drive it), then the slots, each shaped like the
+weights. The key names are TFF's own (`accumulator`, `preconditioner`, `step`,
+...), so a reader of states (`experiment.telemetry`) needs one vocabulary for
+TFF's optimizers and ours; the registry records whose state has which keys.
 """
 
 from __future__ import annotations
@@ -41,14 +37,8 @@ MODEL_KEY = 'model'
 
 @dataclasses.dataclass(frozen=True)
 class StateKeys:
-  """The top-level keys of an optimizer's state: its vocabulary.
-
-  A reader of states (telemetry) recognises an optimizer by them.
-
-  Attributes:
-    always: The keys every state of the optimizer has.
-    switched: Keys a build-time switch adds (`step`, with `bias_correction`).
-  """
+  """The top-level keys of an optimizer's state, by which telemetry knows it:
+  those it `always` has, and those a build-time switch adds (`switched`: `step`)."""
 
   always: frozenset[str]
   switched: frozenset[str] = frozenset()
@@ -95,9 +85,7 @@ def check_range(optimizer: str, name: str, value, ok, allowed: str) -> None:
   `ok` must return False for NaN (write comparisons, not negations of them).
   """
   if is_concrete(value) and not bool(ok(value)):
-    raise ValueError(
-        f'{optimizer} `{name}` must be {allowed}, found {show(value)}.'
-    )
+    raise ValueError(f'{optimizer} `{name}` must be {allowed}, found {show(value)}.')
 
 
 def lookup(table: Mapping[str, Any], name, what: str):
@@ -105,9 +93,8 @@ def lookup(table: Mapping[str, Any], name, what: str):
   try:
     return table[name]
   except (KeyError, TypeError):
-    raise ValueError(
-        f'Unknown {what} {name!r}; valid: {list(table)}.' + did_you_mean(str(name), table)
-    ) from None
+    raise ValueError(f'Unknown {what} {name!r}; valid: {list(table)}.'
+                     + did_you_mean(str(name), table)) from None
 
 
 def check_known(owner: str, given: Iterable[str], valid: Iterable[str], what: str) -> None:
@@ -115,10 +102,8 @@ def check_known(owner: str, given: Iterable[str], valid: Iterable[str], what: st
   valid = list(valid)
   unknown = sorted(set(given) - set(valid))
   if unknown:
-    raise ValueError(
-        f'{owner} has no {what} {unknown[0]!r}; valid: {sorted(valid)}.'
-        + did_you_mean(unknown[0], valid)
-    )
+    raise ValueError(f'{owner} has no {what} {unknown[0]!r}; valid: {sorted(valid)}.'
+                     + did_you_mean(unknown[0], valid))
 
 
 def get_hparams(state: Mapping[str, Any], keys: Iterable[str]):
@@ -135,12 +120,9 @@ def set_hparams(optimizer: str, state: Mapping[str, Any], hparams, keys):
   keys = list(keys)
   unknown = sorted(set(hparams) - set(keys))
   if unknown:
-    raise ValueError(
-        f'{optimizer} has no hparams {unknown}; valid: {keys}.'
-    )
+    raise ValueError(f'{optimizer} has no hparams {unknown}; valid: {keys}.')
   return collections.OrderedDict(
-      (k, hparams.get(k, v) if k in keys else v) for k, v in state.items()
-  )
+      (k, hparams.get(k, v) if k in keys else v) for k, v in state.items())
 
 
 def process_moments(global_state) -> dict[str, Any]:

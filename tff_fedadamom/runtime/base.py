@@ -2,29 +2,19 @@
 
 Three backends (`runtime.backend`), one module each:
 
-* `inprocess` (what `auto` means): TFF compiles the learning process to its
-  MapReduceForm and its TensorFlow computations run in this Python process
-  (`inprocess.InProcessLearningProcess`), on the GPUs TensorFlow sees, with no
-  child process and no open port.
-* `tff_cpp`: TFF's own C++ runtime, kept as the reference. It runs every
-  TensorFlow computation in TFF's `worker_binary`, a child process built
-  without CUDA. That binary listens on every network interface and cannot be
-  told otherwise, so it runs in a private network namespace, reachable only
-  through a Unix socket, and ends with this process (`tff_cpp`). Its execution
-  context is installed around each call of the process (`tff_cpp.TffCppProcess`),
-  never as TFF's default.
-* `ray`: the clients of each round run on Ray actors (`ray`), the server's
-  computations in this process (`server`, shared with `inprocess`); a local Ray
-  is bound to 127.0.0.1 and shut down with the run.
+* `inprocess` (what `auto` means): the compiled process's TensorFlow
+  computations run in this Python process, on the GPUs TensorFlow sees, with
+  no child process and no open port.
+* `tff_cpp`: TFF's own C++ runtime, the reference: its `worker_binary`, which
+  listens on every interface, runs in a private network namespace behind a Unix
+  socket; its context is installed around each call, never as TFF's default.
+* `ray`: each round's clients run on Ray actors, the server's computations in
+  this process (`server`, shared with `inprocess`).
 
-Each is an object with the calls of `Backend`, the only calls the runner, the
-loop and the hooks make; a round is `next_for_clients(state, client_ids,
-round_num)` on all three (each builds its clients' data from their ids). The
-plan resolves `auto` once (`plan.RunPlan.backend`), and `build_backend` is the
-one place that reads it to build a backend; `round_devices` is the one place
+The runner, the loop and the hooks make only the calls of `Backend`; a round is
+`next_for_clients(state, client_ids, round_num)` on all three. `build_backend`
+is the one place that reads `plan.RunPlan.backend`; `round_devices` the one
 that names each backend's devices.
-
-Nothing here installs a signal handler: the CLI does that for itself.
 """
 
 from __future__ import annotations

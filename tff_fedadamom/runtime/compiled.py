@@ -1,24 +1,18 @@
 """A learning process compiled to TensorFlow graphs, as bytes: what the in-process
 and ray backends run, and what the process cache (`process_cache`) stores.
 
-Building a TFF learning process traces its Python (model, optimizer, builders)
-and compiling it to MapReduceForm runs TFF's compiler: seconds per optimizer,
-the same seconds in every worker and every run of the same structure. What the
-backends run afterwards is only TensorFlow graphs:
+Building a TFF learning process traces its Python and compiling it to
+MapReduceForm runs TFF's compiler, the same work in every worker and run of
+one structure. What the backends run afterwards is only TensorFlow graphs: the
+form's `prepare`, `work`, `zero`, `accumulate`, `report`, `update`;
+`initialize` as one TensorFlow computation; and the process's own
+`get_model_weights`, `get_hparams` and `set_hparams`.
 
-  * the form's computations, `prepare`, `work`, `zero`, `accumulate`, `report`,
-    `update` (`tff.backends.mapreduce.get_map_reduce_form_for_computation`);
-  * `initialize` as one TensorFlow computation
-    (`tff.backends.mapreduce.get_state_initialization_computation`);
-  * the process's own `get_model_weights`, `get_hparams` and `set_hparams`.
-
-`compile_process` turns a process into a `CompiledProcess` holding each one's
-serialized proto (the bytes TFF itself ships to its executors). A proto's type
-keeps the structure but not the Python containers TFF's contexts return
-(`LearningAlgorithmState`, `ModelWeights`, OrderedDicts), which callers rely on
-(`get_model_weights(state).assign_weights_to(model)`), so the containers of
-every result are kept beside it as a small tree of importable class names
-(`container_tree`), and put back on load (`with_containers`).
+`compile_process` keeps each one's serialized proto (the bytes TFF ships to its
+executors). A proto's type keeps the structure but not the Python containers
+TFF's contexts return (`LearningAlgorithmState`, `ModelWeights`, OrderedDicts),
+which callers rely on, so those are kept beside it as a tree of importable
+class names (`container_tree`) and put back on load (`with_containers`).
 """
 
 from __future__ import annotations
@@ -73,14 +67,9 @@ class CompiledProcess:
     """The server state's type (the result of `initialize`)."""
     return self.result_types[INITIALIZE]
 
-  @property
-  def size_bytes(self) -> int:
-    return sum(len(b) for b in self.computations.values())
-
   def to_bytes(self) -> bytes:
-    """One zip archive: `manifest.json` (the container trees) and a proto per
-    computation (under `parts/`, the name the bundle format has had since
-    `FORMAT` 1: caches written before read the same)."""
+    """One zip archive: `manifest.json` (the container trees), a proto per
+    computation under `parts/` and a result type per name under `types/`."""
     from tensorflow_federated.python.core.impl.types import type_serialization
 
     buffer = io.BytesIO()
@@ -121,8 +110,7 @@ def compile_process(process) -> CompiledProcess:
   compiled is returned as it is, so the backends take either).
 
   Raises:
-    NotImplementedError: the process uses secure aggregation (the in-process
-      backends run plain sums only; `runtime.backend: tff_cpp` runs it).
+    NotImplementedError: the process uses secure aggregation (`tff_cpp` runs it).
   """
   if isinstance(process, CompiledProcess):
     return process

@@ -1,8 +1,5 @@
 """What the in-process backend reads and rewrites in a TFF TensorFlow
-computation's serialized graph (`tf_computation`): its bindings' tensors, its
-function names made unique per import, whether it needs fresh kernels per
-call, and its digest, which tells the same computation built in two processes.
-"""
+computation's serialized graph (`tf_computation`)."""
 
 from __future__ import annotations
 

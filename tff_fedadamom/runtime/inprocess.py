@@ -1,35 +1,19 @@
 """Runs a TFF learning process inside the Python process, on TensorFlow's devices.
 
 TFF 0.87's local execution context runs every TensorFlow computation in a
-`worker_binary` child process that is built without CUDA and serves
-unauthenticated gRPC on all interfaces. This module runs the same process
-without it:
+`worker_binary` child built without CUDA that serves unauthenticated gRPC on
+all interfaces. This module runs the same, unchanged process without it: TFF's
+compiler turns it into its MapReduceForm (`compiled`), each computation of
+which is a plain TensorFlow graph, imported into a `tf.compat.v1.wrap_function`
+(`tf_computation`) so that TensorFlow places its ops on a GPU when one is
+visible; a round is the form's semantics spelled out in Python
+(`get_computation_for_map_reduce_form` is the reference): `prepare`, `work` per
+client, `zero`/`accumulate` in client order, `report`, `update`.
 
-1. TFF's own compiler turns `process.next` into its MapReduceForm
-   (`tff.backends.mapreduce.get_map_reduce_form_for_computation`) and
-   `process.initialize` into one TensorFlow computation
-   (`get_state_initialization_computation`). The learning process itself is
-   TFF's, built by TFF's builders, unchanged.
-2. Every computation of the form is a plain TensorFlow graph. Each is imported once
-   into a `tf.compat.v1.wrap_function` and called like any concrete function,
-   so TensorFlow places its ops on a GPU when one is visible.
-3. A round is the MapReduceForm's semantics spelled out in Python
-   (`tff.backends.mapreduce.get_computation_for_map_reduce_form` is the
-   reference): `prepare` on the server state, `work` on each client's dataset
-   and the broadcast, `zero`/`accumulate` over the clients in the order they
-   were given, `report`, then `update`.
-
-Why clients give results independent of timing: each call of a computation first runs
-the graph's own initializer (`initialize_op`, which creates the model's and
-metrics' variables afresh, as TFF's executor does), on variables private to the
-slot that runs it; clients run concurrently (one slot per concurrent client,
-spread round-robin over the devices), but their outputs are accumulated in
-client order.
-
-Two details that matter for results equal to TFF's runtime: graphs imported
-side by side must not share function-library names (they are suffixed per
-import), and a `tf.data.Dataset` iterated twice reshuffles, so callers pass
-fresh client datasets to every `next` (the pipeline builds them per round).
+Results do not depend on timing: each call first runs the graph's own
+initializer (fresh variables, as TFF's executor does) on variables private to
+its slot, and clients that run concurrently are accumulated in client order. A
+`tf.data.Dataset` iterated twice reshuffles, so `next` takes fresh datasets.
 """
 
 from __future__ import annotations
@@ -42,8 +26,7 @@ import tensorflow as tf
 from tff_fedadamom.runtime.server import ServerCalls, ServerComputations
 from tff_fedadamom.runtime.eager_release import release
 from tff_fedadamom.runtime.py_containers import type_leaves
-from tff_fedadamom.runtime.feed import Feed
-from tff_fedadamom.runtime.tf_computation import TFComputation
+from tff_fedadamom.runtime.tf_computation import Feed, TFComputation
 
 # The form's computations that run a round's clients: here in one `ClientFold`,
 # on the ray backend in one per actor.
@@ -90,22 +73,16 @@ def cpu_threads() -> int:
 
 
 class ClientFold:
-  """`work` on each client, concurrently, folded by `zero`/`accumulate` in client order.
-
-  What one MapReduceForm client group does: the in-process backend runs one
-  fold for all of a round's clients, the ray backend one per actor.
+  """`work` on each client, concurrently, folded by `zero`/`accumulate` in client
+  order: the in-process backend's one fold of a round's clients, or one actor's.
 
   Args:
-    work, zero, accumulate: The form's computations (TFF computations, or what
-      `tf_computation.deserialize` rebuilds from their bytes).
+    work, zero, accumulate: The form's computations (TFF's, or `deserialize`d).
     devices: Full TensorFlow device names; client i runs on
       `devices[i % len(devices)]`, `zero`/`accumulate` on the first.
     max_concurrent_clients: How many clients run at once (at least one per
-      device). Default: one per device; on a lone CPU, as many as TensorFlow's
-      inter-op threads.
-    feed: A `feed.Feed` that `work` takes in place of its dataset
-      (the client's example tensors and round seed; see `ClientTensors`), or
-      None for a dataset.
+      device). Default: one per device; on a lone CPU, TensorFlow's inter-op threads.
+    feed: The `tf_computation.Feed` `work` takes in place of its dataset, or None.
   """
 
   def __init__(self, work, zero, accumulate, devices: Sequence[str],
@@ -166,10 +143,9 @@ class ClientFold:
 
 
 def client_feed(client_tensors, work) -> Optional[Feed]:
-  """The `Feed` that builds a client's data inside its `work` call from
-  `client_tensors.args(...)` (None: `work` takes a dataset): its round
-  dataset, or its stacked batches when `work` takes those
-  (`algorithms.unrolled`)."""
+  """The `Feed` that builds a client's round dataset, or its stacked batches
+  (`algorithms.unrolled`), inside its `work` call from `client_tensors.args(...)`;
+  None without `client_tensors`."""
   from tff_fedadamom.algorithms.unrolled import is_stacked
 
   if client_tensors is None:
@@ -187,41 +163,25 @@ def client_feed(client_tensors, work) -> Optional[Feed]:
 class InProcessLearningProcess(ServerCalls):
   """A `tff.learning.templates.LearningProcess`, run in this Python process.
 
-  Same calls as the process it wraps: `initialize()`, `next(state, client_data)`
-  (returning TFF's `LearningProcessOutput`), `get_model_weights(state)`, and
-  `get_hparams`/`set_hparams` when the process has them; states and metrics are
-  the same Python containers as TFF's own context returns. With
-  `client_tensors`, it is the `inprocess` backend (`base.Backend`): rounds are
-  `next_for_clients(state, client_ids, round_num)`.
+  Same calls as the process it wraps (`initialize`, `next(state, datasets)`,
+  `get_model_weights`, `get_hparams`/`set_hparams`), returning the Python
+  containers TFF's own context returns. The server's computations are a
+  `server.ServerComputations` on the first device; the clients', a `ClientFold`.
 
-  The server's computations are a `server.ServerComputations` (whose calls
-  `server.ServerCalls` gives it); the clients' are a `ClientFold` on
-  `devices`, handed to the server's `round`.
-
-  Example:
-
-    process = tff.learning.algorithms.build_weighted_fed_avg(
-        model_fn, client_optimizer_fn=..., server_optimizer_fn=...,
-        loop_implementation=tff.learning.LoopImplementation.DATASET_ITERATOR)  # ops may leave the CPU
-    process = InProcessLearningProcess(process)
+    process = InProcessLearningProcess(tff.learning.algorithms.build_weighted_fed_avg(...))
     state = process.initialize()
     for datasets in rounds:                       # fresh tf.data.Datasets each round
       state, metrics = process.next(state, datasets)
 
   Args:
-    process: The learning process (TFF's builders' output, or any process whose
-      `next` TFF can compile to MapReduceForm).
-    devices: TensorFlow device names the clients are spread over, round-robin
-      (client i of a round runs on `devices[i % len(devices)]`); the server's
-      computations (`server.ServerComputations`) run on the first. Default:
-      every visible GPU, else the CPU.
-    max_concurrent_clients: How many clients run at once (at least one per
-      device). Default: one per device; on a lone CPU, as many as
-      TensorFlow's inter-op threads.
-    client_tensors: A `data.client_tensors.ClientTensors` of the training set:
-      rounds are then `next_for_clients(state, client_ids, round_num)`, and
-      each client's dataset is built inside its `work` call, from its example
-      tensors and round seed (no Python per client beyond the call).
+    process: Any learning process whose `next` TFF compiles to MapReduceForm,
+      or its `compiled.CompiledProcess`.
+    devices, max_concurrent_clients: As `ClientFold`'s (default devices:
+      every visible GPU, else the CPU).
+    client_tensors: The training set's `ClientTensors`: it is then the
+      `inprocess` backend (`base.Backend`), whose rounds are
+      `next_for_clients(state, client_ids, round_num)`, each client's data
+      built inside its `work` call from its example tensors and round seed.
   """
 
   def __init__(self, process, devices: Optional[Sequence[str]] = None,

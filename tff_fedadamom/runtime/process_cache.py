@@ -1,31 +1,22 @@
 """A persistent, machine-wide cache of compiled learning processes.
 
-Building and compiling a learning process (TFF tracing, then MapReduceForm)
-costs seconds and gives the same graphs for every config of one structure,
-in every worker, trial and run. This cache keeps each structure's
-`compiled.CompiledProcess` as one file, so that a machine builds a structure
-once and every later run, trial, comparison or Ray actor loads it in
-milliseconds.
+Building and compiling a learning process gives the same graphs for every
+config of one structure, in every worker, trial and run; this cache keeps each
+structure's `compiled.CompiledProcess` as one file, built once per machine.
 
-Key: the experiment's `parts.process_structure` (the config without run-only
-settings, without the hparams that live in the process state and without what
-the compiled computations do not depend on: where and how rounds run,
-evaluation and checkpoint cadence, the clients' batching and how many run
-a round, and of the data all but its `process.data_signature`, the clients'
-element spec and the class count), plus the versions of
-TensorFlow, TFF and this package's source (`versions`). A change of any
-source file of the package is a new key: an entry can never outlive the code
-that compiled it.
+Key: the experiment's `parts.process_structure` (the config without what the
+compiled computations do not depend on: run-only settings, hparams held in the
+state, where and how rounds run, cadences, batching, and of the data all but
+its `process.data_signature`), plus the versions of TensorFlow, TFF and this
+package's source (`versions`): an entry never outlives the code that compiled it.
 
-Files: `<directory>/<key>.tffproc` (`CompiledProcess.to_bytes` with a header
-naming the key, the versions and the bytes' SHA-256). Writes go to a temporary
-file that is renamed into place, so a reader sees a whole entry or none, and a
-killed writer leaves only a temporary file, which never loads and is removed
-once it is an hour old. Concurrent builders of one key wait on a lock file
-(`fcntl.flock`): the first builds, the others load its entry. An entry that
-fails its checks (checksum, key, versions, format) is rebuilt, with a one-line
-warning. The directory's size is bounded: after each write the least recently
-used entries (file modification time; a load touches it) go first.
+Files: `<directory>/<key>.tffproc`, `CompiledProcess.to_bytes` after a header
+naming the key, the versions and the bytes' SHA-256, written to a temporary
+file renamed into place (a killed writer's temporary file never loads and is
+removed once `STALE_TMP_S` old). Concurrent builders of one key wait on a lock
+file (`fcntl.flock`): the first builds, the others load. An entry failing a
+check is rebuilt, with a warning. After each write the least recently used
+entries (modification time; a load touches it) go until the directory fits.
 """
 
 from __future__ import annotations
@@ -47,8 +38,7 @@ LOG = logging.getLogger(__name__)
 
 SUFFIX = ".tffproc"
 MAGIC = b"tff-fedadamom compiled process\n"
-# Default bound of the directory (an entry: ~0.2 MB for a logistic model, the
-# model's initial weights and more for larger ones).
+# Default bound of the directory (an entry holds the model's initial weights).
 DEFAULT_MAX_BYTES = 2 * 1024 ** 3
 # Temporary files of writers that were killed are removed after this long.
 STALE_TMP_S = 3600.0
@@ -106,8 +96,6 @@ class ProcessCache:
       raise ValueError(f"ProcessCache `max_bytes` must be an integer >= 1, found {max_bytes!r}")
     self.directory = os.path.abspath(os.path.expanduser(directory or default_directory()))
     self.max_bytes = max_bytes
-    self.hits = 0
-    self.misses = 0
 
   def path(self, key: str) -> str:
     return os.path.join(self.directory, key + SUFFIX)
@@ -125,7 +113,6 @@ class ProcessCache:
       compiled = self.load(key, quiet=True)
       if compiled is not None:
         return compiled
-      self.misses += 1
       compiled = build()
       self.store(key, compiled)
     self.evict()
@@ -149,7 +136,6 @@ class ProcessCache:
       return None
     with contextlib.suppress(OSError):
       os.utime(path)  # most recently used
-    self.hits += 1
     return compiled
 
   def store(self, key: str, compiled: CompiledProcess) -> None:

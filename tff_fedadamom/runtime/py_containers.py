@@ -7,19 +7,14 @@ computation's flat results back into the Python containers TFF's own contexts
 return.
 
 TFF's `type_conversions.type_to_py_container` walks the result type on every
-call: names checked, container classes looked up, protocol `isinstance` checks
-per struct. For a learning process's `next` (state and metrics) that took 1.2 to
-1.4 ms a call on digits/logistic, about a tenth of its round; the copy below
-takes 0.03 ms.
-
-The containers only depend on the type, so the walk is done once per type:
-TFF's own function converts a struct of numbered marks, and that template
-becomes a function that copies it with each mark's leaf (`_builder`; it knows
-the containers TFF builds here: namedtuples, attrs classes such as
-`ModelWeights`, dicts in their key order, lists and tuples). A type holding
-any other container keeps TFF's walk on every call. (`tf.nest.pack_sequence_as`
-would do the copy too, but in a learning process's rounds it kept one to two
-blocks of memory per call for good; see `tests/experiment/test_round_memory.py`.)
+call (names checked, container classes looked up, protocol `isinstance` checks
+per struct), a sizeable part of a small model's round. The containers depend
+on the type alone, so here the walk is done once per type: TFF's own function
+converts a struct of numbered marks, and that template becomes a function that
+copies it with each mark's leaf (`_builder`: namedtuples, attrs classes such as
+`ModelWeights`, dicts in key order, lists, tuples; any other container keeps
+TFF's walk). `tf.nest.pack_sequence_as` would copy too, but kept a block or two
+of memory per call for good (`tests/experiment/test_round_memory.py`).
 """
 
 from __future__ import annotations
@@ -47,7 +42,7 @@ def type_leaves(type_spec) -> list:
 def _element_values(value) -> list:
   """The elements of a container in order, as `structure.from_container(value)`
   gives them, without its recursive inner function: each call of that leaves
-  one behind in a reference cycle for the garbage collector (about 25 a round)."""
+  one behind in a reference cycle for the garbage collector."""
   if isinstance(value, structure.Struct):
     return [v for _, v in structure.iter_elements(value)]
   if attrs.has(type(value)):
@@ -69,23 +64,13 @@ def _flatten(value, type_spec) -> list:
   return [value]
 
 
-def flatten_value(value, type_spec, created: Optional[list] = None,
-                  converted: Optional[tuple] = None) -> list:
+def flatten_value(value, type_spec, created: Optional[list] = None) -> list:
   """The leaves of `value` as a TensorFlow computation takes them: tensors, and
-  a dataset's variant tensor (how TFF itself feeds a sequence). The tensors
-  converted here (not the caller's own) are appended to `created`, for
-  `eager_release.release` once the call is done.
-
-  `converted`: `(arrays, tensors)`, leaves of an earlier value and their
-  tensors; a leaf that is `arrays[i]` itself (the same object, wherever it now
-  sits in `value`'s containers) is given as `tensors[i]`, unconverted.
-  """
-  arrays, tensors = converted if converted is not None else ((), ())
+  a dataset's variant tensor (as TFF feeds a sequence). Tensors converted here
+  are appended to `created`, for `eager_release.release` after the call."""
   out = []
-  for i, (leaf, leaf_type) in enumerate(zip(_flatten(value, type_spec), type_leaves(type_spec))):
-    if i < len(arrays) and leaf is arrays[i]:
-      out.append(tensors[i])
-    elif isinstance(leaf_type, computation_types.SequenceType):
+  for leaf, leaf_type in zip(_flatten(value, type_spec), type_leaves(type_spec)):
+    if isinstance(leaf_type, computation_types.SequenceType):
       out.append(leaf._variant_tensor)  # noqa: SLF001
     else:
       out.append(tf.convert_to_tensor(leaf, leaf_type.dtype))

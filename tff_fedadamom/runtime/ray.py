@@ -1,7 +1,7 @@
 """Runs one experiment's clients on Ray actors (`runtime.backend: ray`).
 
-TFF's MapReduceForm is the shape a cluster needs (see `inprocess` for how the
-form is compiled and its computations run):
+TFF's MapReduceForm is the shape a cluster needs (`inprocess` says how the
+form is compiled and run):
 
     broadcast   = prepare(state)                           driver
     out_c       = work(d_c, broadcast)                      actor k, for its clients c
@@ -10,54 +10,37 @@ form is compiled and its computations run):
                                                             continues the previous one's
     state', out = update(state, report(acc))               driver
 
-Each actor is started once per run. It rebuilds `work`, `zero` and
-`accumulate` from their serialized protos (no user Python is re-run), loads
-the experiment's data through the data registry itself, and per round
-receives only the broadcast (put into Ray's object store once) and the ids of
-its clients; it builds their datasets exactly as the driver would
-(`process.client_datasets`: shuffles are a function of (seed, round, client)).
-All actors run their clients' `work` at once (each actor its block of
-clients); then the accumulator goes from
-actor to actor in actor order (as an object reference: through Ray's object
-store, not through the driver), each folding its clients onto it in client
-order, with the same `inprocess.ClientFold` the in-process backend runs its
-clients with. The server's computations, `initialize`, `get_model_weights` and
-the hparams run on the driver, in-process (`server.ServerComputations`, shared
-with the in-process backend by composition).
+Each actor is started once per run: it rebuilds `work`, `zero` and
+`accumulate` from their serialized protos (no user Python re-runs), loads the
+experiment's data itself, and per round receives only the broadcast (put into
+Ray's object store once) and its clients' ids, whose datasets it builds as the
+driver would (a function of (seed, round, client)). All actors run their
+clients' `work` at once; then the accumulator goes from actor to actor in
+actor order through the object store, each folding its clients onto it in
+client order with the in-process backend's `inprocess.ClientFold`. The server's
+computations run on the driver (`server.ServerComputations`).
 
-Why one fold across the actors rather than a fold per actor combined with the
-form's `merge`: float32 addition is not associative, so merged partial sums,
-(u1 + u2) + (u3 + u4), differ from the in-process backend's
-((u1 + u2) + u3) + u4 by rounding, and an adaptive server optimizer amplifies
-that: on the quickstart config (FedAdamom, epsilon 1e-3) a merge tree over 2
-actors ended 3 rounds 6% (relative, a bias vector) away from the in-process
-run. Folding in client order gives exactly the in-process sums; passing the
-accumulator on costs one model-sized transfer per actor, and accumulation is
-cheap next to `work`. The result equals the in-process backend's when both use
-the same TensorFlow threads per client (their count changes how kernels split
-reductions; `runtime.threads`, default: each actor's whole CPUs).
+Why one fold across the actors, not a fold per actor combined with the form's
+`merge`: float32 addition is not associative, so (u1 + u2) + (u3 + u4) differs
+from the in-process ((u1 + u2) + u3) + u4 by rounding, which an adaptive server
+optimizer amplifies. Folding in client order gives the in-process sums exactly,
+for one model-sized transfer per actor, when both use the same TensorFlow
+threads per client (`runtime.threads`, default: each actor's whole CPUs).
 
-Assignment: the round's sampled clients (a function of (seed, round)) are cut
-into one contiguous block per actor (`runtime.workers` actors), by position
-(`assign_clients`), so a run is a
-function of its config and a resumed run assigns exactly as an uninterrupted
-one.
+Assignment: the round's sampled clients are cut into one contiguous block per
+actor, by position (`assign_clients`), so a resumed run assigns as an
+uninterrupted one.
 
-Failure: an actor that dies during a round (`RayActorError`) is replaced by a
-new one, which re-runs that actor's clients of this round; `work` is a
-function of (dataset, broadcast) alone, so the round's result is the same as
-without the failure. Actors are stopped by `close()`; a local Ray started here
-is shut down then, and Ray ends its own processes when the driver dies (a
-test kills a driver whose actors are inside `work`). Once, on a loaded machine,
-an actor in the middle of a long ResNet `work` was seen to go on for minutes
-as an orphan after its driver was killed, so each actor also watches its
-parent (the raylet of its node) and ends its own process as soon as it is gone
-(`Session(exit_with_parent=True)`).
+Failure: an actor that dies during a round (`RayActorError`) is replaced, and
+the new one re-runs that actor's clients of the round; `work` is a function of
+(dataset, broadcast), so the result is the same. `close()` stops the actors and
+a local Ray started here. Each actor also ends itself when its parent (its
+node's raylet) is gone (`Session(exit_with_parent=True)`), so none outlives a
+killed driver.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any, Mapping, Optional, Sequence
 
 import tensorflow as tf
@@ -113,20 +96,12 @@ def assign_clients(client_ids: Sequence[Any], actors: int) -> list[list]:
 
 class RayLearningProcess(ServerCalls):
   """The `ray` backend (`base.Backend`): a learning process whose clients run on
-  Ray actors, the rest in-process.
-
-  The server's computations are a `server.ServerComputations` on this
-  process's first device, as the in-process backend's are (`server.ServerCalls`
-  gives it their calls); its client fold is the actors' (`_fold_on_actors`),
-  handed to the server's `round`. Rounds are `next_for_clients(state,
-  client_ids, round_num)`: datasets are built on the actors, from the data
-  each loaded itself.
+  Ray actors (`_fold_on_actors`, handed to the server's `round`), the rest
+  in-process, on this process's first device.
 
   Args:
-    process: The TFF learning process (compiled to MapReduceForm here), or
-      its `compiled.CompiledProcess`.
-    experiment: The `ExperimentConfig` whose data the actors load (validated
-      here unless it is already; the actors receive it validated).
+    process: The TFF learning process, or its `compiled.CompiledProcess`.
+    experiment: The `ExperimentConfig` whose data the actors load.
     actors: Number of actors (the config's `runtime.workers`).
     cpus_per_actor, gpus_per_actor: Ray resources of each actor.
     address: None (a new local Ray on 127.0.0.1, no dashboard), 'auto' or
@@ -161,10 +136,6 @@ class RayLearningProcess(ServerCalls):
     self.server = ServerComputations(compiled, inprocess.visible_devices()[0])
     self._computations = {name: compiled.computations[name] for name in CLIENT_COMPUTATIONS}
     self.replacements = 0
-    # Seconds of the last round: prepare + object-store put ("broadcast"), the
-    # actors' work, the fold across the actors ("fold") + report and update on
-    # the driver ("server"), together "merge".
-    self.round_times: dict[str, float] = {}
     self._started_ray = ray_session.connect(address)
     self._remote = ray.remote(actor_class).options(
         num_cpus=cpus_per_actor, num_gpus=gpus_per_actor, max_restarts=0)
@@ -182,25 +153,16 @@ class RayLearningProcess(ServerCalls):
   def next_for_clients(self, state, client_ids: Sequence[Any], round_num: int):
     """One round over `client_ids`: broadcast, every actor's `work`, one fold
     across the actors in actor order, `report`, `update`."""
-    times = [time.perf_counter()]
-    output = self.server.round(
-        state, lambda broadcast: self._fold_on_actors(list(client_ids), round_num, broadcast,
-                                                      times))
-    t0, t1, t2, t3 = times
-    t4 = time.perf_counter()
-    self.round_times = {"broadcast_s": t1 - t0, "actors_s": t2 - t1, "merge_s": t4 - t2,
-                        "fold_s": t3 - t2, "server_s": t4 - t3}
-    return output
+    return self.server.round(
+        state, lambda broadcast: self._fold_on_actors(list(client_ids), round_num, broadcast))
 
-  def _fold_on_actors(self, client_ids: list, round_num: int, broadcast, times: list) -> list:
+  def _fold_on_actors(self, client_ids: list, round_num: int, broadcast) -> list:
     """The round's accumulator (flat tensors): the broadcast put into Ray's
     object store once, every actor's `work` on its block of clients at once,
-    then one fold across the actors. Appends to `times` when the broadcast
-    is out, the actors' work done and the fold done."""
+    then one fold across the actors."""
     import ray
 
     broadcast = ray.put([t.numpy() for t in broadcast])
-    times.append(time.perf_counter())
     blocks = assign_clients(client_ids, self.num_actors)
     active = [k for k, block in enumerate(blocks) if block]
 
@@ -210,10 +172,7 @@ class RayLearningProcess(ServerCalls):
     pending = {k: work(k) for k in active}
     for k in active:
       self._get(k, pending[k], work, round_num)
-    times.append(time.perf_counter())
-    accumulator = self._fold_across(active, work, round_num)
-    times.append(time.perf_counter())
-    return [tf.convert_to_tensor(a) for a in accumulator]
+    return [tf.convert_to_tensor(a) for a in self._fold_across(active, work, round_num)]
 
   def _fold_across(self, active: Sequence[int], work, round_num: int) -> list:
     """The accumulator folded across the `active` actors in actor order.

@@ -1,12 +1,9 @@
 """The ray backend's actor (`runtime.ray`): one actor's data and client computations.
 
 Its own module, whose top imports nothing heavy: Ray starts an actor by
-importing the module of its class in a new worker process, so a module that
-imported TensorFlow at its top had the actor's heaviest imports run before
-its own code, with Python's garbage collector walking them as they went. Here
-the actor imports TensorFlow, TFF and the pipeline in its `__init__`, as the
-entry point of its process, outside the collector (`session.startup_imports`),
-as the run command and the sweeps' trial workers do.
+importing its class's module in a new worker process, so the actor imports
+TensorFlow, TFF and the pipeline in its `__init__` instead, as its process's
+entry point, with the garbage collector off (`session.startup_imports`).
 """
 
 from __future__ import annotations
@@ -19,10 +16,8 @@ class ClientActor:
   """One actor's state: the experiment's data and the form's client computations.
 
   Args:
-    experiment: The validated experiment config (`load_config`); pickled to the
-      actor, it keeps its validated mark, so the actor does not validate it again.
-    computations: `serialize`d bytes of the form's `CLIENT_COMPUTATIONS`
-      (`work`, `zero` and `accumulate`).
+    experiment: The validated config (pickled, it keeps its validated mark).
+    computations: `serialize`d bytes of the form's `CLIENT_COMPUTATIONS`.
     threads: TensorFlow's intra-op threads in this actor.
     max_concurrent_clients: Clients run at once in this actor (see `ClientFold`).
   """

@@ -3,11 +3,10 @@ started them, however that one ends.
 
 Ray ties its GCS server and raylet to the driver that started them (their
 parent death signal is SIGKILL), and the actors end with their raylet. Its two
-agents (the dashboard agent and the runtime-env agent) do not: when their
-raylet dies without a SIGTERM in its log, each first tries to report the death
-to the GCS, which died with it, and waits for that report's 60 s timeout
-(Ray 2.52, `ray/_private/process_watcher.py`). So a driver killed with SIGKILL
-left them running for a minute.
+agents (dashboard, runtime-env) do not: when their raylet dies without a
+SIGTERM in its log, each first tries to report the death to the GCS, which died
+with it, and waits for that report's timeout (Ray 2.52,
+`ray/_private/process_watcher.py`), outliving a driver killed with SIGKILL.
 
 `ray_session.connect` starts this script right after it starts a local Ray,
 with the identities (pid and start time) of the processes `ray.init` started,

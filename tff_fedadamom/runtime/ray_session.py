@@ -47,10 +47,8 @@ def _init_kwargs(address: Optional[str], resources: Optional[dict]) -> dict[str,
     # "local": a new instance even if RAY_ADDRESS is set or a `ray start`
     # cluster runs on this machine (ray.init() would silently join those).
     # Its processes inherit this one's environment, TensorFlow's log level
-    # included, so the job needs no runtime environment, and Ray's workers
-    # started with the instance serve its first tasks and actors: with one, every
-    # worker was started anew with it (an actor's start took 0.59-0.61 s against
-    # 0.12-0.39 s without, on 2 cores).
+    # included, so the job needs no runtime environment (with one, Ray starts
+    # every worker anew instead of using those it started with the instance).
     kwargs.update(address="local", _node_ip_address="127.0.0.1", **(resources or {}))
   else:
     # A cluster's workers have the cluster's environment: the job sets the log level.
@@ -62,15 +60,12 @@ def _init_kwargs(address: Optional[str], resources: Optional[dict]) -> dict[str,
   return kwargs
 
 
-# A local start is tried up to three times. Now and then in this project's test
-# suite (3 of 424 local starts in one day's runs, two of them one after the
-# other in the same process), the GCS server of a new local Ray ended before
-# writing its log: `ray.init` waited about 35 s on a GCS it could not reach,
-# saw that the process had ended, and failed with FileNotFoundError on the
-# missing log. The cause was not found. The warning says how each process a
-# failed try left had ended (exit code or signal, from Ray's handle on it or
-# from its zombie), so that the next occurrence names it. What the failed try left running is
-# ended, and each try waits longer than the one before.
+# A local start is tried up to three times: now and then the GCS server of a new
+# local Ray ends before writing its log, and `ray.init` fails with
+# FileNotFoundError on the missing log, cause unknown. The warning says how each
+# process a failed try left had ended (exit code or signal, from Ray's handle on
+# it or its zombie), so that an occurrence names it; what the try left running
+# is ended, and each try waits longer than the one before.
 _LOCAL_TRIES = 3
 _PAUSE_BEFORE_TRY_S = (0.0, 2.0, 10.0)
 
@@ -129,15 +124,12 @@ def _started_by_ray(error: BaseException) -> dict[int, str]:
 def connect(address: Optional[str], resources: Optional[dict] = None) -> bool:
   """Connects this process to Ray as `address` says; True if it started a session.
 
-  `None` starts a new local Ray bound to 127.0.0.1 with the dashboard off,
-  and a reaper (`ray_reaper`) that ends its processes if this one ends without
-  `disconnect` (a SIGKILL); `auto` or host:port joins an existing cluster. The
-  process' logging is left as it is. An already initialised Ray (a test, a
-  notebook, a sweep) is used as it is, and False is returned: the caller must
-  then not shut it down.
-
-  `resources` (a new local instance only) are what Ray is told the machine
-  has, e.g. `{"num_cpus": 1, "num_gpus": 1}`, instead of what it detects.
+  `None` starts a new local Ray bound to 127.0.0.1 with the dashboard off, and a
+  reaper (`ray_reaper`) that ends its processes if this one ends without
+  `disconnect`; `auto` or host:port joins a cluster. An already initialised Ray
+  is used as it is, and False returned: the caller must not shut it down.
+  `resources` (a new local instance only), e.g. `{"num_cpus": 1}`, replace what
+  Ray would detect. The process' logging is left as it is.
   """
   global _reaper
   import ray
@@ -171,11 +163,10 @@ def _end_autoscaler_monitor() -> None:
   """Kills the autoscaler monitor of the local Ray this process started, if any.
 
   Why first: `ray.shutdown()` ends the raylet and the GCS server, then sends
-  the monitor SIGTERM, whose handler reports the monitor's end to the GCS it
-  can no longer reach; Ray waits a second for it, then kills it. That second
-  was nearly all of a local shutdown (1.005 of 1.11 s, on 2 cores). Killed
-  first, the monitor reports nothing, and the shutdown skips it as ended. A
-  local instance's monitor holds nothing to save: it only watches the node.
+  the monitor SIGTERM, whose handler reports to the GCS it can no longer reach;
+  Ray waits a second for it, nearly all of a local shutdown. Killed first, the
+  monitor reports nothing, and the shutdown skips it. A local instance's
+  monitor holds nothing to save: it only watches the node.
   """
   from ray._private import ray_constants
   from ray._private import worker

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from tff_fedadamom.runtime.eager_release import release
-from tff_fedadamom.runtime.py_containers import flatten_value, to_python, type_leaves
+from tff_fedadamom.runtime.py_containers import flatten_value, to_python
 from tff_fedadamom.runtime.tf_computation import TFComputation
 
 
@@ -43,7 +43,6 @@ class ServerComputations:
     self.update = TFComputation(compiled.computation("update"), self._device,
                                 result_type=types["next"])
     self.state_type = compiled.state_type
-    self.state_leaves = len(type_leaves(self.state_type))
     self._extra: dict[str, TFComputation] = {}
 
   def initialize(self):
@@ -61,22 +60,10 @@ class ServerComputations:
     release(broadcast)
     report = self._report.call_flat_leaves(accumulator)
     result = self.update.call_flat_leaves([*state_leaves, *report])
-    output = self.to_python(result)
+    # `update`'s flat result as TFF's `LearningProcessOutput` (state, metrics).
+    output = to_python([t.numpy() for t in result], self.update.result_type)
     release([*created, *accumulator, *report, *result])
     return output
-
-  def to_python(self, update_result, state_arrays=None):
-    """`update`'s flat result as TFF's `LearningProcessOutput` (state, metrics).
-
-    `state_arrays`: the new state's leaves as given, in place of copies of its
-    tensors: `InProcessLearningProcess` gives views of the tensors' own memory
-    (`EagerTensor._numpy()`, no copy; on a CPU only), so the tensors stay what
-    the state holds even if a caller writes into its arrays, and can be passed
-    to the next round as they are.
-    """
-    state = list(state_arrays) if state_arrays is not None else []
-    return to_python(state + [t.numpy() for t in update_result[len(state):]],
-                     self.update.result_type)
 
   def _computation(self, name: str) -> TFComputation:
     if name not in self._extra:

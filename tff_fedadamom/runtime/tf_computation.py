@@ -13,12 +13,17 @@ a function of its arguments alone and slots can run concurrently. Graphs
 imported side by side would collide on function-library names, which are
 suffixed per import too.
 
-The `TFComputation`s of one computation (`graph_defs.digest`) on the same devices and
-feed share their slots (`_SlotPool`): a slot serves any caller, and first
-calls are where a new process spends its time. The processes of one model,
-data and clients with different server optimizers have the same `work`, `zero`,
-`accumulate` and `report`, so a trial worker meeting the next optimizer of a
-sweep imports and compiles only that optimizer's server computations.
+The `TFComputation`s of one computation (`graph_defs.digest`) on the same
+devices and feed share their slots (`_SlotPool`): a slot serves any caller, and
+first calls are where a new process spends its time. Processes of one model,
+data and clients share `work`, `zero`, `accumulate` and `report`, so a worker
+meeting a sweep's next optimizer imports only its server computations.
+
+A client's `work` takes its data as a TFF sequence, a `tf.data.Dataset`, whose
+building in Python per client and round costs more than a small model's
+training. With a `Feed`, a slot takes the client's example tensors and round
+seed instead and builds the data in the same graph: a client's round is one
+TensorFlow call.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import itertools
 import queue
 import threading
 import weakref
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import tensorflow as tf
 from tensorflow_federated.proto.v0 import computation_pb2
@@ -38,8 +43,76 @@ from tensorflow_federated.python.tensorflow_libs import serialization_utils
 
 from tff_fedadamom.runtime import graph_defs
 from tff_fedadamom.runtime.eager_release import release
-from tff_fedadamom.runtime.feed import Feed
 from tff_fedadamom.runtime.py_containers import flatten_value, to_python, type_leaves
+
+class Feed:
+  """What turns a slot's own arguments into the computation's leading parameters.
+
+  Attributes:
+    signature: `tf.TensorSpec`s of the arguments that replace the parameters.
+    replaces: How many leading parameter leaves they replace.
+    to_params: `(*feed_args) -> list` of those parameter tensors, called once,
+      while the slot's graph is built.
+    to_element: Optional, for a lone sequence parameter of one element:
+      `(*feed_args) -> that element's flat tensors`, which the slot takes in
+      place of a lone `DatasetToSingleElement` op reading the sequence, so no
+      dataset is built and read back (`algorithms.unrolled`'s stacked batches).
+    source: What the feed's ops are built from (the run's `ClientTensors`):
+      slots of one computation fed from one source and kind are shared
+      (`_slot_pool`). None: this feed alone.
+  """
+
+  def __init__(self, signature: Sequence[tf.TensorSpec], replaces: int, to_params,
+               to_element=None, source=None):
+    if to_element is not None and replaces != 1:
+      raise ValueError(f"to_element replaces one sequence parameter, not {replaces}")
+    self.signature = list(signature)
+    self.replaces = replaces
+    self.to_params = to_params
+    self.to_element = to_element
+    self.source = source
+
+  def inputs(self, graph_def, sequence: str) -> Callable[[Sequence], tuple[dict, list]]:
+    """For a slot importing `graph_def`, whose first parameter is the tensor
+    named `sequence`: a function `(feed args) -> (input map entries, the
+    replaced parameters' tensors)`, called while the slot's graph is built.
+
+    With `to_element` and a lone `DatasetToSingleElement` reading `sequence`,
+    that op is removed from `graph_def`, so it cannot run: the input map gives
+    its outputs, what waited for it (TFF's compiler adds control edges) waits
+    for the element instead, and the parameter is an empty dataset that
+    nothing reads.
+    """
+    reader = _single_element_reader(graph_def, sequence) if self.to_element else None
+    if reader is None:
+      return lambda args: ({}, list(self.to_params(*args)))
+    name, outputs = reader
+    kept = [node for node in graph_def.node if node.name != name]
+    del graph_def.node[:]
+    graph_def.node.extend(kept)
+
+    def element_inputs(args):
+      element = list(self.to_element(*args))
+      if len(element) != outputs:
+        raise ValueError(f"the feed gives {len(element)} element tensors, the computation "
+                         f"reads {outputs}")
+      entries = {f"{name}:{i}": t for i, t in enumerate(element)}
+      entries[f"^{name}"] = element[0]
+      return entries, [tf.data.Dataset.range(0)._variant_tensor]  # noqa: SLF001
+
+    return element_inputs
+
+
+def _single_element_reader(graph_def, sequence: str) -> Optional[tuple[str, int]]:
+  """(name, outputs) of the one `DatasetToSingleElement` op that reads the
+  tensor named `sequence` when nothing else reads it, else None."""
+  op = sequence.split(":")[0]
+  readers = [node for node in graph_def.node
+             if any(i.split(":")[0].lstrip("^") == op for i in node.input)]
+  if len(readers) != 1 or readers[0].op != "DatasetToSingleElement":
+    return None
+  return readers[0].name, len(readers[0].attr["output_types"].list.type)
+
 
 _IMPORTS = itertools.count()
 _IMPORT_LOCK = threading.Lock()
@@ -55,9 +128,8 @@ def _flat_call(function, args) -> list:
 
   `ConcreteFunction.__call__` binds its arguments to the structured signature,
   and TensorFlow 2.14 formats every argument tensor as text on that path
-  (`bind_function_inputs` -> `Tensor.__repr__`): milliseconds a call, more
-  than a small graph's whole run. The graph's inputs are already flat and
-  typed here, so the call goes straight to the function's flat entry point.
+  (`bind_function_inputs` -> `Tensor.__repr__`), which costs more than a small
+  graph's whole run. The inputs here are already flat and typed.
   """
   return function._call_flat(args, function.captured_inputs)  # noqa: SLF001
 
@@ -108,12 +180,10 @@ class _Slot:
                   if traced["init"] is not None else None)
     if [t.dtype for t in wrapped.inputs] != [s.dtype for s in signature]:
       raise AssertionError(f"an import took inputs beyond its signature: {wrapped.inputs}")
-    # The body is the wrapped function itself: its outputs are the computation's
-    # results, and the function runtime runs only the ops they need (the
-    # initializer is not among them). A prune to those outputs would copy the
-    # graph op by op in Python (`lift_to_graph`): seconds for a char-LSTM.
+    # The body is the wrapped function itself: the function runtime runs only
+    # the ops its outputs need (not the initializer). A prune to those outputs
+    # would copy the graph op by op in Python (`lift_to_graph`), slow on big graphs.
     self._call = wrapped
-    self.device = device
 
   def __call__(self, flat_args):
     if self._init is not None:
@@ -149,12 +219,10 @@ class _SlotPool:
     self._proto, self._param_leaves, self._devices = proto, param_leaves, list(devices)
     # Kept by the pool: a key holds the id of the feed's source (`_slot_pool`).
     self._feed = feed
-    # Seeded dropout is a stateful random op in the training loop's body. TFF's
-    # `dataset.reduce` loop makes its body's kernels afresh for every client,
-    # so the masks restart with each client; the iterator loop's body keeps
-    # its kernels from call to call, so a client's masks would depend on what
-    # ran before it on the same slot. Such computations get fresh kernels for
-    # every call (a new import: slower, but a function of the inputs alone).
+    # A stateful random op (Keras' seeded dropout) in the iterator loop's body
+    # keeps its kernel from call to call (`dataset.reduce` makes it afresh per
+    # client), so a client's draws would depend on what ran before it on the
+    # slot: such computations get a new import per call, a function of the inputs.
     self.fresh_kernels = graph_defs.needs_fresh_kernels(
         serialization_utils.unpack_graph_def(proto.tensorflow.graph_def))
     self._idle = [queue.SimpleQueue() for _ in self._devices]
@@ -237,10 +305,6 @@ class TFComputation:
     self._slots_per_device = 0 if self.fresh_kernels else slots_per_device
     self._slots.reserve(self._slots_per_device)
     weakref.finalize(self, self._slots.reserve, -self._slots_per_device)
-
-  @property
-  def num_devices(self) -> int:
-    return len(self._devices)
 
   def call_flat_leaves(self, leaves: Sequence[Any], device_index: int = 0) -> list:
     """Runs on device `device_index` with the parameter's flat leaves (see

@@ -1,29 +1,23 @@
 """The `tff_cpp` backend: TFF's own C++ runtime, kept as the reference, with
 its worker_binary confined to a network namespace of its own.
 
-TFF 0.87's pip package runs its C++ runtime only in a separate `worker_binary`
-process, which serves gRPC on every network interface and cannot be told
-otherwise. Here that worker runs in a private network namespace behind a
-Unix socket (`tff_cpp_relay`), so nothing is reachable over TCP from outside,
-and this process talks to it over that socket.
+TFF 0.87 runs its C++ runtime only in a separate `worker_binary`, which serves
+gRPC on every network interface and cannot be told otherwise. Here it runs in
+a private network namespace behind a Unix socket (`tff_cpp_relay`), so nothing
+is reachable over TCP from outside.
 
-`Runtime` is that worker as a TFF sync context. `TffCppProcess` wraps a
-learning process: each of its calls runs with its own `Runtime` installed on
-the calling thread's context stack, for that call only (TFF's context stack is
-thread-local). TFF's default context, and anything else process-wide, is left
-as it was.
+`Runtime` is that worker as a TFF sync context, mirroring TFF's
+`create_sync_local_cpp_execution_context` with `local_cpp_executor_factory`
+(its compiler, transforms, client count and message limits; only the launch
+and the channel's address are this module's). `TffCppProcess` wraps a learning
+process: each call runs with its `Runtime` installed on the calling thread's
+(thread-local) context stack, for that call only; TFF's default context is
+left as it was.
 
-The context mirrors TFF's `execution_contexts.create_sync_local_cpp_execution_context`
-with `executor_stacks.executor_factory.local_cpp_executor_factory` (TFF 0.87):
-a `SyncExecutionContext` over a `ResourceManagingExecutorFactory` whose stacks
-are `RemoteExecutor`s on a gRPC stub, with TFF's compiler, argument and result
-transforms, default client count and message-size limits; only the worker_binary's
-launch and the channel's address are this module's.
-
-Lifetime: the worker_binary starts on the runtime's first invocation and ends with
+Lifetime: the worker_binary starts on the first invocation and ends with
 `close()` (SIGTERM to its process group, SIGKILL after `STOP_TIMEOUT_S`), when
-the runtime is garbage-collected, or when this process ends, however it ends
-(the relay ends when its stdin, a pipe from this process, closes).
+the runtime is collected, or when this process ends, however it ends (the relay
+ends when its stdin, a pipe from this process, closes).
 """
 
 from __future__ import annotations
@@ -239,15 +233,11 @@ def execution_context(worker: WorkerBinary):
 
 
 class Runtime(context_base.SyncContext):
-  """TFF's C++ runtime as a TFF sync context: the worker_binary starts on the first
-  invocation, and ends with `close()`.
-
-  Install it around calls (`context_stack.install(runtime)`, what
-  `TffCppProcess` does); an entry point may make it TFF's default context.
+  """TFF's C++ runtime as a TFF sync context, to install around calls
+  (`context_stack.install(runtime)`, as `TffCppProcess` does).
 
   Args:
-    max_concurrent_calls: How many client computations run at once (TFF's
-      `max_concurrent_computation_calls`); None: no limit, TFF's default.
+    max_concurrent_calls: TFF's `max_concurrent_computation_calls`; None: no limit.
 
   Raises:
     ConfigError: naming `runtime.backend` if the worker_binary cannot be confined.
@@ -311,20 +301,11 @@ def _in_runtime(name: str) -> property:
 
 
 class TffCppProcess:
-  """The `tff_cpp` backend (`base.Backend`): a TFF learning process whose
-  computations run on TFF's C++ runtime.
+  """The `tff_cpp` backend (`base.Backend`): a TFF learning process every
+  callable attribute of which is called with this wrapper's `Runtime` installed.
 
-  Every callable attribute of `process` (`initialize`, `next`,
-  `get_model_weights`, `get_hparams`, `set_hparams`, ...) is called with this
-  wrapper's `Runtime` installed, on the calling thread, for that call.
-
-  Args:
-    process: The TFF learning process.
-    client_tensors: The run's `ClientTensors`: with them, rounds also take client
-      ids (`next_for_clients`), their datasets built from tensors made once per
-      client rather than anew each round.
-    max_concurrent_clients: How many client computations run at once (TFF's
-      `max_concurrent_computation_calls`); None: no limit, TFF's default.
+  With the run's `client_tensors`, rounds take client ids (`next_for_clients`);
+  `max_concurrent_clients` is the `Runtime`'s `max_concurrent_calls`.
 
   Raises:
     ConfigError: naming `runtime.backend` if the worker_binary cannot be confined.

@@ -1,34 +1,27 @@
 """The child process of the `tff_cpp` backend: TFF's worker_binary in a network
 namespace of its own, reachable only through a Unix socket.
 
-TFF's worker_binary serves gRPC on `[::]:PORT`, every network interface, and
-has no option to choose the address (TFF's `cc/simulation/servers.cc`). Run in
-a fresh network namespace, "every interface" is that namespace's loopback
-alone: nothing outside it can reach the port. This process
+TFF's worker_binary serves gRPC on `[::]:PORT`, every network interface, with
+no option to choose the address (TFF's `cc/simulation/servers.cc`). In a fresh
+network namespace "every interface" is that namespace's loopback alone. This
+process
 
-1. enters a new user namespace and a new network namespace
-   (`unshare(CLONE_NEWUSER | CLONE_NEWNET)`, which an unprivileged user may
-   do where the kernel allows unprivileged user namespaces), and brings the
-   namespace's `lo` up (ioctl SIOCSIFFLAGS; a new namespace's `lo` is down);
-2. starts worker_binary there, bound to end with this process (its parent
-   death signal is SIGKILL, set in the child between fork and exec);
-3. accepts connections on a Unix socket (in a directory only its user may
-   enter) and relays each, both ways, to the worker's port on 127.0.0.1. The
-   Unix socket is the one way in: the file system is shared, the network is
-   not.
+1. enters a new user and network namespace (`unshare(CLONE_NEWUSER |
+   CLONE_NEWNET)`, allowed where the kernel allows unprivileged user
+   namespaces) and brings its `lo` up (a new namespace's `lo` is down);
+2. starts worker_binary there, with SIGKILL as its parent death signal;
+3. relays each connection on a Unix socket (in a directory only its user may
+   enter), both ways, to the worker's port on 127.0.0.1: the file system is
+   shared, the network is not.
 
-It prints `ready WORKER_PID` on stdout once the worker accepts connections (the
-probe, `ready`, once the namespace is made), or one line
-`error: ...` and exits 3 if the namespace cannot be made. It ends when its
-stdin reaches end of file: the parent holds the pipe's other end, which the
-kernel closes when the parent ends, however it ends (a parent death signal
-would fire when the parent's *thread* that started this process ends, and
-the parent may start it from a short-lived thread), and on SIGTERM; it ends
-its worker first. It ends too when the worker ends, with the worker's exit
-status. Ending, it removes its socket and the socket's directory.
+It prints `ready WORKER_PID` once the worker accepts connections (the probe:
+`ready` once the namespace is made), or `error: ...` and exits 3. It ends, its
+worker first, on SIGTERM, when the worker ends (with its status), or when its
+stdin reaches end of file: the kernel closes the parent's end of that pipe
+however the parent ends (a parent death signal would fire when the parent's
+*thread* that started it ends). Ending, it removes its socket and directory.
 
-Only the standard library is used: this file runs as a script, without the
-package or TensorFlow.
+Only the standard library is used: this file runs as a script.
 
 Usage: tff_cpp_relay.py --probe
        tff_cpp_relay.py SOCKET_PATH WORKER_BINARY MAX_CONCURRENT_CALLS
@@ -160,9 +153,8 @@ def _end(worker: subprocess.Popen, status: int, path: str) -> None:
   leaves nothing behind.
 
   The first caller ends the process; another (a parent gone and the worker
-  ended with it, both seen at once) waits for that. Without the lock, the
-  second caller found the socket removed, skipped the directory, and exited
-  before the first could remove it.
+  ended with it, both seen at once) waits for that: else the second would find
+  the socket removed, skip the directory, and exit before the first removed it.
   """
   _ENDING.acquire()  # never released: this process ends here
   worker.kill()

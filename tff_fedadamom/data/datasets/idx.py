@@ -5,14 +5,11 @@ each dimension as a big-endian uint32, then the data in C order, big-endian.
 
 A gzip-compressed file is decompressed once per machine: its plain copy is kept
 in the user's cache (`cache_dirs`, kind `data`; `$TFF_FEDADAMOM_DATA_CACHE_DIR`
-moves it), and later reads map that copy into memory instead. Why: every run,
-trial worker and paper-study process that loads Fashion-MNIST decompressed its
-55 MB again, 0.38 s on the 2-core reference machine, one eighth of a warm
-`tff-fedadamom run`'s time to its first round; mapping the copy takes
-milliseconds, and the processes of one machine share its pages. The copy is
-named after the compressed file's path, size and modification time, so a
-changed file is decompressed again, and its new copy replaces the old one; it
-is written to a temporary file and renamed, so a reader never sees half of one.
+moves it), and later reads map that copy into memory instead of every run,
+trial worker and study process decompressing it again; the processes of one
+machine share its pages. The copy is named after the compressed file's path,
+size and modification time, so a changed file is decompressed again (its new
+copy replaces the old one), and written whole before it is renamed into place.
 """
 
 from __future__ import annotations
@@ -125,8 +122,7 @@ def _parse(path: str, data: Buffer) -> np.ndarray:
   if len(data) - header != expected:
     raise ValueError(f"{path}: header says shape {shape} ({expected} bytes of data), "
                      f"but the file holds {len(data) - header}.")
-  # Over `bytes` or a read-only map, the array is read-only already (47 MB not
-  # copied for Fashion-MNIST's training images).
+  # Over `bytes` or a read-only map, the array is read-only already: not copied.
   array = np.frombuffer(data, dtype, offset=header).reshape(shape)
   if dtype.itemsize > 1:
     # Big-endian on disk: a native-order copy. Bytes have no order.

@@ -94,7 +94,7 @@ def plays_dir(path: Optional[str] = None) -> str:
 def parse_corpus(folder: str) -> tuple[tuple[str, str], ...]:
   """``((client_id, text), ...)`` sorted by id, ``client_id = "<play>/<ROLE>"``.
 
-  Cached: parsing all plays takes a second or two and the result is immutable.
+  Cached: parsing every play is slow, and the result is immutable.
   """
   files = sorted(
       os.path.join(root, name) for root, _, names in os.walk(folder)
