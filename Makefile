@@ -19,8 +19,13 @@ run: setup
 test: setup
 	@$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
+# Every benchmark, each rewriting its own section of benchmarks/RESULTS.md. Long: run it on an
+# otherwise idle machine.
 bench: setup
-	@$(PY) benchmarks/optimizer_step.py
+	@$(PY) -m benchmarks.optimizer_step
+	@$(PY) -m benchmarks.rounds
+	@$(PY) -m benchmarks.faults
+	@$(PY) -m benchmarks.sweeps
 
 clean:
 	rm -rf .venv runs

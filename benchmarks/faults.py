@@ -1,12 +1,21 @@
-"""Fault figures for one run of the pipeline on tiny real data (digits, logistic model).
+"""Faults: a run killed with SIGKILL resumes to the same numbers; a stopped run
+leaves no process behind.
 
-Prints:
-- kill -9 at random rounds: kills survived / tried, identical finishes / tried
-  (final weights bit-identical to an uninterrupted run with the same seed);
-- hostile configs: configs tried / crashes other than the project's ConfigError (goal 0);
-- SIGINT and SIGTERM mid-round: child processes left running (goal 0).
+    python -m benchmarks.faults [--kills 5] [--seed 0]
 
-    .venv/bin/python benchmarks/faults.py [--kills 5] [--configs 2000] [--seed 0]
+Every run is a `python -m tff_fedadamom run` command on tiny real data (digits,
+logistic regression, FedAdamom, a checkpoint every round):
+
+* kill -9: `--kills` times, the command is killed at a random point of a
+  random round (after round k's metrics row, k drawn from 1..ROUNDS-1, plus up
+  to 0.1 s), then the same command runs again and resumes from its
+  checkpoints. Counted: kills that landed before the run's end (it still ran
+  and had not written its last row), resumed (exit 0), identical (final
+  weights, bit for bit, equal to those of one uninterrupted run of the same
+  config), and the killed command's child processes still running afterwards
+  (goal 0).
+* SIGINT and SIGTERM mid-run: the command's child processes still running a
+  second after it exits (goal 0).
 """
 
 from __future__ import annotations
@@ -20,168 +29,158 @@ import sys
 import tempfile
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+if ROOT not in sys.path:
+  sys.path.insert(0, ROOT)
 
-import numpy as np  # noqa: E402
 import yaml  # noqa: E402
 
-from tests import process_table as processes  # noqa: E402
-from tff_fedadamom.config import ConfigError, load_config  # noqa: E402
-from tff_fedadamom.pipeline import outputs, run_experiment  # noqa: E402
+from benchmarks import common  # noqa: E402
+from tff_fedadamom import process_table  # noqa: E402
+from tff_fedadamom.experiment import outputs  # noqa: E402
 
 ROUNDS = 8
 
 
-def _config(output_dir):
-  return {
-      "seed": 5, "rounds": ROUNDS, "clients_per_round": 3, "eval_every": 4,
+def write_config(output_dir: str, rounds: int = ROUNDS) -> str:
+  """The experiment's YAML file beside `output_dir`; returns its path."""
+  config = {
+      "seed": 5, "rounds": rounds, "clients_per_round": 3, "eval_every": 4,
       "checkpoint_every": 1, "output_dir": output_dir,
-      "data": {"name": "digits", "num_clients": 8},
-      "model": {"name": "logistic"},
+      "data": {"name": "digits", "num_clients": 8}, "model": {"name": "logistic"},
       "client": {"learning_rate": 0.1, "batch_size": 16},
       "server": {"optimizer": "fedadamom", "learning_rate": 1.0, "beta_2": 0.1},
   }
+  path = output_dir + ".yaml"
+  with open(path, "w") as f:
+    yaml.safe_dump(config, f)
+  return path
 
 
-def _weights(output_dir):
+def command(config_path: str) -> list[str]:
+  return [sys.executable, "-m", "tff_fedadamom", "run", config_path, "--quiet"]
+
+
+def launch(config_path: str) -> subprocess.Popen:
+  return subprocess.Popen(command(config_path), cwd=ROOT, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL, start_new_session=True,
+                          env={**os.environ, "PYTHONPATH": ROOT})
+
+
+def rows(output_dir: str) -> int:
+  """The metrics rows the run has written so far."""
+  try:
+    return len(outputs.read_metrics(output_dir))
+  except Exception:  # noqa: BLE001 - the file is missing or mid-write
+    return 0
+
+
+def wait_rows(proc: subprocess.Popen, output_dir: str, count: int, timeout: float = 300) -> None:
+  """Until the run has written `count` metrics rows (or ended, or `timeout`)."""
+  deadline = time.time() + timeout
+  while time.time() < deadline and proc.poll() is None and rows(output_dir) < count:
+    time.sleep(0.02)
+
+
+def final_weights(output_dir: str) -> list:
   import tensorflow as tf
 
   model = tf.keras.models.load_model(os.path.join(output_dir, outputs.MODEL_FILE))
   return [w.numpy() for w in model.weights]
 
 
-def _launch(config_path):
-  env = {**os.environ, "PYTHONPATH": ROOT}
-  return subprocess.Popen([sys.executable, "-m", "tff_fedadamom", "run", config_path,
-                           "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                          env=env, start_new_session=True)
-
-
-def _wait_rows(proc, output_dir, n, timeout=300):
-  deadline = time.time() + timeout
-  while time.time() < deadline and proc.poll() is None:
+def left_running(children: list[int]) -> int:
+  """How many of `children` still run; those are ended (they are this
+  benchmark's, started by its command)."""
+  alive = process_table.still_running(children)
+  for pid in alive:
     try:
-      if len(outputs.read_metrics(output_dir)) >= n:
-        return True
-    except Exception:  # noqa: BLE001 - mid-write
+      os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
       pass
-    time.sleep(0.02)
-  return False
+  return len(alive)
 
 
-def kills(n, rng, tmp):
-  reference = run_experiment(_config(os.path.join(tmp, "ref")), progress=False)
-  ref_weights = _weights(reference.output_dir)
-  survived = identical = 0
+def kills(n: int, rng: random.Random, tmp: str) -> dict:
+  """Counts of `n` kill -9s: before the run's end, resumed, identical
+  finishes, children left."""
+  import numpy as np
+
+  reference = os.path.join(tmp, "reference")
+  subprocess.run(command(write_config(reference)), cwd=ROOT, check=True,
+                 capture_output=True, env={**os.environ, "PYTHONPATH": ROOT})
+  expected = final_weights(reference)
+  counts = {"mid_run": 0, "resumed": 0, "identical": 0, "left": 0}
   for i in range(n):
     out = os.path.join(tmp, f"kill{i}")
-    path = os.path.join(tmp, f"kill{i}.yaml")
-    with open(path, "w") as f:
-      yaml.safe_dump(_config(out), f)
+    path = write_config(out)
     at = rng.randint(1, ROUNDS - 1)
-    proc = _launch(path)
-    _wait_rows(proc, out, at)
-    time.sleep(rng.random() * 0.5)  # land anywhere inside the next round
+    proc = launch(path)
+    wait_rows(proc, out, at)
+    time.sleep(rng.random() * 0.1)  # anywhere inside the next round or two
+    children = process_table.descendants(proc.pid)
+    mid_run = proc.poll() is None and rows(out) < ROUNDS
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    result = subprocess.run([sys.executable, "-m", "tff_fedadamom", "run", path, "--quiet"],
-                            capture_output=True, text=True,
-                            env={**os.environ, "PYTHONPATH": ROOT})
-    if result.returncode == 0:
-      survived += 1
-      same = all(np.array_equal(a, b) for a, b in zip(_weights(out), ref_weights))
-      identical += int(same)
+    counts["mid_run"] += mid_run
+    time.sleep(1.0)
+    counts["left"] += left_running(children)
+    again = subprocess.run(command(path), cwd=ROOT, capture_output=True,
+                           env={**os.environ, "PYTHONPATH": ROOT})
+    same = again.returncode == 0 and all(
+        np.array_equal(a, b) for a, b in zip(final_weights(out), expected, strict=True))
+    counts["resumed"] += again.returncode == 0
+    counts["identical"] += same
     print(f"  kill {i + 1}: after round >= {at}: "
-          f"{'resumed' if result.returncode == 0 else 'FAILED'}"
-          f"{', identical' if result.returncode == 0 and same else ''}")
-  return survived, identical
+          f"{'resumed' if again.returncode == 0 else 'FAILED'}{', identical' if same else ''}",
+          flush=True)
+  return counts
 
 
-def _random_value(rng, depth=0):
-  pool = [None, True, False, 0, -1, 1, 3, 10**40, -(10**40), 0.5, -0.5, float("nan"),
-          float("inf"), -float("inf"), 1e-300, "", "x", "digits", "fedadamom", "cnn",
-          "dirichlet", "!!python/object", "1e999", [], {}]
-  if depth < 2 and rng.random() < 0.3:
-    if rng.random() < 0.5:
-      return [_random_value(rng, depth + 1) for _ in range(rng.randint(0, 3))]
-    return {rng.choice(FIELDS): _random_value(rng, depth + 1) for _ in range(rng.randint(0, 3))}
-  return rng.choice(pool)
-
-
-FIELDS = ["rounds", "seed", "clients_per_round", "data", "model", "client", "server",
-          "runtime", "name", "path", "num_clients", "partition", "options", "kind", "alpha",
-          "learning_rate", "beta_2", "epsilon", "optimizer", "batch_size", "schedule",
-          "targets", "unknown"]
-
-
-def hostile_configs(n, rng, tmp):
-  crashes = []
-  for i in range(n):
-    base = _config(os.path.join(tmp, "never"))
-    kind = i % 3
-    if kind == 0:  # a random tree
-      raw = {rng.choice(FIELDS): _random_value(rng) for _ in range(rng.randint(0, 6))}
-    elif kind == 1:  # one field of a valid config replaced
-      raw = base
-      section = rng.choice(["data", "model", "client", "server", None])
-      target = raw[section] if section else raw
-      target[rng.choice(FIELDS)] = _random_value(rng)
-    else:  # YAML text with tags and garbage
-      text = rng.choice(["!!python/object/apply:os.system ['true']",
-                         "rounds: !!python/name:os.system", "{{{", "rounds: 1e999",
-                         "data: [1, 2", "\x00\x01", "rounds: .nan", "- 1\n- 2"])
-      raw = os.path.join(tmp, f"fuzz{i}.yaml")
-      with open(raw, "w") as f:
-        f.write(text)
-    try:
-      load_config(raw)
-    except ConfigError:
-      pass
-    except Exception as e:  # noqa: BLE001 - the figure counts exactly these
-      crashes.append(f"{type(e).__name__}: {e}"[:200])
-  return crashes
-
-
-def leftovers(tmp):
-  left = 0
+def leftovers(tmp: str) -> dict[str, int]:
+  """Children still running a second after a run stopped by SIGINT or SIGTERM."""
+  left = {}
   for sig in (signal.SIGINT, signal.SIGTERM):
-    out = os.path.join(tmp, f"sig{sig}")
-    path = out + ".yaml"
-    with open(path, "w") as f:
-      yaml.safe_dump({**_config(out), "rounds": 500}, f)
-    proc = _launch(path)
-    _wait_rows(proc, out, 1)
-    children = processes.descendants(proc.pid)
+    out = os.path.join(tmp, f"signal{int(sig)}")
+    proc = launch(write_config(out, rounds=500))
+    wait_rows(proc, out, 1)
+    children = process_table.descendants(proc.pid)
     os.kill(proc.pid, sig)
     proc.wait(timeout=120)
     time.sleep(1.0)
-    left += len(processes.still_running(children))
+    left[sig.name] = left_running(children)
   return left
 
 
-def main(argv=None):
-  from tff_fedadamom.session import Session
+def section(n: int, counts: dict, left: dict) -> str:
+  lines = [["kill -9 at a random round, then the same command again", n,
+            f"killed before the run's end {counts['mid_run']}/{n}; resumed "
+            f"{counts['resumed']}/{n}; final weights bit-identical to an "
+            f"uninterrupted run {counts['identical']}/{n}; child processes left "
+            f"{counts['left']} (goal 0)"]]
+  lines += [[f"{name} mid-run", 1, f"child processes left {count} (goal 0)"]
+            for name, count in left.items()]
+  return ("`python -m tff_fedadamom run` on digits/logistic with FedAdamom, "
+          f"{ROUNDS} rounds, a checkpoint every round.\n\n"
+          + common.table(["fault", "tried", "outcome"], lines))
 
-  Session().apply()  # this command is its process's entry point
+
+def main(argv=None) -> int:
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # this process's and its commands'
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--kills", type=int, default=5)
-  parser.add_argument("--configs", type=int, default=2000)
   parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--results", default=common.RESULTS, help="the results file to update")
   args = parser.parse_args(argv)
-  rng = random.Random(args.seed)
+  if args.kills < 1:
+    parser.error(f"--kills must be >= 1, found {args.kills}")
   with tempfile.TemporaryDirectory() as tmp:
-    survived, identical = kills(args.kills, rng, tmp)
-    crashes = hostile_configs(args.configs, rng, tmp)
+    counts = kills(args.kills, random.Random(args.seed), tmp)
     left = leftovers(tmp)
-  print(f"kill -9: survived {survived}/{args.kills}, identical finishes {identical}/{args.kills}")
-  print(f"hostile configs: {args.configs} tried, {len(crashes)} crashes other than "
-        f"ConfigError (goal 0)")
-  for crash in crashes[:10]:
-    print(f"  {crash}")
-  print(f"SIGINT/SIGTERM mid-run: {left} child processes left (goal 0)")
+  print(common.write_section("faults", "Faults: kill -9 and resume, signals",
+                             section(args.kills, counts, left), args.results))
+  return 0
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

@@ -1,15 +1,20 @@
-"""Times one server-optimizer step on a ResNet-18-sized structure.
+"""One server-optimizer step on a ResNet-18-sized model, against its floor.
 
-Prints, from one process and one run: the median time of `tf.function(opt.next)`
-for FedAdamom and TFF's Adam, Yogi and SGD with momentum; the FedAdamom / Adam
-ratio (goal <= 1.0); and a memory-bandwidth floor for FedAdamom measured in the
-same run (goal: FedAdamom within 2x of it).
+    python -m benchmarks.optimizer_step [--repeats 40]
 
-The floor: FedAdamom must read w, g, m, v and write w, m, v (7 parameter-sized
-arrays). A `tf.function` that does exactly that much traffic with the cheapest
-possible math (one fused add per array) is timed on the same structure.
+Every server optimizer of the registry (`tff_fedadamom.methods`; the whole
+learning processes, whose clients change too, have no server step to time),
+built with its defaults, steps `tf.function(opt.next)` on 21 float32 tensors
+of 11.2 M parameters in all. A step is memory-bound: it reads the weights w,
+the update g and its k parameter-sized state arrays (FedAdamom: k = 2, m and
+v) and writes w and the k arrays. Its floor is a `tf.function` that moves
+exactly that much, with one add per array and no other math (`traffic`):
+the least any implementation of that rule could cost on this machine.
 
-    .venv/bin/python benchmarks/optimizer_step.py [--repeats 30]
+All steps and floors are interleaved (`common.interleaved`), two untimed steps
+each first (tracing, then warm-up). Written: the median ms of each step,
+step / floor (the median of the paired ratios; goal for FedAdamom: <= 2), and
+FedAdamom / FedAdam (the same state size; goal <= 1).
 """
 
 from __future__ import annotations
@@ -20,16 +25,16 @@ import os
 import statistics
 import sys
 
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+  sys.path.insert(0, ROOT)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-import tensorflow_federated as tff  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from benchmarks.timing import interleaved  # noqa: E402
-from tff_fedadamom.optimizers import build_fedadamom  # noqa: E402
+from benchmarks import common  # noqa: E402
+from tff_fedadamom import methods  # noqa: E402
 
 # ResNet-18 (CIFAR stem, 10 classes) trainable tensor shapes, merged per block
 # into 21 tensors of about the same total size (11.2 M parameters).
@@ -44,70 +49,94 @@ RESNET18_SHAPES = [
     (3, 3, 512, 512), (3, 3, 512, 512),
     (512, 10),
 ]
+FLOOR_GOAL = 2.0
+ADAM_GOAL = 1.0
 
 
-def _materialized(fn, args) -> None:
-  out = fn(*args)
-  tf.nest.map_structure(lambda t: t.numpy() if tf.is_tensor(t) else t, out)
+def state_arrays(state, n_params: int) -> int:
+  """k: how many parameter-sized arrays a state holds (its size over n_params)."""
+  size = sum(int(np.prod(t.shape)) for t in tf.nest.flatten(state))
+  return int(round(size / n_params))
 
 
-def _optimizer_step(opt, weights, grads):
+def materialized(fn, args) -> None:
+  """Calls `fn(*args)` and waits for its every output."""
+  tf.nest.map_structure(lambda t: t.numpy() if tf.is_tensor(t) else t, fn(*args))
+
+
+def optimizer_step(opt, weights, grads):
+  """(`tf.function(opt.next)`, its arguments, k)."""
   specs = [tf.TensorSpec(w.shape, w.dtype) for w in weights]
   state = tf.nest.map_structure(tf.convert_to_tensor, opt.initialize(specs))
-  return tf.function(opt.next), (state, weights, grads)
+  k = state_arrays(state, sum(int(np.prod(w.shape)) for w in weights))
+  return tf.function(opt.next), (state, weights, grads), k
 
 
-def _floor_step(weights, grads):
-  m = [tf.zeros_like(w) for w in weights]
-  v = [tf.zeros_like(w) for w in weights]
+def traffic(k: int, weights, grads):
+  """The floor of a step with k state arrays: (a `tf.function`, its arguments)."""
+  slots = [[tf.zeros_like(w) for w in weights] for _ in range(k)]
 
   @tf.function
-  def traffic(w, g, m, v):
-    # Reads w, g, m, v; writes three arrays: no real math.
-    return ([a + b for a, b in zip(w, g)], [a + b for a, b in zip(m, g)],
-            [a + b for a, b in zip(v, w)])
+  def step(w, g, slots):
+    # Reads w, g and each slot; writes w and each slot: one add per array.
+    return [a + b for a, b in zip(w, g)], [[s + b for s, b in zip(slot, g)] for slot in slots]
 
-  return traffic, (weights, grads, m, v)
+  return step, (weights, grads, slots)
 
 
-def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--repeats', type=int, default=40)
-  args = parser.parse_args(argv)
-
-  rng = np.random.default_rng(0)
-  weights = [tf.constant(rng.normal(size=s).astype(np.float32))
-             for s in RESNET18_SHAPES]
-  grads = [tf.constant(rng.normal(size=s).astype(np.float32))
-           for s in RESNET18_SHAPES]
+def section(times: dict, ks: dict, repeats: int) -> str:
+  """The Markdown body: a row per optimizer, and the FedAdamom ratios."""
+  rows = []
+  for name, k in ks.items():
+    over = common.paired_ratio(times[name], times[f"floor k={k}"])
+    rows.append([name, k, common.fmt(statistics.median(times[name]) * 1e3, ".1f"),
+                 common.fmt(statistics.median(times[f"floor k={k}"]) * 1e3, ".1f"),
+                 common.fmt(over)])
+  over_floor = common.paired_ratio(times["fedadamom"], times[f"floor k={ks['fedadamom']}"])
+  over_adam = (common.paired_ratio(times["fedadamom"], times["fedadam"])
+               if "fedadam" in times else None)
   n_params = sum(int(np.prod(s)) for s in RESNET18_SHAPES)
-  print(f'structure: {len(weights)} tensors, {n_params / 1e6:.2f} M float32 '
-        f'parameters; {args.repeats} timed steps each; threads: '
-        f'{tf.config.threading.get_inter_op_parallelism_threads()} inter / '
-        f'{tf.config.threading.get_intra_op_parallelism_threads()} intra (0 = auto)')
+  return (f"`tf.function(opt.next)` on {len(RESNET18_SHAPES)} float32 tensors, "
+          f"{n_params / 1e6:.1f} M parameters, median of {repeats} interleaved steps; k: the "
+          "state's parameter-sized arrays; the floor reads w, g and k arrays and writes w and "
+          "k arrays with one add each.\n\n"
+          + common.table(["optimizer", "k", "step ms", "floor ms", "step / floor"], rows)
+          + f"\n\nFedAdamom / floor: {common.fmt(over_floor)} (goal <= {FLOOR_GOAL:g}: "
+          f"{common.goal(over_floor, FLOOR_GOAL, at_least=False)}); FedAdamom / FedAdam: "
+          f"{common.fmt(over_adam)} (goal <= {ADAM_GOAL:g}: "
+          f"{common.goal(over_adam, ADAM_GOAL, at_least=False)}).")
 
-  optimizers = {
-      'fedadamom': build_fedadamom(1.0, beta_2=0.1),
-      'adam': tff.learning.optimizers.build_adam(0.01),
-      'yogi': tff.learning.optimizers.build_yogi(0.01),
-      'sgdm': tff.learning.optimizers.build_sgdm(1.0, momentum=0.9),
-  }
-  steps = {name: _optimizer_step(opt, weights, grads) for name, opt in optimizers.items()}
-  steps['floor'] = _floor_step(weights, grads)
-  # Two untimed steps each: tracing, then warm-up.
-  times = interleaved({name: functools.partial(_materialized, fn, args)
-                       for name, (fn, args) in steps.items()}, args.repeats, warmups=2)
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--repeats", type=int, default=40)
+  parser.add_argument("--results", default=common.RESULTS, help="the results file to update")
+  args = parser.parse_args(argv)
+  if args.repeats < 1:
+    parser.error(f"--repeats must be >= 1, found {args.repeats}")
+  from tff_fedadamom.session import Session
+
+  Session().apply()  # the threads a run's server step has (this is the process's entry point)
+  rng = np.random.default_rng(0)
+  weights = [tf.constant(rng.normal(size=s).astype(np.float32)) for s in RESNET18_SHAPES]
+  grads = [tf.constant(rng.normal(size=s).astype(np.float32)) for s in RESNET18_SHAPES]
+  steps, ks = {}, {}
+  for name in methods.list_optimizers():
+    if not methods.is_learning_process(name):
+      fn, fn_args, ks[name] = optimizer_step(methods.build_server_optimizer(name),
+                                             weights, grads)
+      steps[name] = (fn, fn_args)
+  for k in sorted(set(ks.values())):
+    steps[f"floor k={k}"] = traffic(k, weights, grads)
+  times = common.interleaved({name: functools.partial(materialized, fn, fn_args)
+                              for name, (fn, fn_args) in steps.items()},
+                             args.repeats, warmups=2)
   for name, values in times.items():
-    note = '  (reads w, g, m, v; writes 3 arrays)' if name == 'floor' else ''
-    print(f'{name:>10}: {statistics.median(values) * 1e3:8.1f} ms{note}')
-  paired = lambda a, b: statistics.median(x / y for x, y in zip(times[a], times[b]))
-  ratio = paired('fedadamom', 'adam')
-  over_floor = paired('fedadamom', 'floor')
-  print(f'ratio fedadamom/adam (median of paired steps): {ratio:.2f}  (goal <= 1.00: '
-        f'{"met" if ratio <= 1.0 else "NOT met"})')
-  print(f'ratio fedadamom/floor (median of paired steps): {over_floor:.2f}  (goal <= 2.00: '
-        f'{"met" if over_floor <= 2.0 else "NOT met"})')
+    print(f"{name:>12}: {statistics.median(values) * 1e3:8.1f} ms", flush=True)
+  print(common.write_section("optimizer_step", "Server optimizer step against its floor",
+                             section(times, ks, args.repeats), args.results))
+  return 0
 
 
-if __name__ == '__main__':
-  main()
+if __name__ == "__main__":
+  sys.exit(main())

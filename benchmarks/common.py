@@ -1,0 +1,161 @@
+"""What every benchmark script shares: timing, ratios, provenance, RESULTS.md.
+
+`benchmarks/RESULTS.md` is generated. Each script owns one section of it, a
+block between `<!-- begin: NAME -->` and `<!-- end: NAME -->`, and rewrites
+that block alone whenever it runs, with the commit, machine and date of that
+run and the figures it measured; the other sections stay as they are.
+
+Ratios are taken of medians, or, for calls timed in pairs (`interleaved`), as
+the median of the per-pair ratios: on a shared machine a burst of load then
+slows both sides of a pair alike and cancels out of their ratio. A figure a
+run did not measure is written `NOT_MEASURED`, never estimated.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import re
+import statistics
+import subprocess
+import time
+from typing import Callable, Iterable, Mapping, Optional, Sequence
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "benchmarks", "RESULTS.md")
+NOT_MEASURED = "not measured"
+HEADER = """# Benchmark results
+
+Generated: `make bench` writes every section; each script rewrites its own section when it
+runs (`.venv/bin/python -m benchmarks.<script> --help` lists its options). Each section names
+the commit, machine and date of the one run its figures come from; ratios compare figures of
+that same run. Figures depend on the machine and on what else runs on it.
+
+| script | measures |
+|---|---|
+| `benchmarks/optimizer_step.py` | each server optimizer's step against the least memory traffic its state needs |
+| `benchmarks/rounds.py` | a round on each backend (inprocess, ray, tff_cpp) against the same arithmetic in one `tf.function`; memory over a long run |
+| `benchmarks/faults.py` | whether runs killed with SIGKILL resume to bit-identical weights; processes left after SIGINT or SIGTERM |
+| `benchmarks/sweeps.py` | the quickstart sweep, cold and warm, against its trials as separate runs; a shortened fmnist sweep, cold and warm |
+"""
+
+
+def interleaved(calls: Mapping[str, Callable[[], object]], repeats: int,
+                warmups: int = 1) -> dict[str, list[float]]:
+  """Seconds of each call, `repeats` times, after `warmups` untimed calls each.
+
+  The calls are interleaved round-robin, and the one called first rotates each
+  repeat, so load on a shared machine falls on all of them alike; the i-th
+  times of two calls are a pair, for `paired_ratio`.
+  """
+  for call in calls.values():
+    for _ in range(warmups):
+      call()  # traces and compiles what the first calls do
+  names, times = list(calls), {name: [] for name in calls}
+  for i in range(repeats):
+    for name in names[i % len(names):] + names[:i % len(names)]:
+      start = time.perf_counter()
+      calls[name]()
+      times[name].append(time.perf_counter() - start)
+  return times
+
+
+def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+  """a / b, or None when either was not measured or b is not positive."""
+  if a is None or b is None or b <= 0:
+    return None
+  return a / b
+
+
+def paired_ratio(a: Sequence[float], b: Sequence[float]) -> Optional[float]:
+  """The median of a[i] / b[i] over the pairs (None without any pair)."""
+  pairs = [x / y for x, y in zip(a, b, strict=True) if y > 0]
+  return statistics.median(pairs) if pairs else None
+
+
+def fmt(value: Optional[float], spec: str = ".2f", unit: str = "") -> str:
+  """`value` formatted with `spec` (and `unit`), or NOT_MEASURED for None."""
+  return NOT_MEASURED if value is None else f"{value:{spec}}{unit}"
+
+
+def goal(value: Optional[float], target: float, at_least: bool = True) -> str:
+  """"met" / "NOT met" of `value` against `target` (>= it, else <= it)."""
+  if value is None:
+    return NOT_MEASURED
+  return "met" if (value >= target if at_least else value <= target) else "NOT met"
+
+
+def cpu_model() -> str:
+  """The CPU's model name (Linux /proc/cpuinfo), else what `platform` says."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.lower().startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def commit(repo: str = ROOT) -> str:
+  """The checkout's short commit, with "+ uncommitted changes" if it has any."""
+  def git(*args):
+    return subprocess.run(["git", "-C", repo, *args], capture_output=True, text=True,
+                          check=False).stdout.strip()
+
+  head = git("rev-parse", "--short", "HEAD") or "unknown commit"
+  return head + (" + uncommitted changes" if git("status", "--porcelain") else "")
+
+
+def provenance(repo: str = ROOT) -> str:
+  """One line: the commit, the machine (CPU, cores, load) and the date (UTC)."""
+  now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+  return (f"commit {commit(repo)}; {cpu_model()}, {os.cpu_count()} cores, load average "
+          f"{os.getloadavg()[0]:.2f} at the end; {now}")
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+  """A Markdown table."""
+  lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+  lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+  return "\n".join(lines)
+
+
+def _markers(name: str) -> tuple[str, str]:
+  if not re.fullmatch(r"[a-z0-9_]+", name):
+    raise ValueError(f"section name {name!r}: allowed are lowercase letters, digits and '_'")
+  return f"<!-- begin: {name} -->", f"<!-- end: {name} -->"
+
+
+def replace_section(text: str, name: str, body: str) -> str:
+  """`text` with section `name`'s block holding `body`; the block is appended
+  if `text` has none. Everything outside the block is kept byte for byte."""
+  begin, end = _markers(name)
+  block = f"{begin}\n{body.strip()}\n{end}"
+  starts, ends = text.count(begin), text.count(end)
+  if (starts, ends) == (0, 0):
+    return (text.rstrip("\n") + "\n\n" if text.strip() else "") + block + "\n"
+  if (starts, ends) != (1, 1) or text.index(begin) > text.index(end):
+    raise ValueError(f"RESULTS.md: section {name!r} must have one {begin} before one {end}")
+  head, rest = text.split(begin, 1)
+  return head + block + rest.split(end, 1)[1]
+
+
+def write_section(name: str, title: str, body: str, path: str = RESULTS,
+                  repo: str = ROOT) -> str:
+  """Rewrites section `name` of the results file at `path` (made with HEADER
+  if missing) as `## title`, the provenance line of `repo` and `body`;
+  returns the section's text."""
+  text = f"## {title}\n\n{provenance(repo)}\n\n{body.strip()}\n"
+  try:
+    with open(path) as f:
+      old = f.read()
+  except FileNotFoundError:
+    old = HEADER
+  new = replace_section(old, name, text)
+  tmp = f"{path}.tmp{os.getpid()}"
+  with open(tmp, "w") as f:
+    f.write(new)
+  os.replace(tmp, path)
+  return text

@@ -1,0 +1,251 @@
+"""The sweep benchmark: a sweep through Ray Tune against its trials as separate runs.
+
+    python -m benchmarks.sweeps [--repo PATH] [--only quickstart|fmnist] [--out DIR]
+
+Every figure is the wall time of whole commands, as a user types them, each in
+a fresh storage directory, with a process cache of this run's own
+(`TFF_FEDADAMOM_CACHE_DIR` and `runtime.cache_dir`):
+
+* quickstart: `configs/sweeps/quickstart.yaml` as shipped, run twice with
+  `python -m tff_fedadamom tune`: "cold" (the cache empty: every learning
+  process is traced and compiled) and "warm" (the cache the cold sweep
+  filled); then the same trials (`tuning.joint.trial_configs`, each made an
+  experiment by `tuning.space.experiment_dict`, all rounds) as separate
+  `python -m tff_fedadamom run` commands, as many at a time as the sweep runs
+  trials. separate / warm is what the sweep saves over a shell loop; the
+  project's goal is >= 2.5x.
+* fmnist: `configs/sweeps/fmnist_all_optimizers.yaml` shortened (`FMNIST_SHORT`:
+  2 trials per optimizer, 10 rounds, 5 clients of 100 examples, ASHA grace 5
+  and reduction 2, 1 CPU per trial, 2 at a time), cold and warm.
+
+`--only` measures one of the two (the other's figures are then written "not
+measured"); `--out` keeps the scratch files (sweep files, logs, run
+directories) in a new folder there; `--results` writes another results file.
+`--repo` runs the commands against another checkout (its code first on
+`PYTHONPATH`, its configs), to compare two designs on one machine; the sweep
+files are shortened by that checkout's own `tuning.schema`, in a child process,
+so nothing of this checkout's project code is imported. The section of
+RESULTS.md names that checkout's commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Mapping, Optional, Sequence
+
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GOAL = 2.5
+QUICKSTART = "configs/sweeps/quickstart.yaml"
+FMNIST = "configs/sweeps/fmnist_all_optimizers.yaml"
+# Dotted path -> value: the fmnist sweep at a size one machine runs in minutes.
+FMNIST_SHORT = {
+    "budget.trials_per_optimizer": 2, "budget.rounds": 10, "base.eval_every": 5,
+    "base.checkpoint_every": 5, "base.clients_per_round": 5, "base.client.max_examples": 100,
+    "scheduler.grace_period": 5, "scheduler.reduction_factor": 2,
+    "resources.cpus_per_trial": 1, "resources.max_concurrent_trials": 2, "metric.last_k": 1,
+}
+
+
+def set_path(tree: dict, path: str, value) -> None:
+  """Sets `tree[a][b][c] = value` for `path` "a.b.c", making missing mappings."""
+  *parents, leaf = path.split(".")
+  for key in parents:
+    if tree.get(key) is None:
+      tree[key] = {}
+    tree = tree[key]
+    if not isinstance(tree, dict):
+      raise ValueError(f"{path}: {key} holds {tree!r}, not a mapping")
+  tree[leaf] = value
+
+
+def prepare(spec: Mapping) -> dict:
+  """Run in the measured checkout (its `tuning` first on the path): writes the
+  sweep file `spec["sweep"]` with `spec["set"]` and each variant's own values
+  applied, checked and inlined (`parse_sweep`, `sweep_to_dict`), to each of
+  `spec["variants"]` (path -> dotted values); with `spec["runs_dir"]`, each
+  trial's experiment config there as a YAML file for a separate run."""
+  from tuning import joint, schema, space
+
+  raw = schema.sweep_to_dict(schema.load_sweep(spec["sweep"]))
+  sweep = None
+  for out, values in spec["variants"].items():
+    variant = json.loads(json.dumps(raw))
+    for path, value in {**spec["set"], **values}.items():
+      set_path(variant, path, value)
+    sweep = schema.parse_sweep(variant)
+    with open(out, "w") as f:
+      yaml.safe_dump(schema.sweep_to_dict(sweep), f, sort_keys=False)
+  runs = []
+  for i, trial in enumerate(joint.trial_configs(sweep) if spec.get("runs_dir") else ()):
+    params = dict(trial)
+    optimizer = params.pop("optimizer")
+    name = f"{optimizer}_{i}"
+    config = space.experiment_dict(sweep, optimizer, params, threads=1, name=name,
+                                   output_dir=os.path.join(spec["runs_dir"], name))
+    runs.append(os.path.join(spec["runs_dir"], f"{name}.yaml"))
+    with open(runs[-1], "w") as f:
+      yaml.safe_dump(config, f, sort_keys=False)
+  return {"runs": runs, "concurrent": sweep.resources.max_concurrent_trials,
+          "trials": len(sweep.optimizers) * sweep.budget.trials_per_optimizer,
+          "rounds": sweep.budget.rounds}
+
+
+def child_env(repo: str, cache_dir: str) -> dict:
+  """The environment of every command: `repo`'s code first, this run's cache."""
+  return {**os.environ, "PYTHONPATH": repo, "TFF_FEDADAMOM_CACHE_DIR": cache_dir,
+          "TF_CPP_MIN_LOG_LEVEL": "3"}
+
+
+def _stop(procs: Sequence[subprocess.Popen]) -> None:
+  """Ends the process groups of `procs` still running (each started its own)."""
+  for proc in procs:
+    if proc.poll() is None:
+      os.killpg(proc.pid, signal.SIGTERM)
+  for proc in procs:
+    try:
+      proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+      os.killpg(proc.pid, signal.SIGKILL)
+      proc.wait()
+
+
+def run_commands(commands: Sequence[Sequence[str]], repo: str, env: dict, logs: str,
+                 concurrent: int) -> float:
+  """Wall seconds of `commands`, `concurrent` at a time, each logged to a file
+  in `logs`; raises naming the first that failed and its log."""
+  os.makedirs(logs, exist_ok=True)
+  procs, paths = [], []
+  start = time.perf_counter()
+  try:
+    for command in commands:
+      while sum(p.poll() is None for p in procs) >= concurrent:
+        time.sleep(0.05)
+      paths.append(os.path.join(logs, f"{len(procs)}.log"))
+      with open(paths[-1], "w") as log:
+        procs.append(subprocess.Popen(command, cwd=repo, env=env, stdout=log,
+                                      stderr=subprocess.STDOUT, start_new_session=True))
+    codes = [p.wait() for p in procs]
+  finally:
+    _stop(procs)
+  wall = time.perf_counter() - start
+  for command, code, path in zip(commands, codes, paths):
+    if code != 0:
+      with open(path) as f:
+        tail = "".join(f.readlines()[-15:])
+      raise RuntimeError(f"{' '.join(command)} exited {code}; log {path}:\n{tail}")
+  return wall
+
+
+def measure(repo: str, sweep_file: str, values: Mapping, scratch: str,
+            separate: bool) -> dict:
+  """Cold and warm sweep seconds of `sweep_file` with `values`, and with
+  `separate` the seconds of its trials as separate runs (after the warm sweep)."""
+  cache = os.path.join(scratch, "process-cache")
+  env = child_env(repo, cache)
+  variants = {os.path.join(scratch, f"{label}.yaml"):
+              {"resources.storage_path": os.path.join(scratch, label)}
+              for label in ("cold", "warm")}
+  runs_dir = os.path.join(scratch, "runs")
+  if separate:
+    os.makedirs(runs_dir)
+  spec = {"sweep": os.path.join(repo, sweep_file), "variants": variants,
+          "set": {**values, "base.runtime.cache_dir": cache},
+          "runs_dir": runs_dir if separate else None}
+  done = subprocess.run([sys.executable, os.path.abspath(__file__), "--prepare",
+                         json.dumps(spec)], cwd=repo, env=env, capture_output=True, text=True)
+  if done.returncode:
+    raise RuntimeError(f"preparing {sweep_file} in {repo} failed:\n{done.stderr[-3000:]}")
+  info = json.loads(done.stdout.strip().splitlines()[-1])
+  figures = {"trials": info["trials"], "rounds": info["rounds"],
+             "concurrent": info["concurrent"]}
+  for path in variants:
+    label = os.path.basename(path)[:-5]
+    figures[label] = run_commands([[sys.executable, "-m", "tff_fedadamom", "tune", path]],
+                                  repo, env, os.path.join(scratch, f"logs-{label}"), 1)
+    print(f"  {sweep_file}: {label} sweep {figures[label]:.1f} s", flush=True)
+  if separate:
+    figures["separate"] = run_commands(
+        [[sys.executable, "-m", "tff_fedadamom", "run", p, "--quiet"] for p in info["runs"]],
+        repo, env, os.path.join(scratch, "logs-runs"), info["concurrent"])
+    print(f"  {sweep_file}: {len(info['runs'])} separate runs, {info['concurrent']} at a "
+          f"time, {figures['separate']:.1f} s", flush=True)
+  return figures
+
+
+def section(results: Mapping[str, Optional[dict]], repo: str) -> str:
+  """The Markdown body of the section from `results` (name -> figures, or None
+  for a sweep not run)."""
+  from benchmarks.common import NOT_MEASURED, fmt, goal, ratio, table
+
+  rows = []
+  for name, label in (("quickstart", f"`{QUICKSTART}` as shipped"),
+                      ("fmnist", f"`{FMNIST}` shortened")):
+    m = results.get(name) or {}
+    size = (f"{m['trials']} trials x {m['rounds']} rounds, {m['concurrent']} at a time"
+            if m else NOT_MEASURED)
+    speedup = ratio(m.get("separate"), m.get("warm"))
+    rows.append([label, size, fmt(m.get("cold"), ".1f"), fmt(m.get("warm"), ".1f"),
+                 fmt(m.get("separate"), ".1f"), fmt(ratio(m.get("cold"), m.get("warm"))),
+                 f"{fmt(speedup)} ({goal(speedup, GOAL)})" if m.get("separate") else
+                 NOT_MEASURED])
+  shortened = ", ".join(f"{k} {v}" for k, v in FMNIST_SHORT.items())
+  return (f"Commands against `{repo}`: `python -m tff_fedadamom tune` (cold: empty process "
+          "cache; warm: the cache the cold sweep filled) and the same trials as separate "
+          "`python -m tff_fedadamom run` commands on the warm cache, wall seconds. Goal: "
+          f"separate / warm sweep >= {GOAL:g}x. Shortened fmnist: {shortened}.\n\n"
+          + table(["sweep", "trials", "cold sweep s", "warm sweep s", "separate runs s",
+                   "cold / warm", "separate / warm sweep"], rows))
+
+
+def main(argv=None) -> int:
+  argv = sys.argv[1:] if argv is None else argv
+  if argv[:1] == ["--prepare"]:  # the child of `measure`, in the measured checkout
+    print(json.dumps(prepare(json.loads(argv[1]))))
+    return 0
+  if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+  from benchmarks import common
+
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--repo", default=ROOT, help="the checkout whose commands are timed")
+  parser.add_argument("--only", choices=("quickstart", "fmnist"), default=None)
+  parser.add_argument("--out", default=None, help="keep scratch files (logs, sweeps) here")
+  parser.add_argument("--results", default=common.RESULTS, help="the results file to update")
+  args = parser.parse_args(argv)
+  repo = os.path.abspath(args.repo)
+  for path in (QUICKSTART, FMNIST, "tff_fedadamom"):
+    if not os.path.exists(os.path.join(repo, path)):
+      parser.error(f"--repo {repo}: no {path} there; allowed: a checkout of this project")
+  if args.out:
+    os.makedirs(args.out, exist_ok=True)
+  scratch = tempfile.mkdtemp(prefix="sweeps-", dir=args.out)
+  print(f"sweeps of {repo} ({common.commit(repo)}), scratch {scratch}; load average "
+        f"{os.getloadavg()[0]:.2f}", flush=True)
+  results = {}
+  try:
+    for name, sweep_file, values in (("quickstart", QUICKSTART, {}),
+                                     ("fmnist", FMNIST, FMNIST_SHORT)):
+      if args.only in (None, name):
+        os.makedirs(os.path.join(scratch, name))
+        results[name] = measure(repo, sweep_file, values, os.path.join(scratch, name),
+                                separate=name == "quickstart")
+  finally:
+    if not args.out:
+      shutil.rmtree(scratch, ignore_errors=True)
+  print(common.write_section("sweeps", "Sweeps: Ray Tune against separate runs",
+                             section(results, repo), args.results, repo))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

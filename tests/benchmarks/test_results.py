@@ -1,0 +1,145 @@
+"""The benchmarks' pure parts: RESULTS.md's sections, the ratios, the sweep
+benchmark's shortening and table, and that `make bench` runs every script."""
+
+import os
+import re
+
+import pytest
+
+from benchmarks import common, faults, rounds, sweeps
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TEXT = ("# Title\n\nintro\n\n<!-- begin: a -->\nold a\n<!-- end: a -->\n\nbetween\n\n"
+        "<!-- begin: b -->\nold b\n<!-- end: b -->\ntail\n")
+
+
+def test_replace_section_rewrites_only_its_block():
+  new = common.replace_section(TEXT, "a", "new a\nline 2\n")
+  assert new == TEXT.replace("old a", "new a\nline 2")
+  new = common.replace_section(new, "b", "new b")
+  assert new.split("<!-- begin: b -->")[0] == TEXT.replace("old a", "new a\nline 2").split(
+      "<!-- begin: b -->")[0]
+  assert "new b\n<!-- end: b -->\ntail\n" in new and "old" not in new
+
+
+def test_replace_section_appends_a_missing_block():
+  new = common.replace_section(TEXT, "c", "c body")
+  assert new.startswith(TEXT.rstrip("\n"))
+  assert new.endswith("\n\n<!-- begin: c -->\nc body\n<!-- end: c -->\n")
+  assert common.replace_section("", "c", "x") == "<!-- begin: c -->\nx\n<!-- end: c -->\n"
+
+
+@pytest.mark.parametrize("text", [
+    "<!-- begin: a -->\nno end\n",
+    "<!-- end: a -->\n<!-- begin: a -->\n",
+    "<!-- begin: a -->\n<!-- end: a -->\n<!-- begin: a -->\n<!-- end: a -->\n",
+])
+def test_replace_section_refuses_a_broken_block(text):
+  with pytest.raises(ValueError, match="section 'a'"):
+    common.replace_section(text, "a", "x")
+
+
+def test_a_section_name_is_checked():
+  with pytest.raises(ValueError, match="allowed are lowercase"):
+    common.replace_section(TEXT, "a -->", "x")
+
+
+def test_write_section_makes_the_file_and_keeps_the_other_sections(tmp_path):
+  path = str(tmp_path / "RESULTS.md")
+  common.write_section("one", "One", "figures 1", path)
+  common.write_section("two", "Two", "figures 2", path)
+  common.write_section("one", "One", "figures 1b", path)
+  text = open(path).read()
+  assert text.startswith(common.HEADER)
+  assert text.index("figures 1b") < text.index("figures 2") and "figures 1\n" not in text
+  one = text.split("<!-- begin: one -->")[1].split("<!-- end: one -->")[0]
+  assert one.startswith("\n## One\n\ncommit ")
+  assert re.search(r"cores, load average [\d.]+ at the end; \d{4}-\d\d-\d\d \d\d:\d\d UTC", one)
+  assert os.listdir(tmp_path) == ["RESULTS.md"]  # no temporary file left
+
+
+def test_ratios_and_missing_figures():
+  assert common.ratio(6.0, 2.0) == 3.0
+  assert common.ratio(None, 2.0) is None and common.ratio(1.0, 0.0) is None
+  # The median of the per-pair ratios, not the ratio of the medians.
+  assert common.paired_ratio([2.0, 9.0, 4.0], [1.0, 3.0, 1.0]) == 3.0
+  assert common.paired_ratio([], []) is None
+  with pytest.raises(ValueError):
+    common.paired_ratio([1.0], [1.0, 2.0])
+  assert common.fmt(None) == common.NOT_MEASURED and common.fmt(2.345) == "2.35"
+  assert common.goal(2.5, 2.5) == "met" and common.goal(2.4, 2.5) == "NOT met"
+  assert common.goal(1.1, 1.0, at_least=False) == "NOT met"
+  assert common.goal(None, 1.0) == common.NOT_MEASURED
+
+
+def test_interleaved_times_every_call_and_rotates_the_first():
+  order = []
+  times = common.interleaved({"a": lambda: order.append("a"), "b": lambda: order.append("b")},
+                             repeats=2, warmups=1)
+  assert order == ["a", "b", "a", "b", "b", "a"]
+  assert {k: len(v) for k, v in times.items()} == {"a": 2, "b": 2}
+
+
+def test_set_path_makes_missing_mappings():
+  tree = {"base": {"runtime": None}, "x": 1}
+  sweeps.set_path(tree, "base.runtime.cache_dir", "/c")
+  sweeps.set_path(tree, "budget.rounds", 10)
+  assert tree == {"base": {"runtime": {"cache_dir": "/c"}}, "x": 1, "budget": {"rounds": 10}}
+  with pytest.raises(ValueError, match="x holds 1"):
+    sweeps.set_path(tree, "x.y", 2)
+
+
+def test_sweep_table_ratio_and_what_was_not_measured():
+  body = sweeps.section({"quickstart": {"trials": 20, "rounds": 6, "concurrent": 2,
+                                        "cold": 90.0, "warm": 40.0, "separate": 120.0}},
+                        "/repo")
+  quick = next(line for line in body.splitlines() if line.startswith("| `configs/sweeps/quick"))
+  cells = [c.strip() for c in quick.strip("|").split("|")]
+  assert cells[1:] == ["20 trials x 6 rounds, 2 at a time", "90.0", "40.0", "120.0", "2.25",
+                       "3.00 (met)"]
+  fmnist = next(line for line in body.splitlines() if line.startswith("| `configs/sweeps/fmn"))
+  assert fmnist.count(common.NOT_MEASURED) == 6
+  slow = sweeps.section({"quickstart": {"trials": 20, "rounds": 6, "concurrent": 2,
+                                        "cold": 90.0, "warm": 60.0, "separate": 120.0}}, "/r")
+  assert "2.00 (NOT met)" in slow
+
+
+def test_round_table_marks_configs_not_run():
+  times = {"logistic": {"floor": [0.01, 0.01], "inprocess": [0.05, 0.03],
+                        "ray": [0.1, 0.1], "tff_cpp": [0.2, 0.4]}}
+  lines = rounds.round_table(times).splitlines()
+  assert lines[2] == ("| logistic | 10.0 | 40.0 | 100.0 | 300.0 | 4.00 | 10.00 | 30.00 |")
+  assert all(line.count(common.NOT_MEASURED) == 7 for line in lines[3:])
+  assert len(lines) == 2 + len(rounds.CONFIGS)
+
+
+def test_faults_table_counts_each_fault():
+  body = faults.section(5, {"mid_run": 3, "resumed": 5, "identical": 4, "left": 0},
+                        {"SIGINT": 0, "SIGTERM": 2})
+  rows = [line for line in body.splitlines() if line.startswith("| ") and "fault" not in line]
+  assert rows == [
+      "| kill -9 at a random round, then the same command again | 5 | killed before the run's "
+      "end 3/5; resumed 5/5; final weights bit-identical to an uninterrupted run 4/5; child "
+      "processes left 0 (goal 0) |",
+      "| SIGINT mid-run | 1 | child processes left 0 (goal 0) |",
+      "| SIGTERM mid-run | 1 | child processes left 2 (goal 0) |"]
+
+
+def test_sweeps_refuses_a_repo_that_is_no_checkout(tmp_path, capsys):
+  with pytest.raises(SystemExit) as done:
+    sweeps.main(["--repo", str(tmp_path)])
+  assert done.value.code == 2
+  assert f"--repo {tmp_path}: no {sweeps.QUICKSTART} there" in capsys.readouterr().err
+
+
+def test_make_bench_runs_every_script_and_results_has_their_sections():
+  scripts = sorted(f[:-3] for f in os.listdir(os.path.join(REPO, "benchmarks"))
+                   if f.endswith(".py") and f not in ("__init__.py", "common.py"))
+  assert len(scripts) <= 5  # with common.py, at most 6 modules beside paper/
+  with open(os.path.join(REPO, "Makefile")) as f:
+    bench = f.read().split("\nbench:")[1].split("\n\n")[0]
+  assert sorted(re.findall(r"-m benchmarks\.(\w+)", bench)) == scripts
+  with open(common.RESULTS) as f:
+    results = f.read()
+  for name in scripts:
+    assert results.count(f"<!-- begin: {name} -->") == 1, name
