@@ -1,51 +1,36 @@
 """Study 4: escape from minima of controlled sharpness (the paper's diffusion claim).
 
-The paper says that the log of the mean escape time from a minimum scales like 1/k
-for FedAvgM and FedAdamom but like 1/sqrt(k) for FedAdam, k being the minimum's
-sharpness. We test that with the project's own server optimizers, driven by noisy
-pseudo-gradients on a Styblinski-Tang landscape.
+The paper says that log(mean escape time) from a minimum scales like 1/k for
+FedAvgM and FedAdamom but like 1/sqrt(k) for FedAdam, k being the minimum's
+sharpness. We test it with the registry's own server optimizers, stepped by
+their `next`, on noisy pseudo-gradients of a Styblinski-Tang landscape.
 
-Landscape. One coordinate of the Styblinski-Tang function, st(u) = (u^4 - 16 u^2 +
-5 u) / 2, has a local minimum at u_a ~ 2.7468 (st'' = h0 ~ 29.27), a barrier top
-at u_b ~ 0.1567 and the global minimum at u ~ -2.9035; the barrier is
-dL = st(u_b) - st(u_a) ~ 25.23. The test function of sharpness k is
+Landscape. st(u) = (u^4 - 16 u^2 + 5 u) / 2 has a local minimum at u_a ~ 2.7468
+(st'' = h0 ~ 29.27), a barrier top at u_b ~ 0.1567 and the global minimum at
+u ~ -2.9035, with barrier dL = st(u_b) - st(u_a) ~ 25.23. The test function
+f_k(x) = sum_i st(sqrt(k) x_i), i = 1..dim, has Hessian k h0 I at the local
+minimum and the same barrier for every k: only the sharpness changes, the
+setting of the diffusion theory (Xie et al., ICLR 2021), where
+log(tau) ~ dL / (eta C / 2) with a noise covariance C proportional to the Hessian.
 
-    f_k(x) = sum_i st(sqrt(k) * x_i),    i = 1..dim,
+Pseudo-gradients as in FL: the mean over the sampled clients of gradients with
+minibatch noise, whose covariance near a minimum is proportional to the
+Hessian: g = grad f_k(x) + sqrt(s k h0) z, z ~ N(0, I), s the per-round noise
+scale. Every particle starts at the local minimum with zero optimizer state and
+has escaped once a coordinate passes u = -1 (into the global basin). Escape
+times are censored at `max_rounds`; the rate is the exponential maximum-
+likelihood estimate (escapes / rounds observed), tau = 1 / rate. The particles
+run as one batch mapped with `tf.vectorized_map`, each a model of `dim`
+parameters with its own state (FedAdamom's vbar is a mean over a model's
+parameters; a test checks the batch against a per-particle loop).
 
-so the Hessian at the local minimum is k * h0 * I while the barrier stays dL:
-only the sharpness changes with k, which is the setting of the diffusion theory
-(Xie et al., ICLR 2021), where log(tau) ~ dL / (eta * C / 2) and the gradient-noise
-covariance C is proportional to the Hessian.
-
-Pseudo-gradients "as in FL". Each round the server receives the mean over M
-sampled clients of a local gradient with minibatch noise; near a minimum the
-minibatch-noise covariance is proportional to the Hessian, so the pseudo-gradient
-is
-
-    g = grad f_k(x) + sqrt(s * k * h0) * z,    z ~ N(0, I),
-
-with s the per-round noise scale (1/M folded in). Every particle starts at the
-local minimum in every coordinate (with zero optimizer state) and has escaped once
-some coordinate passes u = -1 (past the barrier, into the global basin, from where
-it does not come back). Escape times are censored at `max_rounds`; the escape rate
-is estimated by the exponential maximum-likelihood estimate (escapes / total
-rounds observed), and tau = 1 / rate.
-
-Optimizers are the registry's own (`build_server_optimizer`), stepped through their
-`next`. Many independent particles run as one batched tensor: FedAdamom's vbar is a
-mean over *all* of a model's parameters, so the batch is mapped with
-`tf.vectorized_map`, each particle being one model of `dim` parameters with its own
-vbar (a test checks this against a per-particle loop).
-
-Step sizes are matched at the minimum: FedAvgM's learning rate is fixed (its
-effective rate eta/(1 - momentum) times the sharpest Hessian stays below 1/2), and
-the learning rates of FedAdam and FedAdamom are set so that their mean |step| per
-coordinate, in the harmonic well of the minimum at the reference sharpness k_ref
-(the geometric middle of the k range), equals FedAvgM's. Matching once, at one k,
-keeps the hyperparameters fixed across k, so what differs is the shape of
-log(tau) against k. (Matching at every k would turn FedAdam into SGD.)
-
-The fits of log(tau) against k are in `escape_fit`.
+Step sizes are matched once, at the minimum of the reference sharpness k_ref
+(the geometric middle of the k range): FedAvgM's rate is fixed (eta / (1 -
+momentum) times the sharpest Hessian stays below 1/2), FedAdam's and
+FedAdamom's are set so that their mean |step| per coordinate there equals
+FedAvgM's. The hparams then stay fixed across k, so what differs is the shape
+of log(tau) against k (matching at every k would turn FedAdam into SGD). The
+fits are in `escape_fit`.
 """
 
 from __future__ import annotations
@@ -137,7 +122,7 @@ class EscapeSetup:
 
 
 def build_optimizer(name: str, lr: float, setup: EscapeSetup):
-  from tff_fedadamom.optimizers import build_server_optimizer
+  from tff_fedadamom.methods import build_server_optimizer
 
   if name == "fedavgm":
     return build_server_optimizer(name, learning_rate=lr, momentum=setup.momentum)
@@ -296,8 +281,7 @@ def match_learning_rates(setup: EscapeSetup, *, iterations: int = 3,
   return {"target_mean_step": target, "optimizers": out}
 
 
-def escape_times(name: str, lr: float, setup: EscapeSetup, *,
-                 progress=None) -> dict:
+def escape_times(name: str, lr: float, setup: EscapeSetup) -> dict:
   """Escape rounds of every particle, per k (-1: not escaped by max_rounds)."""
   import tensorflow as tf
 
@@ -316,10 +300,7 @@ def escape_times(name: str, lr: float, setup: EscapeSetup, *,
                                   tf.constant(rounds, tf.int32),
                                   tf.constant(setup.seed, tf.int32), never)
     done += rounds
-    left = int(tf.reduce_sum(tf.cast(escaped < 0, tf.int32)))
-    if progress is not None:
-      progress(name, done, left)
-    if left == 0:
+    if not bool(tf.reduce_any(escaped < 0)):
       break
   times = escaped.numpy().reshape(len(ks), setup.particles)
   return {"ks": ks, "times": times.tolist(), "rounds_simulated": done}

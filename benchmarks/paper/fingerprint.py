@@ -1,30 +1,37 @@
-"""Numerics fingerprints: a short deterministic computation per method, hashed.
+"""Numerics fingerprints: a short fixed computation per method, rounded and hashed.
 
-A unit of the study (a tuning trial, a final run, the escape simulation) is
-identified by its config and by the fingerprint of every method it runs. The
-fingerprint is the hash of the bytes a method computes on fixed inputs, so it
-changes exactly when that method's numerics change (an update rule, a default
-hparam, a bias-correction convention) and stays the same when code is only
-moved, renamed or reformatted: a refactor keeps the committed units, a change of
-the numerics runs their units again.
+A unit of the study is keyed by its config and by the fingerprint of every
+method it runs (`units.py`). A fingerprint must change when the method's numbers
+change (its update rule, a default hparam, a bias-correction convention) and
+stay the same when code is only moved, and on every machine. Raw float32 bytes
+fail the last point: one TensorFlow binary picks its kernels by the CPU (oneDNN
+dispatches on AVX2 or AVX-512), and kernels that sum in another order round
+differently. So the computation is chosen to round the same everywhere, and
+its values are rounded before they are hashed:
 
-What is computed, per registry entry (`tff_fedadamom.optimizers`):
+* a server optimizer (FedAvg ... FADAS, FedAdamom) runs in float64: built with
+  the registry's defaults, it takes `STEPS` steps of its own `initialize`/`next`
+  on two fixed tensors (a 3x4 matrix and a 5-vector, so that reductions over all
+  parameters, such as FedAdamom's vbar, see more than one tensor) with fixed
+  pseudo-gradients of scale 1e-3 to 1e2 (the small ones reach the
+  epsilon-dominated regime, the large ones the clipped and normalized ones);
+* a learning process (FedCAda, FAFED: their clients change too) keeps the
+  float32 its code is written in, on inputs that make its model exact under any
+  kernel: a linear model fed batches of one example with one nonzero input, a
+  power of two, so that every product of a forward or backward pass is exact
+  and no sum has two inexact terms to reorder. What remains (the clients'
+  Adam/STORM steps, the mean over clients in client order, the server step) is
+  elementwise, which every CPU rounds alike.
 
-* a server optimizer (FedAvg ... FADAS, FedAdamom) is built with the registry's
-  defaults and stepped `STEPS` times through its own `initialize`/`next` on two
-  fixed float32 tensors (a 3x4 matrix and a 5-vector, so that reductions over all
-  parameters, such as FedAdamom's vbar, see more than one tensor), with fixed
-  pseudo-gradients whose scale spans 1e-3..1e2 per step (the small ones reach
-  epsilon-dominated regimes, the large ones the clipped and normalized ones);
-* a learning process (FedCAda, FAFED: their clients change too) is built with
-  the registry's defaults on a tiny linear model and run for `ROUNDS` rounds on
-  three fixed client data sets, so the client rule, the aggregation of the
-  statistics and the server step all enter.
-
-The hash covers the final weights and every floating or integer leaf of the
-optimizer state (hparams included), as raw bytes in a fixed order. Nothing here
-knows any method's expected numbers: the fingerprint is whatever the method
-computes.
+Rounding: every value (the final weights and every float or integer leaf of the
+state, hparams included) is written with `DIGITS[dtype]` significant digits, and
+that text is hashed. float64 keeps 8: a machine difference, if any survives the
+choices above, starts in the last bit (1e-16 relative) and six adaptive steps
+amplify it by far less than the 1e8 that separates it from the 8th digit; a
+change of numerics moves values by much more than 1e-8 (a test scales one
+update by 1.001). float32 keeps 5 of its 7.2 digits: two orders of magnitude
+above a last-bit difference after two rounds. Integers are exact. Nothing here
+knows a method's expected numbers: the fingerprint is what the method computes.
 """
 
 from __future__ import annotations
@@ -40,19 +47,28 @@ import numpy as np
 
 STEPS = 6
 ROUNDS = 2
-# The version of this computation itself: bump it when the fixed inputs above
-# change (every unit then runs again, as it must).
-VERSION = 1
+# The version of this computation: bump it when its inputs or its rounding change
+# (every unit's key changes with it).
+VERSION = 2
+DIGITS = {np.dtype(np.float64): 8, np.dtype(np.float32): 5}
 _SHAPES = ((3, 4), (5,))
 _SCALES = (1.0, 1e-3, 10.0, 0.3, 1e2, 3e-2)
 
 
-def _digest(arrays: Iterable) -> str:
+def _text(value: np.ndarray) -> str:
+  """`value` as text, floats with DIGITS significant digits (-0.0 as 0.0)."""
+  if value.dtype.kind != "f":
+    return " ".join(str(int(v)) for v in value.ravel())
+  digits = DIGITS.get(value.dtype, DIGITS[np.dtype(np.float32)])
+  return " ".join(f"{float(v) + 0.0:.{digits - 1}e}" for v in value.ravel())
+
+
+def digest(arrays: Iterable) -> str:
+  """The hash of rounded arrays, with their dtypes and shapes, in order."""
   h = hashlib.sha256(f"v{VERSION}".encode())
   for a in arrays:
-    a = np.ascontiguousarray(np.asarray(a))
-    h.update(f"{a.dtype.str}{a.shape}".encode())
-    h.update(a.tobytes())
+    a = np.asarray(a)
+    h.update(f"{a.dtype.str}{a.shape}:{_text(a)};".encode())
   return h.hexdigest()[:16]
 
 
@@ -73,26 +89,26 @@ def server_optimizer_fingerprint(name: str, **hparams) -> str:
   `hparams`: a test changes one and sees the fingerprint change)."""
   import tensorflow as tf
 
-  from tff_fedadamom.optimizers import build_server_optimizer
+  from tff_fedadamom.methods import build_server_optimizer
 
   optimizer = build_server_optimizer(name, **hparams)
   rng = np.random.default_rng(20240601)
-  weights = tuple(tf.constant(rng.normal(size=s).astype(np.float32)) for s in _SHAPES)
-  state = optimizer.initialize(tuple(tf.TensorSpec(s, tf.float32) for s in _SHAPES))
+  weights = tuple(tf.constant(rng.normal(size=s), tf.float64) for s in _SHAPES)
+  state = optimizer.initialize(tuple(tf.TensorSpec(s, tf.float64) for s in _SHAPES))
   for step in range(STEPS):
-    scale = np.float32(_SCALES[step % len(_SCALES)])
-    grads = tuple(tf.constant(rng.normal(size=s).astype(np.float32) * scale)
-                  for s in _SHAPES)
+    scale = _SCALES[step % len(_SCALES)]
+    grads = tuple(tf.constant(rng.normal(size=s) * scale, tf.float64) for s in _SHAPES)
     state, weights = optimizer.next(state, weights, grads)
-  return _digest(_numeric_leaves(weights) + _numeric_leaves(state))
+  return digest(_numeric_leaves(weights) + _numeric_leaves(state))
 
 
-# A linear model y = x W + b (2 inputs, 2 outputs) and three clients of 1-3 batches.
+# y = x W + b (2 inputs, 2 outputs); three clients of 1-3 examples, each example
+# with one nonzero input, a power of two (see the module docstring).
 _W0 = np.array([[0.5, -0.25], [0.125, 1.0]], np.float32)
 _CLIENTS = (
-    ([[1.0, 2.0], [0.5, -1.0]], [[2.0, 0.0], [1.0, 1.0]]),
-    ([[-1.0, 0.0], [3.0, 1.0], [0.0, 0.25]], [[-1.0, 2.0], [3.0, 0.0], [0.5, 0.5]]),
-    ([[2.0, -2.0]], [[-1.0, 4.0]]),
+    ([[1.0, 0.0], [0.0, -2.0]], [[2.0, 0.0], [1.0, 1.0]]),
+    ([[-1.0, 0.0], [0.0, 4.0], [0.5, 0.0]], [[-1.0, 2.0], [3.0, 0.0], [0.5, 0.5]]),
+    ([[0.0, 0.25]], [[-1.0, 4.0]]),
 )
 
 
@@ -104,7 +120,7 @@ def _linear_model_fn():
                                  y=tf.TensorSpec([None, 2], tf.float32))
   keras_model = tf.keras.Sequential([tf.keras.layers.Dense(
       2, input_shape=(2,), kernel_initializer=tf.keras.initializers.Constant(_W0),
-      bias_initializer=tf.keras.initializers.Constant(0.1))])
+      bias_initializer=tf.keras.initializers.Constant(0.125))])
   return tff.learning.models.from_keras_model(
       keras_model, loss=tf.keras.losses.MeanSquaredError(), input_spec=spec)
 
@@ -120,14 +136,11 @@ def _client_datasets() -> list:
 def learning_process_fingerprint(name: str, client_learning_rate: float = 0.05,
                                  **hparams) -> str:
   """The fingerprint of learning process `name` (FedCAda, FAFED): `ROUNDS` rounds
-  of the registry's process, defaults overridden by `hparams`.
-
-  The rounds run as the study's experiments run them, in this Python process
-  (`pipeline.backends.inprocess`, one client at a time, accumulated in client order):
-  TFF's default context would start a `worker_binary` that outlives the caller.
-  """
-  from tff_fedadamom.optimizers import get_spec, resolve_hparams
-  from tff_fedadamom.pipeline.backends.inprocess import InProcessLearningProcess
+  of the registry's process, defaults overridden by `hparams`. The rounds run in
+  this Python process, as the study's experiments run them
+  (`runtime.inprocess`, one client at a time)."""
+  from tff_fedadamom.methods import get_spec, resolve_hparams
+  from tff_fedadamom.runtime.inprocess import InProcessLearningProcess
 
   spec = get_spec(name)
   process = InProcessLearningProcess(
@@ -136,41 +149,39 @@ def learning_process_fingerprint(name: str, client_learning_rate: float = 0.05,
   state = process.initialize()
   for _ in range(ROUNDS):
     state = process.next(state, _client_datasets()).state
-  return _digest(_numeric_leaves(state.global_model_weights)
-                 + _numeric_leaves(process.get_hparams(state)))
+  return digest(_numeric_leaves(state.global_model_weights)
+                + _numeric_leaves(process.get_hparams(state)))
 
 
 def _compute(name: str) -> str:
-  from tff_fedadamom.optimizers import is_learning_process
+  from tff_fedadamom.methods import is_learning_process
 
   if is_learning_process(name):
     return learning_process_fingerprint(name)
   return server_optimizer_fingerprint(name)
 
 
-# Where computed fingerprints are kept between processes: beside the compiled
-# learning processes (`tff_fedadamom.pipeline.process_cache`), one file.
+# Computed fingerprints are kept per machine beside the compiled learning
+# processes (`runtime.process_cache`), in one file, under a key of everything
+# they are a function of: the package's source, this file, TensorFlow, TFF and
+# NumPy. A changed update rule is computed afresh; a learning process's
+# fingerprint costs seconds, a memo hit nothing.
 MEMO_FILE = "fingerprints.json"
 
 
 @functools.lru_cache(maxsize=1)
 def _memo_key() -> str:
-  """What every fingerprint is a function of: the package's source, this file,
-  the fixed inputs' version and the numeric libraries' versions. A memo entry
-  made under another key is never read, so a changed update rule is computed
-  afresh; a refactor only costs one recomputation (the units keep their keys,
-  which hold the fingerprints, not this key)."""
-  from tff_fedadamom.pipeline import process_cache
+  from tff_fedadamom.runtime import process_cache
 
   with open(os.path.abspath(__file__), "rb") as f:
     this_file = hashlib.sha256(f.read()).hexdigest()[:16]
   text = json.dumps({**process_cache.versions(), "numpy": np.__version__,
-                     "fingerprint.py": this_file, "version": VERSION}, sort_keys=True)
+                     "fingerprint.py": this_file}, sort_keys=True)
   return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def _memo_path() -> str:
-  from tff_fedadamom.pipeline import process_cache
+  from tff_fedadamom.runtime import process_cache
 
   return os.path.join(process_cache.default_directory(), MEMO_FILE)
 
@@ -186,25 +197,22 @@ def _read_memo() -> dict:
 
 
 def _write_memo(entries: Mapping[str, str]) -> None:
-  """Adds `entries` to the memo (a whole-file atomic replace; a concurrent writer
-  may drop an entry, which is then computed again)."""
+  """Adds `entries` (a whole-file atomic replace: a concurrent writer may drop an
+  entry, which is then computed again)."""
   from tff_fedadamom.atomic_io import atomic_write_bytes
 
-  merged = {**_read_memo(), **entries}
   path = _memo_path()
   try:
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    atomic_write_bytes(path, json.dumps({"key": _memo_key(), "fingerprints": merged},
-                                        sort_keys=True).encode())
+    atomic_write_bytes(path, json.dumps({"key": _memo_key(), "fingerprints": {
+        **_read_memo(), **entries}}, sort_keys=True).encode())
   except OSError:
     pass  # a read-only cache directory: fingerprints are computed in each process
 
 
 @functools.lru_cache(maxsize=None)
 def fingerprint(name: str) -> str:
-  """The fingerprint of registry method `name` at its defaults: once per process,
-  and once per machine for as long as the code and libraries stay the same
-  (FedCAda's and FAFED's build a learning process, seconds each)."""
+  """The fingerprint of registry method `name` at its defaults (memoized)."""
   memo = _read_memo()
   if name not in memo:
     memo[name] = _compute(name)
@@ -212,7 +220,7 @@ def fingerprint(name: str) -> str:
   return memo[name]
 
 
-def fingerprints(names: Iterable[str]) -> Mapping[str, str]:
+def fingerprints(names: Iterable[str]) -> dict:
   """{name: fingerprint} for every method in `names`, sorted by name."""
   return {n: fingerprint(n) for n in sorted(set(names))}
 
@@ -220,7 +228,7 @@ def fingerprints(names: Iterable[str]) -> Mapping[str, str]:
 def main() -> None:
   """Prints every registered method's fingerprint (`python -m
   benchmarks.paper.fingerprint`): compare across machines or commits."""
-  from tff_fedadamom.optimizers import list_optimizers
+  from tff_fedadamom.methods import list_optimizers
 
   for name, value in fingerprints(list_optimizers()).items():
     print(f"{name} {value}")

@@ -1,13 +1,8 @@
 """What the reproduction runs: budgets (full and quick), base experiments, search spaces.
 
-Every number in REPORT.md comes from runs set up here. The full budget was sized,
-with `reproduce.estimate`, for about 75 minutes on 2 CPU cores with the first six
-methods; the committed report took 98 minutes (6 of them a hang at a pool worker's
-exit, since fixed), because two runs sharing two cores each ran 1.4 (Fashion-MNIST)
-to 1.8 (Shakespeare) times slower than the lone calibration runs the estimate scales
-from. FedAMSGrad, FADAS, FedCAda and FAFED were added after that run, with the same
-tuning budget; the estimate printed at the start of a run covers them. The quick
-budget exercises every study and every method end to end, for CI.
+Every number in REPORT.md comes from runs set up here. The full budget tunes
+and runs every method of `OPTIMIZERS` with the same budget; the quick budget
+runs every study and every method end to end on the smallest units, for CI.
 """
 
 from __future__ import annotations
@@ -68,28 +63,14 @@ class DataBudget:
 
 @dataclasses.dataclass(frozen=True)
 class Budget:
-  """Everything the run depends on besides the code.
-
-  Attributes:
-    mode: 'full' or 'quick'.
-    workers: Experiments run in parallel (one CPU thread each).
-    fmnist: Study 1 (and the rounds of studies 3 and 5).
-    fmnist_model: The small model of the Fashion-MNIST studies.
-    fmnist_client: client section overrides for Fashion-MNIST.
-    shakespeare: Study 2.
-    shakespeare_options: Data options (roles kept, window length).
-    shakespeare_model: char_lstm options.
-    shakespeare_client: client section overrides for Shakespeare.
-    beta2_seeds, hetero_seeds: Seeds of studies 3 and 5.
-    tune_seed: Seed of every search (the same for all optimizers: common random
-      numbers for the dimensions they share) and of the tuning runs.
-    escape: Study 4.
-    partitions: The Fashion-MNIST partitions (keys of PARTITIONS) of studies 1, 3.
-    beta2_grid: The beta_2 values of study 3.
-    heterogeneity: The partitions (labels of HETEROGENEITY) of study 5.
-    shakespeare_methods: The methods of study 2 (registry names, in the report's
-      order); study 1 always compares every method of OPTIMIZERS.
-  """
+  """Everything the run depends on besides the code: per data set its budget
+  (`fmnist` also gives studies 3 and 5 their rounds), model options and client
+  overrides; the seeds of studies 3 and 5; `tune_seed`, the seed of every search
+  (the same for all methods: common random numbers) and of the tuning runs; the
+  escape study's setup; the Fashion-MNIST partitions of studies 1 and 3, the
+  beta_2 grid, the partitions of study 5 (labels of HETEROGENEITY) and the
+  methods of study 2 (study 1 always compares every method of OPTIMIZERS).
+  `workers`: experiments run in parallel, one CPU thread each."""
 
   mode: str
   workers: int
@@ -126,11 +107,10 @@ FULL = Budget(
                            seeds=(1, 2, 3), target=0.3, targets=(0.25, 0.3, 0.35)),
     shakespeare_options={"max_clients": 100, "seq_length": 20},
     shakespeare_model={"name": "char_lstm", "options": {"embedding_dim": 8, "lstm_units": 64}},
-    # The char-LSTM sits on the unigram plateau (16.4%: always the most frequent
-    # character) for its first ~600 SGD steps at lr 3 (~1300 at lr 1, measured on the
-    # pooled data). Small batches and two local epochs give ~40 client steps a round,
-    # so the plateau is left within the tuning rounds; with batch 20 and one epoch it
-    # was not left within 40 rounds.
+    # The char-LSTM first sits on the unigram plateau (always the most frequent
+    # character) for hundreds of SGD steps. Small batches and two local epochs
+    # give about 40 client steps a round (200 examples / 10 x 2), enough to leave
+    # it within the tuning rounds; batch 20 and one epoch give a quarter of that.
     shakespeare_client={"batch_size": 10, "max_examples": 200, "local_epochs": 2,
                         "clip_norm": 10.0},
     beta2_seeds=(1, 2),
@@ -143,12 +123,10 @@ FULL = Budget(
 
 # The fewest and smallest units that still run every study and every method:
 # one partition, one trial of one round per method, whose config is also the
-# final run's (same seed 0 and rounds, so the two are one unit), small clients,
-# two beta_2 values and two heterogeneity levels (Dir(0.3), shared with study 1,
-# and i.i.d.). Each unit still pays for building its learning process: building
-# and compiling a char-LSTM process, and its first round, take 3-4 s, most of a
-# Shakespeare unit, so study 2 compares two methods (FedAvg and FedAdamom: the
-# paper's baseline and itself); every method runs in study 1.
+# final run's (same seed 0 and rounds: one unit), small clients, two beta_2
+# values and two heterogeneity levels (Dir(0.3), shared with study 1, and
+# i.i.d.). Building a char-LSTM process is most of a Shakespeare unit, so
+# study 2 compares the paper's baseline and its method only.
 QUICK = Budget(
     mode="quick",
     workers=2,
@@ -180,59 +158,33 @@ def budget(mode: str, workers: Optional[int] = None) -> Budget:
   return chosen
 
 
-# ---------------------------------------------------------------------------- experiments
+def _base(name: str, db: DataBudget, data: dict, model: dict, client: dict) -> dict:
+  """A base experiment: seed 0, 5 clients per round, uniform averaging of the
+  clients' updates; the tuning stage fills in the server optimizer's hparams."""
+  return {"name": name, "seed": 0, "rounds": db.rounds, "clients_per_round": 5,
+          "eval_every": db.eval_every, "checkpoint_every": db.eval_every * 2,
+          "output_dir": "unused", "targets": list(db.targets), "telemetry": False,
+          "data": data, "model": copy.deepcopy(model), "client": client,
+          "server": {"optimizer": "fedavg", "learning_rate": 1.0,
+                     "client_weighting": "uniform"},
+          "runtime": {"threads": 1}}
 
 
 def fmnist_base(b: Budget, partition: dict) -> dict:
-  """Fashion-MNIST, 100 clients, 5 per round, the small model, uniform averaging.
-
-  Clients run one epoch of SGD over all their examples (batch 20). The server
-  optimizer's hparams are filled in by the tuning stage.
-  """
-  return {
-      "name": "fmnist",
-      "seed": 0,
-      "rounds": b.fmnist.rounds,
-      "clients_per_round": 5,
-      "eval_every": b.fmnist.eval_every,
-      "checkpoint_every": b.fmnist.eval_every * 2,
-      "output_dir": "unused",
-      "targets": list(b.fmnist.targets),
-      "telemetry": False,
-      "data": {"name": "fashion_mnist", "num_clients": 100, "seed": 0,
-               "partition": dict(partition), "eval_batch_size": 5000},
-      "model": copy.deepcopy(b.fmnist_model),
-      "client": {"learning_rate": 0.1, "batch_size": 20, "local_epochs": 1,
-                 **b.fmnist_client},
-      "server": {"optimizer": "fedavg", "learning_rate": 1.0, "client_weighting": "uniform"},
-      "runtime": {"threads": 1},
-  }
+  """Fashion-MNIST over 100 clients, the small model; clients run one epoch of SGD
+  over their examples (batch 20)."""
+  return _base("fmnist", b.fmnist, {"name": "fashion_mnist", "num_clients": 100, "seed": 0,
+                                    "partition": dict(partition), "eval_batch_size": 5000},
+               b.fmnist_model, {"learning_rate": 0.1, "batch_size": 20, "local_epochs": 1,
+                                **b.fmnist_client})
 
 
 def shakespeare_base(b: Budget) -> dict:
-  """Shakespeare roles as clients (a seeded subset), 5 per round, a small char-LSTM."""
-  return {
-      "name": "shakespeare",
-      "seed": 0,
-      "rounds": b.shakespeare.rounds,
-      "clients_per_round": 5,
-      "eval_every": b.shakespeare.eval_every,
-      "checkpoint_every": b.shakespeare.eval_every * 2,
-      "output_dir": "unused",
-      "targets": list(b.shakespeare.targets),
-      "telemetry": False,
-      "data": {"name": "shakespeare", "seed": 0, "options": dict(b.shakespeare_options),
-               "eval_batch_size": 1000},
-      "model": copy.deepcopy(b.shakespeare_model),
-      "client": {"learning_rate": 1.0, "local_epochs": 1, **b.shakespeare_client},
-      "server": {"optimizer": "fedavg", "learning_rate": 1.0, "client_weighting": "uniform"},
-      "runtime": {"threads": 1},
-  }
-
-
-def _server_lr_space(low_high: dict) -> dict:
-  return {opt: {"server.learning_rate": {"dist": "loguniform", "low": lo, "high": hi}}
-          for opt, (lo, hi) in low_high.items()}
+  """Shakespeare's speaking roles as clients (a seeded subset), a small char-LSTM."""
+  return _base("shakespeare", b.shakespeare,
+               {"name": "shakespeare", "seed": 0, "options": dict(b.shakespeare_options),
+                "eval_batch_size": 1000}, b.shakespeare_model,
+               {"learning_rate": 1.0, "local_epochs": 1, **b.shakespeare_client})
 
 
 # Server learning-rate ranges per server optimizer: each around the values the
@@ -269,8 +221,8 @@ ADAPTIVE_CLIENT_LR = (1e-3, 0.1)
 
 
 def search_space(client_lr: tuple, methods: tuple = OPTIMIZERS) -> dict:
-  """The sweep's `space` section (tuning/ syntax) of a comparison of `methods`, the
-  same for every data set but for the client learning-rate range.
+  """The search space (`tune.method_space` reads it) of a comparison of `methods`,
+  the same for every data set but for the client learning-rate range.
 
   Shared by all optimizers: the client learning rate (but for FedCAda and FAFED,
   whose clients take normalized steps: ADAPTIVE_CLIENT_LR), and (for those with
@@ -282,14 +234,15 @@ def search_space(client_lr: tuple, methods: tuple = OPTIMIZERS) -> dict:
   Adam's on the clients: it keeps the registry's 1e-8..1e-3. FedAdam and FedYogi
   run without bias correction (AUTHORS_UNCORRECTED).
   """
-  from tff_fedadamom.optimizers import search_ranges
+  from tff_fedadamom.methods import search_ranges
 
   space: dict[str, Any] = {
       "client.learning_rate": {"dist": "loguniform", "low": client_lr[0],
                                "high": client_lr[1]},
       "server.epsilon": {"dist": "loguniform", "low": 1e-4, "high": 1e-1},
   }
-  per_opt = _server_lr_space(SERVER_LR)
+  per_opt = {opt: {"server.learning_rate": {"dist": "loguniform", "low": lo, "high": hi}}
+             for opt, (lo, hi) in SERVER_LR.items()}
   per_opt["fedavgm"]["server.momentum"] = {"dist": "uniform", "low": 0.5, "high": 0.95}
   per_opt["fedadamom"]["server.epsilon"] = 1e-3
   for opt in AUTHORS_UNCORRECTED:

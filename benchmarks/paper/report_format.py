@@ -1,8 +1,8 @@
 """How the report writes numbers, setups and rankings (shared by its sections).
 
 Spreads over seeds are sample standard deviations (ddof = 1) everywhere: the
-studies compute them (`studies.sample_std`), the report only prints them. A cell
-averaged over fewer seeds than the study planned says so (`seeds_note`).
+studies compute them, the report prints them. A cell averaged over fewer seeds
+than the study planned says so (`seeds_note`).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ NOT_MEASURED = "not measured"
 
 
 def name(opt: str) -> str:
-  """The optimizer registry's display name of `opt` (as it is when not registered)."""
-  from tff_fedadamom.optimizers import registry
+  """The registry's display name of `opt` (as it is when not registered)."""
+  from tff_fedadamom import methods
 
-  return registry.display_name(opt) if opt in registry.list_optimizers() else opt
+  return methods.display_name(opt) if opt in methods.list_optimizers() else opt
 
 
 def word(n: int) -> str:
@@ -39,10 +39,8 @@ def pm(stat: Optional[Mapping], scale: float = 100.0, digits: int = 2) -> str:
   """'mean ± std' of a mean_std dict (std omitted with one value)."""
   if not stat or stat.get("mean") is None:
     return "-"
-  mean = stat["mean"] * scale
-  if stat.get("std") is None:
-    return f"{mean:.{digits}f}"
-  return f"{mean:.{digits}f} ± {stat['std'] * scale:.{digits}f}"
+  text = f"{stat['mean'] * scale:.{digits}f}"
+  return text if stat.get("std") is None else f"{text} ± {stat['std'] * scale:.{digits}f}"
 
 
 def seeds_note(got: int, planned: int) -> str:
@@ -51,23 +49,22 @@ def seeds_note(got: int, planned: int) -> str:
 
 
 def num(value: Any, digits: int = 3) -> str:
+  """A number as the report's tables write it: 3 significant digits (4 from 1)."""
   if value is None:
     return "-"
-  if isinstance(value, bool):
-    return str(value)
-  if isinstance(value, int):
-    return str(value)
   if isinstance(value, float):
-    if value != 0 and (abs(value) < 1e-2 or abs(value) >= 1e4):
-      return f"{value:.{digits}g}"
-    return f"{value:.{digits}g}" if abs(value) < 1 else f"{value:.{digits + 1}g}"
+    small_or_large = value != 0 and (abs(value) < 1e-2 or abs(value) >= 1e4)
+    return f"{value:.{digits if small_or_large or abs(value) < 1 else digits + 1}g}"
   return str(value)
 
 
 def hparams_text(hparams: Mapping) -> str:
-  """'eta_l=0.05, eta=1, beta_2=0.1, ...' (client learning rate first, then the server's)."""
-  return ", ".join(f"{HPARAM_NAMES.get(k, k.split('.', 1)[-1])}={num(v)}"
-                   for k, v in hparams.items())
+  """'eta_l=0.05, eta=1, beta_2=0.1, ...' (the client's learning rate first)."""
+  return ", ".join(f"{_hparam(k)}={num(v)}" for k, v in hparams.items())
+
+
+def _hparam(path: str) -> str:
+  return HPARAM_NAMES.get(path, path.split(".", 1)[-1])
 
 
 def communication_text(factor: Optional[float]) -> str:
@@ -83,9 +80,6 @@ def welch_clear(a: Mapping, b: Mapping) -> Optional[bool]:
   return abs(a["mean"] - b["mean"]) > 2 * se if se > 0 else None
 
 
-# ---------------------------------------------------------------------------- setups
-
-
 def partition_text(setup: Mapping) -> str:
   part = setup["data"].get("partition") or {}
   return ("i.i.d." if part.get("kind") == "iid"
@@ -93,71 +87,56 @@ def partition_text(setup: Mapping) -> str:
 
 
 def planned_methods(setup: Mapping, methods: Sequence[str]) -> list:
-  """The methods a comparison planned, in the order of `methods`: those its setup
-  names (a quick run's Shakespeare study compares two); every one of `methods`
-  for results written before setups named them."""
+  """The methods a comparison planned, in the order of `methods`: those its
+  setup names (every one for results written before setups named them)."""
   planned = setup.get("methods")
   return [m for m in methods if planned is None or m in planned]
 
 
 def describe_setup(setup: Mapping) -> str:
-  data = setup["data"]
+  data, model, metric = setup["data"], setup["model"], setup["tune_metric"]
   methods = setup.get("methods") or plan.OPTIMIZERS
-  subset = len(methods) < len(plan.OPTIMIZERS)
   if data["name"] == "fashion_mnist":
-    part_text = partition_text(setup)
-    data_text = (f"Fashion-MNIST, {data['num_clients']} clients, {part_text} "
+    data_text = (f"Fashion-MNIST, {data['num_clients']} clients, {partition_text(setup)} "
                  f"(partition seed {data['seed']})")
   else:
     opts = data.get("options", {})
     data_text = (f"Shakespeare, clients = speaking roles ({opts.get('max_clients')} roles "
                  f"kept, seeded), next character over {opts.get('seq_length')}-character windows")
-  model = setup["model"]
   model_text = model["name"] + (f" {model.get('options')}" if model.get("options") else "")
-  client = setup["client"]
-  client_text = ", ".join(f"{k}={v}" for k, v in client.items())
-  metric = setup["tune_metric"]
   return (
       f"- Data: {data_text}; {setup['clients_per_round']} clients per round, uniform averaging.\n"
-      f"- Model: {model_text}. Clients: SGD, {client_text}.\n"
+      f"- Model: {model_text}. Clients: SGD, "
+      + ", ".join(f"{k}={v}" for k, v in setup["client"].items()) + ".\n"
       f"- Tuning: {setup['tune_trials']} trials x {setup['tune_rounds']} rounds per optimizer "
       f"(the same for all), random search, seed {setup['tune_seed']}, backend "
       f"`{setup['tune_backend']}`; objective: {metric['name']} averaged over the last "
       f"{metric['last_k']} evaluations. Space: {space_text(setup['space'])}.\n"
       + (f"- Methods: {', '.join(name(m) for m in methods)} (this budget's subset).\n"
-         if subset else "") +
+         if len(methods) < len(plan.OPTIMIZERS) else "") +
       f"- Final runs: the best config of each optimizer, {setup['rounds']} rounds, "
       f"evaluated every {setup['eval_every']} rounds on the held-out test set, seeds "
       f"{', '.join(str(s) for s in setup['seeds'])} (model init, client sampling and "
       f"shuffling; the partition is fixed; the tuning used seed {setup['tune_seed']}).\n")
 
 
-def _is_dimension(value: Any) -> bool:
-  return not isinstance(value, Mapping) or "dist" in value
-
-
 def space_text(space: Mapping) -> str:
   parts = []
   for key, value in space.items():
-    if not _is_dimension(value):  # the entries of one optimizer
-      inner = "; ".join(f"{HPARAM_NAMES.get(k, k.split('.', 1)[-1])} {dist_text(v)}"
-                        for k, v in value.items())
+    if isinstance(value, Mapping) and "dist" not in value:  # one optimizer's entries
+      inner = "; ".join(f"{_hparam(k)} {dist_text(v)}" for k, v in value.items())
       parts.append(f"{name(key)}: {inner}")
     else:
-      parts.append(f"{HPARAM_NAMES.get(key, key.split('.', 1)[-1])} "
-                   f"{dist_text(value)} (all optimizers that have it)")
+      parts.append(f"{_hparam(key)} {dist_text(value)} (all optimizers that have it)")
   return "; ".join(parts)
 
 
 def dist_text(value) -> str:
-  if isinstance(value, Mapping):
-    if value.get("dist") in ("loguniform", "uniform"):
-      return f"{value['dist']} [{num(value['low'])}, {num(value['high'])}]"
-    return f"{value.get('dist')} {value.get('values')}"
-  return f"fixed {num(value)}"
-
-
-# ---------------------------------------------------------------------------- rankings
+  if not isinstance(value, Mapping):
+    return f"fixed {num(value)}"
+  if value.get("dist") in ("loguniform", "uniform"):
+    return f"{value['dist']} [{num(value['low'])}, {num(value['high'])}]"
+  return f"{value.get('dist')} {value.get('values')}"
 
 
 def measured(table: Mapping) -> dict:
@@ -166,8 +145,7 @@ def measured(table: Mapping) -> dict:
 
 
 def ranking(table: Mapping) -> list:
-  scored = [(opt, row["final"]["mean"]) for opt, row in measured(table).items()]
-  return [opt for opt, _ in sorted(scored, key=lambda t: -t[1])]
+  return sorted(measured(table), key=lambda opt: -table[opt]["final"]["mean"])
 
 
 def place(table: Mapping, opt: str) -> tuple:
@@ -177,18 +155,16 @@ def place(table: Mapping, opt: str) -> tuple:
     return None, 0
   mine = table[opt]["final"]["mean"]
   others = [row["final"]["mean"] for o, row in measured(table).items() if o != opt]
-  better = sum(m > mine + 1e-6 for m in others)
-  tied = sum(abs(m - mine) <= 1e-6 for m in others)
-  return better + 1, tied
+  return (sum(m > mine + 1e-6 for m in others) + 1,
+          sum(abs(m - mine) <= 1e-6 for m in others))
 
 
 def place_text(table: Mapping, opt: str = "fedadamom") -> str:
   rank, tied = place(table, opt)
   if rank is None:
     return "has no result"
-  n = len(measured(table))
-  return f"ranks {rank} of {n}" + (f" (tied with {tied} other{'s' if tied > 1 else ''})"
-                                   if tied else "")
+  return f"ranks {rank} of {len(measured(table))}" + (
+      f" (tied with {tied} other{'s' if tied > 1 else ''})" if tied else "")
 
 
 def spread(table: Mapping) -> Optional[float]:

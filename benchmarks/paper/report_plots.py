@@ -22,7 +22,6 @@ def relpath(study: str) -> str:
 
 
 def _save(fig, path: str) -> str:
-  """Lays out and writes `fig` atomically; returns `path`."""
   fig.tight_layout()
   return save_figure(fig, path)
 

@@ -1,220 +1,180 @@
-"""Equal-budget tuning of every method of the comparison (`plan.OPTIMIZERS`).
+"""Equal-budget tuning of every method of a comparison, every trial a unit.
 
-Two backends run the same sweep (same space, same trials and rounds for every
-optimizer, same seed):
+Random search with the same budget for every method (trials, rounds, seed).
+A method's space merges, later winning: the registry's search range of each of
+its tunable hparams (`methods.search_ranges`), the client learning rate's
+default range, the plan's shared entries, the plan's entries for the method
+(`plan.search_space`); a `server.<hparam>` entry applies only to the methods
+that have that hparam (a range to those that may tune it, `sweepable_hparams`).
 
-* `ray` - the project's sweep layer (`tuning.run_sweep` / `export_sweep`): one Ray
-  Tune experiment for all optimizers, random search, no early stopping, trials in
-  the sweep's long-lived workers running `run_experiment`.
-* `inprocess` - the same sweep without Ray: the same trials
-  (`tuning.space.sample_trials`: seeded per dimension, so optimizers that share
-  a dimension get the same draws), run in this package's worker pool.
+Trial i of a method takes, in each dimension, the i-th draw of that
+dimension's own generator (`numpy.random.RandomState`, seeded by
+crc32("<seed>:<path>")): methods that share a dimension get the same values in
+it, trial by trial (common random numbers: a comparison of two methods is not
+also one of their luck). A `loguniform` [a, b] draw is exp(U(log a, log b)), a
+`uniform` one U(a, b), as Ray Tune's domains draw them: the stored trials were
+drawn that way, and a test checks that this code plans every one of them.
 
-Either way the best trial is chosen by `tuning.best.choose_best`: the best by the
-sweep's metric (test accuracy averaged over the last `last_k` evaluations, in the
-sweep's `mode`) among the trials that did not diverge and ran the whole budget,
-and its experiment is built by `tuning.export.best_config_dict`.
+The best trial of a method has the best objective, test accuracy averaged over
+its last `LAST_K` evaluations, among those that completed the budget's rounds
+and did not diverge (the first of equal ones); none, and the method's final
+runs take the registry's defaults.
 """
 
 from __future__ import annotations
 
+import copy
 import math
-import os
-import time
-from typing import Any, Callable, Mapping, Optional, Sequence
+import zlib
+from typing import Any, Mapping, Sequence
 
-from tff_fedadamom.metric_names import TEST_ACCURACY
+import numpy as np
+
+from tff_fedadamom.metric_names import ROUND, TEST_ACCURACY, evaluated
 
 from benchmarks.paper import units as units_lib
 
 LAST_K = 3
+BACKEND = "inprocess"
+# The client learning rate's default range (Reddi et al. 2021, grid 1e-3..1e1).
+CLIENT_LR = {"dist": "loguniform", "low": 1e-3, "high": 10.0}
 
 
-def sweep_dict(name: str, base: Mapping[str, Any], optimizers: Sequence[str], trials: int,
-               rounds: int, space: Mapping[str, Any], seed: int, workers: int,
-               storage_path: str) -> dict:
-  """A sweep file's content (tuning/ schema) for `base`."""
-  from tuning.schema import num_evaluations
-
-  evals = num_evaluations(rounds, base["eval_every"])
-  return {
-      "name": name,
-      "base": dict(base),
-      "optimizers": list(optimizers),
-      "budget": {"trials_per_optimizer": trials, "rounds": rounds},
-      "space": dict(space),
-      "search": {"kind": "random", "seed": seed},
-      "scheduler": {"kind": "none"},
-      "metric": {"name": TEST_ACCURACY, "last_k": min(LAST_K, evals), "mode": "max"},
-      "resources": {"cpus_per_trial": 1, "gpus_per_trial": 0,
-                    "max_concurrent_trials": workers, "time_budget_s": None,
-                    "address": None, "storage_path": storage_path, "max_failures": 1},
-  }
+def _is_dimension(entry: Any) -> bool:
+  return isinstance(entry, Mapping) and "dist" in entry
 
 
-def trial_units(sweep, name: str) -> list:
-  """One unit per trial of every optimizer: `tune/<name>/<optimizer>/trial<i>`,
-  with the parameters it samples (`tuning.space.sample_trials`)."""
-  from tuning import space as space_lib
+def method_space(optimizer: str, space: Mapping[str, Any]) -> tuple:
+  """(tuned, fixed) of `optimizer`: dotted path -> distribution, and -> value."""
+  from tff_fedadamom.methods import default_hparams, search_ranges, sweepable_hparams
 
-  out = []
-  for optimizer in sweep.optimizers:
-    space = space_lib.resolve(sweep, optimizer)
-    for trial, params in enumerate(space_lib.sample_trials(sweep, optimizer)):
-      config = space_lib.experiment_dict(sweep, optimizer, params, output_dir="unused",
-                                         threads=1, space=space)
-      out.append((units_lib.Unit(f"tune/{name}/{optimizer}/trial{trial}", config=config),
-                  optimizer, params))
-  return out
+  sweepable, known = set(sweepable_hparams(optimizer)), set(default_hparams(optimizer))
+  registry = {f"server.{h}": {"dist": d, "low": lo, "high": hi}
+              for h, (d, lo, hi) in search_ranges(optimizer).items()}
+  shared = {k: v for k, v in space.items() if "." in k}
+  merged: dict[str, Any] = {}
+  for entries in (registry, {"client.learning_rate": CLIENT_LR}, shared,
+                  space.get(optimizer, {})):
+    for path, entry in entries.items():
+      if path.startswith("server.") and path[7:] not in (
+          sweepable if _is_dimension(entry) else known):
+        continue
+      merged[path] = entry
+  tuned = {p: e for p, e in merged.items() if _is_dimension(e)}
+  return tuned, {p: e for p, e in merged.items() if not _is_dimension(e)}
 
 
-def _outcomes(sweep, planned: Sequence, results: Mapping) -> dict:
-  """Per optimizer: the best of its completed trials (`tuning.best.choose_best`)."""
-  from tuning import trainable as trainable_lib
-  from tuning.best import choose_best
+def draws(tuned: Mapping[str, Mapping], trials: int, seed: int) -> list:
+  """`trials` points of the space `tuned`, each dimension drawn by its own
+  generator (module docstring)."""
+  columns = {}
+  for path, dist in tuned.items():
+    rng = np.random.RandomState(zlib.crc32(f"{int(seed)}:{path}".encode()))
+    if dist["dist"] == "loguniform":
+      draw = lambda: np.exp(rng.uniform(np.log(dist["low"]), np.log(dist["high"]), size=1))
+    elif dist["dist"] == "uniform":
+      draw = lambda: rng.uniform(dist["low"], dist["high"], size=1)
+    else:
+      raise ValueError(f"search space {path}: dist {dist['dist']!r}; allowed: loguniform, "
+                       "uniform")
+    columns[path] = [float(draw()[0]) for _ in range(trials)]
+  return [{path: values[i] for path, values in columns.items()} for i in range(trials)]
 
-  best: dict[str, Any] = {}
-  for optimizer in sweep.optimizers:
-    trials = []
-    for unit, opt, params in planned:
-      if opt != optimizer or unit.name not in results:
+
+def resolved(base: Mapping) -> dict:
+  """The base experiment as the config layer resolves it (every default filled in)."""
+  from tff_fedadamom.config import config_to_dict, load_config
+
+  return config_to_dict(load_config(dict(base)))
+
+
+def trial_config(base: Mapping, optimizer: str, rounds: int, values: Mapping) -> dict:
+  """The `resolved` base experiment run with `optimizer` (its registry defaults
+  but for `values`: dotted path -> value) for `rounds`."""
+  from tff_fedadamom.experiment.compare import with_optimizer
+
+  tree = with_optimizer(copy.deepcopy(dict(base)), optimizer)
+  tree.update(rounds=rounds, output_dir="unused", name=None)
+  for path, value in values.items():
+    section, _, key = path.rpartition(".")
+    tree[section][key] = value
+  tree["runtime"]["threads"] = 1
+  return tree
+
+
+def objective(history: Sequence[Mapping], last_k: int) -> float:
+  """Mean test accuracy of the last `last_k` evaluated rounds (a round's last row
+  counts), NaN if one is not finite, None without an evaluation."""
+  rows = {int(r[ROUND]): r for r in history if evaluated(r) and TEST_ACCURACY in r}
+  values = [float(rows[k][TEST_ACCURACY]) for k in sorted(rows)][-last_k:]
+  if not values:
+    return None
+  return sum(values) / len(values) if all(math.isfinite(v) for v in values) else math.nan
+
+
+def plan_sweep(name: str, request: Mapping, seed: int) -> dict:
+  """The trials (units `tune/<name>/<optimizer>/trial<i>`) and bookkeeping of one
+  comparison's tuning: `request` holds its base, optimizers, trials, rounds, space."""
+  base, rounds = resolved(request["base"]), request["rounds"]
+  evals = rounds // base["eval_every"] + (1 if rounds % base["eval_every"] else 0)
+  sweep = {"name": name, "rounds": rounds, "metric": {
+      "name": TEST_ACCURACY, "last_k": min(LAST_K, evals), "mode": "max"},
+           "space": request["space"], "seed": seed, "base": base, "methods": {}}
+  for optimizer in request["optimizers"]:
+    tuned, fixed = method_space(optimizer, request["space"])
+    trials = [(params, units_lib.Unit(f"tune/{name}/{optimizer}/trial{i}", config=trial_config(
+        base, optimizer, rounds, {**fixed, **params})))
+              for i, params in enumerate(draws(tuned, request["trials"], seed))]
+    sweep["methods"][optimizer] = {"fixed": fixed, "trials": trials}
+  return sweep
+
+
+def outcome(sweep: Mapping, results: Mapping) -> dict:
+  """The tuning outcome of a sweep from the stored trials: per method its best
+  params, objective, trial list and the experiment config of its best trial."""
+  best = {}
+  for optimizer, planned in sweep["methods"].items():
+    trials, chosen = [], None
+    for params, unit in planned["trials"]:
+      if unit.name not in results:
         continue
       r = results[unit.name]
-      objective = trainable_lib.objective_from_history(
-          r["history"] or [], sweep.metric.name, sweep.metric.last_k)
-      diverged = (r["status"] != "completed" or objective is None
-                  or not math.isfinite(objective))
-      trials.append({"params": params, "objective": objective, "diverged": diverged,
-                     "rounds": r.get("rounds_completed")})
-    chosen, _ = choose_best(
-        trials, mode=sweep.metric.mode, rounds=sweep.budget.rounds, complete_only=True,
-        fields=lambda t: (t["objective"], t["rounds"] or 0, t["diverged"]))
+      value = objective(r["history"] or [], sweep["metric"]["last_k"])
+      diverged = r["status"] != "completed" or value is None or not math.isfinite(value)
+      trial = {"params": params, "objective": value, "diverged": diverged,
+               "rounds": r.get("rounds_completed")}
+      trials.append(trial)
+      if not diverged and (trial["rounds"] or 0) >= sweep["rounds"] and (
+          chosen is None or value > chosen[0]["objective"]):
+        chosen = (trial, unit)
     best[optimizer] = {
-        "params": chosen["params"] if chosen else None,
-        "objective": chosen["objective"] if chosen else None,
+        "params": chosen[0]["params"] if chosen else None,
+        "objective": chosen[0]["objective"] if chosen else None,
         "trials_run": len(trials), "trials_diverged": sum(t["diverged"] for t in trials),
-        "trials": trials,
+        "trials": trials, "fallback_defaults": chosen is None,
+        "config": copy.deepcopy(chosen[1].config if chosen else trial_config(
+            sweep["base"], optimizer, sweep["rounds"], planned["fixed"])),
     }
-  return best
-
-
-def _tune_ray(sweep, log) -> dict:
-  from tuning import run_sweep
-  from tuning.sweep import SWEEP_FILE
-
-  resume = os.path.exists(os.path.join(sweep.sweep_dir, SWEEP_FILE))
-  log(f"  tuning {sweep.name}: Ray Tune sweep in {sweep.sweep_dir}"
-      + (" (resuming)" if resume else ""))
-  result = run_sweep(sweep, resume=resume, progress_interval_s=120.0)
-  if result.interrupted:
-    raise KeyboardInterrupt(f"sweep {sweep.name} was interrupted")
-  export = result.export
-  rows = {row["optimizer"]: row for row in export.rows}
-  records = _trial_records(sweep.sweep_dir, sweep.optimizers)
-  best = {}
-  for optimizer in sweep.optimizers:
-    chosen = export.best.get(optimizer)
-    row = rows.get(optimizer, {})
-    trials = []
-    for record in records.get(optimizer, []):
-      trials.append({"params": dict(record.params), "objective": record.objective,
-                     "diverged": record.diverged, "rounds": record.rounds})
-    best[optimizer] = {
-        "params": dict(chosen.trial.params) if chosen else None,
-        "objective": chosen.trial.objective if chosen else None,
-        "trials_run": row.get("trials_run"), "trials_diverged": row.get("trials_diverged"),
-        "trials": trials,
-    }
-  return best
-
-
-def _trial_records(sweep_dir: str, optimizers: Sequence[str]) -> dict:
-  """Optimizer -> its trial records, read once for the whole sweep."""
-  from tuning.export import read_sweep_trials
-
-  try:
-    return read_sweep_trials(sweep_dir, optimizers)
-  except Exception:  # noqa: BLE001 - the trial list is informative only
-    return {}
+  return {"backend": BACKEND, "metric": sweep["metric"], "seed": sweep["seed"],
+          "space": sweep["space"], "best": best}
 
 
 def tune(ctx, requests: Mapping[str, Mapping[str, Any]], seed: int,
          alongside: Sequence = ()) -> dict:
-  """Tunes each base's optimizers with the same budget on each requested base; returns
-  {name: outcome or None}, an outcome holding, per optimizer, the best params,
-  its objective, the trial list and the best trial's experiment config.
-
-  `requests` maps a sweep name to its `base`, `optimizers`, `trials`, `rounds`
-  and `space`; its order is the order trials are submitted in (the costliest
-  first, so that the pool's last minutes are not one long trial).
-  In process, every trial of every sweep is a unit of `ctx.store`, all run as
-  one batch (stored, and committed with --commit-units, as each completes; a
-  rerun runs only the trials not stored). Through Ray, each sweep is one entry
-  of the local cache (Tune resumes its own interrupted sweep on the same
-  machine). With `ctx.execute` False, nothing runs: the outcome of the stored
-  trials, or None for a sweep without any.
-
-  `alongside`: units that do not depend on tuning (the escape simulation), run
-  in process in the same batch, submitted first, and stored as they complete,
-  so that they fill the pool while the trials run instead of running after
-  them. Through Ray they are left to the caller's next batch.
-  """
-  from tuning import load_sweep
-
-  sweeps = {}
-  for name, r in requests.items():
-    raw = sweep_dict(name, r["base"], r["optimizers"], r["trials"], r["rounds"], r["space"], seed,
-                     ctx.pool.workers, os.path.join(ctx.cache.root, "sweeps"))
-    spec = {k: v for k, v in raw.items() if k not in ("resources", "name")}
-    raw["name"] = f"{name}-{units_lib.spec_hash(spec)}"
-    sweeps[name] = (load_sweep(raw), raw, spec)
-  if ctx.backend == "ray":
-    bests = {name: _tune_ray_cached(ctx, sweep, name, spec)
-             for name, (sweep, _, spec) in sweeps.items()}
-  elif ctx.backend == "inprocess":
-    planned = {name: trial_units(sweep, name) for name, (sweep, _, _) in sweeps.items()}
-    results = ctx.run(list(alongside) + [u for trials in planned.values() for u, _, _ in trials],
-                      "tuning " + ", ".join(sweeps)
-                      + "".join(f" (and {u.name})" for u in alongside))
-    bests = {name: _outcomes(sweeps[name][0], trials, results)
-             if any(u.name in results for u, _, _ in trials) else None
-             for name, trials in planned.items()}
-  else:
-    raise ValueError(f"tuner: unknown backend {ctx.backend!r}; use 'ray' or 'inprocess'")
-  return {name: _outcome(ctx, sweep, raw, bests[name], seed)
-          for name, (sweep, raw, _) in sweeps.items()}
-
-
-def _outcome(ctx, sweep, raw: Mapping, best: Optional[dict], seed: int) -> Optional[dict]:
-  """The tuning outcome of one sweep from its per-optimizer bests."""
-  from tuning.export import best_config_dict
-
-  if best is None:
-    ctx.log(f"  tuning {raw['name']}: not run yet")
-    return None
-  for optimizer, entry in best.items():
-    entry["config"] = best_config_dict(sweep, optimizer, entry["params"] or {})
-    entry["fallback_defaults"] = entry["params"] is None
-  return {"backend": ctx.backend, "sweep_name": sweep.name,
-          "budget": dict(raw["budget"]), "metric": raw["metric"], "seed": seed,
-          "space": raw["space"], "best": best}
-
-
-def _tune_ray_cached(ctx, sweep, name: str, sweep_spec: Mapping) -> Optional[dict]:
-  """The Ray sweep's per-optimizer outcome, from the local cache or run now."""
-  unit = units_lib.Unit(f"tune/{name}", fn="ray-sweep", kwargs={"sweep": dict(sweep_spec)},
-                        methods=sweep.optimizers)
-  store = ctx.cache.store()
-  cached = store.get(unit)
-  if cached is not None or not ctx.execute:
-    return cached
-  ctx.pool.shutdown()  # give Ray the CPUs
-  started = time.perf_counter()
-  best = _tune_ray(sweep, ctx.log)
-  expected = sweep.budget.trials_per_optimizer * len(sweep.optimizers)
-  ran = sum(int(e.get("trials_run") or 0) for e in best.values())
-  if ran >= expected:
-    store.put(unit, best, time.perf_counter() - started)
-  else:
-    ctx.log(f"  tuning {name}: only {ran} of {expected} trials finished; not cached")
-  return best
+  """{name: outcome, or None for a sweep of which no trial is stored} of each
+  requested comparison (`plan_sweep`'s request), all trials run as one batch in
+  `ctx`'s pool, stored as each completes (a rerun runs only those not stored),
+  in `requests`' order (the costliest first, so the pool's last minutes are
+  not one long trial). `alongside`: units that need no tuning (the escape
+  simulation), submitted first so that they fill the pool beside the trials."""
+  sweeps = {name: plan_sweep(name, r, seed) for name, r in requests.items()}
+  trials = [u for s in sweeps.values() for m in s["methods"].values() for _, u in m["trials"]]
+  results = ctx.run(list(alongside) + trials, "tuning " + ", ".join(sweeps)
+                    + "".join(f" (and {u.name})" for u in alongside))
+  out = {}
+  for name, sweep in sweeps.items():
+    names = [u.name for m in sweep["methods"].values() for _, u in m["trials"]]
+    out[name] = outcome(sweep, results) if any(n in results for n in names) else None
+    if out[name] is None:
+      ctx.log(f"  tuning {name}: not run yet")
+  return out

@@ -1,21 +1,19 @@
-"""The study's units and their committed results: one JSON file per completed unit.
+"""The study's units and their stored results: one JSON file per completed unit.
 
 A unit is one tuning trial, one final run (an experiment config each) or the
-escape simulation (a function call). Its *key* is a hash of what it runs (the
-experiment config without its output directory and name, or the function and
-its arguments) together with the numerics fingerprint of every method it runs
-(`fingerprint.py`). The key leaves out the source files on purpose: moving or
-reformatting code keeps every committed unit, while a change of a method's
-numerics changes its fingerprint and so runs that method's units again. Changes
-elsewhere (data, models, the round loop) are not in the key; `reproduce
---verify` re-runs committed units to catch those.
+escape simulation (a function call). Its *key* hashes what it runs (the config
+without output directory and name, or the function and its arguments) with the
+numerics fingerprint of every method it runs (`fingerprint.py`), and not the
+source: moved code keeps every stored unit, a method whose numbers change runs
+its units again. The rest of the code (data, models, the round loop) is not in
+the key; `reproduce --verify` re-runs stored units to check it.
 
-When a unit completes, `Store.put` writes `<out>/results/<name>.json`
-atomically: its name, key, spec, fingerprints, result, wall time and the git
-commit its code came from; with `commit=True` it also commits that one file
-(`git add` + `git commit -- <file>`, inside a git work tree only, never pushing).
-A later run, on any machine with the files, loads every unit whose key matches a
-file and runs only the others, so a study continues wherever it stopped.
+`Store.put` writes `<out>/results/<name>.json` atomically: name, key, spec,
+fingerprints, result, wall time, the git commit of the code and the machine;
+with `commit=True` it commits that one file too (`git commit -- <file>`, never
+pushing). The store indexes a file by the key its spec and fingerprints give
+under this code, so a spec holding a field the config has since dropped
+(`RESULT_FREE_RUNTIME`) keeps its unit.
 """
 
 from __future__ import annotations
@@ -23,7 +21,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import os
+import platform
 import subprocess
 import time
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -31,14 +31,11 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from tff_fedadamom.atomic_io import atomic_write_json
 
 RESULTS_DIR = "results"
-# Result fields that measure time, not numerics: stored, but never compared by
-# --verify (they differ on every run).
+# Result fields that measure time, not numerics: stored, never compared.
 TIMING_KEYS = frozenset({"total_s", "wall_time_s", "round_seconds", "seconds"})
-
-
-# Runtime settings that change no result: whether and where compiled processes
-# are cached, and when rounds become one TensorFlow call (keys of units stored
-# before these settings existed stay the same).
+# Runtime settings that change no result, left out of a unit's spec: whether
+# and where compiled processes are cached, how rounds are batched into calls,
+# and settings since removed from the config (`fuse_after_rounds`).
 RESULT_FREE_RUNTIME = ("cache", "cache_dir", "fuse_after_rounds", "unroll_max_batches")
 
 
@@ -63,6 +60,24 @@ def unit_key(spec: Any, fingerprints: Mapping[str, str]) -> str:
   return spec_hash({"spec": spec, "fingerprints": dict(sorted(fingerprints.items()))})
 
 
+@functools.lru_cache(maxsize=1)
+def machine() -> str:
+  """This machine as unit files record it: architecture, CPU model and its widest
+  vector instructions (they decide which kernels TensorFlow runs), CPUs, Python."""
+  info = {}
+  try:
+    with open("/proc/cpuinfo") as f:
+      info = dict(line.split(":", 1) for line in f.read().split("\n\n")[0].splitlines()
+                  if ":" in line)
+  except OSError:
+    pass
+  info = {k.strip(): v.strip() for k, v in info.items()}
+  flags = set(info.get("flags", "").split())
+  isa = next((i for i in ("avx512f", "avx2", "avx", "asimd") if i in flags), "-")
+  return (f"{platform.machine()}, {info.get('model name') or platform.processor()}, {isa}, "
+          f"{os.cpu_count()} CPUs, Python {platform.python_version()}")
+
+
 class Unit:
   """One unit of work: an experiment config, or a function with keyword args.
 
@@ -75,10 +90,7 @@ class Unit:
   def __init__(self, name: str, *, config: Optional[dict] = None, fn: Optional[str] = None,
                kwargs: Optional[dict] = None, methods: Sequence[str] = (),
                version: int = 0, fingerprints: Optional[Callable] = None):
-    self.name = name
-    self.config = config
-    self.fn = fn
-    self.kwargs = kwargs or {}
+    self.name, self.config, self.fn, self.kwargs = name, config, fn, kwargs or {}
     if config is not None:
       self.spec = spec_of_config(config)
       self.methods = tuple(methods) or (config["server"]["optimizer"],)
@@ -86,7 +98,6 @@ class Unit:
       self.spec = {"fn": fn, "kwargs": self.kwargs, "version": version}
       self.methods = tuple(methods)
     self._fingerprints = fingerprints
-    self._computed: Optional[dict] = None
 
   @property
   def kind(self) -> str:
@@ -96,42 +107,36 @@ class Unit:
   def spec_hash(self) -> str:
     return spec_hash(self.spec)
 
-  @property
+  @functools.cached_property
   def fingerprints(self) -> dict:
-    """{method: fingerprint}, computed in this process on first use, unless a
-    worker that ran the unit computed them already (`adopt_fingerprints`)."""
-    if self._computed is None:
-      from benchmarks.paper import fingerprint as fingerprint_lib
+    """{method: fingerprint} under this code (`fingerprint.fingerprints`)."""
+    from benchmarks.paper import fingerprint as fingerprint_lib
 
-      compute = self._fingerprints or fingerprint_lib.fingerprints
-      self._computed = dict(compute(self.methods)) if self.methods else {}
-    return self._computed
-
-  def adopt_fingerprints(self, fingerprints: Mapping[str, str]) -> None:
-    """Takes the fingerprints the worker that ran this unit computed (the same
-    code, so the same values: a difference is an error)."""
-    given = dict(fingerprints)
-    if set(given) != set(self.methods):
-      raise ValueError(f"unit {self.name}: fingerprints of {sorted(given)}, expected "
-                       f"{sorted(self.methods)}")
-    if self._computed is not None and self._computed != given:
-      raise RuntimeError(f"unit {self.name}: the worker's fingerprints {given} differ from "
-                         f"this process's {self._computed}: the numerics are not "
-                         "deterministic on this machine")
-    self._computed = given
+    compute = self._fingerprints or fingerprint_lib.fingerprints
+    return dict(compute(self.methods)) if self.methods else {}
 
   @property
   def key(self) -> str:
     return unit_key(self.spec, self.fingerprints)
 
   @classmethod
-  def from_record(cls, record: Mapping[str, Any]) -> "Unit":
-    """The unit a committed file describes (to run it again)."""
-    spec = record["spec"]
+  def from_record(cls, record: Mapping[str, Any], fingerprints=None) -> "Unit":
+    """The unit a stored file describes (to run it again)."""
+    spec, methods = record["spec"], record.get("methods") or ()
     if record["kind"] == "experiment":
-      return cls(record["name"], config=dict(spec), methods=record.get("methods") or ())
-    return cls(record["name"], fn=spec["fn"], kwargs=spec["kwargs"],
-               methods=record.get("methods") or (), version=spec.get("version", 0))
+      return cls(record["name"], config=dict(spec), methods=methods, fingerprints=fingerprints)
+    return cls(record["name"], fn=spec["fn"], kwargs=spec["kwargs"], methods=methods,
+               version=spec.get("version", 0), fingerprints=fingerprints)
+
+
+def record_spec(record: Mapping[str, Any]) -> Any:
+  """A stored unit's spec as this code writes it (`spec_of_config`)."""
+  return spec_of_config(record["spec"]) if record["kind"] == "experiment" else record["spec"]
+
+
+def record_key(record: Mapping[str, Any]) -> str:
+  """The key of a stored unit under this code: its spec and stored fingerprints."""
+  return unit_key(record_spec(record), record.get("fingerprints") or {})
 
 
 # ---------------------------------------------------------------------------- git
@@ -151,8 +156,8 @@ def in_work_tree(path: str) -> bool:
 
 def source_commit(path: str, exclude: Optional[str] = None) -> dict:
   """HEAD of the git work tree holding `path`, and whether its tracked files
-  differ from HEAD (the directory `exclude` aside: the unit files themselves):
-  the code a unit computed with. Resolved once per run."""
+  differ from HEAD (the directory `exclude`, the unit files, aside): the code a
+  unit computed with."""
   if not in_work_tree(path):
     return {"commit": None, "dirty": None}
   top = _git(["rev-parse", "--show-toplevel"], path).stdout.strip()
@@ -176,14 +181,9 @@ def commit_file(path: str, message: str) -> None:
 
 
 class Store:
-  """The unit files under `root`, indexed by key (read once, kept up to date).
-
-  Args:
-    root: The results directory (`<out>/results`).
-    commit: Commit each file `put` writes (`--commit-units`); ValueError when
-      `root` is not inside a git work tree.
-    source: `source_commit(...)` of this run, recorded in every file.
-  """
+  """The unit files under `root`, indexed by `record_key` (read once, kept up to
+  date). `commit`: commit each file `put` writes (ValueError when `root` is not
+  in a git work tree); `source`: this run's `source_commit`, recorded in each."""
 
   def __init__(self, root: str, *, commit: bool = False, source: Optional[dict] = None):
     self.root = os.path.abspath(root)
@@ -194,7 +194,6 @@ class Store:
     self.commit = commit
     self.source = dict(source or {"commit": None, "dirty": None})
     self._index: Optional[dict] = None
-    self._specs: Optional[set] = None
 
   def path(self, name: str) -> str:
     return os.path.join(self.root, name + ".json")
@@ -207,31 +206,45 @@ class Store:
     if self._index is None:
       self._index = {}
       for folder, _, files in os.walk(self.root):
-        for file in sorted(files):
-          if not file.endswith(".json") or file.startswith("."):
-            continue
+        for file in sorted(f for f in files if f.endswith(".json") and f[0] != "."):
           try:
             with open(os.path.join(folder, file)) as f:
               record = json.load(f)
           except (OSError, ValueError):
             continue
-          if isinstance(record, dict) and "key" in record and "result" in record:
-            self._index[record["key"]] = record
+          if isinstance(record, dict) and {"spec", "kind", "result"} <= set(record):
+            self._index[record_key(record)] = record
     return self._index
 
-  def _spec_hashes(self) -> set:
-    if self._specs is None:
-      self._specs = {spec_hash(r["spec"]) for r in self._load().values()}
-    return self._specs
+  @functools.cached_property
+  def _by_spec(self) -> dict:
+    """spec hash -> the stored records of that spec."""
+    out: dict = {}
+    for record in self._load().values():
+      out.setdefault(spec_hash(record_spec(record)), []).append(record)
+    return out
 
   def get(self, unit: Unit) -> Optional[Any]:
     """The stored result of a unit with `unit.key` (under any name), or None.
-    Fingerprints are computed only when a file holds the unit's spec: a unit
-    never run before needs none here (its worker computes them)."""
-    if unit.spec_hash not in self._spec_hashes():
+    Fingerprints are computed only when a file holds the unit's spec."""
+    if unit.spec_hash not in self._by_spec:
       return None
     record = self._load().get(unit.key)
     return None if record is None else record["result"]
+
+  def why_missing(self, unit: Unit) -> str:
+    """Why `get(unit)` finds nothing: which stored fingerprints differ from this
+    code's, or which spec field differs from the file of that name."""
+    for record in self._by_spec.get(unit.spec_hash, []):
+      stored = record.get("fingerprints") or {}
+      changed = [f"{m} (stored {stored.get(m)}, this code {fp})"
+                 for m, fp in unit.fingerprints.items() if stored.get(m) != fp]
+      return "fingerprints differ: " + (", ".join(changed) or "other methods")
+    named = next((r for r in self._load().values() if r["name"] == unit.name), None)
+    if named is None:
+      return "no unit file"
+    where = first_difference(record_spec(named), unit.spec, "spec")
+    return f"its file holds another spec ({where[0]}: {where[1]!r}, now {where[2]!r})"
 
   def put(self, unit: Unit, result: Any, wall_time_s: float) -> str:
     """Writes (and with `commit`, commits) the unit's file; returns its path."""
@@ -240,7 +253,7 @@ class Store:
         "methods": list(unit.methods), "fingerprints": unit.fingerprints,
         "result": result, "wall_time_s": round(float(wall_time_s), 3),
         "source_commit": self.source.get("commit"),
-        "source_dirty": self.source.get("dirty"),
+        "source_dirty": self.source.get("dirty"), "machine": machine(),
         "written": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
     }
     path = self.path(unit.name)
@@ -249,7 +262,7 @@ class Store:
     for key in [k for k, r in index.items() if r["name"] == unit.name]:
       del index[key]  # the file now holds the new key
     index[unit.key] = json.loads(json.dumps(record))
-    self._spec_hashes().add(unit.spec_hash)
+    self.__dict__.pop("_by_spec", None)
     if self.commit:
       commit_file(path, f"Paper study: unit {unit.name} ({unit.key})")
     return path
@@ -270,14 +283,21 @@ def comparable(result: Any) -> Any:
   return strip(json.loads(json.dumps(result)))
 
 
-def first_difference(stored: Any, now: Any, path: str = "result") -> Optional[tuple]:
-  """(path, stored value, new value) of the first field where two results
-  differ (NaN equals NaN; a missing field is None), or None when identical."""
+def _number(value) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def first_difference(stored: Any, now: Any, path: str = "result",
+                     close: Optional[Callable[[str, float, float], bool]] = None
+                     ) -> Optional[tuple]:
+  """(path, stored value, new value) of the first field where two results differ,
+  or None. Numbers compare exactly, or, with `close`, where `close(path, stored,
+  now)` says they differ; NaN equals NaN; a missing field is None."""
   if isinstance(stored, dict) and isinstance(now, dict):
     for k in sorted(set(stored) | set(now), key=str):
       if k not in stored or k not in now:
         return f"{path}.{k}", stored.get(k), now.get(k)
-      found = first_difference(stored[k], now[k], f"{path}.{k}")
+      found = first_difference(stored[k], now[k], f"{path}.{k}", close)
       if found:
         return found
     return None
@@ -285,12 +305,14 @@ def first_difference(stored: Any, now: Any, path: str = "result") -> Optional[tu
     if len(stored) != len(now):
       return f"{path} (length)", len(stored), len(now)
     for i, (a, b) in enumerate(zip(stored, now)):
-      found = first_difference(a, b, f"{path}[{i}]")
+      found = first_difference(a, b, f"{path}[{i}]", close)
       if found:
         return found
     return None
-  if isinstance(stored, float) and isinstance(now, float) and stored != stored and now != now:
-    return None
-  if type(stored) is not type(now) or stored != now:
-    return path, stored, now
-  return None
+  if _number(stored) and _number(now):
+    if math.isnan(stored) and math.isnan(now):
+      return None
+    same = close(path, stored, now) if close is not None else (
+        stored == now and type(stored) is type(now))
+    return None if same else (path, stored, now)
+  return None if type(stored) is type(now) and stored == now else (path, stored, now)

@@ -107,15 +107,15 @@ def test_seed_summary_and_curve():
   assert studies.mean_curve(records[:1])["std"] == [None, None]
 
 
+def _quick_sweep(methods=plan.OPTIMIZERS, trials=2):
+  base = plan.fmnist_base(plan.QUICK, plan.PARTITIONS["iid"])
+  return tune.plan_sweep("t", {"base": base, "optimizers": methods, "trials": trials,
+                               "rounds": 1, "space": plan.search_space((0.01, 0.5))}, seed=7)
+
+
 def test_draws_are_common_across_optimizers():
   """A dimension two optimizers share gets the same value in the same trial."""
-  from tuning import load_sweep
-  from tuning import space as space_lib
-
-  raw = tune.sweep_dict("t", plan.fmnist_base(plan.QUICK, plan.PARTITIONS["iid"]),
-                        plan.OPTIMIZERS, 2, 2, plan.search_space((0.01, 0.5)), 7, 1, "/tmp")
-  sweep = load_sweep(raw)
-  draws = {o: space_lib.sample_trials(sweep, o) for o in plan.OPTIMIZERS}
+  draws = {o: [p for p, _ in m["trials"]] for o, m in _quick_sweep()["methods"].items()}
   for t in range(2):
     # Same draw within each client-lr range: the SGD clients' and the normalized ones'.
     sgd = {draws[o][t]["client.learning_rate"] for o in plan.OPTIMIZERS
@@ -132,13 +132,8 @@ def test_draws_are_common_across_optimizers():
 def test_study_runs_fedadam_and_fedyogi_uncorrected_like_the_authors():
   """The study's FedAdam/FedYogi trials build without bias correction; the others keep
   the registry's switch."""
-  from tuning import load_sweep
-
-  raw = tune.sweep_dict("s", plan.fmnist_base(plan.QUICK, plan.PARTITIONS["iid"]),
-                        plan.OPTIMIZERS, 1, 1, plan.search_space((0.01, 0.5)), 7, 1, "/tmp")
-  sweep = load_sweep(raw)
-  servers = {unit.name.split("/")[2]: unit.config["server"]
-             for unit, _, _ in tune.trial_units(sweep, "s")}
+  servers = {o: m["trials"][0][1].config["server"]
+             for o, m in _quick_sweep(trials=1)["methods"].items()}
   assert set(servers) == set(plan.OPTIMIZERS)
   for opt, server in servers.items():
     if opt in plan.AUTHORS_UNCORRECTED:
@@ -146,6 +141,48 @@ def test_study_runs_fedadam_and_fedyogi_uncorrected_like_the_authors():
     else:
       assert "bias_correction" not in server, opt
   assert set(plan.AUTHORS_UNCORRECTED) == {"fedadam", "fedyogi"}
+
+
+def test_the_stored_trials_are_the_trials_this_code_plans():
+  """Every committed tuning unit's config is one this code's random search
+  draws, trial by trial (so a stored study continues with the same trials)."""
+  from benchmarks.paper import units
+
+  b = plan.FULL
+  requests = {"shakespeare": (plan.shakespeare_base(b), b.shakespeare,
+                              plan.SHAKESPEARE_CLIENT_LR),
+              **{f"fmnist-{p}": (plan.fmnist_base(b, plan.PARTITIONS[p]), b.fmnist,
+                                 plan.FMNIST_CLIENT_LR) for p in b.partitions}}
+  planned = {}
+  for name, (base, db, lr) in requests.items():
+    sweep = tune.plan_sweep(name, {"base": base, "optimizers": plan.OPTIMIZERS,
+                                   "trials": db.tune_trials, "rounds": db.tune_rounds,
+                                   "space": plan.search_space(lr)}, seed=b.tune_seed)
+    planned.update({u.name: u.spec for m in sweep["methods"].values() for _, u in m["trials"]})
+  stored = {r["name"]: units.record_spec(r) for r in
+            units.Store(os.path.join(PAPER_DIR, "results")).records()
+            if r["name"].startswith("tune/")}
+  assert len(stored) == 150
+  for unit_name, spec in stored.items():
+    assert units.first_difference(spec, planned[unit_name], "spec") is None, unit_name
+
+
+def test_a_tuning_outcome_is_the_best_complete_trial():
+  sweep = _quick_sweep(methods=("fedadam",), trials=3)
+  names = [u.name for _, u in sweep["methods"]["fedadam"]["trials"]]
+  row = lambda acc: {"round": 1, TEST_ACCURACY: acc}
+  results = {names[0]: {"status": "completed", "history": [row(0.5)], "rounds_completed": 1},
+             names[1]: {"status": "diverged", "history": [row(0.9)], "rounds_completed": 1},
+             names[2]: {"status": "completed", "history": [row(0.7)], "rounds_completed": 1}}
+  best = tune.outcome(sweep, results)["best"]["fedadam"]
+  assert best["objective"] == 0.7 and best["trials_run"] == 3 and best["trials_diverged"] == 1
+  assert best["config"] == sweep["methods"]["fedadam"]["trials"][2][1].config
+  fallback = tune.outcome(sweep, {names[1]: results[names[1]]})["best"]["fedadam"]
+  assert fallback["fallback_defaults"] and fallback["params"] is None
+  assert fallback["config"]["server"] == {"optimizer": "fedadam",
+                                          "client_weighting": "uniform",
+                                          "schedule": {"kind": "constant"},
+                                          "bias_correction": False}
 
 
 def _committed():
@@ -224,14 +261,14 @@ def test_a_missing_seed_is_marked_and_fails_the_command(tmp_path):
     assert (tmp_path / "plots" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_a_units_key_ignores_whether_processes_are_cached():
-  from benchmarks.paper import units as units_lib
-
-  config = plan.fmnist_base(plan.QUICK, plan.PARTITIONS["iid"])
-  cached = copy.deepcopy(config)
-  cached["runtime"].update(cache=False, cache_dir="/elsewhere")
-  other = copy.deepcopy(config)
-  other["runtime"]["threads"] = 2
-  key = units_lib.Unit("u", config=config).key
-  assert units_lib.Unit("u", config=cached).key == key
-  assert units_lib.Unit("u", config=other).key != key
+def test_shrinkage_names_every_cell_that_holds_less():
+  doc, _ = _committed()
+  assert report.shrinkage(doc, doc) == []
+  less = copy.deepcopy(doc)
+  less["results"]["beta2"]["table"]["iid"]["0.05"]["seeds"] = 1
+  del less["results"]["hetero"]
+  lost = report.shrinkage(doc, less)
+  assert "beta_2 i.i.d. beta_2=0.05: seeds: 2 -> 1" in lost
+  assert "5. Heterogeneity: FedAdamom - FedAdam: 1 -> 0" in lost
+  assert "heterogeneity 0.1 FedAdam: seeds: 3 -> 0" in lost
+  assert report.shrinkage(less, doc) == []
