@@ -82,3 +82,13 @@ def run_shared():
   yield run
   for process in used.values():
     process.close()
+
+
+@pytest.fixture
+def two_node_cluster(monkeypatch):
+  """The address ("127.0.0.1:<port>") of a two-node Ray cluster on loopback, 1
+  CPU a node, started for the test and ended after it (`helpers.two_node_cluster`
+  says how and why)."""
+  from tests import helpers
+
+  yield from helpers.two_node_cluster(monkeypatch)

@@ -3,7 +3,7 @@
 import os
 import subprocess
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.helpers import ROOT
 
 
 def _plan(tmp_path, nvidia_smi_exit: int) -> dict:
@@ -14,7 +14,7 @@ def _plan(tmp_path, nvidia_smi_exit: int) -> dict:
       f'#!/bin/sh\n[ "$1" = "-L" ] && echo "GPU 0: Fake"\nexit {nvidia_smi_exit}\n')
   (fake / "nvidia-smi").chmod(0o755)
   env = dict(os.environ, PATH=f"{fake}{os.pathsep}{os.environ['PATH']}")
-  out = subprocess.run(["bash", "scripts/bootstrap.sh", "--plan"], cwd=REPO, env=env,
+  out = subprocess.run(["bash", "scripts/bootstrap.sh", "--plan"], cwd=ROOT, env=env,
                        capture_output=True, text=True, check=True, timeout=60).stdout
   return dict(line.split(": ", 1) for line in out.splitlines())
 
@@ -22,7 +22,7 @@ def _plan(tmp_path, nvidia_smi_exit: int) -> dict:
 def test_gpu_machine_gets_the_cuda_libraries(tmp_path):
   plan = _plan(tmp_path, 0)
   assert plan["gpu"] == "cuda"
-  with open(os.path.join(REPO, "requirements.cuda.txt")) as f:
+  with open(os.path.join(ROOT, "requirements.cuda.txt")) as f:
     wanted = [line.strip() for line in f if line.strip() and not line.startswith("#")]
   assert plan["cuda"].split() == wanted
   assert "nvidia-cudnn-cu11==8.7.0.84" in wanted

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.helpers import ROOT
+
 
 # A module global whose `__del__` runs only in the interpreter's teardown, and an
 # exit handler that must still run; then the command with `argv`.
@@ -29,8 +30,8 @@ print("entry returned")
 
 def _python(program: str) -> subprocess.CompletedProcess:
   """`program` run by a fresh Python that imports this checkout."""
-  return subprocess.run([sys.executable, "-c", program], env={**os.environ, "PYTHONPATH": REPO},
-                        cwd=REPO, capture_output=True, text=True, timeout=120)
+  return subprocess.run([sys.executable, "-c", program], env={**os.environ, "PYTHONPATH": ROOT},
+                        cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.parametrize("argv, status, stderr", [

@@ -6,7 +6,8 @@ import subprocess
 import sys
 import textwrap
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.helpers import ROOT
+
 
 _MODULE = textwrap.dedent("""
     import os
@@ -36,7 +37,7 @@ _MODULE = textwrap.dedent("""
 def test_tests_sharing_a_module_fixture_run_in_one_worker_that_sets_it_up_once(tmp_path):
   (tmp_path / "test_grouped.py").write_text(_MODULE)
   log = tmp_path / "log"
-  env = dict(os.environ, XDIST_GROUPS_LOG=str(log), PYTHONPATH=REPO)
+  env = dict(os.environ, XDIST_GROUPS_LOG=str(log), PYTHONPATH=ROOT)
   proc = subprocess.run(
       [sys.executable, "-m", "pytest", "-q", "-p", "tests.xdist_groups", "-p", "no:randomly",
        "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup", "--rootdir", str(tmp_path),

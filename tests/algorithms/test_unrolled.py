@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.experiment.test_runner import tiny
+from tests.helpers import tiny
 from tff_fedadamom.algorithms.unrolled import is_stacked
 from tff_fedadamom.config import ConfigError, load_config
 from tff_fedadamom.config.schema import UNROLL_MIN_BATCHES

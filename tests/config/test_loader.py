@@ -11,8 +11,8 @@ import yaml
 from tff_fedadamom.config import (ConfigError, ExperimentConfig, ServerConfig, config_to_dict,
                                   dump_config, load_config)
 from tff_fedadamom.config import loader, schema
+from tests.helpers import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
 SHIPPED = sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml")))
 
 MINIMAL = {

@@ -6,7 +6,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 import yaml
 
-from tests.experiment.test_runner import tiny
+from tests.helpers import tiny
 from tff_fedadamom.config import ConfigError, dump_config, load_config
 from tff_fedadamom import methods as registry
 from tff_fedadamom.experiment import build_process, outputs, run_experiment

@@ -10,7 +10,7 @@ import inspect
 
 import pytest
 
-from tests.experiment.test_runner import tiny
+from tests.helpers import tiny
 from tff_fedadamom import runtime as backends
 from tff_fedadamom.experiment import parts as parts_lib
 from tff_fedadamom.runtime import inprocess, ray, tff_cpp

@@ -7,7 +7,7 @@ import pytest
 from tff_fedadamom.experiment import outputs
 from tff_fedadamom.experiment.compare import compare, optimizer_variant, plot_runs
 from tff_fedadamom.config import load_config
-from tests.experiment.test_runner import tiny
+from tests.helpers import tiny
 
 
 def test_compare_runs_each_optimizer_and_writes_table_and_plots(tmp_path):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.experiment.test_runner import tiny
+from tests.helpers import tiny
 from tff_fedadamom.config import load_config
 from tff_fedadamom.metric_names import LOSS, TEST_ACCURACY, TEST_LOSS
 from tff_fedadamom.models import ACCURACY_METRIC

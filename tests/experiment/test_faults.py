@@ -8,20 +8,11 @@ import time
 
 import numpy as np
 import pytest
-import tensorflow as tf
 import yaml
 
 from tests import process_table as processes
 from tff_fedadamom.experiment import outputs, run_experiment
-from tests.experiment.test_runner import tiny
-from tests.experiment.test_tff_cpp import relay_and_worker
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
-
-
-def _weights(output_dir):
-  model = tf.keras.models.load_model(os.path.join(output_dir, outputs.MODEL_FILE))
-  return [w.numpy() for w in model.weights]
+from tests.helpers import ROOT, relay_and_worker, saved_weights, tiny
 
 
 def _start(config_path):
@@ -139,7 +130,7 @@ def test_kill_9_then_rerun_finishes_identically(tmp_path, references, run_on, ba
   result = run_on(backend, _run(out, backend, rounds=5))
   assert result.summary["status"] == "completed"
   assert result.summary["final_test_accuracy"] == reference.summary["final_test_accuracy"]
-  for a, b in zip(_weights(out), _weights(reference.output_dir), strict=True):
+  for a, b in zip(saved_weights(out), saved_weights(reference.output_dir), strict=True):
     np.testing.assert_array_equal(a, b)
   assert [r["round"] for r in outputs.read_metrics(out)] == [1, 2, 3, 4, 5]
 
@@ -171,7 +162,7 @@ def test_corrupt_latest_checkpoint_falls_back_to_previous(tmp_path, run_shared, 
         f.truncate(7)
   result = run_shared(_run(out, "inprocess", rounds=5))
   assert result.summary["resumed_from_round"] == 2
-  for a, b in zip(_weights(out), _weights(reference.output_dir), strict=True):
+  for a, b in zip(saved_weights(out), saved_weights(reference.output_dir), strict=True):
     np.testing.assert_array_equal(a, b)
 
 

@@ -22,7 +22,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tests.experiment.device_calls import record_devices
-from tests.experiment.test_runner import ROOT, tiny
+from tests.helpers import ROOT, tiny
 from tff_fedadamom import methods
 from tff_fedadamom.config import ConfigError, load_config
 from tff_fedadamom import runtime as backends
@@ -57,9 +57,10 @@ def _three_rounds(raw, loop=_REDUCE, state_tolerance=_STATE_TOLERANCE):
   return _three_rounds_of(config, data, build_process(config, data, loop), state_tolerance)
 
 
-def _three_rounds_of(config, data, process, state_tolerance=_STATE_TOLERANCE):
-  """`_three_rounds` of an already built process."""
-  local = inprocess.InProcessLearningProcess(process)
+def _three_rounds_of(config, data, process, state_tolerance=_STATE_TOLERANCE, compiled=None):
+  """`_three_rounds` of an already built process; in-process from `compiled`,
+  its `compile_process`, if the caller has it."""
+  local = inprocess.InProcessLearningProcess(process if compiled is None else compiled)
   ids = list(data.train.client_ids)
   reference = process.initialize()
   ours = local.initialize()
@@ -115,19 +116,25 @@ _CNN_TFF_CPP_TOLERANCE = 2e-2
 
 @pytest.fixture(scope="module")
 def cnn(tmp_path_factory):
-  """The CNN (dropout) on MNIST digits, few local steps: config, data, and its
-  process built for each loop implementation, shared by the module's tests."""
+  """The CNN (dropout) on MNIST digits, few local steps: config, data, its
+  process built for each loop implementation, and each process compiled
+  (`compile_process`, what every in-process backend of it runs), shared by the
+  module's tests."""
+  from tff_fedadamom.runtime.compiled import compile_process
+
   config = load_config(_few_steps(tiny(tmp_path_factory.mktemp("cnn"), model={"name": "cnn"},
                                        data={"name": "mnist5k", "num_clients": 20})))
   data = load_data(config)
   processes = {loop: build_process(config, data, loop) for loop in (_REDUCE, _ITERATOR)}
-  return config, data, processes
+  compiled = {loop: compile_process(process) for loop, process in processes.items()}
+  return config, data, processes, compiled
 
 
 def test_cnn_with_dropout_matches(cnn):
-  config, data, processes = cnn
+  config, data, processes, compiled = cnn
   reference, ours = _three_rounds_of(config, data, processes[_REDUCE],
-                                     state_tolerance=_CNN_TFF_CPP_TOLERANCE)
+                                     state_tolerance=_CNN_TFF_CPP_TOLERANCE,
+                                     compiled=compiled[_REDUCE])
   assert max(_relative_errors(reference, ours)) <= _CNN_TFF_CPP_TOLERANCE
 
 
@@ -145,10 +152,10 @@ def test_seeded_dropout_needs_no_fresh_kernels_and_restarts_per_client(cnn):
   iterator loop (compiled once, called for client after client) gives exactly
   the rounds of `dataset.reduce` (which instantiates its body per client), and
   they do not depend on how many clients run at once."""
-  config, data, processes = cnn
+  config, data, _, compiled = cnn
   states = {}
   for loop, concurrency in ((_ITERATOR, 1), (_ITERATOR, 3), (_REDUCE, 1)):
-    local = inprocess.InProcessLearningProcess(processes[loop],
+    local = inprocess.InProcessLearningProcess(compiled[loop],
                                                max_concurrent_clients=concurrency)
     assert not local._work.fresh_kernels  # noqa: SLF001
     state = local.initialize()
@@ -169,7 +176,7 @@ def test_seeded_dropout_needs_no_fresh_kernels_and_restarts_per_client(cnn):
 ])
 def test_no_fresh_kernels_for_the_zoo_models(tmp_path, cnn, model, loop):
   if model == "cnn":
-    process = cnn[2][loop]
+    process = cnn[3][loop]
   else:
     config = load_config(tiny(tmp_path, model={"name": model},
                               data={"name": "mnist5k", "num_clients": 20}))

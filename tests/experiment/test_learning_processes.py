@@ -7,7 +7,7 @@ participation here.
 import numpy as np
 import pytest
 
-from tests.experiment.test_runner import _weights, tiny
+from tests.helpers import saved_weights, tiny
 from tff_fedadamom.config import ConfigError, load_config
 from tff_fedadamom.experiment import build_process, outputs
 from tff_fedadamom.experiment.compare import compare, optimizer_variant
@@ -43,7 +43,7 @@ def test_trains_records_telemetry_and_resumes_bit_identically(name, tmp_path, ru
   assert resumed.summary["resumed_from_round"] == 2
   assert resumed.summary["final_train_loss"] == full.summary["final_train_loss"]
   assert resumed.summary["final_test_accuracy"] == full.summary["final_test_accuracy"]
-  for a, b in zip(_weights(full.output_dir), _weights(resumed.output_dir), strict=True):
+  for a, b in zip(saved_weights(full.output_dir), saved_weights(resumed.output_dir), strict=True):
     np.testing.assert_array_equal(a, b)
   for key in ("opt/v_median", "opt/momentum_norm"):
     assert outputs.read_metrics(resumed.output_dir)[-1][key] == rows[-1][key]

@@ -1,11 +1,11 @@
 """The round loop and its hooks, on a stand-in process whose every value is known."""
 
 import math
-import types
 
 import numpy as np
 import pytest
 
+from tests.helpers import CountingProcess, evaluator, sampler
 from tff_fedadamom.metric_names import NONFINITE_UPDATES, ROUND, TEST_ACCURACY, TRAIN_ACCURACY
 from tff_fedadamom.metric_names import TRAIN_LOSS, TRAIN_NUM_EXAMPLES
 from tff_fedadamom.experiment import hooks
@@ -13,39 +13,6 @@ from tff_fedadamom.experiment.loop import RoundHook, run_rounds
 
 # What every round's metrics start with (`flatten_round_metrics`).
 ROUND_METRICS = [ROUND, TRAIN_LOSS, TRAIN_ACCURACY, TRAIN_NUM_EXAMPLES, NONFINITE_UPDATES]
-
-
-class CountingProcess:
-  """A stand-in backend. State = one weight that each round adds 1 to; the
-  n-th round run has training loss `losses.get(n, 1.0)`, the server rejects
-  the update of `rejected` rounds, and from round `nan_from` on the weight is
-  NaN. `calls` records each round's (state, clients, round_num)."""
-
-  def __init__(self, losses=None, rejected=(), nan_from=None):
-    self.losses = losses or {}
-    self.rejected = set(rejected)
-    self.nan_from = nan_from
-    self.clients_seen = []
-    self.calls = []
-    self.weight_fetches = 0
-
-  def next_for_clients(self, state, clients, round_num):
-    self.calls.append((state, clients, round_num))
-    self.clients_seen.append(clients)
-    round_num = len(self.clients_seen)
-    state = math.nan if self.nan_from and round_num >= self.nan_from else state + 1.0
-    metrics = {"client_work": {"train": {"loss": self.losses.get(round_num, 1.0),
-                                         "num_examples": 4}},
-               "finalizer": {"update_non_finite": int(round_num in self.rejected)}}
-    return types.SimpleNamespace(state=state, metrics=metrics)
-
-  def get_model_weights(self, state):
-    self.weight_fetches += 1
-    return types.SimpleNamespace(trainable=[np.float32(state)])
-
-
-def sampler(round_num):
-  return [f"c{round_num}", f"d{round_num}"]
 
 
 class Recorder(RoundHook):
@@ -79,11 +46,6 @@ class FakeReleaseManager:
 
   async def release(self, value, key):
     self.released.append((key, dict(value)))
-
-
-def evaluator(process, state):
-  del process
-  return {TEST_ACCURACY: state / 10}
 
 
 def test_hooks_run_in_order_around_each_round_and_close_once():

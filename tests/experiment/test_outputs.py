@@ -8,9 +8,8 @@ import subprocess
 import sys
 
 from tff_fedadamom.metric_names import TEST_ACCURACY, TRAIN_LOSS
-from tff_fedadamom.experiment import outputs, tables
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tff_fedadamom.experiment import outputs
+from tests.helpers import ROOT
 
 
 def test_rounds_to_targets_reads_csv_rows_and_tune_reports():
@@ -35,14 +34,14 @@ def _dict_writer(rows, fields, lineterminator):
 def test_csv_table_is_the_standard_dict_writer():
   rows = [{"a": 1, "b": None, "c": "x,y"}, {"a": 2.5, "d": True}]
   for ending in ("\r\n", "\n"):
-    assert tables.csv_table(rows, lineterminator=ending) == _dict_writer(
+    assert outputs.csv_table(rows, lineterminator=ending) == _dict_writer(
         rows, ["a", "b", "c", "d"], ending)
-  assert tables.csv_rows(["round", "x"], [["1", "2"]]) == "round,x\r\n1,2\r\n"
+  assert outputs.csv_rows(["round", "x"], [["1", "2"]]) == "round,x\r\n1,2\r\n"
 
 
 def test_markdown_table():
-  text = tables.markdown_table(["a", "b"], [[1, None], [0.5, "x"]],
-                               cell=lambda v: "-" if v is None else str(v))
+  text = outputs.markdown_table(["a", "b"], [[1, None], [0.5, "x"]],
+                                cell=lambda v: "-" if v is None else str(v))
   assert text == "| a | b |\n|---|---|\n| 1 | - |\n| 0.5 | x |\n"
 
 
@@ -60,9 +59,9 @@ assert "matplotlib.pyplot" not in sys.modules, "pyplot imported"
 assert matplotlib.rcParams._get_backend_or_none() == backend, "backend changed"
 """
   path = str(tmp_path / "curves.png")
-  result = subprocess.run([sys.executable, "-c", script, path], cwd=REPO, text=True,
+  result = subprocess.run([sys.executable, "-c", script, path], cwd=ROOT, text=True,
                           capture_output=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": REPO})
+                          env={**os.environ, "PYTHONPATH": ROOT})
   assert result.returncode == 0, result.stderr[-3000:]
   with open(path, "rb") as f:
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"

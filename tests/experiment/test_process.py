@@ -4,10 +4,9 @@ and client options."""
 
 import numpy as np
 import pytest
-import tensorflow as tf
 import tensorflow_federated as tff
 
-from tests.experiment.test_runner import tiny
+from tests.helpers import state_leaves, tiny
 from tff_fedadamom.config import load_config
 from tff_fedadamom.optimizers.client import build_client_sgd
 from tff_fedadamom.experiment import process as process_lib
@@ -19,10 +18,6 @@ COMPUTATIONS = ("initialize", "next", "get_model_weights", "get_hparams", "set_h
 def _config(tmp_path, seed, **overrides):
   # A seed of the test's own: no other test has built this client work.
   return load_config(tiny(tmp_path, seed=seed, **overrides))
-
-
-def _leaves(value):
-  return [np.asarray(leaf) for leaf in tf.nest.flatten(value)]
 
 
 def test_fed_avg_is_tffs_builder(tmp_path):
@@ -47,16 +42,16 @@ def test_fed_avg_is_tffs_builder(tmp_path):
     assert getattr(ours, name).type_signature == getattr(reference, name).type_signature, name
   # From the same state and data, the same results, bit for bit (TFF's runtime runs both).
   state, expected_state = ours.initialize(), reference.initialize()
-  for a, e in zip(_leaves(state), _leaves(expected_state), strict=True):
+  for a, e in zip(state_leaves(state), state_leaves(expected_state), strict=True):
     np.testing.assert_array_equal(a, e)
   datasets = process_lib.client_datasets(config, data, data.train.client_ids[:3], 0)
   out, expected = ours.next(state, datasets), reference.next(expected_state, datasets)
-  leaves, expected_leaves = _leaves((out.state, out.metrics)), _leaves(
+  leaves, expected_leaves = state_leaves((out.state, out.metrics)), state_leaves(
       (expected.state, expected.metrics))
   assert len(leaves) == len(expected_leaves) > 0
   for a, e in zip(leaves, expected_leaves):
     np.testing.assert_array_equal(a, e)
-  assert not np.array_equal(_leaves(out.state)[0], _leaves(state)[0])  # a round did train
+  assert not np.array_equal(state_leaves(out.state)[0], state_leaves(state)[0])  # a round did train
 
 
 @pytest.fixture

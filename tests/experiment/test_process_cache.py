@@ -14,7 +14,6 @@ import time
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from tff_fedadamom.config import ConfigError, load_config
 from tff_fedadamom.experiment import parts as parts_lib
@@ -22,16 +21,12 @@ from tff_fedadamom.experiment import process as process_lib
 from tff_fedadamom.runtime import process_cache as cache_lib
 from tff_fedadamom.runtime.compiled import CompiledProcess, compile_process
 from tff_fedadamom.runtime.inprocess import InProcessLearningProcess
-from tests.experiment.test_parts import _rows, tiny
-
-
-def _leaves(state):
-  return [np.asarray(x) for x in tf.nest.flatten(state)]
+from tests.helpers import ROOT, metrics_rows, state_leaves, tiny_config
 
 
 @pytest.fixture(scope="module")
 def built():
-  config = tiny()
+  config = tiny_config()
   data = process_lib.load_data(config)
   process = process_lib.build_process(config, data)
   return config, data, process, compile_process(process)
@@ -59,7 +54,7 @@ def test_bundle_round_trip_keeps_containers_and_numbers(built):
   ref_state, ref_weights, ref_hparams = _three_rounds(process, config, data)
   assert type(state) is type(ref_state) and type(weights) is type(ref_weights)
   assert hparams == ref_hparams
-  got, want = _leaves(state), _leaves(ref_state)
+  got, want = state_leaves(state), state_leaves(ref_state)
   assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want))
 
 
@@ -74,25 +69,26 @@ def test_process_key_ignores_state_hparams_run_settings_and_the_clients_data_onl
     return cache_lib.process_key(
         parts_lib.process_structure(parts_lib.structure_key(config), signature))
 
-  base = tiny()
+  base = tiny_config()
   key = process_key(base)
   # The data reach the process only as client datasets: their partition, count
   # and split seed change no traced computation.
-  same = [tiny(server={"learning_rate": 0.3}), tiny(client={"learning_rate": 0.05}),
-          tiny(rounds=9, eval_every=3, checkpoint_every=2, telemetry=False),
-          tiny(runtime={"threads": 1, "max_concurrent_clients": 1, "cache": False}),
-          tiny(data={"partition": {"kind": "iid"}, "num_clients": 5, "seed": 7,
-                     "eval_batch_size": 64}),
+  same = [tiny_config(server={"learning_rate": 0.3}), tiny_config(client={"learning_rate": 0.05}),
+          tiny_config(rounds=9, eval_every=3, checkpoint_every=2, telemetry=False),
+          tiny_config(runtime={"threads": 1, "max_concurrent_clients": 1, "cache": False}),
+          tiny_config(data={"partition": {"kind": "iid"}, "num_clients": 5, "seed": 7,
+                            "eval_batch_size": 64}),
           # Batching and client sampling shape the datasets, not the computation.
-          tiny(clients_per_round=3, client={"batch_size": 7, "local_epochs": 2,
-                                            "max_examples": 11})]
+          tiny_config(clients_per_round=3, client={"batch_size": 7, "local_epochs": 2,
+                                                   "max_examples": 11})]
   assert {process_key(c) for c in same} == {key}
   # A dataset of another input shape (synthetic: 60 features, 10 classes).
-  other_data = tiny(data={"name": "synthetic", "num_clients": 8})
+  other_data = tiny_config(data={"name": "synthetic", "num_clients": 8})
   assert process_lib.data_signature(other_data, process_lib.load_data(other_data))[
       "input_shape"] != process_lib.data_signature(base, process_lib.load_data(base))["input_shape"]
-  other = [tiny(seed=4), tiny(model={"name": "mlp"}), tiny(client={"clip_norm": 1.0}),
-           tiny(server={"optimizer": "fedadam"}), other_data]
+  other = [tiny_config(seed=4), tiny_config(model={"name": "mlp"}),
+           tiny_config(client={"clip_norm": 1.0}), tiny_config(server={"optimizer": "fedadam"}),
+           other_data]
   keys = {process_key(c) for c in other}
   assert key not in keys and len(keys) == len(other)
 
@@ -115,9 +111,9 @@ def test_runs_that_differ_in_partition_and_batching_share_one_compiled_process(t
   for name, sections, runtime in (("first", {}, {"cache_dir": cache, **loop}),
                                   ("shared", other, {"cache_dir": cache, **loop}),
                                   ("own", other, {"cache": False, **loop})):
-    config = tiny(tmp_path / name, rounds=2, runtime=runtime, **sections)
+    config = tiny_config(tmp_path / name, rounds=2, runtime=runtime, **sections)
     run_experiment(config, progress=False)
-    rows[name] = _rows(tmp_path / name)
+    rows[name] = metrics_rows(tmp_path / name)
   entries = [n for n in os.listdir(cache) if n.endswith(".tffproc")]
   assert len(entries) == 1, entries  # the second run loaded the first's entry
   assert rows["shared"] == rows["own"] and rows["shared"] != rows["first"]
@@ -130,21 +126,25 @@ def test_unrolled_processes_are_cached_per_batching(tmp_path):
 
   cache = str(tmp_path / "cache")
   for name, batch in (("a", 16), ("b", 20), ("c", 16)):
-    run_experiment(tiny(tmp_path / name, rounds=1, client={"batch_size": batch, "max_examples": 40},
-                        runtime={"cache_dir": cache, "unroll_max_batches": 16}), progress=False)
+    run_experiment(tiny_config(tmp_path / name, rounds=1,
+                               client={"batch_size": batch, "max_examples": 40},
+                               runtime={"cache_dir": cache, "unroll_max_batches": 16}),
+                   progress=False)
     entries = [n for n in os.listdir(cache) if n.endswith(".tffproc")]
     assert len(entries) == {"a": 1, "b": 2, "c": 2}[name], (name, entries)
 
 
-def test_warm_run_loads_instead_of_building_and_equals_an_uncached_run(tmp_path, monkeypatch):
+def test_warm_run_loads_instead_of_building_and_equals_the_run_that_built(tmp_path,
+                                                                          monkeypatch):
+  """The cold run builds its process (and stores it); the warm one loads the
+  stored bytes without building, and runs as the cold one did, row for row."""
   from tff_fedadamom.experiment import run_experiment
 
-  def run(name, cache):
-    config = tiny(output_dir=tmp_path / name, runtime={"cache": cache,
-                                                        "cache_dir": str(tmp_path / "c")})
+  def run(name):
+    config = tiny_config(output_dir=tmp_path / name, runtime={"cache_dir": str(tmp_path / "c")})
     return run_experiment(config, progress=False)
 
-  cold = run("cold", True)
+  cold = run("cold")
   assert len(cache_lib.ProcessCache(str(tmp_path / "c")).entries()) == 1
 
   def no_build(*args, **kwargs):
@@ -152,10 +152,9 @@ def test_warm_run_loads_instead_of_building_and_equals_an_uncached_run(tmp_path,
 
   with monkeypatch.context() as m:
     m.setattr(process_lib, "build_process", no_build)
-    warm = run("warm", True)
-  uncached = run("uncached", False)
-  rows = _rows(cold.output_dir)
-  assert len(rows) == 3 and rows == _rows(warm.output_dir) == _rows(uncached.output_dir)
+    warm = run("warm")
+  rows = metrics_rows(cold.output_dir)
+  assert len(rows) == 3 and rows == metrics_rows(warm.output_dir)
 
 
 def _fake(n: int) -> CompiledProcess:
@@ -237,7 +236,7 @@ def test_a_killed_writer_leaves_no_entry_that_loads(tmp_path):
       c.ProcessCache({str(tmp_path)!r}).store("k", CompiledProcess({{"work": b"x" * 10**6}}, {{}}))
   """)
   proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True,
-                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+                          cwd=ROOT)
   try:
     assert proc.stdout.readline().strip() == "writing"
   finally:

@@ -17,8 +17,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.experiment.test_runner import ROOT, _weights, tiny
-from tests.tuning.test_cluster import two_node_cluster  # noqa: F401 - a fixture
+from tests.helpers import ROOT, saved_weights, tiny, tiny_base
 from tests import process_table as processes
 from tff_fedadamom.config import ConfigError, load_config
 from tff_fedadamom.data.sampling import sample_clients
@@ -164,7 +163,7 @@ def test_cnn_with_dropout_equals_inprocess_with_two_actors_of_two_threads(tmp_pa
   assert result.summary["backend"] == "ray"
   assert result.summary["devices"] == ["ray actor 0 (CPU)", "ray actor 1 (CPU)"]
   assert result.summary["final_test_loss"] == local_run.summary["final_test_loss"]
-  expected, actual = _weights(tmp_path / "inprocess"), _weights(tmp_path / "ray")
+  expected, actual = saved_weights(tmp_path / "inprocess"), saved_weights(tmp_path / "ray")
   assert len(expected) == len(actual) > 0
   for e, a in zip(expected, actual):
     np.testing.assert_array_equal(a, e)
@@ -186,7 +185,7 @@ def _rounds(backend, config, data, rounds):
   return [np.asarray(w) for w in backend.get_model_weights(state).trainable]
 
 
-def test_two_node_cluster_matches_inprocess(tmp_path, two_node_cluster):  # noqa: F811
+def test_two_node_cluster_matches_inprocess(tmp_path, two_node_cluster):
   import ray
 
   # 4 clients over 2 actors: the partial sums are (u1 + u2) + (u3 + u4).
@@ -256,6 +255,10 @@ class DyingActor(ray_backend.ClientActor):
     return super().fold(accumulator)
 
 
+class CheckedActor(RevalidationRefusingActor, DyingActor):
+  """Refuses to validate its config again, and dies where the arm says."""
+
+
 class TestOnOneLocalRay:
   """Runs whose subject is not their Ray session share one local Ray, started
   by the class (each run's actors are still its own, ended with it). A run
@@ -268,6 +271,19 @@ class TestOnOneLocalRay:
       patch.setenv("RAY_TEST_ARM", arm)  # before Ray starts: its actors inherit it
       with ray_session(None) as ray:
         yield ray
+
+  @pytest.fixture(scope="class")
+  def checked_actors(self, tmp_path_factory, local_ray):
+    """One process on two `CheckedActor`s, 4 clients a round, for the tests of
+    what the actors are handed and of actors dying: (config, data, process)."""
+    config = load_config(tiny(tmp_path_factory.mktemp("checked"), clients_per_round=4,
+                              runtime=RAY))
+    data = load_data(config)
+    remote = ray_backend.RayLearningProcess(parts_lib.learning_process(config, data), config,
+                                            actors=2, actor_class=CheckedActor)
+    yield config, data, remote
+    remote.close()
+    assert local_ray.is_initialized()  # the class's, left up
 
   def test_resume_on_the_ray_backend_is_exact(self, tmp_path, local_ray):
     """The three runs share one set of parts (the same 2 actors): a run with
@@ -286,57 +302,46 @@ class TestOnOneLocalRay:
     finally:
       parts.process.close()
     assert local_ray.is_initialized()  # the class's, left up
-    for a, b in zip(_weights(tmp_path / "straight"), _weights(tmp_path / "resumed"), strict=True):
+    for a, b in zip(saved_weights(tmp_path / "straight"), saved_weights(tmp_path / "resumed"),
+                    strict=True):
       np.testing.assert_array_equal(a, b)
 
-  def test_actors_receive_the_validated_config_and_do_not_validate_it_again(self, tmp_path,
-                                                                             local_ray):
+  def test_actors_receive_the_validated_config_and_do_not_validate_it_again(self,
+                                                                             checked_actors):
     """The driver validates once; its actors get that config (pickled, it keeps
-    its validated mark), not a mapping each would validate again."""
-    config = load_config(tiny(tmp_path, clients_per_round=2, runtime={**RAY, "workers": 1}))
-    data = load_data(config)
-    remote = ray_backend.RayLearningProcess(parts_lib.learning_process(config, data), config,
-                                            actors=1, actor_class=RevalidationRefusingActor)
-    try:
-      sampled = sample_clients(list(data.train.client_ids), 2, config.seed, 1)
-      output = remote.next_for_clients(remote.initialize(), sampled, 1)
-      assert np.isfinite(output.metrics["client_work"]["train"][LOSS])
-    finally:
-      remote.close()
-    assert local_ray.is_initialized()
+    its validated mark), not a mapping each would validate again: an actor
+    that validated it would have failed to start or to work."""
+    config, data, remote = checked_actors
+    sampled = sample_clients(list(data.train.client_ids), 4, config.seed, 1)
+    output = remote.next_for_clients(remote.initialize(), sampled, 1)
+    assert np.isfinite(output.metrics["client_work"]["train"][LOSS])
 
   def test_an_actor_dying_in_work_or_in_the_fold_is_replaced_with_the_same_result(
-      self, tmp_path, local_ray):
+      self, local_ray, checked_actors):
     """Round 1 undisturbed, then again with an actor dying after its work, then
     with one dying in the fold: each time one actor process is replaced, in place,
     and the weights and metrics are those of the undisturbed round."""
     ray, arm = local_ray, os.environ["RAY_TEST_ARM"]  # the actors inherit it
-    config = load_config(tiny(tmp_path, clients_per_round=4, runtime=RAY))
-    data = load_data(config)
-    remote = ray_backend.RayLearningProcess(parts_lib.learning_process(config, data), config,
-                                            actors=2, actor_class=DyingActor)
-    try:
-      # No GPU: each actor runs its block's clients interleaved on its one thread.
-      assert remote.max_concurrent_clients is None and remote._threads == 1  # noqa: SLF001
-      state = remote.initialize()
-      sampled = sample_clients(list(data.train.client_ids), 4, config.seed, 1)
-      undisturbed = remote.next_for_clients(state, sampled, 1)
-      for replacements, point in enumerate(("work", "fold"), start=1):
-        pids = ray.get([a.pid.remote() for a in remote.actors])
-        with open(arm, "w") as f:
-          f.write(point)
-        disturbed = remote.next_for_clients(state, sampled, 1)
-        assert not os.path.exists(arm) and remote.replacements == replacements, point
-        for a, b in zip(remote.get_model_weights(undisturbed.state).trainable,
-                        remote.get_model_weights(disturbed.state).trainable, strict=True):
-          np.testing.assert_array_equal(a, b)
-        assert undisturbed.metrics == disturbed.metrics, point
-        after = ray.get([a.pid.remote() for a in remote.actors])
-        assert len(set(after) - set(pids)) == 1, point  # one new actor process, in place
-      remote.next_for_clients(disturbed.state, sampled, 2)  # the new actors work on
-    finally:
-      remote.close()
-    assert ray.is_initialized()
+    config, data, remote = checked_actors
+    # No GPU: each actor runs its block's clients interleaved on its one thread.
+    assert remote.max_concurrent_clients is None and remote._threads == 1  # noqa: SLF001
+    state = remote.initialize()
+    sampled = sample_clients(list(data.train.client_ids), 4, config.seed, 1)
+    undisturbed = remote.next_for_clients(state, sampled, 1)
+    before = remote.replacements
+    for replacements, point in enumerate(("work", "fold"), start=1):
+      pids = ray.get([a.pid.remote() for a in remote.actors])
+      with open(arm, "w") as f:
+        f.write(point)
+      disturbed = remote.next_for_clients(state, sampled, 1)
+      assert not os.path.exists(arm) and remote.replacements == before + replacements, point
+      for a, b in zip(remote.get_model_weights(undisturbed.state).trainable,
+                      remote.get_model_weights(disturbed.state).trainable, strict=True):
+        np.testing.assert_array_equal(a, b)
+      assert undisturbed.metrics == disturbed.metrics, point
+      after = ray.get([a.pid.remote() for a in remote.actors])
+      assert len(set(after) - set(pids)) == 1, point  # one new actor process, in place
+    remote.next_for_clients(disturbed.state, sampled, 2)  # the new actors work on
 
 
 # ------------------------------------------------------------------ busy actors
@@ -448,7 +453,6 @@ def test_valid_ray_settings_load(tmp_path, runtime_section):
 
 
 def test_sweeps_reject_the_ray_backend_in_trials(tmp_path):
-  from tests.tuning.conftest import tiny_base
   from tuning.schema import SweepConfigError, parse_sweep
 
   with pytest.raises(SweepConfigError) as raised:

@@ -14,8 +14,8 @@ import pytest
 
 from tests import process_table as processes
 from tff_fedadamom.runtime import ray_session
+from tests.helpers import ROOT
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Every logger's level and handlers (the root's included), before and after a
 # local Ray session starts, in a fresh interpreter; prints those that changed.
@@ -39,8 +39,8 @@ print(sorted(changed))
 
 
 def test_a_local_session_leaves_logging_alone():
-  env = {**os.environ, "PYTHONPATH": REPO, "RAY_ADDRESS": ""}
-  out = subprocess.run([sys.executable, "-c", _CODE], cwd=REPO, env=env, capture_output=True,
+  env = {**os.environ, "PYTHONPATH": ROOT, "RAY_ADDRESS": ""}
+  out = subprocess.run([sys.executable, "-c", _CODE], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
   assert out.stdout.strip().splitlines()[-1] == "[]"
@@ -68,14 +68,14 @@ def test_the_reaper_ends_its_processes_when_its_pipe_closes_and_leaves_a_reused_
 
 
 def test_a_local_session_ends_its_reaper_and_every_process_it_started():
-  env = {**os.environ, "PYTHONPATH": REPO, "RAY_ADDRESS": ""}
+  env = {**os.environ, "PYTHONPATH": ROOT, "RAY_ADDRESS": ""}
   code = ("import os\nfrom tests import process_table as processes\n"
-          "from tff_fedadamom.experiment import ray_session\n"
+          "from tff_fedadamom.runtime import ray_session\n"
           "with ray_session.ray_session(None):\n"
           "  reaper = ray_session._reaper.pid\n"
           "  started = processes.descendants(os.getpid())\n"
           "print(reaper in started, len(started), started)\n")
-  out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
+  out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
   has_reaper, count, started = out.stdout.strip().splitlines()[-1].split(" ", 2)
@@ -110,8 +110,8 @@ print(seen, monitor.returncode)
 
 
 def test_a_local_session_kills_its_autoscaler_monitor_before_rays_shutdown():
-  env = {**os.environ, "PYTHONPATH": REPO, "RAY_ADDRESS": ""}
-  out = subprocess.run([sys.executable, "-c", _MONITOR_FIRST], cwd=REPO, env=env,
+  env = {**os.environ, "PYTHONPATH": ROOT, "RAY_ADDRESS": ""}
+  out = subprocess.run([sys.executable, "-c", _MONITOR_FIRST], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
   assert out.stdout.strip().splitlines()[-1] == "[[]] -9"  # gone, by SIGKILL, before
@@ -158,8 +158,8 @@ with ray_session.ray_session(None):
 
 
 def test_a_local_start_that_fails_twice_is_tried_a_third_time():
-  env = {**os.environ, "PYTHONPATH": REPO, "RAY_ADDRESS": ""}
-  out = subprocess.run([sys.executable, "-c", _FAILING_START], cwd=REPO, env=env,
+  env = {**os.environ, "PYTHONPATH": ROOT, "RAY_ADDRESS": ""}
+  out = subprocess.run([sys.executable, "-c", _FAILING_START], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
   line = out.stdout.strip().splitlines()[-1].split(" ")

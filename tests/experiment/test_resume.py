@@ -8,6 +8,7 @@ import collections
 import numpy as np
 import pytest
 
+from tests.helpers import state_leaves
 from tff_fedadamom.experiment import resume
 
 
@@ -26,12 +27,6 @@ def _state(scale: float):
       flag=np.array([True, False]))
 
 
-def _leaves(state):
-  import tensorflow as tf
-
-  return [np.asarray(x) for x in tf.nest.flatten(state)]
-
-
 def _assert_same_leaves(actual, expected):
   assert len(actual) == len(expected)
   for a, e in zip(actual, expected):
@@ -40,7 +35,7 @@ def _assert_same_leaves(actual, expected):
 
 
 def test_pack_holds_one_array_per_dtype_in_order_of_first_appearance():
-  leaves = _leaves(_state(3.0))
+  leaves = state_leaves(_state(3.0))
   packed = resume.pack_leaves(leaves)
   order = list(dict.fromkeys(leaf.dtype.str for leaf in leaves))
   assert len(order) == 5
@@ -53,20 +48,20 @@ def test_pack_holds_one_array_per_dtype_in_order_of_first_appearance():
 
 
 def test_unpack_gives_back_every_leaf_bit_for_bit_in_the_initial_shapes():
-  leaves = _leaves(_state(3.0))
+  leaves = state_leaves(_state(3.0))
   matrix = next(leaf for leaf in leaves if leaf.shape == (3, 4))
   matrix[1, 2] = np.nextafter(np.float32(1.0), np.float32(2.0))  # a last-bit value
-  like = _leaves(_state(0.0))  # same structure, other values
+  like = state_leaves(_state(0.0))  # same structure, other values
   _assert_same_leaves(resume.unpack_leaves(resume.pack_leaves(leaves), like), leaves)
 
 
 def test_unpack_takes_a_checkpoint_of_one_array_per_leaf_as_it_is():
-  leaves = _leaves(_state(2.0))
-  _assert_same_leaves(resume.unpack_leaves(leaves, _leaves(_state(0.0))), leaves)
+  leaves = state_leaves(_state(2.0))
+  _assert_same_leaves(resume.unpack_leaves(leaves, state_leaves(_state(0.0))), leaves)
 
 
 def test_unpack_refuses_arrays_of_another_state():
-  like = _leaves(_state(1.0))
+  like = state_leaves(_state(1.0))
   packed = resume.pack_leaves(like)
   with pytest.raises(ValueError, match="does not hold this run's state"):
     resume.unpack_leaves(packed[:-1], like)
@@ -78,14 +73,14 @@ def test_saved_rounds_load_through_tffs_manager_in_both_layouts(tmp_path):
   """`save_state` writes the packed layout with TFF's manager; `load_checkpoint`
   reads it, and a round written one array per leaf (as before packing)."""
   manager = resume.state_manager(str(tmp_path))
-  like = _leaves(_state(0.0))
+  like = state_leaves(_state(0.0))
   resume.save_state(manager, _state(2.0), 2)
-  asyncio.run(manager.save(_leaves(_state(1.0)), version=1))  # the earlier layout
+  asyncio.run(manager.save(state_leaves(_state(1.0)), version=1))  # the earlier layout
   stored = asyncio.run(manager.load(2, resume.pack_leaves(like)))
   assert len(stored) == len(resume.pack_leaves(like)) < len(like)
   leaves, round_num = resume.load_checkpoint(manager, like, str(tmp_path))
   assert round_num == 2
-  _assert_same_leaves(leaves, _leaves(_state(2.0)))
+  _assert_same_leaves(leaves, state_leaves(_state(2.0)))
   leaves, round_num = resume.load_checkpoint(manager, like, str(tmp_path), at_most=1)
   assert round_num == 1
-  _assert_same_leaves(leaves, _leaves(_state(1.0)))
+  _assert_same_leaves(leaves, state_leaves(_state(1.0)))

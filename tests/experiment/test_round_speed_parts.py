@@ -11,13 +11,12 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.eager.polymorphic_function import concrete_function
 
-from tests.experiment.test_runner import ROOT, tiny
+from tests.helpers import ROOT, tiny
 from tff_fedadamom.config import load_config
 from tff_fedadamom.data.client_tensors import ClientTensors
 from tff_fedadamom.data.preprocess import client_dataset, client_round_seed
 from tff_fedadamom.runtime import inprocess
 from tff_fedadamom.experiment.process import build_process, load_data
-from tff_fedadamom.session import SessionError, require_applied
 
 
 def _batches(dataset):
@@ -93,15 +92,6 @@ def test_computation_calls_skip_the_structured_signature(tmp_path, monkeypatch):
   with pytest.raises(TypeError, match="next_for_clients"):
     local.next(state, [])
   local.close()
-
-
-def test_library_runs_refuse_multithreaded_kernels():
-  """The test session applied Session(): one intra-op thread. A run asking for
-  another inter-op pool size than the process has is refused, not ignored."""
-  require_applied()
-  have = tf.config.threading.get_inter_op_parallelism_threads()
-  with pytest.raises(SessionError, match=r"Session\(threads="):
-    require_applied(have + 1)
 
 
 def _describe_run(raw) -> dict:

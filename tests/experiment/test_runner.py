@@ -12,40 +12,12 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tests.helpers import ROOT, saved_weights, tiny
 from tff_fedadamom.config import ConfigError, load_config
 from tff_fedadamom.metric_names import TEST_ACCURACY, TRAIN_LOSS
 from tff_fedadamom.experiment import build_process, run_experiment
 from tff_fedadamom.experiment import outputs
 from tff_fedadamom.experiment.process import client_datasets, load_data
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
-
-
-def tiny(output_dir, **overrides):
-  raw = {
-      "seed": 3, "rounds": 4, "clients_per_round": 3, "eval_every": 2,
-      "checkpoint_every": 1, "output_dir": str(output_dir), "targets": [0.3, 0.99],
-      "data": {"name": "digits", "num_clients": 8, "partition": {"kind": "dirichlet",
-                                                                 "alpha": 0.5}},
-      "model": {"name": "logistic"},
-      "client": {"learning_rate": 0.1, "batch_size": 16},
-      "server": {"optimizer": "fedadamom", "learning_rate": 1.0, "beta_2": 0.1},
-  }
-  for key, value in overrides.items():
-    section, _, field = key.partition("__")
-    if field:
-      raw[section] = {**raw[section], field: value}
-      if value is None:
-        del raw[section][field]
-    else:
-      raw[key] = value
-  return raw
-
-
-def _weights(output_dir):
-  model = tf.keras.models.load_model(os.path.join(output_dir, outputs.MODEL_FILE))
-  return [w.numpy() for w in model.weights]
-
 
 def test_run_writes_every_output(tmp_path):
   events = []
@@ -121,7 +93,7 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, run_shared):
   assert resumed.summary["resumed_from_round"] == 2
   assert resumed.summary["final_test_accuracy"] == full.summary["final_test_accuracy"]
   assert resumed.summary["final_train_loss"] == full.summary["final_train_loss"]
-  for a, b in zip(_weights(full.output_dir), _weights(resumed.output_dir), strict=True):
+  for a, b in zip(saved_weights(full.output_dir), saved_weights(resumed.output_dir), strict=True):
     np.testing.assert_array_equal(a, b)
   rows = outputs.read_metrics(resumed.output_dir)
   assert [r["round"] for r in rows] == [1, 2, 3, 4]
@@ -181,7 +153,6 @@ def test_a_validated_config_runs_without_a_second_validation(tmp_path, monkeypat
 def optimizer_builds(monkeypatch):
   """A list that gets one entry per build of a server optimizer through the
   registry (the function the pipeline builds every server optimizer with)."""
-  from tff_fedadamom import optimizers
   from tff_fedadamom import methods as registry
 
   builds, build = [], registry.build_server_optimizer
@@ -190,10 +161,6 @@ def optimizer_builds(monkeypatch):
     builds.append(args[:1])
     return build(*args, **kwargs)
 
-  # The package first: its name is lazy (read from the registry), so patching
-  # the registry first would make the package's saved "original" the counter,
-  # and the undo would leave the counter in place for later tests.
-  monkeypatch.setattr(optimizers, "build_server_optimizer", counting)
   monkeypatch.setattr(registry, "build_server_optimizer", counting)
   return builds
 
@@ -231,7 +198,7 @@ def test_a_run_builds_its_server_optimizer_once(tmp_path, optimizer_builds):
   run_experiment(other, parts=parts, progress=False)
   assert len(optimizer_builds) <= 1, optimizer_builds
   assert cold.summary["final_train_loss"] == warm.summary["final_train_loss"]
-  for a, b in zip(_weights(cold.output_dir), _weights(warm.output_dir), strict=True):
+  for a, b in zip(saved_weights(cold.output_dir), saved_weights(warm.output_dir), strict=True):
     np.testing.assert_array_equal(a, b)
 
 
@@ -394,6 +361,6 @@ def test_same_config_same_weights_with_dropout(tmp_path):
                data={"name": "mnist5k", "num_clients": 20})
     raw["client"]["max_examples"] = 40
     run_experiment(raw, progress=False)
-    results.append(_weights(tmp_path / name))
+    results.append(saved_weights(tmp_path / name))
   for a, b in zip(*results):
     np.testing.assert_array_equal(a, b)

@@ -8,7 +8,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_fedadamom.runtime import graph_defs, tf_computation
-from tff_fedadamom.runtime.feed import Feed
+from tff_fedadamom.runtime.tf_computation import Feed
 
 
 def _serialized(offset: float) -> bytes:

@@ -1,4 +1,4 @@
-"""`state_files.ArrayStateManager`: TFF's file manager storing each version as
+"""`resume.ArrayStateManager`: TFF's file manager storing each version as
 one `.npz` file, written whole or not at all, still reading TFF's SavedModels."""
 
 import asyncio
@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import tensorflow_federated as tff
 
-from tff_fedadamom.experiment import state_files
+from tff_fedadamom.experiment import resume
 
 
-def _manager(root, **kwargs) -> state_files.ArrayStateManager:
-  return state_files.ArrayStateManager(str(root), prefix="round_", **kwargs)
+def _manager(root, **kwargs) -> resume.ArrayStateManager:
+  return resume.ArrayStateManager(str(root), prefix="round_", **kwargs)
 
 
 def _arrays(scale: float) -> list:
@@ -33,7 +33,7 @@ def test_a_version_loads_bit_for_bit_and_retention_is_tffs(tmp_path):
     asyncio.run(manager.save(_arrays(version), version))
   assert asyncio.run(manager.get_versions()) == [2, 3]
   _assert_same(asyncio.run(manager.load(3, _arrays(0))), _arrays(3))
-  assert os.listdir(tmp_path / "round_3") == [state_files.ARRAYS_FILE]
+  assert os.listdir(tmp_path / "round_3") == [resume.ARRAYS_FILE]
   with pytest.raises(tff.program.ProgramStateNotFoundError):
     asyncio.run(manager.load(1, _arrays(0)))
   with pytest.raises(tff.program.ProgramStateExistsError):
@@ -49,7 +49,7 @@ def test_a_save_that_fails_midway_leaves_no_version(tmp_path, monkeypatch):
       f.write(b"PK\x03\x04 half a file")
     raise KeyboardInterrupt
 
-  monkeypatch.setattr(state_files.np, "savez", killed)
+  monkeypatch.setattr(resume.np, "savez", killed)
   with pytest.raises(KeyboardInterrupt):
     asyncio.run(manager.save(_arrays(2), 2))
   assert sorted(os.listdir(tmp_path)) == ["round_1"]
@@ -58,9 +58,9 @@ def test_a_save_that_fails_midway_leaves_no_version(tmp_path, monkeypatch):
 
 def test_what_a_killed_save_left_is_not_a_version_and_goes_at_the_next_save(tmp_path):
   manager = _manager(tmp_path)
-  left = tmp_path / f"{state_files.PARTIAL_PREFIX}round_2-0123"
+  left = tmp_path / f"{resume.PARTIAL_PREFIX}round_2-0123"
   left.mkdir()
-  (left / state_files.ARRAYS_FILE).write_bytes(b"PK\x03\x04")
+  (left / resume.ARRAYS_FILE).write_bytes(b"PK\x03\x04")
   assert asyncio.run(manager.get_versions()) is None
   asyncio.run(manager.save(_arrays(2), 2))
   assert sorted(os.listdir(tmp_path)) == ["round_2"]
@@ -79,7 +79,7 @@ def test_a_version_saved_by_tffs_own_manager_loads(tmp_path):
 def test_a_damaged_or_foreign_version_raises(tmp_path, damage):
   manager = _manager(tmp_path)
   asyncio.run(manager.save(_arrays(1), 1))
-  path = tmp_path / "round_1" / state_files.ARRAYS_FILE
+  path = tmp_path / "round_1" / resume.ARRAYS_FILE
   like = _arrays(0)
   if damage == "other count":
     like = like[:-1]

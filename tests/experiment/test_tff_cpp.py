@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 from tests import process_table as processes
-from tests.experiment.test_runner import tiny
+from tests.helpers import relay_and_worker, tiny
 from tff_fedadamom.config import ConfigError, load_config
 from tff_fedadamom.experiment import parts as parts_lib
 from tff_fedadamom import runtime as backends
@@ -21,17 +21,6 @@ from tff_fedadamom.experiment import run_experiment
 from tff_fedadamom.runtime import tff_cpp
 
 TFF_CPP = {"backend": "tff_cpp"}
-
-
-def relay_and_worker(pids):
-  """(relay pid, worker pid), the only processes among `pids`: the worker is the
-  relay's child."""
-  lines = {pid: (processes.cmdline(pid) or b"").split(b"\0") for pid in pids}
-  relays = [pid for pid, args in lines.items() if args[2:3] == [tff_cpp.RELAY.encode()]]
-  workers = [pid for pid, args in lines.items() if args[0].endswith(b"/worker_binary")]
-  assert len(relays) == 1 and len(workers) == 1 and len(lines) == 2, lines
-  assert processes.stat(workers[0]).ppid == relays[0], lines
-  return relays[0], workers[0]
 
 
 def _interfaces(pid):

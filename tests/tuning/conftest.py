@@ -14,23 +14,9 @@ import yaml
 
 from tests import process_table as processes
 
+
 TOKEN = f"tuning-test-{uuid.uuid4().hex[:12]}"
 os.environ["TUNING_TEST_TOKEN"] = TOKEN
-
-
-def tiny_base(**overrides):
-  """1,797 digits over 10 clients, logistic regression: a trial takes seconds."""
-  base = {
-      "seed": 0, "eval_every": 1, "checkpoint_every": 1, "targets": [0.3, 0.9],
-      "telemetry": False, "diverge_patience": 1, "clients_per_round": 4,
-      "data": {"name": "digits", "num_clients": 10,
-               "partition": {"kind": "dirichlet", "alpha": 0.5}},
-      "model": {"name": "logistic"},
-      "client": {"learning_rate": 0.1, "batch_size": 20},
-      "server": {"optimizer": "fedavg"},
-  }
-  base.update(overrides)
-  return base
 
 
 def rounds_reported_again(results, metrics=("test/accuracy", "test/loss", "train/loss",

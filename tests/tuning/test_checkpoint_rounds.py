@@ -6,7 +6,7 @@ import types
 import pytest
 from ray.tune.schedulers import ASHAScheduler
 
-from tests.tuning.conftest import tiny_base
+from tests.helpers import tiny_base
 from tuning import schema
 from tuning.sweep import asha_milestones, checkpoint_rounds
 

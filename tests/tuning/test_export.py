@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from tests.tuning.conftest import tiny_base
+from tests.helpers import tiny_base
 from tff_fedadamom.config import load_config
 from tff_fedadamom.metric_names import TEST_ACCURACY, TEST_LOSS
 from tuning import load_sweep

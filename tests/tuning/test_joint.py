@@ -13,7 +13,7 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 from ray.tune.search import Searcher
 
-from tests.tuning.conftest import tiny_base
+from tests.helpers import tiny_base
 from tuning import joint, schema
 from tuning import space as space_lib
 

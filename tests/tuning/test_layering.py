@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from tests.test_layering import REPO, _modules
+from tests.helpers import ROOT as REPO
+from tests.helpers import package_modules as _modules
 
 TUNING = sorted(m for m, _ in _modules() if m == "tuning" or m.startswith("tuning."))
 

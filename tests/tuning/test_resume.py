@@ -7,7 +7,8 @@ import signal
 
 from ray import tune
 
-from tests.tuning.conftest import rounds_reported_again, tiny_base, write_sweep
+from tests.helpers import tiny_base
+from tests.tuning.conftest import rounds_reported_again, write_sweep
 from tuning import joint, load_sweep, run_sweep
 from tuning import space as space_lib
 from tuning.export import read_trials

@@ -6,7 +6,8 @@ import os
 import pytest
 import yaml
 
-from tests.tuning.conftest import tiny_base, write_sweep
+from tests.helpers import tiny_base
+from tests.tuning.conftest import write_sweep
 from tff_fedadamom.metric_names import TEST_ACCURACY, TEST_LOSS
 from tff_fedadamom.methods import list_optimizers
 from tuning import load_sweep

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from tests.tuning.conftest import tiny_base
+from tests.helpers import tiny_base
 from tff_fedadamom.config import load_config
 from tff_fedadamom.metric_names import TEST_ACCURACY, TEST_LOSS, TRAIN_LOSS
 from tff_fedadamom.methods import get_spec, list_optimizers

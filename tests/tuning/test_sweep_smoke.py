@@ -21,7 +21,8 @@ import sys
 import pytest
 from ray import tune
 
-from tests.tuning.conftest import our_worker_binaries, tiny_base, write_sweep
+from tests.helpers import tiny_base
+from tests.tuning.conftest import our_worker_binaries, write_sweep
 from tff_fedadamom.config import load_config
 from tff_fedadamom.metric_names import TEST_ACCURACY, TEST_LOSS
 from tuning import joint, progress, run_sweep

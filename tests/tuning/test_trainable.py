@@ -6,7 +6,7 @@ import math
 import os
 import types
 
-from tests.tuning.conftest import tiny_base
+from tests.helpers import tiny_base
 from tff_fedadamom.metric_names import ROUND, TEST_ACCURACY
 from tff_fedadamom.experiment import iter_experiment, run_experiment
 from tuning.trainable import DIVERGED, NODE_ID, OBJECTIVE, eval_result, trial_environ
