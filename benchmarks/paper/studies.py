@@ -107,11 +107,13 @@ def _final(ctx: Context, name: str, entry: Mapping, base: Mapping, seed: int,
 
 
 def hparams(entry: Mapping) -> dict:
-  """The client learning rate, then the server's hparams, of a tuned config."""
+  """The client learning rate, then the server's hparams, of a tuned config, to
+  `units.SPEC_DIGITS` (a drawn value's last bits are the CPU's)."""
   config = entry["config"]
-  return {"client.learning_rate": config["client"]["learning_rate"],
-          **{f"server.{k}": v for k, v in config["server"].items()
-             if k not in ("optimizer", "client_weighting", "schedule")}}
+  return units_lib.canonical({
+      "client.learning_rate": config["client"]["learning_rate"],
+      **{f"server.{k}": v for k, v in config["server"].items()
+         if k not in ("optimizer", "client_weighting", "schedule")}})
 
 
 def summarize_comparison(name: str, comparison: Mapping, budget: plan.DataBudget,

@@ -49,9 +49,29 @@ def spec_of_config(config: Mapping[str, Any]) -> dict:
   return spec
 
 
+# Significant digits of a spec's floats in its hash. A drawn hparam is
+# exp(U(log a, log b)) (`tune.draws`), and libm's exp and log round their last
+# bit differently from CPU to CPU (glibc picks its FMA or SSE2 code at run
+# time), so a spec's floats are one machine's within an ulp: the hash sees
+# them to 10 digits, where CPUs agree.
+SPEC_DIGITS = 10
+
+
+def canonical(spec: Any) -> Any:
+  """`spec` with every float rounded to SPEC_DIGITS significant digits: what
+  its hash covers, and what two specs compare by."""
+  if isinstance(spec, Mapping):
+    return {k: canonical(v) for k, v in spec.items()}
+  if isinstance(spec, (list, tuple)):
+    return [canonical(v) for v in spec]
+  if isinstance(spec, float) and math.isfinite(spec):
+    return float(f"{spec:.{SPEC_DIGITS}g}")
+  return spec
+
+
 def spec_hash(spec: Any) -> str:
-  """A short stable hash of a JSON-able value."""
-  text = json.dumps(spec, sort_keys=True, default=str)
+  """A short stable hash of a JSON-able value (its floats `canonical`)."""
+  text = json.dumps(canonical(spec), sort_keys=True, default=str)
   return hashlib.sha1(text.encode()).hexdigest()[:12]
 
 
@@ -243,7 +263,7 @@ class Store:
     named = next((r for r in self._load().values() if r["name"] == unit.name), None)
     if named is None:
       return "no unit file"
-    where = first_difference(record_spec(named), unit.spec, "spec")
+    where = first_difference(canonical(record_spec(named)), canonical(unit.spec), "spec")
     return f"its file holds another spec ({where[0]}: {where[1]!r}, now {where[2]!r})"
 
   def put(self, unit: Unit, result: Any, wall_time_s: float) -> str:

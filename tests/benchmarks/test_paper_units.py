@@ -3,6 +3,7 @@ the no-shrink rule of --report-only (benchmarks/paper/fingerprint.py, units.py,
 runs.py, verify.py, reproduce.py)."""
 
 import json
+import math
 import multiprocessing
 import os
 import subprocess
@@ -397,3 +398,19 @@ def test_commit_units_commits_each_file_alone(tmp_path):
   assert record["source_commit"] == head and record["source_dirty"] is False
   with pytest.raises(ValueError, match="not inside a git work tree"):
     units.Store(str(tmp_path / "elsewhere"), commit=True)
+
+
+def test_a_spec_hash_ignores_the_last_bits_of_a_float_but_not_a_real_change():
+  """libm's exp and log may differ in the last bit from CPU to CPU: a drawn
+  hparam one ulp apart is the same unit; a change in its 10th digit is not."""
+  from benchmarks.paper import units
+
+  drawn = 0.0937182391870729  # a learning rate two CPUs drew one ulp apart
+  spec = {"client": {"learning_rate": drawn, "batch_size": 20}, "seed": [1, 2.5]}
+  ulp = {"client": {"learning_rate": math.nextafter(drawn, 1.0), "batch_size": 20},
+         "seed": [1, 2.5]}
+  assert units.spec_hash(spec) == units.spec_hash(ulp)
+  assert units.first_difference(units.canonical(spec), units.canonical(ulp)) is None
+  other = {"client": {"learning_rate": drawn * (1 + 1e-8), "batch_size": 20}, "seed": [1, 2.5]}
+  assert units.spec_hash(spec) != units.spec_hash(other)
+  assert units.spec_hash({"x": 1}) != units.spec_hash({"x": 1.0 + 1e-9})
