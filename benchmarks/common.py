@@ -2,8 +2,7 @@
 
 `benchmarks/RESULTS.md` is generated. Each script owns one section of it, a
 block between `<!-- begin: NAME -->` and `<!-- end: NAME -->`, and rewrites
-that block alone whenever it runs, with the commit, machine and date of that
-run and the figures it measured; the other sections stay as they are.
+that block alone, with the provenance of that run and its figures.
 
 Ratios are taken of medians, or, for calls timed in pairs (`interleaved`), as
 the median of the per-pair ratios: on a shared machine a burst of load then
@@ -20,7 +19,7 @@ import re
 import statistics
 import subprocess
 import time
-from typing import Callable, Iterable, Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "RESULTS.md")
@@ -74,9 +73,9 @@ def paired_ratio(a: Sequence[float], b: Sequence[float]) -> Optional[float]:
   return statistics.median(pairs) if pairs else None
 
 
-def fmt(value: Optional[float], spec: str = ".2f", unit: str = "") -> str:
-  """`value` formatted with `spec` (and `unit`), or NOT_MEASURED for None."""
-  return NOT_MEASURED if value is None else f"{value:{spec}}{unit}"
+def fmt(value: Optional[float], spec: str = ".2f") -> str:
+  """`value` formatted with `spec`, or NOT_MEASURED for None."""
+  return NOT_MEASURED if value is None else f"{value:{spec}}"
 
 
 def goal(value: Optional[float], target: float, at_least: bool = True) -> str:
@@ -86,26 +85,33 @@ def goal(value: Optional[float], target: float, at_least: bool = True) -> str:
   return "met" if (value >= target if at_least else value <= target) else "NOT met"
 
 
-def cpu_model() -> str:
-  """The CPU's model name (Linux /proc/cpuinfo), else what `platform` says."""
+def cpuinfo() -> dict:
+  """The first processor's fields in /proc/cpuinfo (Linux; elsewhere {})."""
   try:
     with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.lower().startswith("model name"):
-          return line.split(":", 1)[1].strip()
+      block = f.read().split("\n\n")[0]
   except OSError:
-    pass
-  return platform.processor() or platform.machine() or "unknown CPU"
+    return {}
+  return {k.strip(): v.strip() for k, v in (line.split(":", 1) for line in block.splitlines()
+                                            if ":" in line)}
+
+
+def cpu_model() -> str:
+  """The CPU's model name (Linux /proc/cpuinfo), else what `platform` says."""
+  return cpuinfo().get("model name") or platform.processor() or platform.machine() or "unknown CPU"
+
+
+def git(repo: str, *args: str) -> subprocess.CompletedProcess:
+  """`git -C repo args`, its output as text (git's exit status is not checked)."""
+  return subprocess.run(["git", "-C", repo, *args], capture_output=True, text=True,
+                        check=False)
 
 
 def commit(repo: str = ROOT) -> str:
   """The checkout's short commit, with "+ uncommitted changes" if it has any."""
-  def git(*args):
-    return subprocess.run(["git", "-C", repo, *args], capture_output=True, text=True,
-                          check=False).stdout.strip()
-
-  head = git("rev-parse", "--short", "HEAD") or "unknown commit"
-  return head + (" + uncommitted changes" if git("status", "--porcelain") else "")
+  head = git(repo, "rev-parse", "--short", "HEAD").stdout.strip() or "unknown commit"
+  dirty = git(repo, "status", "--porcelain").stdout.strip()
+  return head + (" + uncommitted changes" if dirty else "")
 
 
 def provenance(repo: str = ROOT) -> str:
@@ -115,23 +121,12 @@ def provenance(repo: str = ROOT) -> str:
           f"{os.getloadavg()[0]:.2f} at the end; {now}")
 
 
-def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
-  """A Markdown table."""
-  lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-  lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
-  return "\n".join(lines)
-
-
-def _markers(name: str) -> tuple[str, str]:
-  if not re.fullmatch(r"[a-z0-9_]+", name):
-    raise ValueError(f"section name {name!r}: allowed are lowercase letters, digits and '_'")
-  return f"<!-- begin: {name} -->", f"<!-- end: {name} -->"
-
-
 def replace_section(text: str, name: str, body: str) -> str:
   """`text` with section `name`'s block holding `body`; the block is appended
   if `text` has none. Everything outside the block is kept byte for byte."""
-  begin, end = _markers(name)
+  if not re.fullmatch(r"[a-z0-9_]+", name):
+    raise ValueError(f"section name {name!r}: allowed are lowercase letters, digits and '_'")
+  begin, end = f"<!-- begin: {name} -->", f"<!-- end: {name} -->"
   block = f"{begin}\n{body.strip()}\n{end}"
   starts, ends = text.count(begin), text.count(end)
   if (starts, ends) == (0, 0):
@@ -147,15 +142,13 @@ def write_section(name: str, title: str, body: str, path: str = RESULTS,
   """Rewrites section `name` of the results file at `path` (made with HEADER
   if missing) as `## title`, the provenance line of `repo` and `body`;
   returns the section's text."""
+  from tff_fedadamom.atomic_io import atomic_write_text
+
   text = f"## {title}\n\n{provenance(repo)}\n\n{body.strip()}\n"
   try:
     with open(path) as f:
       old = f.read()
   except FileNotFoundError:
     old = HEADER
-  new = replace_section(old, name, text)
-  tmp = f"{path}.tmp{os.getpid()}"
-  with open(tmp, "w") as f:
-    f.write(new)
-  os.replace(tmp, path)
+  atomic_write_text(path, replace_section(old, name, text))
   return text

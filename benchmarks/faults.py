@@ -9,11 +9,10 @@ logistic regression, FedAdamom, a checkpoint every round):
 * kill -9: `--kills` times, the command is killed at a random point of a
   random round (after round k's metrics row, k drawn from 1..ROUNDS-1, plus up
   to 0.1 s), then the same command runs again and resumes from its
-  checkpoints. Counted: kills that landed before the run's end (it still ran
-  and had not written its last row), resumed (exit 0), identical (final
-  weights, bit for bit, equal to those of one uninterrupted run of the same
-  config), and the killed command's child processes still running afterwards
-  (goal 0).
+  checkpoints. Counted: kills that landed before the run's end, resumed runs
+  (exit 0), identical ones (final weights, bit for bit, those of one
+  uninterrupted run), and the killed command's child processes still running
+  afterwards (goal 0).
 * SIGINT and SIGTERM mid-run: the command's child processes still running a
   second after it exits (goal 0).
 """
@@ -38,6 +37,7 @@ import yaml  # noqa: E402
 from benchmarks import common  # noqa: E402
 from tff_fedadamom import process_table  # noqa: E402
 from tff_fedadamom.experiment import outputs  # noqa: E402
+from tff_fedadamom.experiment.outputs import markdown_table  # noqa: E402
 
 ROUNDS = 8
 
@@ -125,15 +125,14 @@ def kills(n: int, rng: random.Random, tmp: str) -> dict:
     counts["mid_run"] += mid_run
     time.sleep(1.0)
     counts["left"] += left_running(children)
-    again = subprocess.run(command(path), cwd=ROOT, capture_output=True,
-                           env={**os.environ, "PYTHONPATH": ROOT})
-    same = again.returncode == 0 and all(
+    resumed = subprocess.run(command(path), cwd=ROOT, capture_output=True,
+                             env={**os.environ, "PYTHONPATH": ROOT}).returncode == 0
+    same = resumed and all(
         np.array_equal(a, b) for a, b in zip(final_weights(out), expected, strict=True))
-    counts["resumed"] += again.returncode == 0
+    counts["resumed"] += resumed
     counts["identical"] += same
     print(f"  kill {i + 1}: after round >= {at}: "
-          f"{'resumed' if again.returncode == 0 else 'FAILED'}{', identical' if same else ''}",
-          flush=True)
+          f"{'resumed' if resumed else 'FAILED'}{', identical' if same else ''}", flush=True)
   return counts
 
 
@@ -162,7 +161,7 @@ def section(n: int, counts: dict, left: dict) -> str:
             for name, count in left.items()]
   return ("`python -m tff_fedadamom run` on digits/logistic with FedAdamom, "
           f"{ROUNDS} rounds, a checkpoint every round.\n\n"
-          + common.table(["fault", "tried", "outcome"], lines))
+          + markdown_table(["fault", "tried", "outcome"], lines))
 
 
 def main(argv=None) -> int:

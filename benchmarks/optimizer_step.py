@@ -2,19 +2,16 @@
 
     python -m benchmarks.optimizer_step [--repeats 40]
 
-Every server optimizer of the registry (`tff_fedadamom.methods`; the whole
-learning processes, whose clients change too, have no server step to time),
-built with its defaults, steps `tf.function(opt.next)` on 21 float32 tensors
-of 11.2 M parameters in all. A step is memory-bound: it reads the weights w,
-the update g and its k parameter-sized state arrays (FedAdamom: k = 2, m and
-v) and writes w and the k arrays. Its floor is a `tf.function` that moves
-exactly that much, with one add per array and no other math (`traffic`):
-the least any implementation of that rule could cost on this machine.
-
-All steps and floors are interleaved (`common.interleaved`), two untimed steps
-each first (tracing, then warm-up). Written: the median ms of each step,
-step / floor (the median of the paired ratios; goal for FedAdamom: <= 2), and
-FedAdamom / FedAdam (the same state size; goal <= 1).
+Every server optimizer of the registry (a learning process, whose clients change
+too, has no server step to time), built with its defaults, steps
+`tf.function(opt.next)` on 21 float32 tensors of 11.2 M parameters in all. A
+step is memory-bound: it reads the weights w, the update g and its k
+parameter-sized state arrays (FedAdamom: k = 2, m and v) and writes w and the k
+arrays. Its floor (`traffic`) moves exactly that much, with one add per array
+and no other math: the least any implementation of that rule could cost on this
+machine. Steps and floors are interleaved (`common.interleaved`), two untimed
+steps each first (tracing, then warm-up). Goals: FedAdamom / floor <= 2, and
+FedAdamom / FedAdam (the same state size) <= 1.
 """
 
 from __future__ import annotations
@@ -35,6 +32,7 @@ import tensorflow as tf  # noqa: E402
 
 from benchmarks import common  # noqa: E402
 from tff_fedadamom import methods  # noqa: E402
+from tff_fedadamom.experiment.outputs import markdown_table  # noqa: E402
 
 # ResNet-18 (CIFAR stem, 10 classes) trainable tensor shapes, merged per block
 # into 21 tensors of about the same total size (11.2 M parameters).
@@ -53,22 +51,18 @@ FLOOR_GOAL = 2.0
 ADAM_GOAL = 1.0
 
 
-def state_arrays(state, n_params: int) -> int:
-  """k: how many parameter-sized arrays a state holds (its size over n_params)."""
-  size = sum(int(np.prod(t.shape)) for t in tf.nest.flatten(state))
-  return int(round(size / n_params))
-
-
 def materialized(fn, args) -> None:
   """Calls `fn(*args)` and waits for its every output."""
   tf.nest.map_structure(lambda t: t.numpy() if tf.is_tensor(t) else t, fn(*args))
 
 
 def optimizer_step(opt, weights, grads):
-  """(`tf.function(opt.next)`, its arguments, k)."""
+  """(`tf.function(opt.next)`, its arguments, k: how many parameter-sized arrays
+  its state holds)."""
   specs = [tf.TensorSpec(w.shape, w.dtype) for w in weights]
   state = tf.nest.map_structure(tf.convert_to_tensor, opt.initialize(specs))
-  k = state_arrays(state, sum(int(np.prod(w.shape)) for w in weights))
+  size = sum(int(np.prod(t.shape)) for t in tf.nest.flatten(state))
+  k = int(round(size / sum(int(np.prod(w.shape)) for w in weights)))
   return tf.function(opt.next), (state, weights, grads), k
 
 
@@ -100,8 +94,8 @@ def section(times: dict, ks: dict, repeats: int) -> str:
           f"{n_params / 1e6:.1f} M parameters, median of {repeats} interleaved steps; k: the "
           "state's parameter-sized arrays; the floor reads w, g and k arrays and writes w and "
           "k arrays with one add each.\n\n"
-          + common.table(["optimizer", "k", "step ms", "floor ms", "step / floor"], rows)
-          + f"\n\nFedAdamom / floor: {common.fmt(over_floor)} (goal <= {FLOOR_GOAL:g}: "
+          + markdown_table(["optimizer", "k", "step ms", "floor ms", "step / floor"], rows)
+          + f"\nFedAdamom / floor: {common.fmt(over_floor)} (goal <= {FLOOR_GOAL:g}: "
           f"{common.goal(over_floor, FLOOR_GOAL, at_least=False)}); FedAdamom / FedAdam: "
           f"{common.fmt(over_adam)} (goal <= {ADAM_GOAL:g}: "
           f"{common.goal(over_adam, ADAM_GOAL, at_least=False)}).")

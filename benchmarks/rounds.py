@@ -3,29 +3,25 @@
     python -m benchmarks.rounds [--configs logistic,mlp,cnn] [--rounds 8] [--memory-rounds 1000]
 
 Round time. For each config, one run per backend (`inprocess`; `ray` with 2
-actors of 1 CPU and 1 thread; `tff_cpp`, TFF's own C++ runtime), each a
-`tff_fedadamom.experiment.iter_experiment` generator stepped one round at a
-time, and the floor, interleaved round-robin (`common.interleaved`) so that
-load on a shared machine falls on all of them alike. A backend's time is its
-run's round as the run makes it: sampling, the round, its metrics row. The
-rounds timed hold no evaluation and no checkpoint (both come only at the
-end), and the clients are IID with equal example counts, so every round
-trains the same number of batches.
+actors of 1 CPU and 1 thread; `tff_cpp`, TFF's own C++ runtime), each an
+`iter_experiment` generator stepped one round at a time, and the floor, all
+interleaved (`common.interleaved`). A backend's time is its run's round as the
+run makes it: sampling, the round, its metrics row. The timed rounds hold no
+evaluation and no checkpoint, and the clients are IID with equal example
+counts, so every round trains the same number of batches.
 
-The floor is the round's arithmetic with nothing around it: the same SGD
-steps over the same batches (round 1's clients, materialized beforehand),
-each client from the same start weights, then the start plus the mean of the
-clients' deltas, in one `tf.function` with the steps unrolled. backend / floor
-(the median of the paired per-round ratios) is what a backend costs above the
-arithmetic. The floor trains its clients one after another, each kernel on one
-thread (this process's `Session`, as a run's): a backend that trains clients
-side by side on several cores (ray's actors) can beat it on a large model.
+The floor is the round's arithmetic with nothing around it: the same SGD steps
+over the same batches (round 1's clients, materialized beforehand), each client
+from the same start weights, then the start plus the mean of the clients'
+deltas, in one `tf.function`. backend / floor is what a backend costs above the
+arithmetic. The floor trains its clients one after another, one thread per
+kernel: a backend that trains clients side by side on several cores (ray's
+actors) can beat it on a large model.
 
-Memory. digits/logistic with telemetry, in-process, `--memory-rounds` rounds
-(evaluation and checkpoints at their usual cadence): resident memory after
-round 100 and at the end, the growth per 1,000 rounds (goal: < 5 MB from round
-100 to 1,000), and TensorFlow's function count at both marks (a function
-traced per round would show there).
+Memory. digits/logistic with telemetry, in-process: resident memory after
+round 100 and at the end, the growth per 1,000 rounds (goal: < 5 MB), and
+TensorFlow's function count at both marks (a function traced per round would
+show there).
 """
 
 from __future__ import annotations
@@ -41,6 +37,7 @@ if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
 from benchmarks import common  # noqa: E402
+from tff_fedadamom.experiment.outputs import markdown_table  # noqa: E402
 
 BACKENDS = {
     "inprocess": {"backend": "inprocess"},
@@ -171,8 +168,8 @@ def round_table(times: dict) -> str:
     rows.append([name, common.fmt(ms["floor"], ".1f")]
                 + [common.fmt(ms[b], ".1f") for b in BACKENDS]
                 + [common.fmt(common.paired_ratio(t[b], t["floor"])) for b in BACKENDS])
-  return common.table(["config", "floor ms"] + [f"{b} ms" for b in BACKENDS]
-                      + [f"{b} / floor" for b in BACKENDS], rows)
+  return markdown_table(["config", "floor ms"] + [f"{b} ms" for b in BACKENDS]
+                        + [f"{b} / floor" for b in BACKENDS], rows)
 
 
 def memory_text(m: dict, rounds: int) -> str:
@@ -217,7 +214,7 @@ def main(argv=None) -> int:
           "warm-up rounds; backend / floor is the median of the per-round ratios. ray: "
           "2 actors x 1 CPU x 1 thread. The floor: the same SGD steps over the same "
           "batches and the mean of the deltas, in one `tf.function`.\n\n"
-          + round_table(times) + "\n\n"
+          + round_table(times) + "\n"
           + (memory_text(mem, args.memory_rounds) if mem else f"Memory: {common.NOT_MEASURED}."))
   print(common.write_section("rounds", "Rounds: each backend against the floor", body,
                              args.results))

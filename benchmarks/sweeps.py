@@ -9,23 +9,17 @@ a fresh storage directory, with a process cache of this run's own
 * quickstart: `configs/sweeps/quickstart.yaml` as shipped, run twice with
   `python -m tff_fedadamom tune`: "cold" (the cache empty: every learning
   process is traced and compiled) and "warm" (the cache the cold sweep
-  filled); then the same trials (`tuning.joint.trial_configs`, each made an
-  experiment by `tuning.space.experiment_dict`, all rounds) as separate
+  filled); then the same trials (`tuning.joint.trial_configs`) as separate
   `python -m tff_fedadamom run` commands, as many at a time as the sweep runs
-  trials. separate / warm is what the sweep saves over a shell loop; the
-  project's goal is >= 2.5x.
-* fmnist: `configs/sweeps/fmnist_all_optimizers.yaml` shortened (`FMNIST_SHORT`:
-  2 trials per optimizer, 10 rounds, 5 clients of 100 examples, ASHA grace 5
-  and reduction 2, 1 CPU per trial, 2 at a time), cold and warm.
+  trials. separate / warm is what the sweep saves over a shell loop.
+* fmnist: `configs/sweeps/fmnist_all_optimizers.yaml` shortened (`FMNIST_SHORT`),
+  cold and warm.
 
-`--only` measures one of the two (the other's figures are then written "not
-measured"); `--out` keeps the scratch files (sweep files, logs, run
-directories) in a new folder there; `--results` writes another results file.
-`--repo` runs the commands against another checkout (its code first on
-`PYTHONPATH`, its configs), to compare two designs on one machine; the sweep
-files are shortened by that checkout's own `tuning.schema`, in a child process,
-so nothing of this checkout's project code is imported. The section of
-RESULTS.md names that checkout's commit.
+`--only` measures one of the two (the other's figures are then "not
+measured"). `--repo` runs the commands against another checkout (its code
+first on `PYTHONPATH`, its configs), to compare two designs on one machine;
+the sweep files are shortened by that checkout's own `tuning.schema`, in a
+child process, so nothing of this checkout's project code is imported there.
 """
 
 from __future__ import annotations
@@ -100,12 +94,6 @@ def prepare(spec: Mapping) -> dict:
           "rounds": sweep.budget.rounds}
 
 
-def child_env(repo: str, cache_dir: str) -> dict:
-  """The environment of every command: `repo`'s code first, this run's cache."""
-  return {**os.environ, "PYTHONPATH": repo, "TFF_FEDADAMOM_CACHE_DIR": cache_dir,
-          "TF_CPP_MIN_LOG_LEVEL": "3"}
-
-
 def _stop(procs: Sequence[subprocess.Popen]) -> None:
   """Ends the process groups of `procs` still running (each started its own)."""
   for proc in procs:
@@ -151,7 +139,9 @@ def measure(repo: str, sweep_file: str, values: Mapping, scratch: str,
   """Cold and warm sweep seconds of `sweep_file` with `values`, and with
   `separate` the seconds of its trials as separate runs (after the warm sweep)."""
   cache = os.path.join(scratch, "process-cache")
-  env = child_env(repo, cache)
+  # Every command's environment: `repo`'s code first, this run's cache.
+  env = {**os.environ, "PYTHONPATH": repo, "TFF_FEDADAMOM_CACHE_DIR": cache,
+         "TF_CPP_MIN_LOG_LEVEL": "3"}
   variants = {os.path.join(scratch, f"{label}.yaml"):
               {"resources.storage_path": os.path.join(scratch, label)}
               for label in ("cold", "warm")}
@@ -185,7 +175,8 @@ def measure(repo: str, sweep_file: str, values: Mapping, scratch: str,
 def section(results: Mapping[str, Optional[dict]], repo: str) -> str:
   """The Markdown body of the section from `results` (name -> figures, or None
   for a sweep not run)."""
-  from benchmarks.common import NOT_MEASURED, fmt, goal, ratio, table
+  from benchmarks.common import NOT_MEASURED, fmt, goal, ratio
+  from tff_fedadamom.experiment.outputs import markdown_table
 
   rows = []
   for name, label in (("quickstart", f"`{QUICKSTART}` as shipped"),
@@ -203,8 +194,8 @@ def section(results: Mapping[str, Optional[dict]], repo: str) -> str:
           "cache; warm: the cache the cold sweep filled) and the same trials as separate "
           "`python -m tff_fedadamom run` commands on the warm cache, wall seconds. Goal: "
           f"separate / warm sweep >= {GOAL:g}x. Shortened fmnist: {shortened}.\n\n"
-          + table(["sweep", "trials", "cold sweep s", "warm sweep s", "separate runs s",
-                   "cold / warm", "separate / warm sweep"], rows))
+          + markdown_table(["sweep", "trials", "cold sweep s", "warm sweep s",
+                            "separate runs s", "cold / warm", "separate / warm sweep"], rows))
 
 
 def main(argv=None) -> int:

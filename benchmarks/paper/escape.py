@@ -19,10 +19,7 @@ Hessian: g = grad f_k(x) + sqrt(s k h0) z, z ~ N(0, I), s the per-round noise
 scale. Every particle starts at the local minimum with zero optimizer state and
 has escaped once a coordinate passes u = -1 (into the global basin). Escape
 times are censored at `max_rounds`; the rate is the exponential maximum-
-likelihood estimate (escapes / rounds observed), tau = 1 / rate. The particles
-run as one batch mapped with `tf.vectorized_map`, each a model of `dim`
-parameters with its own state (FedAdamom's vbar is a mean over a model's
-parameters; a test checks the batch against a per-particle loop).
+likelihood estimate (escapes / rounds observed), tau = 1 / rate.
 
 Step sizes are matched once, at the minimum of the reference sharpness k_ref
 (the geometric middle of the k range): FedAvgM's rate is fixed (eta / (1 -
@@ -138,37 +135,32 @@ def build_optimizer(name: str, lr: float, setup: EscapeSetup):
 class BatchedOptimizer:
   """`optimizer.next` applied to a batch of independent models of `dim` parameters.
 
-  The state of every model is the optimizer's own state (hparams included),
-  stacked along a leading batch axis; `tf.vectorized_map` maps `next` over it, so
-  reductions inside `next` (FedAdamom's vbar) stay per model.
+  Every model's state is the optimizer's own (hparams included), stacked along
+  a leading batch axis; `tf.vectorized_map` maps `next` over it, so reductions
+  inside `next` (FedAdamom's vbar) stay per model (a test checks the batch
+  against a per-particle loop).
   """
 
   def __init__(self, optimizer, dim: int):
     import tensorflow as tf
 
     self.optimizer = optimizer
-    self.dim = dim
     self._spec = tf.TensorSpec([dim], tf.float32)
 
   def initialize(self, batch: int):
     import tensorflow as tf
 
-    single = self.optimizer.initialize(self._spec)
-
     def tile(value):
       t = tf.convert_to_tensor(value)
       return tf.tile(t[None], [batch] + [1] * t.shape.rank)
 
-    return tf.nest.map_structure(tile, single)
+    return tf.nest.map_structure(tile, self.optimizer.initialize(self._spec))
 
   def next(self, state, weights, gradients):
     import tensorflow as tf
 
-    def one(args):
-      s, w, g = args
-      return self.optimizer.next(s, w, g)
-
-    new_state, new_weights = tf.vectorized_map(one, (state, weights, gradients),
+    new_state, new_weights = tf.vectorized_map(lambda args: self.optimizer.next(*args),
+                                               (state, weights, gradients),
                                                fallback_to_while_loop=False)
     # Keep dtypes and structure of the initial state (vectorized_map returns tensors).
     new_state = tf.nest.map_structure(lambda old, new: tf.cast(new, old.dtype),
@@ -176,14 +168,11 @@ class BatchedOptimizer:
     return new_state, new_weights
 
 
-def _simulate_fn(batched: BatchedOptimizer, setup: EscapeSetup, sqrt_k, noise_std,
-                 quadratic: bool):
+def _simulate_fn(batched: BatchedOptimizer, sqrt_k, noise_std, quadratic: bool):
   """A compiled chunk of rounds. Returns (state, x, escaped_at, sum |dx|, count)."""
   import tensorflow as tf
 
   shape = tf.shape(sqrt_k)
-  u_local = tf.constant(U_LOCAL, tf.float32)
-  h0 = tf.constant(H0, tf.float32)
 
   # The loop is written out (no autograph): converting the optimizers' own code,
   # which needs no conversion, was most of the first trace.
@@ -193,12 +182,11 @@ def _simulate_fn(batched: BatchedOptimizer, setup: EscapeSetup, sqrt_k, noise_st
       t = start + i
       u = sqrt_k * x
       if quadratic:
-        grad = sqrt_k * h0 * (u - u_local)  # d/dx of k*h0/2 * (x - x*)^2
+        grad = sqrt_k * H0 * (u - U_LOCAL)  # d/dx of k*h0/2 * (x - x*)^2
       else:
-        grad = sqrt_k * 0.5 * (4.0 * u ** 3 - 32.0 * u + 5.0)
+        grad = sqrt_k * st_grad(u)
       z = tf.random.stateless_normal(shape, seed=tf.stack([seed, t]))
-      g = grad + noise_std * z
-      state, new_x = batched.next(state, x, g)
+      state, new_x = batched.next(state, x, grad + noise_std * z)
       step_sum, step_count = tf.cond(
           t >= measure_from,
           lambda: (step_sum + tf.reduce_sum(tf.abs(new_x - x)),
@@ -234,11 +222,10 @@ def mean_step_at_minimum(name: str, lr: float, setup: EscapeSetup, *, particles:
                          compiled: Optional[dict] = None) -> float:
   """Mean |step| per coordinate in the harmonic well of the minimum at k_ref.
 
-  `compiled`: a dict this call may keep its compiled rounds in, by optimizer,
-  for later calls with other learning rates to reuse. The learning rate is in
-  the optimizer's state, an argument of the compiled rounds, not in their graph,
-  so one trace serves every learning rate (tracing `tf.vectorized_map` costs
-  more than the rounds it runs here).
+  `compiled`: where this call keeps its compiled rounds, by optimizer, for later
+  calls with other learning rates. The learning rate lives in the optimizer's
+  state, an argument of the rounds, so one trace serves every rate (tracing
+  `tf.vectorized_map` costs more than the rounds it runs here).
   """
   import tensorflow as tf
 
@@ -246,13 +233,12 @@ def mean_step_at_minimum(name: str, lr: float, setup: EscapeSetup, *, particles:
   sqrt_k, noise_std, x0 = _batch_arrays(setup, [setup.k_ref], particles)
   compiled = {} if compiled is None else compiled
   if name not in compiled:
-    compiled[name] = _simulate_fn(batched, setup, sqrt_k, noise_std, quadratic=True)
-  run = compiled[name]
-  state = batched.initialize(particles)
+    compiled[name] = _simulate_fn(batched, sqrt_k, noise_std, quadratic=True)
   escaped = tf.fill([particles], tf.constant(-1, tf.int32))
-  _, _, _, total, count = run(state, x0, escaped, tf.constant(0, tf.int32),
-                              tf.constant(burn_in + rounds, tf.int32),
-                              tf.constant(seed, tf.int32), tf.constant(burn_in, tf.int32))
+  _, _, _, total, count = compiled[name](
+      batched.initialize(particles), x0, escaped, tf.constant(0, tf.int32),
+      tf.constant(burn_in + rounds, tf.int32), tf.constant(seed, tf.int32),
+      tf.constant(burn_in, tf.int32))
   return float(total) / float(count)
 
 
@@ -289,7 +275,7 @@ def escape_times(name: str, lr: float, setup: EscapeSetup) -> dict:
   n = len(ks) * setup.particles
   batched = BatchedOptimizer(build_optimizer(name, lr, setup), setup.dim)
   sqrt_k, noise_std, x = _batch_arrays(setup, ks, setup.particles)
-  run = _simulate_fn(batched, setup, sqrt_k, noise_std, quadratic=False)
+  run = _simulate_fn(batched, sqrt_k, noise_std, quadratic=False)
   state = batched.initialize(n)
   escaped = tf.fill([n], tf.constant(-1, tf.int32))
   done = 0
@@ -318,34 +304,25 @@ def rate_estimate(times: Sequence[int], max_rounds: int) -> dict:
           "median_escape": float(np.median(t[escaped])) if n else None}
 
 
-def run_study(setup: EscapeSetup, *, log=print) -> dict:
-  """Matches step sizes, simulates every optimizer and returns raw results."""
+def run_study_dict(setup: Mapping) -> dict:
+  """The escape unit's call: matches step sizes and simulates every optimizer of
+  `setup`, an `EscapeSetup` as a plain mapping (what the worker pool passes)."""
+  fields = {f.name for f in dataclasses.fields(EscapeSetup)}
+  setup = EscapeSetup(**{k: tuple(v) if isinstance(v, list) else v for k, v in setup.items()
+                         if k in fields})
   started = time.perf_counter()
   matched = match_learning_rates(setup)
-  log(f"  escape: step sizes matched at k_ref={setup.k_ref:.3g}: " + ", ".join(
-      f"{o} lr={v['lr']:.4g} (mean |step| {v['mean_step']:.3g})"
-      for o, v in matched["optimizers"].items()))
   results = {}
   for name in OPTIMIZERS:
     t0 = time.perf_counter()
     lr = matched["optimizers"][name]["lr"]
     raw = escape_times(name, lr, setup)
-    per_k = [rate_estimate(times, setup.max_rounds) for times in raw["times"]]
-    results[name] = {"lr": lr, "per_k": per_k, "times": raw["times"],
-                     "rounds_simulated": raw["rounds_simulated"],
+    results[name] = {"lr": lr, "per_k": [rate_estimate(t, setup.max_rounds)
+                                         for t in raw["times"]],
+                     "times": raw["times"], "rounds_simulated": raw["rounds_simulated"],
                      "seconds": time.perf_counter() - t0}
-    taus = ", ".join("-" if r["tau"] is None else f"{r['tau']:.3g}" for r in per_k)
-    log(f"  escape: {name}: tau per k = [{taus}] ({results[name]['seconds']:.0f}s)")
   return {"setup": dataclasses.asdict(setup), "k_ref": setup.k_ref,
           "sgd_lr": setup.sgd_lr, "noise_scale": setup.noise_scale,
           "barrier": BARRIER, "h0": H0, "u_local": U_LOCAL, "u_barrier": U_BARRIER,
           "u_escaped": U_ESCAPED, "matched": matched, "optimizers": results,
           "seconds": time.perf_counter() - started}
-
-
-def run_study_dict(setup: Mapping) -> dict:
-  """`run_study` from a plain mapping (what the worker pool passes)."""
-  fields = {f.name for f in dataclasses.fields(EscapeSetup)}
-  values = {k: tuple(v) if isinstance(v, list) else v for k, v in setup.items()
-            if k in fields}
-  return run_study(EscapeSetup(**values), log=lambda line: None)

@@ -1,6 +1,6 @@
 """Study 4's analysis: how log(mean escape time) depends on the sharpness k.
 
-`escape.run_study` gives, per optimizer and k, censored escape times and their
+`escape.run_study_dict` gives, per optimizer and k, censored escape times and their
 exponential-MLE rate; here log(tau) = -log(rate) is fitted against k:
 
 * Pearson r of log(tau) with 1/k and with 1/sqrt(k) (the paper's two forms);
@@ -53,8 +53,7 @@ def fit_exponent(ks, log_tau, p_grid=None) -> Optional[dict]:
 
 
 def fit_exponent_with_prefactor(ks, log_tau, p_grid=None) -> Optional[dict]:
-  """log(tau) = a + b * log(k) + c * k^-p: the Kramers prefactor of the escape rate
-  scales with the curvature (a power of k), which the two-term form folds into p."""
+  """Least-squares fit of log(tau) = a + b * log(k) + c * k^-p over a grid of p."""
   ks, y = np.asarray(ks, float), np.asarray(log_tau, float)
   if ks.size < 5:
     return None
@@ -65,8 +64,8 @@ def fit_exponent_with_prefactor(ks, log_tau, p_grid=None) -> Optional[dict]:
 
 def analyse(raw: Mapping, *, min_escapes: int = 10, bootstrap: int = 200,
             seed: int = 0) -> dict:
-  """Pearson r of -log(rate) against 1/k and 1/sqrt(k), and the exponent p with a
-  bootstrap interval (particles resampled within each k)."""
+  """The fits of the module docstring per optimizer, over the k with at least
+  `min_escapes` escapes."""
   setup = raw["setup"]
   ks = np.asarray(setup["ks"], float)
   max_rounds = setup["max_rounds"]
@@ -86,7 +85,7 @@ def analyse(raw: Mapping, *, min_escapes: int = 10, bootstrap: int = 200,
              "k_span": float(k_used.max() / k_used.min()) if keep else None}
     if entry["fit"] is not None and bootstrap:
       times = [np.asarray(res["times"][i]) for i in keep]
-      ps, ps3 = [], []
+      ps = {"p_interval": [], "p_prefactor_interval": []}
       coarse = np.linspace(0.05, 3.0, 119)
       for _ in range(bootstrap):
         sample = []
@@ -94,16 +93,13 @@ def analyse(raw: Mapping, *, min_escapes: int = 10, bootstrap: int = 200,
           rate = rate_estimate(rng.choice(t, size=t.size, replace=True), max_rounds)["rate"]
           sample.append(math.log(1.0 / rate) if rate else math.nan)
         if all(math.isfinite(v) for v in sample):
-          fit = fit_exponent(k_used, sample, p_grid=coarse)
-          if fit is not None:
-            ps.append(fit["p"])
-          fit3 = fit_exponent_with_prefactor(k_used, sample, p_grid=coarse)
-          if fit3 is not None:
-            ps3.append(fit3["p"])
-      if ps:
-        entry["p_interval"] = [float(np.percentile(ps, 5)), float(np.percentile(ps, 95))]
-      if ps3:
-        entry["p_prefactor_interval"] = [float(np.percentile(ps3, 5)),
-                                         float(np.percentile(ps3, 95))]
+          for key, fit in (("p_interval", fit_exponent),
+                           ("p_prefactor_interval", fit_exponent_with_prefactor)):
+            found = fit(k_used, sample, p_grid=coarse)
+            if found is not None:
+              ps[key].append(found["p"])
+      for key, values in ps.items():
+        if values:
+          entry[key] = [float(np.percentile(values, 5)), float(np.percentile(values, 95))]
     out[name] = entry
   return out

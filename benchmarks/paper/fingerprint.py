@@ -156,16 +156,14 @@ def learning_process_fingerprint(name: str, client_learning_rate: float = 0.05,
 def _compute(name: str) -> str:
   from tff_fedadamom.methods import is_learning_process
 
-  if is_learning_process(name):
-    return learning_process_fingerprint(name)
-  return server_optimizer_fingerprint(name)
+  lp = is_learning_process(name)
+  return (learning_process_fingerprint if lp else server_optimizer_fingerprint)(name)
 
 
 # Computed fingerprints are kept per machine beside the compiled learning
 # processes (`runtime.process_cache`), in one file, under a key of everything
 # they are a function of: the package's source, this file, TensorFlow, TFF and
-# NumPy. A changed update rule is computed afresh; a learning process's
-# fingerprint costs seconds, a memo hit nothing.
+# NumPy. A learning process's fingerprint costs seconds, a memo hit nothing.
 MEMO_FILE = "fingerprints.json"
 
 

@@ -63,14 +63,11 @@ class DataBudget:
 
 @dataclasses.dataclass(frozen=True)
 class Budget:
-  """Everything the run depends on besides the code: per data set its budget
-  (`fmnist` also gives studies 3 and 5 their rounds), model options and client
-  overrides; the seeds of studies 3 and 5; `tune_seed`, the seed of every search
-  (the same for all methods: common random numbers) and of the tuning runs; the
-  escape study's setup; the Fashion-MNIST partitions of studies 1 and 3, the
-  beta_2 grid, the partitions of study 5 (labels of HETEROGENEITY) and the
-  methods of study 2 (study 1 always compares every method of OPTIMIZERS).
-  `workers`: experiments run in parallel, one CPU thread each."""
+  """Everything the run depends on besides the code. `fmnist` also gives studies 3
+  and 5 their rounds; `tune_seed` seeds every search (the same for all methods:
+  common random numbers) and the tuning runs; `heterogeneity` holds labels of
+  HETEROGENEITY; study 1 always compares every method of OPTIMIZERS. `workers`:
+  experiments run in parallel, one CPU thread each."""
 
   mode: str
   workers: int
@@ -210,6 +207,7 @@ SERVER_LR = {
 # rho)). Their step does not scale with the gradient, so the SGD clients' range
 # does not apply; this one spans Adam's usual 1e-3 to 1e-1.
 ADAPTIVE_CLIENTS = ("fedcada", "fafed")
+ADAPTIVE_CLIENT_LR = (1e-3, 0.1)
 
 # The FedAdamom authors' code (Tenshawn/FedAdamom, models/distributed_training_utils.py),
 # whose runs gave the paper's numbers, steps FedAdam and FedYogi without bias
@@ -217,22 +215,17 @@ ADAPTIVE_CLIENTS = ("fedcada", "fafed")
 # et al.'s code (corrected); the study follows the paper's authors. Both are TFF's
 # Adam/Yogi rules, so only the switch differs.
 AUTHORS_UNCORRECTED = ("fedadam", "fedyogi")
-ADAPTIVE_CLIENT_LR = (1e-3, 0.1)
 
 
 def search_space(client_lr: tuple, methods: tuple = OPTIMIZERS) -> dict:
   """The search space (`tune.method_space` reads it) of a comparison of `methods`,
   the same for every data set but for the client learning-rate range.
 
-  Shared by all optimizers: the client learning rate (but for FedCAda and FAFED,
-  whose clients take normalized steps: ADAPTIVE_CLIENT_LR), and (for those with
-  it) epsilon on 1e-4..1e-1. Per optimizer: the server learning rate (above);
-  FedAvgM's momentum 0.5..0.95; beta_2 and FAFED's alpha keep the registry's
-  ranges (0.9..0.999 for FedAdam/FedYogi/FedAMSGrad/FADAS, 0.99..0.999 for
-  FedCAda, 0.01..0.3 for FedAdamom). FedAdamom's epsilon is its clip margin, not
-  an adaptivity constant: it stays at the reference 1e-3. FedCAda's epsilon is
-  Adam's on the clients: it keeps the registry's 1e-8..1e-3. FedAdam and FedYogi
-  run without bias correction (AUTHORS_UNCORRECTED).
+  Shared: the client learning rate and (for those with it) epsilon on 1e-4..1e-1.
+  Per optimizer: the server learning rate (SERVER_LR); FedAvgM's momentum;
+  beta_2 and FAFED's alpha keep the registry's ranges. FedAdamom's epsilon is
+  its clip margin, not an adaptivity constant: it stays at the reference 1e-3.
+  FedCAda's epsilon is Adam's on the clients: it keeps the registry's range.
   """
   from tff_fedadamom.methods import search_ranges
 

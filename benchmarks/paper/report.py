@@ -1,27 +1,29 @@
 """REPORT.md and its plots, rendered from results.json (never from hand-typed numbers).
 
-`reproduce` writes everything the report says into results.json; `render` turns
-that document into REPORT.md's text and nothing else, so the committed report
-is rebuilt from the committed results.json byte for byte (a test checks it).
-Every comparison with the paper is computed from the tables and `plan.PAPER`.
-Incomplete results are never averaged silently: a method with no run is "not
-measured", a cell averaged over fewer seeds than planned says so, `incomplete`
-lists every shortfall, and `shrinkage` every cell one document holds less of
-than another (`reproduce --report-only` then writes nothing).
+`render` turns the document `reproduce` writes into REPORT.md's text and nothing
+else, so the committed report is rebuilt from the committed results.json byte
+for byte (a test checks it). Incomplete results are never averaged silently: a
+method with no run is "not measured", a cell averaged over fewer seeds than
+planned says so, `incomplete` lists every shortfall, and `shrinkage` every cell
+one document holds less of than another (`reproduce --report-only` then writes
+nothing). The plots are drawn on `matplotlib.figure.Figure` objects (no pyplot,
+no backend selection: nothing process-wide changes) and written atomically.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
+
+import numpy as np
+
+from tff_fedadamom.figures import new_figure, save_figure
 
 from benchmarks.paper import plan
-from benchmarks.paper import report_plots as plots
-from benchmarks.paper.report_escape import escape_section
 from benchmarks.paper.report_format import PART_NAMES, name, pct, planned_methods, ranking
 from benchmarks.paper.report_sections import (beta2_section, comparison_section,
-                                              fmnist_paper_text, hetero_section,
-                                              shakespeare_paper_text)
+                                              escape_section, fmnist_paper_text,
+                                              hetero_section, shakespeare_paper_text)
 
 REPORT_FILE = "REPORT.md"
 STUDIES = ("fmnist", "shakespeare", "beta2", "escape", "hetero")
@@ -33,6 +35,10 @@ SECTION_TITLES = {
     "hetero": "5. Heterogeneity: FedAdamom - FedAdam",
 }
 CURVES_TITLE = "{}: best config of each optimizer, mean ± sample std over seeds"
+PLOTS_DIR = "plots"
+# The plot of each study (study 1's holds one panel per partition).
+FILES = {"fmnist": "fmnist_curves.png", "shakespeare": "shakespeare_curves.png",
+         "beta2": "beta2.png", "escape": "escape.png", "hetero": "heterogeneity.png"}
 
 
 def _panels(results: Mapping, study: str) -> dict:
@@ -71,7 +77,7 @@ def render(doc: Mapping) -> str:
     panels = _panels(results, study)
     if panels:
       texts[study] = comparison_section(
-          SECTION_TITLES[study], panels, plots.relpath(study),
+          SECTION_TITLES[study], panels, f"{PLOTS_DIR}/{FILES[study]}",
           paper_text(panels if study == "fmnist" else panels["Shakespeare"]), methods)
       summary += [_one_line(f"Fashion-MNIST {label}", panels.get(panel)) for label, panel in
                   (("Dir(0.3)", "Dirichlet(0.3)"), ("i.i.d.", "i.i.d."))] \
@@ -79,7 +85,7 @@ def render(doc: Mapping) -> str:
   for study, section in (("beta2", beta2_section), ("escape", escape_section),
                          ("hetero", hetero_section)):
     if study in results:
-      texts[study] = section(results[study], plots.relpath(study))
+      texts[study] = section(results[study], f"{PLOTS_DIR}/{FILES[study]}")
   text = _header(doc)
   if summary:
     text += ("Summary (mean final accuracy, best first):\n\n"
@@ -94,13 +100,13 @@ def render(doc: Mapping) -> str:
 def write_plots(out_dir: str, doc: Mapping) -> list:
   """Every plot the report links, under `<out_dir>/plots/`."""
   results, methods = doc["results"], [m["name"] for m in doc["methods"]]
-  where = lambda study: os.path.join(out_dir, plots.PLOTS_DIR, plots.FILES[study])
-  written = [plots.plot_curves(_panels(results, study), methods, where(study),
-                               CURVES_TITLE.format(title))
+  where = lambda study: os.path.join(out_dir, PLOTS_DIR, FILES[study])
+  written = [plot_curves(_panels(results, study), methods, where(study),
+                         CURVES_TITLE.format(title))
              for study, title in (("fmnist", "Fashion-MNIST"), ("shakespeare", "Shakespeare"))
              if study in results]
-  for study, plot in (("beta2", plots.plot_beta2), ("escape", plots.plot_escape),
-                      ("hetero", plots.plot_hetero)):
+  for study, plot in (("beta2", plot_beta2), ("escape", plot_escape),
+                      ("hetero", plot_hetero)):
     if study in results:
       written.append(plot(results[study], where(study)))
   return written
@@ -180,3 +186,94 @@ def _one_line(label: str, summary: Optional[Mapping]) -> str:
     tie = abs(table[prev]["final"]["mean"] - table[opt]["final"]["mean"]) <= 1e-6
     text += f" {'=' if tie else '>'} {name(opt)} {pct(table[opt]['final']['mean'])}"
   return text
+
+
+# ---------------------------------------------------------------------------- plots
+
+
+def _save(fig, axes, path: str, legend: bool = True) -> str:
+  for ax in axes:
+    ax.grid(alpha=0.3)
+    if legend:
+      ax.legend(fontsize=8)
+  fig.tight_layout()
+  return save_figure(fig, path)
+
+
+def _errorbar(ax, xs: Sequence[float], stats: Sequence[Mapping], **kwargs) -> None:
+  """The mean ± std (in points) of each mean_std dict of `stats` that has a mean."""
+  ok = [i for i, stat in enumerate(stats) if stat["mean"] is not None]
+  ax.errorbar([xs[i] for i in ok], [100 * stats[i]["mean"] for i in ok],
+              yerr=[100 * (stats[i]["std"] or 0.0) for i in ok], marker="o", capsize=3,
+              **kwargs)
+
+
+def plot_curves(panels: Mapping[str, Mapping], methods: Sequence[str], path: str,
+                title: str) -> str:
+  """Test accuracy over rounds, mean ± sample std over seeds, one panel per table."""
+  fig, axes = new_figure(figsize=(5.5 * len(panels), 4), ncols=len(panels), squeeze=False)
+  for ax, (panel, summary) in zip(axes[0], panels.items()):
+    for opt in methods:
+      row = summary["table"].get(opt)
+      curve = row["curve"] if row else None
+      if not curve or not curve["round"]:
+        continue
+      mean = np.array(curve["mean"])
+      std = np.array([0.0 if s is None else s for s in curve["std"]])
+      line, = ax.plot(curve["round"], 100 * mean, label=name(opt),
+                      lw=2.2 if opt == "fedadamom" else 1.3)
+      ax.fill_between(curve["round"], 100 * (mean - std), 100 * (mean + std),
+                      color=line.get_color(), alpha=0.15)
+    ax.set(xlabel="round", ylabel="test accuracy (%)", title=panel)
+  fig.suptitle(title)
+  return _save(fig, axes[0], path)
+
+
+def plot_beta2(beta2: Mapping, path: str) -> str:
+  fig, ax = new_figure(figsize=(5.5, 4))
+  keys = list(next(iter(beta2["table"].values())))  # the grid, as the study ran it
+  xs = [float(x) for x in keys]
+  for part, row in beta2["table"].items():
+    _errorbar(ax, xs, [row[x]["final"] for x in keys],
+              label=f"ours, {PART_NAMES.get(part, part)}")
+  ax.set(xscale="log", xlabel="beta_2", ylabel="final test accuracy (%)",
+         title="FedAdamom beta_2 sensitivity (Fashion-MNIST)")
+  ax.set_xticks(xs)
+  ax.set_xticklabels([f"{x:g}" for x in xs])
+  return _save(fig, [ax], path)
+
+
+def plot_escape(escape: Mapping, path: str) -> str:
+  fig, axes = new_figure(figsize=(15, 4), ncols=3)
+  for opt, entry in escape["analysis"].items():
+    k = np.array(entry["k_used"])
+    y = np.array(entry["log_tau"])
+    if not k.size:
+      continue
+    line, = axes[0].plot(1 / k, y, "o-", label=name(opt))
+    axes[1].plot(1 / np.sqrt(k), y, "o-", color=line.get_color(), label=name(opt))
+    axes[2].plot(k, y, "o", color=line.get_color(), label=name(opt))
+    fit = entry.get("fit")
+    if fit:
+      grid = np.geomspace(k.min(), k.max(), 100)
+      axes[2].plot(grid, fit["a"] + fit["c"] * grid ** -fit["p"], "-",
+                   color=line.get_color(), alpha=0.7, label=f"fit p={fit['p']:.2f}")
+  axes[0].set(xlabel="1/k", ylabel="log(mean escape time, rounds)", title="vs 1/k")
+  axes[1].set(xlabel="1/sqrt(k)", ylabel="log(mean escape time, rounds)", title="vs 1/sqrt(k)")
+  axes[2].set(xscale="log", xlabel="sharpness k", ylabel="log(mean escape time, rounds)",
+              title="log tau = a + c k^-p")
+  return _save(fig, axes, path)
+
+
+def plot_hetero(hetero: Mapping, path: str) -> str:
+  fig, ax = new_figure(figsize=(5.5, 4))
+  labels = [r["alpha"] for r in hetero["rows"]]
+  xs = np.arange(len(labels))
+  _errorbar(ax, xs, [r["difference"] for r in hetero["rows"]])
+  ax.axhline(0.0, color="gray", lw=1)
+  ax.set_xticks(xs)
+  ax.set_xticklabels([f"Dir({x})" if x != "iid" else "i.i.d." for x in labels])
+  ax.set(xlabel="partition (more heterogeneous to the left)",
+         ylabel="FedAdamom - FedAdam (accuracy points)",
+         title="Gain over FedAdam vs heterogeneity")
+  return _save(fig, [ax], path, legend=False)

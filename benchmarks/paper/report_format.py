@@ -1,9 +1,4 @@
-"""How the report writes numbers, setups and rankings (shared by its sections).
-
-Spreads over seeds are sample standard deviations (ddof = 1) everywhere: the
-studies compute them, the report prints them. A cell averaged over fewer seeds
-than the study planned says so (`seeds_note`).
-"""
+"""How the report writes numbers, setups and rankings (shared by its sections)."""
 
 from __future__ import annotations
 
@@ -16,7 +11,6 @@ PART_NAMES = {"dir0.3": "Dirichlet(0.3)", "iid": "i.i.d."}
 HPARAM_NAMES = {"client.learning_rate": "eta_l", "server.learning_rate": "eta"}
 WORDS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine",
          "ten", "eleven", "twelve")
-NOT_MEASURED = "not measured"
 
 
 def name(opt: str) -> str:
@@ -67,11 +61,6 @@ def _hparam(path: str) -> str:
   return HPARAM_NAMES.get(path, path.split(".", 1)[-1])
 
 
-def communication_text(factor: Optional[float]) -> str:
-  """'1x', '3x': parameter-sized tensors per client and round, relative to FedAvg."""
-  return "-" if factor is None else f"{factor:g}x"
-
-
 def welch_clear(a: Mapping, b: Mapping) -> Optional[bool]:
   """Whether two mean_std dicts differ by more than 2 standard errors (Welch)."""
   if a.get("mean") is None or b.get("mean") is None or not a.get("std") or not b.get("std"):
@@ -87,15 +76,12 @@ def partition_text(setup: Mapping) -> str:
 
 
 def planned_methods(setup: Mapping, methods: Sequence[str]) -> list:
-  """The methods a comparison planned, in the order of `methods`: those its
-  setup names (every one for results written before setups named them)."""
-  planned = setup.get("methods")
-  return [m for m in methods if planned is None or m in planned]
+  """The methods a comparison planned (its setup names them), in the order of `methods`."""
+  return [m for m in methods if m in setup["methods"]]
 
 
 def describe_setup(setup: Mapping) -> str:
-  data, model, metric = setup["data"], setup["model"], setup["tune_metric"]
-  methods = setup.get("methods") or plan.OPTIMIZERS
+  data, model, metric, methods = (setup[k] for k in ("data", "model", "tune_metric", "methods"))
   if data["name"] == "fashion_mnist":
     data_text = (f"Fashion-MNIST, {data['num_clients']} clients, {partition_text(setup)} "
                  f"(partition seed {data['seed']})")
@@ -132,11 +118,10 @@ def space_text(space: Mapping) -> str:
 
 
 def dist_text(value) -> str:
+  """A search-space entry: a fixed value or a loguniform/uniform range (`tune.draws`)."""
   if not isinstance(value, Mapping):
     return f"fixed {num(value)}"
-  if value.get("dist") in ("loguniform", "uniform"):
-    return f"{value['dist']} [{num(value['low'])}, {num(value['high'])}]"
-  return f"{value.get('dist')} {value.get('values')}"
+  return f"{value['dist']} [{num(value['low'])}, {num(value['high'])}]"
 
 
 def measured(table: Mapping) -> dict:

@@ -1,19 +1,12 @@
-"""Reproduce the FedAdamom paper's claims at laptop scale and write REPORT.md.
+"""Reproduce the FedAdamom paper's claims at laptop scale and write REPORT.md
+(the commands and their options: benchmarks/paper/README.md).
 
-    .venv/bin/python -m benchmarks.paper.reproduce                 # the full study
-    .venv/bin/python -m benchmarks.paper.reproduce --quick --out runs/paper-quick
-    .venv/bin/python -m benchmarks.paper.reproduce --report-only   # from the stored units
-    .venv/bin/python -m benchmarks.paper.reproduce --verify 3      # re-run 3 stored units
-
-The studies tune every method with the same budget, then run the best configs
-with several seeds, FedAdamom's beta_2 grid, the escape simulation and the
-heterogeneity sweep (`studies.collect`); results.json holds every number of the
-report, REPORT.md and plots/ are rendered from it. Every completed unit is
-stored in <out>/results/ as it completes (units.py): a rerun, on any machine
-with those files, runs only the units not stored. A unit that failed leaves the
-report incomplete, and the command exits with 1. `--report-only` never replaces
-results.json and REPORT.md with less than they hold: it then writes nothing,
-says what is missing and why, and exits with 3.
+The studies (`studies.collect`) store every unit as it completes (`units.py`);
+results.json holds every number of the report, REPORT.md and plots/ are
+rendered from it. A unit that failed leaves the report incomplete, and the
+command exits with 1. `--report-only` never replaces results.json and
+REPORT.md with less than they hold: it then writes nothing, says what is
+missing and why, and exits with 3.
 """
 
 from __future__ import annotations
@@ -25,7 +18,7 @@ import json
 import os
 import sys
 import time
-from typing import Mapping, Optional
+from typing import Mapping
 
 from benchmarks.paper import plan
 from benchmarks.paper import report as report_lib
@@ -85,14 +78,6 @@ def write(out: str, doc: Mapping, log) -> int:
   return 0
 
 
-def _read_results(out: str) -> Optional[dict]:
-  try:
-    with open(os.path.join(out, RESULTS_FILE)) as f:
-      return json.load(f)
-  except (OSError, ValueError):
-    return None
-
-
 def _why(missing: Mapping[str, str], limit: int = 6) -> list:
   """The reasons units are not stored, each with its count and an example unit."""
   by_reason: dict[str, list] = {}
@@ -109,7 +94,11 @@ def report_only(ctx: studies.Context, out: str, command: str) -> int:
   without unit files, REPORT.md and plots from `<out>/results.json` as it is.
   The timings no unit holds (wall time, machine) are kept from results.json.
   When the stored units give less than results.json holds, nothing is written."""
-  previous = _read_results(out)
+  try:
+    with open(os.path.join(out, RESULTS_FILE)) as f:
+      previous = json.load(f)
+  except (OSError, ValueError):
+    previous = None
   if not ctx.store.records():
     if previous is None:
       ctx.log(f"--report-only: no units in {ctx.store.root} and no {RESULTS_FILE} in {out}")

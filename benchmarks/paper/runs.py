@@ -1,26 +1,22 @@
 """The worker pool that runs the study's units, and the local cache beside it.
 
-`run_units` loads every unit whose key has a file in the store (`units.Store`,
-`<out>/results/`), runs the others in the pool and stores each as it
-completes, so an interrupted study loses only the units in flight. An
-experiment interrupted half-way also resumes from its own checkpoints when
-rerun on the same machine: its run directory is `<out>/cache/runs/<name>-<key>`.
-The cache (`<out>/cache/`: run directories and worker logs) is local and never
-committed.
+`run_units` loads every unit whose key has a file in the store, runs the others
+in the pool and stores each as it completes, so an interrupted study loses only
+the units in flight; an interrupted experiment also resumes from its own
+checkpoints, in `<out>/cache/runs/<name>-<key>` on the machine that ran it.
 
-Experiments run in spawned worker processes, one TensorFlow thread each, each
-worker's TensorFlow/TFF logging in `<out>/cache/logs/`. A pool of one worker is
-the study's own process: its units run there one after the other, in the
-session a worker has (`unit_session`), without a second process that would
-import TensorFlow and TFF again. A process that runs units keeps the parts of
-the last `PARTS_PER_PROCESS` structures (`parts_cache.PartsCache`: built
-process, data, evaluator), which gives the numbers parts of a unit's own give:
+Experiments run in spawned workers, one TensorFlow thread each, their logging in
+`<out>/cache/logs/`. A pool of one worker is the study's own process, which then
+imports TensorFlow and TFF only once. A process that runs units keeps the parts
+of the last `PARTS_PER_PROCESS` structures (`parts_cache.PartsCache`: built
+process, data, evaluator), which give the numbers parts of a unit's own give:
 the trials of one method share a structure, their hparams living in the state.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as futures
+import importlib
 import multiprocessing
 import os
 import sys
@@ -48,23 +44,18 @@ class Cache:
     return os.path.join(self.root, "runs", f"{unit.name}-{unit.key}")
 
 
-def unit_session(**kwargs):
-  """The session units run in: one thread per kernel (units run side by side,
-  one per worker) and no GPU."""
-  from tff_fedadamom.session import Session
-
-  return Session(threads=1, environ={"CUDA_VISIBLE_DEVICES": ""}, **kwargs)
-
-
 def become_unit_process(**session_kwargs) -> None:
   """Makes this process one that runs units (a worker, or the study's own with
-  one worker): `unit_session` applied, TensorFlow's Python logger at errors only
-  (its notes on tracing are for whoever writes the traced code). For an entry
-  point only: both are the process's."""
+  one worker): one thread per kernel (units run side by side, one per worker),
+  no GPU, TensorFlow's Python logger at errors only (its notes on tracing are
+  for whoever writes the traced code). For an entry point only: all are the
+  process's."""
   import logging
 
+  from tff_fedadamom.session import Session
+
   logging.getLogger("tensorflow").setLevel(logging.ERROR)
-  unit_session(**session_kwargs).apply()
+  Session(threads=1, environ={"CUDA_VISIBLE_DEVICES": ""}, **session_kwargs).apply()
 
 
 def _init_worker(log_dir: str) -> None:
@@ -120,22 +111,16 @@ def run_experiment_unit(config: Mapping[str, Any], parts_cache=None) -> dict:
   }
 
 
-def call_unit(fn_path: str, kwargs: Mapping[str, Any]) -> Any:
-  """Calls `module:function` with `kwargs` (for non-experiment units)."""
-  import importlib
-
-  module, name = fn_path.split(":")
-  return getattr(importlib.import_module(module), name)(**kwargs)
-
-
 def timed_unit(config, fn, kwargs, parts_cache=None) -> tuple:
-  """Runs one unit (an experiment `config`, or `fn(**kwargs)`): (its result, its
-  wall seconds). `parts_cache`: the running process's (a worker's own by default)."""
+  """Runs one unit (an experiment `config`, or `fn`, "module:function", with
+  `kwargs`): (its result, its wall seconds). `parts_cache`: the running
+  process's (a worker's own by default)."""
   started = time.perf_counter()
   if config is not None:
     result = run_experiment_unit(config, _worker_parts if parts_cache is None else parts_cache)
   else:
-    result = call_unit(fn, kwargs)
+    module, name = fn.split(":")
+    result = getattr(importlib.import_module(module), name)(**kwargs)
   return result, time.perf_counter() - started
 
 

@@ -1,19 +1,11 @@
-"""The study's units and their stored results: one JSON file per completed unit.
+"""The study's units and their stored results: one JSON file per completed unit
+(what a file holds and what a key covers: benchmarks/paper/README.md).
 
-A unit is one tuning trial, one final run (an experiment config each) or the
-escape simulation (a function call). Its *key* hashes what it runs (the config
-without output directory and name, or the function and its arguments) with the
-numerics fingerprint of every method it runs (`fingerprint.py`), and not the
-source: moved code keeps every stored unit, a method whose numbers change runs
-its units again. The rest of the code (data, models, the round loop) is not in
-the key; `reproduce --verify` re-runs stored units to check it.
-
-`Store.put` writes `<out>/results/<name>.json` atomically: name, key, spec,
-fingerprints, result, wall time, the git commit of the code and the machine;
-with `commit=True` it commits that one file too (`git commit -- <file>`, never
-pushing). The store indexes a file by the key its spec and fingerprints give
-under this code, so a spec holding a field the config has since dropped
-(`RESULT_FREE_RUNTIME`) keeps its unit.
+A key hashes what a unit runs with the numerics fingerprint of every method it
+runs (`fingerprint.py`), not the source: moved code keeps every stored unit, a
+method whose numbers change runs its units again. The store indexes a file by
+the key its spec and fingerprints give under this code, so a spec holding a
+field the config has since dropped (`RESULT_FREE_RUNTIME`) keeps its unit.
 """
 
 from __future__ import annotations
@@ -24,11 +16,12 @@ import json
 import math
 import os
 import platform
-import subprocess
 import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from tff_fedadamom.atomic_io import atomic_write_json
+
+from benchmarks.common import cpuinfo, git
 
 RESULTS_DIR = "results"
 # Result fields that measure time, not numerics: stored, never compared.
@@ -84,14 +77,7 @@ def unit_key(spec: Any, fingerprints: Mapping[str, str]) -> str:
 def machine() -> str:
   """This machine as unit files record it: architecture, CPU model and its widest
   vector instructions (they decide which kernels TensorFlow runs), CPUs, Python."""
-  info = {}
-  try:
-    with open("/proc/cpuinfo") as f:
-      info = dict(line.split(":", 1) for line in f.read().split("\n\n")[0].splitlines()
-                  if ":" in line)
-  except OSError:
-    pass
-  info = {k.strip(): v.strip() for k, v in info.items()}
+  info = cpuinfo()
   flags = set(info.get("flags", "").split())
   isa = next((i for i in ("avx512f", "avx2", "avx", "asimd") if i in flags), "-")
   return (f"{platform.machine()}, {info.get('model name') or platform.processor()}, {isa}, "
@@ -119,10 +105,6 @@ class Unit:
       self.methods = tuple(methods)
     self._fingerprints = fingerprints
 
-  @property
-  def kind(self) -> str:
-    return "experiment" if self.config is not None else "call"
-
   @functools.cached_property
   def spec_hash(self) -> str:
     return spec_hash(self.spec)
@@ -140,13 +122,13 @@ class Unit:
     return unit_key(self.spec, self.fingerprints)
 
   @classmethod
-  def from_record(cls, record: Mapping[str, Any], fingerprints=None) -> "Unit":
+  def from_record(cls, record: Mapping[str, Any]) -> "Unit":
     """The unit a stored file describes (to run it again)."""
     spec, methods = record["spec"], record.get("methods") or ()
     if record["kind"] == "experiment":
-      return cls(record["name"], config=dict(spec), methods=methods, fingerprints=fingerprints)
+      return cls(record["name"], config=dict(spec), methods=methods)
     return cls(record["name"], fn=spec["fn"], kwargs=spec["kwargs"], methods=methods,
-               version=spec.get("version", 0), fingerprints=fingerprints)
+               version=spec.get("version", 0))
 
 
 def record_spec(record: Mapping[str, Any]) -> Any:
@@ -162,14 +144,9 @@ def record_key(record: Mapping[str, Any]) -> str:
 # ---------------------------------------------------------------------------- git
 
 
-def _git(args: Sequence[str], cwd: str) -> subprocess.CompletedProcess:
-  return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True,
-                        check=False)
-
-
 def in_work_tree(path: str) -> bool:
   try:
-    return _git(["rev-parse", "--is-inside-work-tree"], path).stdout.strip() == "true"
+    return git(path, "rev-parse", "--is-inside-work-tree").stdout.strip() == "true"
   except OSError:  # no git
     return False
 
@@ -180,18 +157,17 @@ def source_commit(path: str, exclude: Optional[str] = None) -> dict:
   unit computed with."""
   if not in_work_tree(path):
     return {"commit": None, "dirty": None}
-  top = _git(["rev-parse", "--show-toplevel"], path).stdout.strip()
-  head = _git(["rev-parse", "HEAD"], top).stdout.strip() or None
+  top = git(path, "rev-parse", "--show-toplevel").stdout.strip()
+  head = git(top, "rev-parse", "HEAD").stdout.strip() or None
   spec = ["--", "."] + ([f":(exclude){os.path.relpath(exclude, top)}"] if exclude else [])
-  status = _git(["status", "--porcelain", "--untracked-files=no", *spec], top).stdout.strip()
+  status = git(top, "status", "--porcelain", "--untracked-files=no", *spec).stdout.strip()
   return {"commit": head, "dirty": bool(status)}
 
 
 def commit_file(path: str, message: str) -> None:
   """`git add` and `git commit` of exactly `path` (nothing else that is staged)."""
-  cwd = os.path.dirname(path)
   for args in (["add", "--", path], ["commit", "-q", "-m", message, "--", path]):
-    done = _git(args, cwd)
+    done = git(os.path.dirname(path), *args)
     if done.returncode != 0:
       raise RuntimeError(f"git {args[0]} of {path} failed: "
                          f"{(done.stderr or done.stdout).strip()}")
@@ -214,9 +190,6 @@ class Store:
     self.commit = commit
     self.source = dict(source or {"commit": None, "dirty": None})
     self._index: Optional[dict] = None
-
-  def path(self, name: str) -> str:
-    return os.path.join(self.root, name + ".json")
 
   def records(self) -> list:
     """Every readable unit file, by name."""
@@ -269,14 +242,15 @@ class Store:
   def put(self, unit: Unit, result: Any, wall_time_s: float) -> str:
     """Writes (and with `commit`, commits) the unit's file; returns its path."""
     record = {
-        "name": unit.name, "key": unit.key, "kind": unit.kind, "spec": unit.spec,
+        "name": unit.name, "key": unit.key,
+        "kind": "call" if unit.config is None else "experiment", "spec": unit.spec,
         "methods": list(unit.methods), "fingerprints": unit.fingerprints,
         "result": result, "wall_time_s": round(float(wall_time_s), 3),
         "source_commit": self.source.get("commit"),
         "source_dirty": self.source.get("dirty"), "machine": machine(),
         "written": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
     }
-    path = self.path(unit.name)
+    path = os.path.join(self.root, unit.name + ".json")
     atomic_write_json(path, record)
     index = self._load()
     for key in [k for k, r in index.items() if r["name"] == unit.name]:

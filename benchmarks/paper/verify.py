@@ -1,26 +1,18 @@
 """`reproduce --verify K`: run K stored units again and compare their results.
 
-The units are drawn from the store (sorted by name) with a seeded
-`random.Random(seed).sample`, so the same K and seed pick the same units on any
-machine. Each runs from scratch (a fresh run directory: no checkpoint of the
-original run is reused) in the worker pool. Its result, timing fields aside
-(`units.TIMING_KEYS`), must equal the stored one exactly when the unit was
-stored on this machine (`units.machine`), and be within `TOLERANCE` otherwise.
-
-Why a tolerance, and this one: float32 kernels may round differently on another
-CPU (oneDNN picks AVX2 or AVX-512 code), and tens of rounds of non-convex
-training can carry a last-bit difference into the accuracies. Half a point of
-accuracy (absolute) lies below the seed-to-seed spread of almost every cell of
-the report, so a re-run within it cannot be told from the stored one at the
-report's resolution, while a changed data pipeline, model or round loop moves
-accuracies by more; losses and other floats, whose scales differ, get 2%
-(relative). A round index derived from accuracies (`best_round`,
-`rounds_to_target`) may move to a neighbouring evaluation; other integers
-compare exactly. A unit whose fingerprints no longer match this code cannot be
-verified against it and counts as a failure.
-
-This is the check for everything the key does not cover: the data pipeline,
-the models, the round loop, the platform's floating point.
+The check for everything a unit's key does not cover: the data pipeline, the
+models, the round loop, the platform's floating point. A unit stored on this
+machine (`units.machine`) must reproduce exactly, timing fields aside; one
+stored on another machine within `TOLERANCE`, since float32 kernels may round
+differently on another CPU (oneDNN picks AVX2 or AVX-512 code), and tens of
+rounds of non-convex training can carry a last-bit difference into the
+accuracies. Half a point of accuracy (absolute) lies below the seed-to-seed
+spread of almost every cell of the report, so a re-run within it cannot be told
+from the stored one at the report's resolution, while a changed data pipeline,
+model or round loop moves accuracies by more; losses and other floats, whose
+scales differ, get 2% (relative). A round index derived from accuracies
+(`best_round`, `rounds_to_target`) may move to a neighbouring evaluation; other
+integers compare exactly.
 """
 
 from __future__ import annotations
@@ -69,15 +61,14 @@ def _short(value) -> str:
 
 def _origin(record: Mapping) -> str:
   commit = (record.get("source_commit") or "unknown")[:10]
-  return (f"commit {commit}" + (" with uncommitted changes" if record.get("source_dirty")
-                                else "") + f", on {record.get('machine') or 'an unrecorded machine'}")
+  dirty = " with uncommitted changes" if record.get("source_dirty") else ""
+  return f"commit {commit}{dirty}, on {record.get('machine') or 'an unrecorded machine'}"
 
 
 def verify(store: units_lib.Store, k: int, seed: int, cache: runs_lib.Cache,
            pool: runs_lib.Pool, log: Callable[[str], None] = print) -> int:
-  """0 when all K chosen units reproduce, 1 otherwise, 2 without units."""
-  if k < 1:
-    raise ValueError(f"verify: K must be a positive number of units, got {k}")
+  """0 when all K chosen units reproduce, 1 otherwise (a unit whose fingerprints
+  no longer match this code cannot be verified), 2 without units."""
   records = store.records()
   if not records:
     log(f"--verify: no stored units under {store.root}")
