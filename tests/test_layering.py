@@ -20,9 +20,8 @@ import subprocess
 import sys
 import typing
 
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PACKAGES = ("tff_fedadamom", "tuning")
+from tests.helpers import ROOT as REPO
+from tests.helpers import PACKAGES, package_modules
 
 # Module-name prefix -> layer; the longest matching prefix decides.
 LAYERS = {
@@ -50,17 +49,6 @@ MAX_FUNCTION_LINES = 60  # docstring excluded
 def _layer(module: str) -> int:
   best = max((p for p in LAYERS if module == p or module.startswith(p + ".")), key=len)
   return LAYERS[best]
-
-
-def _modules():
-  """(module name, path) of every Python file of the packages."""
-  for package in PACKAGES:
-    for folder, _, files in os.walk(os.path.join(REPO, package)):
-      for name in sorted(files):
-        if name.endswith(".py"):
-          path = os.path.join(folder, name)
-          module = os.path.relpath(path, REPO)[:-3].replace(os.sep, ".")
-          yield module.removesuffix(".__init__"), path
 
 
 def _is_type_checking(node) -> bool:
@@ -117,7 +105,7 @@ def _imports(module: str, path: str) -> list[Import]:
 
 def _violations():
   out = []
-  for module, path in _modules():
+  for module, path in package_modules():
     for imported, line, lazy, _, _ in _imports(module, path):
       if _layer(imported) <= _layer(module):
         continue
@@ -131,7 +119,7 @@ def _violations():
 
 def test_the_import_scan_sees_the_known_imports():
   """The scan itself works: known imports of each kind are found."""
-  imports = dict(_modules())
+  imports = dict(package_modules())
   cli = {(i.name, i.lazy) for i in _imports("tff_fedadamom.cli", imports["tff_fedadamom.cli"])}
   assert ("tuning.cli", True) in cli  # lazy, inside build_parser
   checks = {(i.name, i.type_only) for i in _imports("tuning.checks", imports["tuning.checks"])}
@@ -170,7 +158,7 @@ def _import_graph() -> dict[str, set]:
   import name` points at the module of `name`; `import P` (or `from a import
   P`) at all of them, as any may be used.
   """
-  paths = dict(_modules())
+  paths = dict(package_modules())
   exports = {m: _lazy_exports(p) for m, p in paths.items() if p.endswith("__init__.py")}
   graph = {}
   for module, path in paths.items():
@@ -296,7 +284,7 @@ def test_the_design_notes_list_the_layers():
 
 
 def test_each_concept_has_the_one_home_the_design_notes_name():
-  modules = dict(_modules())
+  modules = dict(package_modules())
   definitions = {m: _definitions(p) for m, p in modules.items()}
   rows = _design_rows("Where each concept lives")
   assert len(rows) >= 10
@@ -315,7 +303,7 @@ def test_each_concept_has_the_one_home_the_design_notes_name():
 
 
 def test_no_module_exceeds_the_size_limit():
-  sizes = {m: sum(1 for _ in open(p)) for m, p in _modules()}
+  sizes = {m: sum(1 for _ in open(p)) for m, p in package_modules()}
   assert {m: n for m, n in sizes.items() if n > MAX_LINES} == {}
 
 
@@ -333,7 +321,7 @@ def _function_lengths(path: str):
 
 
 def test_no_function_exceeds_the_length_limit():
-  long = {(m, name): n for m, p in _modules() for name, n in _function_lengths(p)
+  long = {(m, name): n for m, p in package_modules() for name, n in _function_lengths(p)
           if n > MAX_FUNCTION_LINES}
   assert long == {}
 
@@ -414,7 +402,7 @@ def test_metric_names_are_spelled_only_in_their_home(tmp_path):
                     'ax.set(xlabel="round"); summary = {"round": 1}; f(round=1)\n')
   assert _metric_literals(str(sample), names, prefixes) == [1, 1, 1, 1, 2]
   home = os.path.join(REPO, "tff_fedadamom", "metric_names.py")
-  found = {os.path.relpath(p, REPO): lines for _, p in _modules() if p != home
+  found = {os.path.relpath(p, REPO): lines for _, p in package_modules() if p != home
            for lines in [_metric_literals(p, names, prefixes)] if lines}
   assert found == {}
 
@@ -470,7 +458,7 @@ def test_only_entry_points_write_the_environment(tmp_path):
                     "  os.environ.update(B='2'); os.environ.get('C'); del os.environ['D']\n"
                     "  os.putenv('E', '5'); env = dict(os.environ); env['F'] = '6'\n")
   assert _environment_writes(str(sample)) == [("<module>", 2), ("f", 4), ("f", 4), ("f", 5)]
-  found = {(m, function, line) for m, p in _modules()
+  found = {(m, function, line) for m, p in package_modules()
            for function, line in _environment_writes(p)}
   assert {(m, f) for m, f, _ in found} <= ENVIRONMENT_WRITERS, sorted(found)
   assert {(m, f) for m, f, _ in found} == ENVIRONMENT_WRITERS  # the scan sees both
