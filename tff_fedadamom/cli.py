@@ -17,9 +17,8 @@ import os
 import sys
 from typing import Optional
 
-# Set by `main` for the command's own process, before TensorFlow is imported:
-# it quiets TensorFlow's C++ INFO/WARNING lines (grappler, cuDNN factory
-# registration). A value the user set is kept. Importing this module sets nothing.
+# What `main` sets for the command's own process before TensorFlow is imported
+# (the package docstring says why; a value the user set is kept).
 QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "3"}
 
 

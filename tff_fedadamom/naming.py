@@ -29,6 +29,6 @@ def did_you_mean(word: Any, valid: Iterable[str]) -> str:
 
 
 def suggest(word: Any, valid: Iterable[str], *, by_prefix: bool = False) -> str:
-  """"did you mean 'x'?" for the middle of a message ("" when none is close)."""
+  """", did you mean 'x'?" to append to a problem ("" when none is close)."""
   match = closest(word, valid, by_prefix=by_prefix)
-  return f"did you mean '{match}'?" if match else ""
+  return f", did you mean '{match}'?" if match else ""

@@ -245,12 +245,9 @@ def kernel_threads() -> int:
   pool; 0, TensorFlow's default, reads as every CPU of the process).
 
   A library run calls this and goes on whatever it is: the pool belongs to the
-  process, and TensorFlow fixes it at its first op. With more than one, a
-  kernel splits its reductions by the thread count, so the last digits of a
-  run's numbers (and, amplified by training, more) depend on the machine's
-  cores. The run records the count in its summary and warns once; the
-  `tff-fedadamom` command, sweep trials and Ray actors run kernels on one
-  thread (`Session`), so their numbers are the same on any CPU machine.
+  process, and TensorFlow fixes it at its first op. With more than one, the
+  run's numbers depend on the machine's cores (see the module docstring): the
+  run records the count in its summary and warns once.
   """
   import logging
 

@@ -1,5 +1,4 @@
-"""Which trial is best: the one rule the sweep export, its live progress and the
-paper benchmark share.
+"""Which trial is best: the one rule the sweep export and its live progress share.
 
 A trial counts only if it did not diverge and its objective is finite. Among
 those, the trials that ran the whole budget (`budget.rounds`) are preferred:

@@ -35,9 +35,7 @@ def _check_parent(sweep: Sweep, path: str, field: str, base: Mapping) -> None:
 
 
 def check_sweep(sweep: Sweep) -> None:
-  """Checks what needs the registries: server hparams exist for some listed
-  optimizer, grids are fair, and every extreme value of every dimension gives a
-  valid experiment for every optimizer. Raises SweepConfigError."""
+  """Runs the checks the module docstring lists; raises SweepConfigError."""
   from tff_fedadamom.config import ConfigError, config_to_dict, load_config
   from tff_fedadamom.methods import default_hparams, sweepable_hparams
 

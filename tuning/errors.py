@@ -7,15 +7,8 @@ from tff_fedadamom.config.errors import ConfigError
 
 
 class SweepConfigError(ConfigError):
-  """A sweep file is wrong. The message names the file, the field, the value and
-  what is allowed.
-
-  Attributes:
-    source: The sweep file (or '<dict>').
-    field: Dotted path of the field, e.g. 'space.server.beta_2.low'.
-    value: The offending value (None when not applicable).
-    allowed: What is allowed, in words.
-  """
+  """A sweep file is wrong; `ConfigError`'s message and attributes, `source`
+  the sweep file (or '<dict>'), `field` e.g. 'space.server.beta_2.low'."""
 
 
 class SweepError(RuntimeError):

@@ -71,9 +71,9 @@ def _clean(value):
   return plain(value)
 
 
-def _experiment_records(experiment_dir: str, optimizer: Optional[str]) -> list[TrialRecord]:
-  """The trials of one Tune experiment: of `optimizer`'s Tuner, or (None) of a
-  joint one, each with the optimizer its config names (`tuning.joint.split`)."""
+def _experiment_records(experiment_dir: str) -> list[TrialRecord]:
+  """The trials of the sweep's Tune experiment, each with the optimizer its
+  config names (`tuning.joint.split`)."""
   from ray import tune
 
   analysis = tune.ExperimentAnalysis(experiment_dir)
@@ -92,7 +92,7 @@ def _experiment_records(experiment_dir: str, optimizer: Optional[str]) -> list[T
     # those rounds again (`tuning.sweep.checkpoint_rounds`): one row per round.
     history = trainable_lib.one_row_per_round(h for h in history if ROUND in h)
     last = history[-1] if history else {}
-    name, params = joint.split(trial.config or {}, optimizer)
+    name, params = joint.split(trial.config or {})
     records.append(TrialRecord(
         optimizer=name, trial_id=trial.trial_id, status=trial.status,
         params={k: plain(v) for k, v in params.items()},
@@ -102,18 +102,13 @@ def _experiment_records(experiment_dir: str, optimizer: Optional[str]) -> list[T
 
 
 def read_sweep_trials(sweep_dir: str, optimizers: Sequence[str]) -> dict[str, list[TrialRecord]]:
-  """Optimizer -> its trials, from the sweep's joint experiment or its
-  per-optimizer ones (`tuning.sweep` has the layout); empty for an optimizer
-  whose trials never started."""
-  joint_dir = os.path.join(sweep_dir, joint.EXPERIMENT)
+  """Optimizer -> its trials, from the sweep's Tune experiment (`tuning.sweep`
+  has the layout); empty for an optimizer whose trials never started."""
+  experiment_dir = os.path.join(sweep_dir, joint.EXPERIMENT)
   records: dict[str, list[TrialRecord]] = {o: [] for o in optimizers}
-  if os.path.isdir(joint_dir):
-    for record in _experiment_records(joint_dir, None):
+  if os.path.isdir(experiment_dir):
+    for record in _experiment_records(experiment_dir):
       records.setdefault(record.optimizer, []).append(record)
-  for optimizer in optimizers:
-    experiment_dir = os.path.join(sweep_dir, optimizer)
-    if os.path.isdir(experiment_dir):
-      records[optimizer] += _experiment_records(experiment_dir, optimizer)
   return records
 
 
@@ -125,10 +120,9 @@ def read_trials(sweep_dir: str, optimizer: str) -> list[TrialRecord]:
 def best_config_dict(sweep: schema.Sweep, optimizer: str, params: Mapping[str, Any]) -> dict:
   """The exported experiment of a trial: the trial's config with a fresh
   output_dir, a descriptive name and the base's thread setting."""
-  tree = space_lib.experiment_dict(
+  return space_lib.experiment_dict(
       sweep, optimizer, params, output_dir=f"runs/{sweep.name}/best/{optimizer}",
       name=f"{sweep.name}-best-{optimizer}")
-  return tree
 
 
 # ---------------------------------------------------------------------------- writing

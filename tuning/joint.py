@@ -71,6 +71,18 @@ def optimizer_of(trial) -> str:
   return split(trial.config)[0]
 
 
+class _Pickled:
+  """Tune's `save`/`restore` of a scheduler or searcher: its whole state, pickled."""
+
+  def save(self, checkpoint_path: str) -> None:
+    with open(checkpoint_path, "wb") as f:
+      pickle.dump(self.__dict__, f)
+
+  def restore(self, checkpoint_path: str) -> None:
+    with open(checkpoint_path, "rb") as f:
+      self.__dict__.update(pickle.load(f))
+
+
 class NewestPendingFirst(FIFOScheduler):
   """Tune's FIFO scheduler, except that the newest pending trial starts first.
 
@@ -78,10 +90,9 @@ class NewestPendingFirst(FIFOScheduler):
   trial its scheduler chooses even when a new actor is already starting for
   that trial, and removes the new one (`TuneController._maybe_reuse_cached_actor`,
   Ray 2.52). Oldest first, the trial chosen was the one whose actor was
-  starting: when a sweep's trials took less time than an actor's start (warm
-  trial workers: 0.3-0.5 s a trial), each new actor was removed before it came
-  up, and the whole sweep ran one trial at a time, in one actor (seen in 7 of
-  80 scripted sweeps). The newest pending trial is the one the searcher has
+  starting: when a sweep's trials took less time than an actor's start, each
+  new actor was removed before it came up, and the whole sweep ran one trial at
+  a time, in one actor. The newest pending trial is the one the searcher has
   just added, with no actor yet: it takes the cached actor, and the starting
   one keeps its trial. A joint experiment's trials are interleaved by
   optimizer, and stay so in this order too.
@@ -93,7 +104,7 @@ class NewestPendingFirst(FIFOScheduler):
     return newest or next((t for t in trials if t.status == Trial.PAUSED), None)
 
 
-class PerOptimizerScheduler(NewestPendingFirst):
+class PerOptimizerScheduler(_Pickled, NewestPendingFirst):
   """One scheduler per optimizer behind Tune's single-scheduler interface.
 
   Each trial's events go to its optimizer's scheduler, so ASHA's rung cut-offs
@@ -139,16 +150,8 @@ class PerOptimizerScheduler(NewestPendingFirst):
   def debug_string(self) -> str:
     return "\n".join(f"{o}: {s.debug_string()}" for o, s in self._by_optimizer.items())
 
-  def save(self, checkpoint_path: str) -> None:
-    with open(checkpoint_path, "wb") as f:
-      pickle.dump(self.__dict__, f)
 
-  def restore(self, checkpoint_path: str) -> None:
-    with open(checkpoint_path, "rb") as f:
-      self.__dict__.update(pickle.load(f))
-
-
-class PerOptimizerSearch(Searcher):
+class PerOptimizerSearch(_Pickled, Searcher):
   """One searcher per optimizer (an Optuna study each) behind Tune's one searcher.
 
   Trials are asked of the optimizers in turn, each until it has proposed its
@@ -205,20 +208,11 @@ class PerOptimizerSearch(Searcher):
     if trial_id in self._owner:
       self._by_optimizer[self._owner[trial_id]].on_trial_complete(trial_id, result, error)
 
-  def save(self, checkpoint_path: str) -> None:
-    with open(checkpoint_path, "wb") as f:
-      pickle.dump(self.__dict__, f)
-
-  def restore(self, checkpoint_path: str) -> None:
-    with open(checkpoint_path, "rb") as f:
-      self.__dict__.update(pickle.load(f))
-
 
 class OptimizerResults(Sequence):
   """One optimizer's trials of a joint experiment's `ResultGrid`, with what a
-  `ResultGrid` offers for them: `len`, iteration, indexing, `errors`,
-  `num_errors` and `num_terminated` (Tune's status, read from the experiment
-  on disk)."""
+  `ResultGrid` offers for them: `len`, iteration, indexing, `errors` and
+  `num_terminated` (Tune's status, read from the experiment on disk)."""
 
   def __init__(self, results: Sequence[Any], statuses: Mapping[str, str]):
     self._results = list(results)
@@ -236,10 +230,6 @@ class OptimizerResults(Sequence):
   @property
   def errors(self) -> list:
     return [r.error for r in self._results if r.error]
-
-  @property
-  def num_errors(self) -> int:
-    return len(self.errors)
 
   @property
   def num_terminated(self) -> int:

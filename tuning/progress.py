@@ -70,19 +70,18 @@ class SweepProgress(tune.Callback):
   diverged), the best objective so far with its hparams, the elapsed time and
   the time left (an estimate from the trials finished so far, and the time
   budget's remainder). Printed every `interval_s` seconds and when a trial ends.
-  `optimizer` is the Tuner's optimizer, or None for a joint experiment
-  (`tuning.joint`), whose trials name their optimizers.
+  `key` is the sweep directory (`LIVE`).
   """
 
-  def __init__(self, key: str, optimizer: Optional[str], interval_s: float):
-    self.key, self.optimizer, self.interval_s = key, optimizer, interval_s
+  def __init__(self, key: str, interval_s: float):
+    self.key, self.interval_s = key, interval_s
 
   def _update(self, state: SweepState, trials) -> None:
     from tuning import joint
 
     by_optimizer: dict[str, list] = {}
     for trial in trials:
-      by_optimizer.setdefault(joint.split(trial.config, self.optimizer)[0], []).append(trial)
+      by_optimizer.setdefault(joint.optimizer_of(trial), []).append(trial)
     for optimizer, its_trials in by_optimizer.items():
       _update(state, optimizer, its_trials)
     state.max_running = max(state.max_running, sum(

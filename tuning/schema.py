@@ -23,11 +23,9 @@ what is allowed.
                 time_budget_s: null, address: null, storage_path: runs/sweeps,
                 max_failures: 1}
 
-Space entries are merged in this order, later winning: the defaults from the
-literature (the optimizer registry's search ranges and `tuning.space.DEFAULT_SPACE`),
-the top-level entries, the entries under the optimizer's name. Server hparams (`server.<name>`) apply only to the
-optimizers whose registry entry lists them as tunable. A scalar instead of a
-distribution fixes the value for every trial; `null` removes the entry.
+Each optimizer's space is merged from the defaults and these entries as
+`tuning.space` says. A scalar instead of a distribution fixes the value for
+every trial; `null` removes the entry.
 """
 
 from __future__ import annotations
@@ -229,9 +227,8 @@ def _parse_optimizers(raw: Any, source: str) -> tuple:
                            allowed=", ".join(valid))
   for i, name in enumerate(raw):
     if name not in valid:
-      hint = suggest(name, valid, by_prefix=True)
       raise SweepConfigError(source, f"optimizers[{i}]", "unknown server optimizer"
-                             + (f", {hint}" if hint else ""), value=name,
+                             + suggest(name, valid, by_prefix=True), value=name,
                              allowed=", ".join(valid))
   if len(set(raw)) != len(raw):
     dup = next(n for n in raw if list(raw).count(n) > 1)
@@ -268,10 +265,9 @@ def _parse_space(raw: Any, source: str, optimizers: tuple):
         by_optimizer[key][path] = parse_distribution(entry, source, f"space.{key}.{path}")
       continue
     if "." not in key:
-      hint = suggest(key, registered, by_prefix=True)
       raise SweepConfigError(
           source, f"space.{key}", "neither a dotted experiment path nor an optimizer name"
-          + (f", {hint}" if hint else ""),
+          + suggest(key, registered, by_prefix=True),
           allowed="a dotted path such as server.learning_rate, or one of "
           + ", ".join(registered))
     _check_path_syntax(key, source, f"space.{key}")

@@ -17,18 +17,8 @@ entry lets a sweep vary `<hparam>` (`tff_fedadamom.methods.sweepable_hparams`:
 the tunable hparams, which have default ranges, and bool switches such as
 `bias_correction`, which a sweep varies only with an explicit
 `{dist: choice, values: [true, false]}`). The registry is the only source of
-which hparams exist; this module never decides that by optimizer name.
-
-Defaults (the server ranges live in the optimizer registry, `search_ranges`):
-  server.learning_rate  loguniform 1e-3..1e1  Reddi et al., "Adaptive Federated
-  client.learning_rate  loguniform 1e-3..1e1  Optimization" (ICLR 2021), grids
-                                              10^-3..10^1 for eta and eta_l
-  server.epsilon        loguniform 1e-5..1e-1 the same paper's tau grid; FedAdamom's
-                                              clip margin (reference 1e-3) lies inside
-  server.beta_2         uniform 0.9..0.999    Adam-family second-moment decay (Reddi
-                                              et al. fix 0.99)
-  server.beta_2 (fedadamom) uniform 0.01..0.3 the FedAdamom paper's ablation range
-  server.momentum       uniform 0.5..0.99     FedAvgM (Hsu et al. 2019: best 0.9-0.97)
+which hparams exist; this module never decides that by optimizer name. The
+server ranges' sources are named beside them (`methods._RANGES`).
 """
 
 from __future__ import annotations
@@ -97,9 +87,8 @@ def parse_distribution(raw: Any, source: str, field: str) -> SpaceEntry:
                            allowed=", ".join(DISTRIBUTIONS))
   dist = raw["dist"]
   if dist not in DISTRIBUTIONS:
-    hint = suggest(dist, DISTRIBUTIONS, by_prefix=True)
     raise SweepConfigError(source, f"{field}.dist", "unknown value"
-                           + (f", {hint}" if hint else ""), value=dist,
+                           + suggest(dist, DISTRIBUTIONS, by_prefix=True), value=dist,
                            allowed=", ".join(DISTRIBUTIONS))
   if dist in ("loguniform", "uniform"):
     reject_unknown(raw, ("dist", "low", "high"), source, f"{field}.", SweepConfigError,
@@ -133,6 +122,7 @@ def parse_distribution(raw: Any, source: str, field: str) -> SpaceEntry:
   return Distribution(dist, values=tuple(values))
 
 
+# Reddi et al., "Adaptive Federated Optimization" (ICLR 2021): eta_l on 10^-3..10^1.
 DEFAULT_SPACE: Mapping[str, Distribution] = {
     "client.learning_rate": Distribution("loguniform", low=1e-3, high=1e1),
 }

@@ -1,16 +1,9 @@
 """`run_sweep`: every optimizer tuned with the same budget, in one Ray Tune experiment.
 
-One `Tuner` runs every optimizer's trials (`tuning.joint`), so Tune's fixed
-cost is paid once and trials of different optimizers share the slots, while
-the budget stays equal per optimizer:
-  * random and grid search: each optimizer's trials are drawn from its own
-    space before Tune starts (`space.sample_trials`) and interleaved;
-  * Optuna: one study per optimizer (`joint.PerOptimizerSearch`), asked in
-    turn, each for its optimizer's `trials_per_optimizer` trials;
-  * early stopping compares an optimizer with itself only: one ASHA per
-    optimizer (`joint.PerOptimizerScheduler`).
-Trials are Tune class trainables (`trainable.SweepTrial`) in actors Tune
-reuses from trial to trial (`reuse_actors`), each keeping the parts it built.
+One `Tuner` runs every optimizer's trials; `tuning.joint` says how the budget
+stays equal per optimizer. Trials are Tune class trainables
+(`trainable.SweepTrial`) in actors Tune reuses from trial to trial
+(`reuse_actors`), each keeping the parts it built.
 
 Layout of a sweep directory (`<resources.storage_path>/<name>`):
     sweep.yaml          the validated sweep, base experiment inlined
@@ -29,7 +22,7 @@ import os
 import sys
 import time
 from concurrent import futures
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Sequence
 
 from ray import tune
 
@@ -49,9 +42,6 @@ from tuning.schema import SWEEP_FILE, Sweep
 
 __all__ = ["SWEEP_FILE", "SweepError", "SweepProgress", "SweepResult", "asha_milestones",
            "checkpoint_rounds", "run_sweep", "smoke_test_sweep"]
-
-logger = logging.getLogger("tuning")
-
 
 @dataclasses.dataclass(frozen=True)
 class SweepResult:
@@ -329,7 +319,7 @@ def run_sweep(sweep, *, resume: bool = False, smoke_test: bool = False,
         tuner = tune.Tuner.restore(experiment_dir, trainable=_trainable(sweep),
                                    resume_unfinished=True, resume_errored=True)
       else:
-        progress = SweepProgress(sweep_dir, None, progress_interval_s)
+        progress = SweepProgress(sweep_dir, progress_interval_s)
         tuner = new_tuner(sweep, sweep_dir, [progress, *callbacks], reuse_actors)
       grid = tuner.fit()
       statuses = _saved_statuses(experiment_dir)

@@ -1,15 +1,7 @@
-"""The Tune trainable: one trial = one experiment, stepped one evaluation at a time.
-
-A class trainable (`SweepTrial`, Tune's `tune.Trainable`): `setup` makes the
-trial's actor process ready and plans the trial's experiment; `step` runs its
-rounds up to the next evaluation (`iter_experiment`) and returns the result;
-`save_checkpoint`/`load_checkpoint` copy the run directory (metrics.csv,
-config.yaml, TensorBoard events, program state), so a restored trial resumes
-exactly where its checkpoint was taken; `reset_config` starts the next trial in
-the same actor (`reuse_actors=True`), which keeps the built parts of the
-structures it ran (`PartsCache`). The run directory is private scratch on the
-actor's node, removed when the trial ends; what outlives a trial is what it
-reports, and its checkpoints.
+"""The Tune trainable (`SweepTrial`): one trial = one experiment, stepped one
+evaluation at a time. The run directory is private scratch on the actor's node,
+removed when the trial ends; what outlives a trial is what it reports, and its
+checkpoints.
 
 What each result holds: the evaluation's flat metrics (`test/accuracy`,
 `train/loss`, ...), `round`, `objective` (the sweep's metric averaged over the
@@ -81,8 +73,6 @@ def objective_from_history(history: Iterable[Mapping[str, Any]], metric: str, la
 
 def trial_threads() -> int:
   """The threads of this trial: from the CPUs Tune gave it (`threads_for_cpus`)."""
-  from ray import tune
-
   from tff_fedadamom.experiment.plan import threads_for_cpus
 
   resources = tune.get_context().get_trial_resources()
@@ -110,9 +100,7 @@ def eval_result(event, *, metric, node_id: str,
   last round), or where the run stops because it diverged; and only when the
   pipeline has just saved this round (`checkpoint_saved`), so that the copy
   resumes exactly here. Each Tune checkpoint costs a copy of the run directory
-  into the trial's storage and a registration by the driver; between them a
-  restart runs the rounds after the latest checkpoint again, with the same
-  results."""
+  into the trial's storage and a registration by the driver."""
   from tff_fedadamom.experiment import outputs
 
   history = outputs.read_metrics(event.output_dir)
@@ -152,24 +140,22 @@ class SweepTrial(tune.Trainable):
     * `step` runs rounds up to the next evaluation and returns its result;
       `should_checkpoint` is set where Tune must keep the run (ASHA's rungs, the
       last round, a diverged run's stop: `eval_result`).
-    * `save_checkpoint` / `load_checkpoint` copy the run directory (its
-      metrics, config and program state): a restored trial resumes exactly
-      where its checkpoint was taken (rounds are deterministic).
+    * `save_checkpoint` / `load_checkpoint` copy the run directory (metrics.csv,
+      config.yaml, TensorBoard events, program state): a restored trial
+      resumes exactly where its checkpoint was taken (rounds are deterministic).
     * `reset_config` starts the next trial in the same actor
       (`reuse_actors=True`), keeping the cache.
 
-  Bound by `tune.with_parameters` to `sweep` (the validated `Sweep`),
-  `optimizer` (None: the trial's config names it, `joint.split`) and
+  Bound by `tune.with_parameters` to `sweep` (the validated `Sweep`) and
   `checkpoint_rounds` (`sweep.checkpoint_rounds`).
   """
 
-  def setup(self, config, *, sweep, optimizer: Optional[str] = None,
-            checkpoint_rounds: Collection[int] = ()):
+  def setup(self, config, *, sweep, checkpoint_rounds: Collection[int] = ()):
     import ray
 
     from tff_fedadamom.session import Session, startup_imports
 
-    self._sweep, self._optimizer = sweep, optimizer
+    self._sweep = sweep
     self._checkpoint_rounds = frozenset(checkpoint_rounds)
     self._threads = trial_threads()
     gpus = bool(ray.get_gpu_ids())
@@ -195,7 +181,7 @@ class SweepTrial(tune.Trainable):
 
     self._end_run()
     self._remove_scratch()
-    optimizer, params = joint.split(config, self._optimizer)
+    optimizer, params = joint.split(config)
     self._scratch = tempfile.mkdtemp(prefix=f"tff-trial-{self.trial_id}-")
     self._output_dir = os.path.join(self._scratch, RUN_SUBDIR)
     experiment = space_lib.experiment_dict(

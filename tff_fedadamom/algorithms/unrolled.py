@@ -6,10 +6,8 @@ training, is most of a client's time (`benchmarks/rounds.py`). This client
 work runs the same update over the client's batches held as tensors:
 
 * A client's data is still a TFF sequence (the only client data TFF 0.87's
-  `ClientWorkProcess` accepts), of one element: its round batches, stacked, as
-  `OrderedDict(examples=<[n, ...] per key>, full=<the full batches' positions,
-  [F, batch]>, last=<the last, shorter batch's, [r]; r may be 0>)`, built by
-  `ClientTensors.stacked` for the batches `ClientTensors.dataset` would yield.
+  `ClientWorkProcess` accepts), of one element: its round batches, stacked
+  (`ClientTensors.stacked`: F full batches and a last one of r >= 0 examples).
   Each step gathers its batch (`client_tensors.batch_of`), so a client holds no
   more memory than TFF's loop over its dataset.
 * The update is TFF 0.87's `build_model_delta_update_with_tff_optimizer`:

@@ -127,12 +127,10 @@ AUTO, INPROCESS, TFF_CPP, RAY = "auto", "inprocess", "tff_cpp", "ray"
 BACKENDS = (AUTO, INPROCESS, TFF_CPP, RAY)
 # The ray backend's settings when left null.
 RAY_WORKERS, RAY_CPUS_PER_WORKER, RAY_GPUS_PER_WORKER = 2, 1.0, 0.0
-# When `runtime.unroll_max_batches` is null, the in-process and ray backends
-# stack a client's batches (`experiment.process.unrolled_steps`) in runs that
-# train at least this many batches (rounds x clients per round x a client's mean
-# batch count): a stacked round saves about what TFF's iterator costs a batch,
-# but its process costs more to build, which a short run does not pay back
-# (`benchmarks/rounds.py`; see benchmarks/RESULTS.md).
+# A null `runtime.unroll_max_batches` stacks batches in runs that train this many
+# (rounds x clients per round x a client's mean batch count): a stacked round
+# saves about what TFF's iterator costs a batch, but its process costs more to
+# build, which a short run does not pay back (`benchmarks/rounds.py`).
 UNROLL_MIN_BATCHES = 10_000
 # A Ray cluster to join: 'auto' (the one this machine belongs to) or a head's host:port.
 RAY_ADDRESS = re.compile(r"^(auto|(ray://)?[A-Za-z0-9_.\-\[\]:]+:\d+)$")

@@ -96,10 +96,9 @@ def reject_unknown(raw: Mapping, valid: Iterable[str], source: str, prefix: str,
   valid = list(valid)
   for key in raw:
     if key not in valid:
-      hint = suggest(key, valid, by_prefix=by_prefix)
-      raise error(
-          source, f"{prefix}{key}", "unknown key" + (f", {hint}" if hint else ""),
-          allowed=", ".join(valid))
+      raise error(source, f"{prefix}{key}",
+                  "unknown key" + suggest(key, valid, by_prefix=by_prefix),
+                  allowed=", ".join(valid))
 
 
 def _required(field: dataclasses.Field) -> bool:
@@ -144,8 +143,7 @@ def build_section(cls, raw: Any, source: str, prefix: str, *, extra_ok: bool = F
                    string_numbers=string_numbers)
     choices = meta.get("choices")
     if value is not None and choices is not None and value not in choices:
-      hint = suggest(value, choices, by_prefix=by_prefix)
-      raise error(source, path, "unknown value" + (f", {hint}" if hint else ""),
+      raise error(source, path, "unknown value" + suggest(value, choices, by_prefix=by_prefix),
                   value=value, allowed=meta.get("allowed") or ", ".join(choices))
     check = meta.get("check")
     if value is not None and check is not None and not check(value):

@@ -17,8 +17,7 @@ from tff_fedadamom.naming import suggest
 def _check_name(name, valid, source, field):
   valid = list(valid)
   if name not in valid:
-    hint = suggest(name, valid)
-    raise ConfigError(source, field, "unknown name" + (f", {hint}" if hint else ""),
+    raise ConfigError(source, field, "unknown name" + suggest(name, valid),
                       value=name, allowed=", ".join(valid))
 
 
@@ -92,10 +91,9 @@ def _check_server(server: schema.ServerConfig, source: str) -> schema.ServerConf
                                  if f.name != "hparams"]
   for key in server.hparams:
     if key not in defaults:
-      hint = suggest(key, valid_keys)
       raise ConfigError(
           source, f"server.{key}",
-          f"unknown key for optimizer {server.optimizer!r}" + (f", {hint}" if hint else ""),
+          f"unknown key for optimizer {server.optimizer!r}" + suggest(key, valid_keys),
           allowed=", ".join(valid_keys))
   hparams = {}
   for key, value in server.hparams.items():
@@ -162,17 +160,12 @@ RAY_FIELDS = ("workers", "cpus_per_worker", "gpus_per_worker", "address")
 def _check_runtime(runtime: schema.RuntimeConfig, source: str) -> None:
   backend = schema.resolved_backend(runtime)
   inprocess, ray = schema.INPROCESS, schema.RAY
-  if backend == schema.TFF_CPP and runtime.devices is not None:
-    raise ConfigError(source, "runtime.devices",
-                      f"the {backend} backend runs every round in TFF's worker_binary, on its "
-                      "CPU", value=list(runtime.devices),
+  if backend != inprocess and runtime.devices is not None:
+    problem = (f"the {backend} backend runs every round in TFF's worker_binary, on its CPU"
+               if backend == schema.TFF_CPP else f"the {ray} backend's actors use the "
+               "devices Ray gives them (runtime.gpus_per_worker)")
+    raise ConfigError(source, "runtime.devices", problem, value=list(runtime.devices),
                       allowed=f"null with backend {backend!r}, or backend {inprocess!r}")
-  if backend == ray and runtime.devices is not None:
-    raise ConfigError(source, "runtime.devices",
-                      f"the {ray} backend's actors use the devices Ray gives them "
-                      "(runtime.gpus_per_worker)",
-                      value=list(runtime.devices),
-                      allowed=f"null with backend {ray!r}, or backend {inprocess!r}")
   if backend != ray:
     for name in RAY_FIELDS:
       if getattr(runtime, name) is not None:

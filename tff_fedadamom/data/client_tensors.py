@@ -44,9 +44,7 @@ def _static_options() -> tf.data.Options:
 # What a client's round pipeline runs with (also the benchmarks' tf.data floors).
 STATIC_OPTIONS = _static_options()
 
-# The keys of a client's stacked round batches (`ClientTensors.stacked_element`),
-# which the unrolled client work reads (`algorithms.unrolled`): the client's
-# examples, the positions of its full batches, those of its last, shorter one.
+# The keys of a client's stacked round batches (`ClientTensors.stacked`).
 EXAMPLES, FULL, LAST = "examples", "full", "last"
 
 

@@ -1,4 +1,4 @@
-"""The round hooks a run is made of (see `loop.run_rounds`).
+"""The round hooks a run is made of (see `loop.iter_rounds`).
 
 `runner.run_experiment` passes them in this order, which is the order each
 needs the others' work in:
@@ -12,9 +12,8 @@ needs the others' work in:
   Checkpoint   the program state, every `checkpoint_every` rounds and on the
                final round (so a finished or diverged run can be resumed)
   Progress     the progress bar
-  OnRound, OnEval   the caller's callbacks; a caller's own hooks (Ray Tune's
-               report in `tuning.trainable`) come last, when metrics.csv and
-               the checkpoint of the round are on disk.
+  OnRound, OnEval   the caller's callbacks; a caller's own hooks come last,
+               when metrics.csv and the checkpoint of the round are on disk.
 """
 
 from __future__ import annotations
@@ -184,10 +183,8 @@ class Checkpoint(RoundHook):
   `rounds` is for a run whose checkpoints only a caller keeps (a sweep trial's:
   Tune takes them at `tuning.sweep.checkpoint_rounds`, and the run directory
   ends with the trial): every other save would be written for nothing. A
-  save writes one `.npz` file (`resume.ArrayStateManager`), which is cheap and
-  leaves no garbage, unlike a SavedModel (TFF's `FileProgramStateManager`),
-  whose traced graphs are cyclic garbage holding native memory until a full
-  collection.
+  save writes one `.npz` file (`resume.ArrayStateManager` says why not a
+  SavedModel).
   """
 
   def __init__(self, manager, every: int, run_async: Callable = asyncio.run,

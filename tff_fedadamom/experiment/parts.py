@@ -19,8 +19,7 @@ batch size, local epochs, seed, a learning-rate schedule, which bakes the base
 rate into the computation, ...) is part of `structure_key` and builds anew.
 
 `parts_cache.PartsCache` keeps the parts of the last few structure keys for one
-process (a sweep worker holds one, and so does a process that runs the paper
-study's units); it is passed explicitly, never a module global.
+process; it is passed explicitly, never a module global.
 """
 
 from __future__ import annotations
@@ -63,9 +62,7 @@ class ExperimentParts:
   Attributes:
     key: The `structure_key` of the configs these parts serve.
     data: The loaded `FederatedData`.
-    process: The run's backend (`backends.Backend`: `initialize`,
-      `next_for_clients`, `get_model_weights`, `get_hparams`, `set_hparams`,
-      `close`).
+    process: The run's backend (`runtime.base.Backend`).
     keras_model: The model the global weights are evaluated and saved with.
     layer_names: `layer_labels(keras_model)`.
     evaluator: An `evaluation.Evaluator` over `keras_model`.
@@ -213,13 +210,13 @@ def build_parts(config, data=None, evaluator: Optional[Evaluator] = None,
       layer_names=tuple(layer_labels(keras_model)), evaluator=evaluator)
 
 
-def learning_process(config, data, devices=None, client_tensors=None):
+def learning_process(config, data, client_tensors=None):
   """What `backends.build_backend` runs for `config` (a `RunPlan`, or a config
   planned here): TFF's process for `tff_cpp`; for the in-process and ray
   backends its `CompiledProcess`, from the machine's process cache when
   `runtime.cache` is on (built and stored on a miss), its clients' steps
-  unrolled where `process.unrolled_steps` says. `devices`: those the rounds
-  run on, by default the plan's; `client_tensors`: the run's, if at hand."""
+  unrolled where `process.unrolled_steps` says. `client_tensors`: the run's,
+  if at hand."""
   from tff_fedadamom.config.schema import TFF_CPP
   from tff_fedadamom.experiment import process as process_lib
   from tff_fedadamom.runtime.compiled import compile_process
@@ -227,10 +224,9 @@ def learning_process(config, data, devices=None, client_tensors=None):
 
   plan = make_plan(config)
   config = plan.config
-  devices = plan.devices if devices is None else devices
 
   def build(config, steps=None):
-    return process_lib.build_process(config, data, training_loop(devices),
+    return process_lib.build_process(config, data, training_loop(plan.devices),
                                      server_optimizer=plan.server_optimizer, unroll_steps=steps)
 
   if plan.backend == TFF_CPP:
@@ -282,25 +278,6 @@ def initial_state(config, process):
     same = same and np.array_equal(np.asarray(values[section][field], held.dtype), held)
     hparams[component][name] = values[section][field]
   return state if same else process.set_hparams(state, hparams)
-
-
-def warm_up(config, parts: ExperimentParts) -> None:
-  """Runs once, on a throwaway state, what a run's first round and evaluation
-  of `config` (a `RunPlan` or a config) would otherwise compile:
-  `initial_state`, one round on round 1's clients, and one evaluation.
-  Nothing of it is kept but the compiled computations."""
-  from tff_fedadamom.data.sampling import UniformSampler
-
-  plan = make_plan(config)
-  config = plan.config
-  check_parts(plan, parts)
-  state = initial_state(plan, parts.process)
-  if plan.state_paths:  # compiled too: a trial's own hparams go through it
-    state = parts.process.set_hparams(state, parts.process.get_hparams(state))
-  sampled = UniformSampler(parts.data.train.client_ids, config.clients_per_round,
-                           config.seed)(1)
-  state = parts.process.next_for_clients(state, sampled, 1).state
-  parts.evaluator(parts.process, state)
 
 
 def check_parts(config, parts: Optional[ExperimentParts]) -> None:

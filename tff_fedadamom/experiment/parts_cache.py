@@ -1,13 +1,10 @@
 """`PartsCache`: the parts (`parts.ExperimentParts`) of the last few structures
 a process ran, and the pieces several structures share.
 
-A sweep's trial worker runs trial after trial of a dozen structures, and a
+A sweep's trial actor runs trial after trial of a dozen structures, and a
 process running the paper study's units runs unit after unit; each structure's
-parts cost seconds to build and are the same for every config of the
-structure (`parts.structure_key`). What structures have in common is kept
-apart, so that it is made once: the data, the evaluator with its Keras model,
-and the clients' tensors, whose processes then share the computations they
-have in common (`tf_computation._slot_pool`).
+parts are costly to build and the same for every config of the structure
+(`parts.structure_key`), and what structures share is made once (`PartsCache`).
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
-"""A run plan: what a validated config resolves to, worked out once per run.
+"""A run plan (`RunPlan`): what a validated config resolves to, worked out once per run.
 
-A run needs, besides its config, values derived from it: the backend (`auto`
-resolved), the devices its rounds run on, this process's TensorFlow threads,
-the `structure_key` its parts are shared by and the config paths whose values
-live in the process state (`parts.state_hparams`). Each costs something to
-derive (the devices ask TensorFlow; the state paths build the server
-optimizer), and a value derived twice can be derived two ways. So one function,
-`parts.make_plan`, derives them all once, into a `RunPlan`, and the runner, the
-parts, the initial state and the backends read them from it.
+Each derived value costs something (the devices ask TensorFlow; the state paths
+build the server optimizer), and a value derived twice can be derived two ways.
+So one function, `parts.make_plan`, derives them all once, and the runner, the
+parts, the initial state and the backends read them from the plan.
 
 This module sits below every other pipeline module (it imports only the config
 schema), so that the backends (`runtime.base`, `runtime.ray`) can share its rules
@@ -28,10 +24,8 @@ def threads_for_cpus(cpus: float) -> int:
   CPUs, at least one (a fractional share still runs one thread).
 
   The one formula for every process sized by its CPU share: a sweep trial
-  (`cpus_per_trial`, what Tune gives it) and the pooled worker that runs it,
-  and a ray backend actor (`cpus_per_worker`). A sweep's pool starts workers
-  ahead of its trials, from the sweep's resources, and hands one to a trial
-  only when their thread counts match, so both sides must compute it alike.
+  (`cpus_per_trial`, what Tune gives it) and a ray backend actor
+  (`cpus_per_worker`).
   """
   return max(1, int(cpus))
 

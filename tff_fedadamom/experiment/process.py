@@ -57,16 +57,13 @@ def make_client_tensors(config: ExperimentConfig, data: FederatedData):
 
 
 def client_datasets(config: ExperimentConfig, data: FederatedData, client_ids,
-                    round_num: int, client_tensors=None) -> list[tf.data.Dataset]:
+                    round_num: int) -> list[tf.data.Dataset]:
   """The batched datasets of `client_ids` for round `round_num`.
 
   The shuffle order is a function of (seed, round, client), so that a resumed
-  run feeds exactly the batches an uninterrupted one would. Pass the run's
-  `client_tensors` (`make_client_tensors`) to reuse its tensors.
+  run feeds exactly the batches an uninterrupted one would.
   """
-  if client_tensors is None:
-    client_tensors = make_client_tensors(config, data)
-  return client_tensors.datasets(client_ids, round_num)
+  return make_client_tensors(config, data).datasets(client_ids, round_num)
 
 
 def input_spec(config: ExperimentConfig, data: FederatedData):
@@ -253,9 +250,7 @@ def build_process(config: ExperimentConfig, data: Optional[FederatedData] = None
 
 
 # Client works built in this process, by `_client_work_key`, least recently
-# used first. A client work is a function of its key alone (TFF computations
-# hold no state), so one serves every server optimizer of the same model, data
-# signature and client options.
+# used first, each a function of its key alone: TFF computations hold no state.
 _CLIENT_WORKS: collections.OrderedDict = collections.OrderedDict()
 _CLIENT_WORKS_KEPT = 8
 _CLIENT_WORKS_LOCK = threading.Lock()

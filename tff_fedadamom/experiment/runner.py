@@ -1,10 +1,8 @@
 """Runs an experiment: rounds, client sampling, evaluation, checkpoints, outputs.
 
-The one training loop of the project (`loop.run_rounds`), put together from its
-hooks (`hooks`): `tff-fedadamom run` adds the progress bar; the Ray Tune
-trainable adds a hook that reports to Tune. Resuming and repairing a run
-directory is `resume`'s; client sampling is the data layer's
-(`data.sampling.UniformSampler`).
+The one training loop of the project (`loop.iter_rounds`), put together from its
+hooks (`hooks`); a Ray Tune trial steps it one evaluation at a time. Resuming
+and repairing a run directory is `resume`'s.
 
 Reproducibility: the partition depends on `data.seed` only, client sampling on
 (seed, round), each client's shuffle on (seed, round, client), and the model's

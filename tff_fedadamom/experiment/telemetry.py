@@ -1,10 +1,8 @@
 """Per-round statistics of the server optimizer's state, in vectorised numpy.
 
-After each round the runner reads the server optimizer state from the learning
-process state (`state.finalizer`, numpy arrays) and passes it here; nothing in
-the TFF computation changes. A `{round_num, optimizer}` state (from
-`schedule_learning_rate`) is unwrapped; a client-adaptive process (FedCAda,
-FAFED) adds the moments its global state carries beside the model.
+After each round the runner passes the learning process state (numpy arrays)
+here, which finds the server optimizer's in it (`unwrap_optimizer_state`);
+nothing in the TFF computation changes.
 
 A statistic is reported where the state has its key (the vocabulary of
 `optimizers.state`: `preconditioner` v, `max_preconditioner` v_hat,

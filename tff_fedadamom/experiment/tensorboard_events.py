@@ -84,9 +84,6 @@ class EventWriter:
     self._write([histogram_pb(name, np.asarray(value)) for name, value in values.items()],
                 step)
 
-  def flush(self) -> None:
-    self._writer.flush()
-
   def close(self) -> None:
     self._writer.close()
 

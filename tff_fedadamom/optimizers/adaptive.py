@@ -22,17 +22,10 @@ with bias correction:     w = w - lr_t / (1 - beta_1**t) * m
 ```
 
 `bias_correction` is a build-time switch (it adds a `step` to the state), on
-by default as in each member's official code:
-
-- FedAdam, FedYogi: Reddi et al.'s code (google-research/federated) runs Keras'
-  Adam and its own Yogi, which correct in the "epsilon hat" form
-  `lr * sqrt(1 - beta_2**t) / (1 - beta_1**t) * m / (sqrt(v) + epsilon)`:
-  TFF's `build_adam`/`build_yogi`, which `build_fedadam`/`build_fedyogi` return.
-- FedAMSGrad, FADAS: their authors' code (jinghuichen/FedCAMS, yujiaw98/FADAS,
-  `update.py`): the second block above, epsilon added after `sqrt(d)` is
-  rescaled, `v_hat` the maximum of the uncorrected `v`.
-- Off: the first block, the FedAdamom authors' FedAdam and FedYogi
-  (Tenshawn/FedAdamom, `models/distributed_training_utils.py`).
+by default as in each member's official code, whose form each builder names
+(FedAMSGrad and FADAS: the second block above, `v_hat` the maximum of the
+uncorrected `v`). Off is the first block: the FedAdamom authors' FedAdam and
+FedYogi (Tenshawn/FedAdamom, `models/distributed_training_utils.py`).
 
 The state is a flat OrderedDict: learning rate first (`LEARNING_RATE_KEY`, so
 `schedule_learning_rate` works), the hparams, `step`, then the slots

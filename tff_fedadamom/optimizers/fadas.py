@@ -54,9 +54,8 @@ def build_fadas(learning_rate=DEFAULT_LEARNING_RATE, beta_1=DEFAULT_BETA_1,
 
   Source: only the paper's abstract could be read, so the rule is the authors'
   code (yujiaw98/FADAS): `update.py` (optimizer `fedams`: bias correction always
-  on, epsilon after `sqrt(v_hat)` is rescaled, v_hat_0 = 0) and
-  `g_delay_adaptive.py` (`lr_lambda = 1 / max(delay)` multiplying eta). The
-  defaults are its `options.py` and its CIFAR-10 command (eta 1e-3).
+  on, epsilon after `sqrt(v_hat)` is rescaled, v_hat_0 = 0) and the delay rule
+  of `adaptive.delay_adaptive_learning_rate`; `DEFAULT_*` name their source.
 
   Raises:
     ValueError: naming an out-of-range argument or a non-bool `bias_correction`.

@@ -102,9 +102,7 @@ def _count(kind, name, value, *, minimum: int) -> int:
   ok = isinstance(value, numbers.Integral) or (
       isinstance(value, numbers.Real) and float(value).is_integer()
   )
-  if isinstance(value, bool) or not ok:
-    raise _bad(kind, name, value, f'an integer >= {minimum}')
-  if int(value) < minimum:
+  if isinstance(value, bool) or not ok or int(value) < minimum:
     raise _bad(kind, name, value, f'an integer >= {minimum}')
   return int(value)
 

@@ -1,6 +1,6 @@
 """The execution backends: `inprocess`, `tff_cpp` and `ray`, one module each,
 behind one small protocol (`base.Backend`), built once per run from its plan
-(`base.build_backend`). See `base` for what each backend is.
+(`base.build_backend`).
 
 Names are imported lazily (`tff_fedadamom.lazy`): importing the package imports
 no backend.

@@ -1,15 +1,8 @@
 """Where rounds run: the `Backend` protocol, and the one choice of a backend.
 
-Three backends (`runtime.backend`), one module each:
-
-* `inprocess` (what `auto` means): the compiled process's TensorFlow
-  computations run in this Python process, on the GPUs TensorFlow sees, with
-  no child process and no open port.
-* `tff_cpp`: TFF's own C++ runtime, the reference: its `worker_binary`, which
-  listens on every interface, runs in a private network namespace behind a Unix
-  socket; its context is installed around each call, never as TFF's default.
-* `ray`: each round's clients run on Ray actors, the server's computations in
-  this process (`server`, shared with `inprocess`).
+Three backends (`runtime.backend`, described in `schema.RuntimeConfig`), one
+module each, whose docstring says how it runs a round: `inprocess` (what `auto`
+means: no child process, no open port), `tff_cpp` and `ray`.
 
 The runner, the loop and the hooks make only the calls of `Backend`; a round is
 `next_for_clients(state, client_ids, round_num)` on all three. `build_backend`

@@ -30,8 +30,6 @@ INITIALIZE = "initialize"
 EXTRAS = ("get_model_weights", "get_hparams", "set_hparams")
 # The form's secure-aggregation computations: the in-process backends run plain sums only.
 _SECURE = ("secure_sum_bitwidth", "secure_sum_max_input", "secure_modular_sum_modulus")
-# What `result_types` holds: the results callers get as Python containers.
-RESULTS = (INITIALIZE, "next", *EXTRAS)
 # Bumped when the bundle's layout changes.
 FORMAT = 1
 
@@ -48,7 +46,8 @@ class CompiledProcess:
     computations: name -> serialized TFF computation proto (`FORM_COMPUTATIONS`,
       `INITIALIZE`, and those of `EXTRAS` the process has).
     result_types: name -> the result type with its Python containers, for
-      `RESULTS` (`next`: the `update` computation's result as `process.next`'s).
+      `INITIALIZE`, `next` (the `update` computation's result as
+      `process.next`'s) and `EXTRAS`.
   """
 
   computations: Mapping[str, bytes]

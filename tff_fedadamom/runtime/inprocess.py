@@ -10,10 +10,10 @@ visible; a round is the form's semantics spelled out in Python
 (`get_computation_for_map_reduce_form` is the reference): `prepare`, `work` per
 client, `zero`/`accumulate` in client order, `report`, `update`.
 
-Results do not depend on timing: each call first runs the graph's own
-initializer (fresh variables, as TFF's executor does) on variables private to
-its slot, and clients that run concurrently are accumulated in client order. A
-`tf.data.Dataset` iterated twice reshuffles, so `next` takes fresh datasets.
+Results do not depend on timing: each call runs on fresh variables private to
+its slot (`tf_computation`), and clients that run concurrently are accumulated
+in client order. A `tf.data.Dataset` iterated twice reshuffles, so `next`
+takes fresh datasets.
 """
 
 from __future__ import annotations

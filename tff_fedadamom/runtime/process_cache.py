@@ -4,11 +4,9 @@ Building and compiling a learning process gives the same graphs for every
 config of one structure, in every worker, trial and run; this cache keeps each
 structure's `compiled.CompiledProcess` as one file, built once per machine.
 
-Key: the experiment's `parts.process_structure` (the config without what the
-compiled computations do not depend on: run-only settings, hparams held in the
-state, where and how rounds run, cadences, batching, and of the data all but
-its `process.data_signature`), plus the versions of TensorFlow, TFF and this
-package's source (`versions`): an entry never outlives the code that compiled it.
+Key: the experiment's `parts.process_structure` (what the compiled computations
+depend on), plus the versions of TensorFlow, TFF and this package's source
+(`versions`): an entry never outlives the code that compiled it.
 
 Files: `<directory>/<key>.tffproc`, `CompiledProcess.to_bytes` after a header
 naming the key, the versions and the bytes' SHA-256, written to a temporary

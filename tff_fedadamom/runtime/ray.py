@@ -157,9 +157,8 @@ class RayLearningProcess(ServerCalls):
         state, lambda broadcast: self._fold_on_actors(list(client_ids), round_num, broadcast))
 
   def _fold_on_actors(self, client_ids: list, round_num: int, broadcast) -> list:
-    """The round's accumulator (flat tensors): the broadcast put into Ray's
-    object store once, every actor's `work` on its block of clients at once,
-    then one fold across the actors."""
+    """The round's accumulator (flat tensors); the broadcast goes into Ray's
+    object store once."""
     import ray
 
     broadcast = ray.put([t.numpy() for t in broadcast])

@@ -93,10 +93,6 @@ class ServerCalls:
     """The `compiled.CompiledProcess` this runs."""
     return self.server.compiled
 
-  @property
-  def state_type(self):
-    return self.server.state_type
-
   def initialize(self):
     return self.server.initialize()
 

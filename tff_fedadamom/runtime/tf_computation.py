@@ -19,11 +19,9 @@ first calls are where a new process spends its time. Processes of one model,
 data and clients share `work`, `zero`, `accumulate` and `report`, so a worker
 meeting a sweep's next optimizer imports only its server computations.
 
-A client's `work` takes its data as a TFF sequence, a `tf.data.Dataset`, whose
-building in Python per client and round costs more than a small model's
-training. With a `Feed`, a slot takes the client's example tensors and round
-seed instead and builds the data in the same graph: a client's round is one
-TensorFlow call.
+With a `Feed`, a slot takes a client's example tensors and round seed in place
+of the dataset its `work` takes (`data.client_tensors` says why) and builds the
+data in the same graph: a client's round is one TensorFlow call.
 """
 
 from __future__ import annotations
@@ -217,8 +215,7 @@ class _SlotPool:
   def __init__(self, proto, param_leaves, devices: Sequence[Optional[str]],
                feed: Optional[Feed]):
     self._proto, self._param_leaves, self._devices = proto, param_leaves, list(devices)
-    # Kept by the pool: a key holds the id of the feed's source (`_slot_pool`).
-    self._feed = feed
+    self._feed = feed  # kept: the pool's key holds the id of its source (`_slot_pool`)
     # A stateful random op (Keras' seeded dropout) in the iterator loop's body
     # keeps its kernel from call to call (`dataset.reduce` makes it afresh per
     # client), so a client's draws would depend on what ran before it on the

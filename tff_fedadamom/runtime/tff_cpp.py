@@ -1,10 +1,8 @@
-"""The `tff_cpp` backend: TFF's own C++ runtime, kept as the reference, with
-its worker_binary confined to a network namespace of its own.
+"""The `tff_cpp` backend: TFF's own C++ runtime, kept as the reference.
 
-TFF 0.87 runs its C++ runtime only in a separate `worker_binary`, which serves
-gRPC on every network interface and cannot be told otherwise. Here it runs in
-a private network namespace behind a Unix socket (`tff_cpp_relay`), so nothing
-is reachable over TCP from outside.
+TFF 0.87 runs it only in a separate `worker_binary`, which serves gRPC on every
+network interface; here that runs in a private network namespace behind a Unix
+socket (`tff_cpp_relay`), so nothing is reachable over TCP from outside.
 
 `Runtime` is that worker as a TFF sync context, mirroring TFF's
 `create_sync_local_cpp_execution_context` with `local_cpp_executor_factory`
