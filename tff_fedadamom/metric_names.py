@@ -23,6 +23,14 @@ TEST_PREFIX = "test/"  # every evaluation metric's; a row with one is an evaluat
 TEST_LOSS = TEST_PREFIX + LOSS
 TEST_ACCURACY = TEST_PREFIX + "accuracy"
 
+# An asynchronous run's server step (`asynchrony`): its virtual time, the
+# staleness of the updates it averaged, and the arrivals dropped as too stale.
+ASYNC_PREFIX = "async/"
+VIRTUAL_TIME = ASYNC_PREFIX + "virtual_time"
+MEAN_STALENESS = ASYNC_PREFIX + "mean_staleness"
+MAX_STALENESS = ASYNC_PREFIX + "max_staleness"
+DROPPED = ASYNC_PREFIX + "dropped"
+
 ELAPSED_S = "time/elapsed_s"  # seconds from the run's start to the round's end
 TELEMETRY_S = "time/telemetry_s"  # seconds the round's optimizer statistics took
 

@@ -243,8 +243,8 @@ class DyingActor(ray_backend.ClientActor):
   """Ends its own process once per file at the arm: after its clients' work
   when the file says 'work', when asked to fold when it says 'fold'."""
 
-  def work(self, client_ids, round_num, broadcast):
-    result = super().work(client_ids, round_num, broadcast)
+  def work(self, *args, **kwargs):
+    result = super().work(*args, **kwargs)
     if _claims_the_arm("work"):
       os._exit(1)
     return result
@@ -353,12 +353,12 @@ class SlowActor(ray_backend.ClientActor):
   the CPUs): the interpreter does not run again, nor handle a signal. Before
   the call it leaves a file named by its pid in $BUSY_ACTORS_DIR."""
 
-  def work(self, client_ids, round_num, broadcast):
+  def work(self, *args, **kwargs):
     import tensorflow as tf
 
     open(os.path.join(os.environ["BUSY_ACTORS_DIR"], str(os.getpid())), "w").close()
     tf.queue.FIFOQueue(1, tf.float32).dequeue()
-    return super().work(client_ids, round_num, broadcast)
+    return super().work(*args, **kwargs)
 
 
 # Starts a ray-backend round whose actors are busy in `work`; prints their pids.

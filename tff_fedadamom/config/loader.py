@@ -180,7 +180,7 @@ def config_to_dict(config: schema.ExperimentConfig) -> dict:
         hparams = section.pop("hparams")
         section = {"optimizer": section.pop("optimizer"), **hparams, **section}
       out[f.name] = section
-    else:
+    elif value is not None or f.name not in schema.SECTIONS:  # an absent optional section
       out[f.name] = plain(value)
   return out
 

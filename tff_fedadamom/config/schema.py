@@ -13,6 +13,8 @@ import math
 import re
 from typing import Optional
 
+from tff_fedadamom.asynchrony import DEFAULT_DURATIONS, DEFAULT_STALENESS
+
 
 def checked_field(default=dataclasses.MISSING, *, check=None, allowed=None, factory=None,
                   choices=None, problem=None, why=None):
@@ -225,6 +227,31 @@ class RuntimeConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class AsyncConfig:
+  """Buffered asynchronous training (FedBuff; the rules are `asynchrony`'s): each
+  round of the run is a server step.
+
+  `concurrency` clients train at once (null: `buffer_size`), each from the model
+  current when it starts; the server steps every `buffer_size` arrivals (null:
+  `clients_per_round`), averaging the buffer with each update weighted by
+  `staleness` (`{kind: constant | polynomial (a) | hinge (a, b)}`); an update
+  staler than `max_staleness` server steps is dropped. A client's task takes a
+  virtual time drawn from `durations` (`{kind: constant | exponential |
+  lognormal (sigma), jitter}`): per-client speeds of mean 1, times a per-task
+  lognormal factor of sigma `jitter`. A run keeps the broadcasts of up to
+  min(concurrency + buffer_size, max_staleness + 1) model versions in its state.
+  """
+
+  concurrency: Optional[int] = _field(None, check=positive,
+                                      allowed="an integer >= 1 or null (= buffer_size)")
+  buffer_size: Optional[int] = _field(None, check=positive,
+                                      allowed="an integer >= 1 or null (= clients_per_round)")
+  durations: dict = _field(factory=lambda: dict(DEFAULT_DURATIONS))
+  staleness: dict = _field(factory=lambda: dict(DEFAULT_STALENESS))
+  max_staleness: int = _field(10, check=nonnegative, allowed="an integer >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
   """One federated-averaging experiment."""
 
@@ -247,6 +274,8 @@ class ExperimentConfig:
   client: ClientConfig = dataclasses.field(default_factory=ClientConfig)
   server: ServerConfig = dataclasses.field(default_factory=ServerConfig)
   runtime: RuntimeConfig = dataclasses.field(default_factory=RuntimeConfig)
+  # Null: synchronous rounds (the section's absence in YAML).
+  asynchronous: Optional[AsyncConfig] = None
 
 
 SECTIONS = {
@@ -255,4 +284,5 @@ SECTIONS = {
     "client": ClientConfig,
     "server": ServerConfig,
     "runtime": RuntimeConfig,
+    "asynchronous": AsyncConfig,
 }

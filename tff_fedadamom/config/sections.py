@@ -105,6 +105,13 @@ def _required(field: dataclasses.Field) -> bool:
   return field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
 
 
+def _section_type(tp):
+  """The dataclass of a nested section's annotation (`X` or `Optional[X]`), else None."""
+  args = [a for a in typing.get_args(tp) if a is not type(None)]
+  inner = args[0] if typing.get_origin(tp) is Union and len(args) == 1 else tp
+  return inner if dataclasses.is_dataclass(inner) else None
+
+
 def build_section(cls, raw: Any, source: str, prefix: str, *, extra_ok: bool = False,
                   error: type = ConfigError, by_prefix: bool = False,
                   string_numbers: bool = False):
@@ -135,9 +142,11 @@ def build_section(cls, raw: Any, source: str, prefix: str, *, extra_ok: bool = F
         raise error(source, path, "missing" + (f" ({why})" if why else ""),
                     allowed=meta.get("allowed"))
       continue
-    if dataclasses.is_dataclass(hints[name]):
-      kwargs[name] = build_section(hints[name], raw[name], source, path + ".", error=error,
-                                   by_prefix=by_prefix, string_numbers=string_numbers)[0]
+    section = _section_type(hints[name])
+    if section is not None:
+      kwargs[name] = None if raw[name] is None and section is not hints[name] else (
+          build_section(section, raw[name], source, path + ".", error=error,
+                        by_prefix=by_prefix, string_numbers=string_numbers)[0])
       continue
     value = coerce(raw[name], hints[name], source, path, error,
                    string_numbers=string_numbers)

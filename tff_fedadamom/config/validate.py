@@ -154,6 +154,55 @@ def _check_learning_process(config: schema.ExperimentConfig, source: str) -> Non
                       value=dict(config.server.schedule), allowed=f"{{kind: {constant}}}")
 
 
+def _check_kind(options: Mapping, kinds: Mapping, default: str, source: str,
+                field: str) -> dict:
+  """A `{kind: ..., <options>}` mapping checked against `kinds` (kind -> option
+  defaults): every option filled in, each number > 0 (`jitter` and `b`: >= 0)."""
+  kind, params = schema.split_kind(options, default)
+  _check_name(kind, kinds, source, f"{field}.kind")
+  _check_options(params, kinds[kind], source, f"{field}.")
+  params = {**kinds[kind], **params}
+  for key, value in params.items():
+    low_ok = key in ("jitter", "b")
+    if value < 0 or (value == 0 and not low_ok):
+      raise ConfigError(source, f"{field}.{key}", "out of range", value=value,
+                        allowed="a number >= 0" if low_ok else "a number > 0")
+  return {"kind": kind, **params}
+
+
+def _check_asynchronous(config: schema.ExperimentConfig, source: str):
+  """The `asynchronous` section with its nulls and kinds resolved (None: none)."""
+  from tff_fedadamom import asynchrony, methods
+
+  section = config.asynchronous
+  if section is None:
+    return None
+  name = config.server.optimizer
+  if methods.is_learning_process(name):
+    servers = [m for m in methods.list_optimizers() if not methods.is_learning_process(m)]
+    raise ConfigError(source, "asynchronous", f"{name!r} is a learning process of its own "
+                      "(its clients keep state); buffered asynchronous steps need a server "
+                      "optimizer", value=name, allowed=f"server.optimizer in {servers}")
+  if schema.resolved_backend(config.runtime) == schema.TFF_CPP:
+    raise ConfigError(source, "runtime.backend", "asynchronous steps run on the in-process "
+                      "or ray backend", value=config.runtime.backend,
+                      allowed=f"{schema.INPROCESS!r}, {schema.AUTO!r} or {schema.RAY!r}")
+  buffer_size = section.buffer_size or config.clients_per_round
+  concurrency = section.concurrency or buffer_size
+  if config.data.num_clients is not None and concurrency > config.data.num_clients:
+    raise ConfigError(source, "asynchronous.concurrency", "more than data.num_clients",
+                      value=concurrency, allowed=f"an integer in [1, {config.data.num_clients}]")
+  durations = _check_kind(section.durations, asynchrony.DURATIONS,
+                          asynchrony.DEFAULT_DURATIONS["kind"], source, "asynchronous.durations")
+  staleness = _check_kind(section.staleness, asynchrony.STALENESS,
+                          asynchrony.DEFAULT_STALENESS["kind"], source, "asynchronous.staleness")
+  if staleness["kind"] == "hinge" and not float(staleness["b"]).is_integer():
+    raise ConfigError(source, "asynchronous.staleness.b", "wrong type", value=staleness["b"],
+                      allowed="an integer >= 0 (server steps)")
+  return dataclasses.replace(section, buffer_size=buffer_size, concurrency=concurrency,
+                             durations=durations, staleness=staleness)
+
+
 RAY_FIELDS = ("workers", "cpus_per_worker", "gpus_per_worker", "address")
 
 
@@ -187,4 +236,5 @@ def check_registries(config: schema.ExperimentConfig, source: str) -> schema.Exp
     raise ConfigError(source, "clients_per_round", "more than data.num_clients",
                       value=config.clients_per_round,
                       allowed=f"an integer in [1, {config.data.num_clients}]")
-  return dataclasses.replace(config, data=data, server=server)
+  return dataclasses.replace(config, data=data, server=server,
+                             asynchronous=_check_asynchronous(config, source))

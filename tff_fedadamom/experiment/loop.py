@@ -22,7 +22,7 @@ import logging
 import math
 from typing import Any, Callable, Generator, Iterable, Mapping, Optional, Sequence
 
-from tff_fedadamom.metric_names import NONFINITE_UPDATES, ROUND, TEST_ACCURACY, TRAIN_ACCURACY
+from tff_fedadamom.metric_names import ASYNC_PREFIX, NONFINITE_UPDATES, ROUND, TEST_ACCURACY, TRAIN_ACCURACY
 from tff_fedadamom.metric_names import LOSS, NUM_EXAMPLES, TRAIN_LOSS, TRAIN_NUM_EXAMPLES
 
 logger = logging.getLogger("tff_fedadamom")
@@ -131,6 +131,9 @@ def flatten_round_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
   }
   finalizer = metrics.get("finalizer", {})
   out[NONFINITE_UPDATES] = float(finalizer.get("update_non_finite", 0))
+  step = metrics.get("asynchronous")  # `runtime.buffered`'s server steps
+  if step is not None:
+    out.update({ASYNC_PREFIX + key: float(value) for key, value in step.items()})
   return out
 
 

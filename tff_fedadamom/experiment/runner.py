@@ -46,13 +46,13 @@ def _progress_bar(config, start_round: int, devices):
               leave=True)
 
 
-def _round_hooks(config, parts, *, started, state_manager, release_managers, histogram_writer,
+def _round_hooks(config, parts, process, *, started, state_manager, release_managers, histogram_writer,
                  bar, on_round, on_eval, run_async, checkpoint_rounds) -> list[RoundHook]:
   """The hooks of a run, in the order `hooks` documents."""
   hooks = []
   if config.telemetry:
     hooks.append(hooks_lib.Telemetry(
-        parts.process, parts.layer_names, config.server.hparams.get("epsilon"),
+        process, parts.layer_names, config.server.hparams.get("epsilon"),
         config.histogram_every, histogram_writer))
   hooks += [hooks_lib.Divergence(config.diverge_patience),
             hooks_lib.Evaluate(parts.evaluator, config.eval_every),
@@ -165,6 +165,9 @@ def _run(plan, parts, *, resuming, on_eval, on_round, progress, hooks,
         "<config>", "clients_per_round", f"more than the {len(data.train.client_ids)} "
         f"clients of data set {config.data.name!r}", value=config.clients_per_round,
         allowed=f"an integer in [1, {len(data.train.client_ids)}]")
+  sampler = UniformSampler(data.train.client_ids, config.clients_per_round, config.seed)
+  if config.asynchronous is not None:
+    process, sampler = _buffered(config, process, data.train.client_ids)
   if not resuming:
     dump_config(config, os.path.join(output_dir, outputs.CONFIG_FILE))
 
@@ -182,13 +185,12 @@ def _run(plan, parts, *, resuming, on_eval, on_round, progress, hooks,
   tb_manager = tensorboard_events.ReleaseManager(tb_dir)
   histogram_writer = tensorboard_events.EventWriter(os.path.join(tb_dir, "histograms"))
   bar = _progress_bar(config, start_round, devices) if progress else None
-  sampler = UniformSampler(data.train.client_ids, config.clients_per_round, config.seed)
   started = time.perf_counter()
   run_async = hooks_lib.EventLoop()
   try:
     result = yield from iter_rounds(
         process, state, range(start_round + 1, config.rounds + 1), sampler,
-        _round_hooks(config, parts, started=started, state_manager=state_manager,
+        _round_hooks(config, parts, process, started=started, state_manager=state_manager,
                      release_managers=[csv_manager, tb_manager],
                      histogram_writer=histogram_writer, bar=bar, on_round=on_round,
                      on_eval=on_eval, run_async=run_async,
@@ -201,6 +203,19 @@ def _run(plan, parts, *, resuming, on_eval, on_round, progress, hooks,
   summary = _write_results(plan, parts.evaluator if model_and_plot else None,
                            process, result, wall=wall, start_round=start_round)
   return RunResult(output_dir, summary)
+
+
+def _buffered(config, process, client_ids):
+  """(The backend's rounds as asynchronous server steps, their sampler)."""
+  from tff_fedadamom.runtime.buffered import buffered_process
+
+  if config.asynchronous.concurrency > len(client_ids):
+    raise ConfigError(
+        "<config>", "asynchronous.concurrency", f"more than the {len(client_ids)} clients of "
+        f"data set {config.data.name!r}", value=config.asynchronous.concurrency,
+        allowed=f"an integer in [1, {len(client_ids)}]")
+  buffered = buffered_process(process, config, client_ids)
+  return buffered, buffered.step_clients
 
 
 def _write_results(plan, evaluator, process, result, *, wall: float,

@@ -42,15 +42,13 @@ def build_fadas(learning_rate=DEFAULT_LEARNING_RATE, beta_1=DEFAULT_BETA_1,
   w     = w - eta_t / (1 - beta_1**t) * m / (sqrt(v_hat / (1 - beta_2**t)) + epsilon)
   ```
 
-  `tau_max` is the largest staleness (in server rounds) of the round's buffered
+  `tau_max` is the largest staleness (in server steps) of the step's buffered
   updates and `tau_c` the delay threshold, both in the state as hparams
-  (`max_delay`, 0 after `initialize`, and `delay_threshold`): an asynchronous
-  driver would set `max_delay` with `set_hparams` before `next`.
-
-  Synchronous only: the pipeline's rounds (`build_weighted_fed_avg`) have
-  staleness 0, so `eta_t = eta` and FADAS is FedAMSGrad's rule with FADAS'
-  defaults (v_hat_0 = 0, epsilon 1e-8). The buffered asynchronous mode needs a
-  different learning process, not a server optimizer, and is not offered.
+  (`max_delay`, 0 after `initialize`, and `delay_threshold`): the asynchronous
+  driver (`runtime.buffered`) sets `max_delay` with `set_hparams` before each
+  step. In synchronous rounds (`build_weighted_fed_avg`) staleness is 0, so
+  `eta_t = eta` and FADAS is FedAMSGrad's rule with FADAS' defaults (v_hat_0 =
+  0, epsilon 1e-8).
 
   Source: only the paper's abstract could be read, so the rule is the authors'
   code (yujiaw98/FADAS): `update.py` (optimizer `fedams`: bias correction always

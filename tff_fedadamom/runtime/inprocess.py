@@ -107,16 +107,28 @@ class ClientFold:
     """The accumulator (flat tensors) of the clients whose leading `work`
     arguments are `client_args` (see `client_leaves`), given the broadcast's
     flat leaves."""
-    futures = self._submit(client_args, broadcast)
+    futures = self._submit(client_args, [broadcast] * len(client_args))
     return self.fold(future.result() for future in futures)  # accumulates as they finish
 
-  def _submit(self, client_args, broadcast):
-    return [self._pool.submit(self.work.call_flat_leaves, [*args, *broadcast], i)
-            for i, args in enumerate(client_args)]
+  def fold_updates(self, client_args: Sequence[Sequence[Any]],
+                   broadcasts: Sequence[Sequence[Any]], scales: Sequence[float],
+                   update: slice) -> list:
+    """The accumulator of clients that each train from their own broadcast,
+    each one's model update (the `update` leaves of its output) scaled by its
+    entry of `scales` (`scale_update`): an asynchronous server step's buffer."""
+    futures = self._submit(client_args, broadcasts)
+    return self.fold(scale_update(future.result(), scale, update)
+                     for future, scale in zip(futures, scales))
 
-  def work_outputs(self, client_args: Sequence[Sequence[Any]], broadcast: Sequence[Any]) -> list:
-    """`work`'s flat outputs per client, in client order (run concurrently)."""
-    return [future.result() for future in self._submit(client_args, broadcast)]
+  def _submit(self, client_args, broadcasts):
+    return [self._pool.submit(self.work.call_flat_leaves, [*args, *broadcast], i)
+            for i, (args, broadcast) in enumerate(zip(client_args, broadcasts))]
+
+  def work_outputs(self, client_args: Sequence[Sequence[Any]],
+                   broadcasts: Sequence[Sequence[Any]]) -> list:
+    """`work`'s flat outputs per client, in client order (run concurrently),
+    client i trained from `broadcasts[i]`."""
+    return [future.result() for future in self._submit(client_args, broadcasts)]
 
   def fold(self, outputs, accumulator: Optional[Sequence[Any]] = None) -> list:
     """`accumulator` (default: `zero`) with `outputs` accumulated onto it, in order.
@@ -140,6 +152,20 @@ class ClientFold:
     pool = getattr(self, "_pool", None)
     if pool is not None:
       pool.shutdown(wait=False)
+
+
+def scale_update(output: Sequence[Any], scale: float, update: slice) -> list:
+  """`work`'s flat `output` with its `update` leaves (the client's weighted
+  model delta) multiplied by `scale`; unchanged, the same tensors, for 1.
+  One float32 product per element, so every backend computes the same bits."""
+  output = list(output)
+  if scale == 1.0:
+    return output
+  for i in range(update.start, update.stop):
+    scaled = output[i] * tf.constant(scale, output[i].dtype)
+    release([output[i]])
+    output[i] = scaled
+  return output
 
 
 def client_feed(client_tensors, work) -> Optional[Feed]:
@@ -221,6 +247,20 @@ class InProcessLearningProcess(ServerCalls):
     output = self._round(state, client_args)
     release(args[-1] for args in client_args)  # the round seeds; the examples stay
     return output
+
+  def fold_tasks(self, tasks: Sequence[tuple], broadcasts: Sequence[Sequence[Any]],
+                 scales: Sequence[float], update: slice) -> list:
+    """An asynchronous step's accumulator (`runtime.buffered`): task i is
+    (client id, the round its data is drawn for), trained from `broadcasts[i]`
+    (flat leaves), its update scaled by `scales[i]`, folded in task order."""
+    client_args = [self._client_tensors.args(cid, round_num) for cid, round_num in tasks]
+    tensors = {}
+    for broadcast in broadcasts:  # each distinct one converted once
+      tensors.setdefault(id(broadcast), [tf.convert_to_tensor(b) for b in broadcast])
+    accumulator = self._clients.fold_updates(
+        client_args, [tensors[id(b)] for b in broadcasts], scales, update)
+    release([*(args[-1] for args in client_args), *(t for ts in tensors.values() for t in ts)])
+    return accumulator
 
   def _round(self, state, client_args):
     return self.server.round(state, lambda broadcast: self._clients(client_args, broadcast))

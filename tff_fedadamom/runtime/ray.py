@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Sequence
 
+import numpy as np
 import tensorflow as tf
 
 from tff_fedadamom.config.schema import RAY_CPUS_PER_WORKER, RAY_GPUS_PER_WORKER, RAY_WORKERS
@@ -153,20 +154,47 @@ class RayLearningProcess(ServerCalls):
   def next_for_clients(self, state, client_ids: Sequence[Any], round_num: int):
     """One round over `client_ids`: broadcast, every actor's `work`, one fold
     across the actors in actor order, `report`, `update`."""
-    return self.server.round(
-        state, lambda broadcast: self._fold_on_actors(list(client_ids), round_num, broadcast))
-
-  def _fold_on_actors(self, client_ids: list, round_num: int, broadcast) -> list:
-    """The round's accumulator (flat tensors); the broadcast goes into Ray's
-    object store once."""
     import ray
 
-    broadcast = ray.put([t.numpy() for t in broadcast])
-    blocks = assign_clients(client_ids, self.num_actors)
+    def fold(broadcast):
+      ref = ray.put([t.numpy() for t in broadcast])  # into the object store once
+      return self._fold_on_actors(list(client_ids), [round_num] * len(client_ids),
+                                  [0] * len(client_ids), [ref], round_num)
+
+    return self.server.round(state, fold)
+
+  def fold_tasks(self, tasks: Sequence[tuple], broadcasts: Sequence[Sequence[Any]],
+                 scales: Sequence[float], update: slice) -> list:
+    """`inprocess.InProcessLearningProcess.fold_tasks` on the actors: each
+    distinct broadcast goes into the object store once."""
+    import ray
+
+    refs, which = {}, []
+    for broadcast in broadcasts:
+      key = id(broadcast)
+      if key not in refs:
+        refs[key] = (len(refs), ray.put([np.asarray(b) for b in broadcast]))
+      which.append(refs[key][0])
+    return self._fold_on_actors([cid for cid, _ in tasks], [r for _, r in tasks], which,
+                                [ref for _, ref in refs.values()], tasks[0][1],
+                                scales=list(scales), update=update)
+
+  def _fold_on_actors(self, client_ids: list, rounds: list, which: list, refs: list,
+                      round_num: int, **scaling) -> list:
+    """The accumulator (flat tensors) of the clients: client i's data of
+    `rounds[i]`, trained from the broadcast `refs[which[i]]`; `scaling` as
+    `ClientActor.work`'s."""
+    blocks = assign_clients(list(range(len(client_ids))), self.num_actors)
     active = [k for k, block in enumerate(blocks) if block]
 
     def work(k):
-      return self._actors[k].work.remote(blocks[k], round_num, broadcast)
+      block = blocks[k]
+      used = sorted({which[i] for i in block})
+      extra = {key: [value[i] for i in block] if isinstance(value, list) else value
+               for key, value in scaling.items()}
+      return self._actors[k].work.remote(
+          [client_ids[i] for i in block], [rounds[i] for i in block],
+          [used.index(which[i]) for i in block], *[refs[j] for j in used], **extra)
 
     pending = {k: work(k) for k in active}
     for k in active:

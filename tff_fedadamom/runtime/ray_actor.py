@@ -42,14 +42,23 @@ class ClientActor:
         work, zero, accumulate, inprocess.visible_devices(), max_concurrent_clients,
         feed=inprocess.client_feed(self._client_tensors, work))
 
-  def work(self, client_ids: Sequence[Any], round_num: int, broadcast: Sequence) -> int:
-    """Runs `work` for `client_ids` in round `round_num` (`broadcast`: numpy
-    leaves); keeps the outputs for `fold`."""
+  def work(self, client_ids: Sequence[Any], rounds: Sequence[int], which: Sequence[int],
+           *broadcasts: Sequence, scales: Optional[Sequence[float]] = None,
+           update: Optional[slice] = None) -> int:
+    """Runs `work` for client `client_ids[i]` with its data of round
+    `rounds[i]`, trained from `broadcasts[which[i]]` (numpy leaves), its update
+    scaled by `scales[i]` when given (`inprocess.scale_update`); keeps the
+    outputs for `fold`."""
     import tensorflow as tf
 
-    client_args = [self._client_tensors.args(cid, round_num) for cid in client_ids]
-    self._outputs = self._fold.work_outputs(client_args,
-                                            [tf.convert_to_tensor(b) for b in broadcast])
+    from tff_fedadamom.runtime.inprocess import scale_update
+
+    client_args = [self._client_tensors.args(cid, r) for cid, r in zip(client_ids, rounds)]
+    tensors = [[tf.convert_to_tensor(b) for b in leaves] for leaves in broadcasts]
+    outputs = self._fold.work_outputs(client_args, [tensors[w] for w in which])
+    if scales is not None:
+      outputs = [scale_update(o, s, update) for o, s in zip(outputs, scales)]
+    self._outputs = outputs
     return len(self._outputs)
 
   def fold(self, accumulator: Optional[Sequence]) -> list:

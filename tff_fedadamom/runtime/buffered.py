@@ -1,0 +1,191 @@
+"""Buffered asynchronous rounds (FedBuff, FADAS) on the in-process or ray backend.
+
+`asynchrony.Timeline` says which clients start when, from which model version,
+and which updates each server step averages; `BufferedProcess` trains along it.
+A server step of the wrapped learning process's MapReduceForm (`server` says
+how a round runs) differs from a synchronous round in its middle line only:
+
+    accumulator = zero, accumulate(scale(work(d_i, broadcast_{v_i}), s(tau_i)))
+                  over the step's updates i, in buffer order
+    state', out = update(state, report(accumulator))
+
+Each update trains from the broadcast of the version its client started from
+(`prepare` of that version's state), and its weighted model delta is scaled by
+its staleness weight (`asynchrony.staleness_weight`), which leaves TFF's
+weighted mean as sum_i s_i w_i Delta_i / sum_i w_i. A client's work is a
+function of its data and its broadcast, so computing it when its step comes
+gives what computing it when it started would, and the backends (the in-process
+`ClientFold`, or the ray actors) run a step's updates at once. A FADAS server
+gets the step's largest staleness as its `max_delay` hparam before `update`.
+
+The state is the learning process's plus the broadcasts of the versions still
+to be trained from (`Timeline.live_versions`), in `Timeline.capacity` slots: a
+checkpoint holds them, so a run killed mid-way resumes exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, NamedTuple
+
+import numpy as np
+
+from tff_fedadamom import asynchrony
+from tff_fedadamom.optimizers.state import MAX_DELAY_KEY
+from tff_fedadamom.runtime.py_containers import type_leaves
+
+
+class AsyncState(NamedTuple):
+  """A buffered run's state: the learning process's (`server`), the server
+  steps taken (`version`), and slot k holding the broadcast (numpy leaves) of
+  version `slot_versions[k]` (-1: empty)."""
+
+  server: Any
+  version: np.ndarray
+  slot_versions: np.ndarray
+  slots: tuple
+
+  # The learning process state's parts, for code that reads them (telemetry).
+  @property
+  def global_model_weights(self):
+    return self.server.global_model_weights
+
+  @property
+  def finalizer(self):
+    return self.server.finalizer
+
+
+def update_leaves(compiled) -> slice:
+  """Which leaves of `work`'s output are the client's weighted model delta.
+
+  A process of `tff.learning.algorithms.build_weighted_fed_avg` sums, per
+  client, (metrics, weight * delta, weight) (TFF's `MeanFactory`); the delta is
+  the middle part, shaped as the model's trainable weights.
+
+  Raises:
+    ValueError: the process sums something else (a learning process of its own
+      design, such as FedCAda's or FAFED's).
+  """
+  summed = compiled.computation("work").type_signature.result[0]
+  weights = type_leaves(compiled.result_types["get_model_weights"].trainable)
+  parts = [type_leaves(part) for part in summed] if len(summed) == 3 else []
+  if not parts or [str(t) for t in parts[1]] != [str(t) for t in weights] or [
+      str(t) for t in parts[2]] != ["float32"]:
+    raise ValueError("asynchronous training needs a process that averages model deltas as "
+                     "tff.learning.algorithms.build_weighted_fed_avg does (a server "
+                     f"optimizer); this one's clients sum {summed}")
+  return slice(len(parts[0]), len(parts[0]) + len(parts[1]))
+
+
+def _max_delay_path(hparams: Mapping) -> tuple | None:
+  """(component, key) of FADAS' `max_delay` in the process's hparams, or None."""
+  for component, values in hparams.items():
+    if isinstance(values, Mapping) and MAX_DELAY_KEY in values:
+      return component, MAX_DELAY_KEY
+  return None
+
+
+class BufferedProcess:
+  """A backend (`base.Backend`) whose rounds are asynchronous server steps.
+
+  Args:
+    backend: The in-process or ray backend of the learning process.
+    timeline: The run's `asynchrony.Timeline`.
+    staleness: `{kind: ..., <its options>}` of `asynchrony.STALENESS`.
+  """
+
+  def __init__(self, backend, timeline: asynchrony.Timeline, staleness: Mapping[str, Any]):
+    self.backend = backend
+    self.timeline = timeline
+    options = dict(staleness)
+    self._kind = options.pop("kind", "constant")
+    self._staleness = options
+    self._update = update_leaves(backend.compiled)
+    self._max_delay = None
+
+  # ---- the server-only calls, on the learning process's state
+
+  def initialize(self) -> AsyncState:
+    return self._with_broadcast(self.backend.initialize(), 0, None)
+
+  def get_model_weights(self, state: AsyncState):
+    return self.backend.get_model_weights(state.server)
+
+  def get_hparams(self, state: AsyncState):
+    return self.backend.get_hparams(state.server)
+
+  def set_hparams(self, state: AsyncState, hparams) -> AsyncState:
+    """`hparams` set in; the current version's broadcast is made again (its
+    client learning rate may have changed)."""
+    return self._with_broadcast(self.backend.set_hparams(state.server, hparams),
+                                int(state.version), state)
+
+  def close(self) -> None:
+    self.backend.close()
+
+  # ---- a server step
+
+  def next_for_clients(self, state: AsyncState, client_ids, round_num: int):
+    """Server step `round_num` (the loop's round): its updates' clients are
+    `client_ids`, as `step_clients` gave them."""
+    step = self.timeline.step(round_num)
+    if int(state.version) != round_num - 1:
+      raise ValueError(f"server step {round_num} follows step {round_num - 1}, but the "
+                       f"state is at step {int(state.version)}")
+    slot_of = {int(v): k for k, v in enumerate(state.slot_versions) if v >= 0}
+    broadcasts = [state.slots[slot_of[task.version]] for task in step.tasks]
+    scales = [asynchrony.staleness_weight(tau, self._kind, **self._staleness)
+              for tau in step.staleness()]
+    accumulator = self.backend.fold_tasks(
+        [(task.client, task.launch) for task in step.tasks], broadcasts, scales, self._update)
+    server = self._set_max_delay(state.server, step.max_staleness)
+    output = self.backend.server.round(server, lambda _broadcast: accumulator)
+    metrics = dict(output.metrics)
+    metrics["asynchronous"] = {"virtual_time": step.time, "mean_staleness": step.mean_staleness,
+                               "max_staleness": step.max_staleness, "dropped": step.dropped}
+    return type(output)(state=self._with_broadcast(output.state, round_num, state),
+                        metrics=metrics)
+
+  def step_clients(self, round_num: int) -> list:
+    """The clients whose updates server step `round_num` averages (the loop's sampler)."""
+    return [task.client for task in self.timeline.step(round_num).tasks]
+
+  def _set_max_delay(self, server, max_staleness: int):
+    """`server` with FADAS' `max_delay` set to the step's largest staleness."""
+    if self._max_delay is None:
+      self._max_delay = _max_delay_path(self.backend.get_hparams(server)) or ()
+    if not self._max_delay:
+      return server
+    hparams = self.backend.get_hparams(server)
+    component, key = self._max_delay
+    if float(hparams[component][key]) == max_staleness:
+      return server
+    hparams[component][key] = max_staleness
+    return self.backend.set_hparams(server, hparams)
+
+  def _with_broadcast(self, server, version: int, previous) -> AsyncState:
+    """An `AsyncState` of `server` at `version`: its broadcast in a slot, and of
+    `previous`'s slots those of versions still to be trained from."""
+    broadcast = tuple(np.asarray(b) for b in self.backend.server.broadcast(server))
+    capacity = self.timeline.capacity
+    if previous is None:
+      versions = np.full([capacity], -1, np.int64)
+      slots = [tuple(np.zeros_like(b) for b in broadcast)] * capacity
+    else:
+      live = self.timeline.live_versions(version)
+      versions = np.where(np.isin(previous.slot_versions, list(live)),
+                          previous.slot_versions, -1)
+      versions[versions == version] = -1  # remade below (set_hparams)
+      slots = list(previous.slots)
+    free = int(np.flatnonzero(versions < 0)[0])
+    versions[free] = version
+    slots[free] = broadcast
+    return AsyncState(server, np.asarray(version, np.int64), versions, tuple(slots))
+
+
+def buffered_process(backend, config, client_ids) -> BufferedProcess:
+  """`backend`'s rounds as the asynchronous server steps of `config` (a
+  validated `ExperimentConfig` with an `asynchronous` section) over `client_ids`."""
+  section = config.asynchronous
+  timeline = asynchrony.Timeline(client_ids, section.concurrency, section.buffer_size,
+                                 section.max_staleness, section.durations, config.seed)
+  return BufferedProcess(backend, timeline, section.staleness)
