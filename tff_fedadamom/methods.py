@@ -23,6 +23,7 @@ import tensorflow_federated as tff
 
 from tff_fedadamom import algorithms
 from tff_fedadamom.algorithms import fafed, fedcada
+from tff_fedadamom.optimizers import adagrad
 from tff_fedadamom.optimizers import adaptive
 from tff_fedadamom.optimizers import fadas
 from tff_fedadamom.optimizers import fedadamom
@@ -79,15 +80,6 @@ def _fedavg(learning_rate):
 
 def _fedavgm(learning_rate, momentum):
   return tff.learning.optimizers.build_sgdm(learning_rate=learning_rate, momentum=momentum)
-
-
-def _fedadagrad(learning_rate, epsilon, initial_preconditioner):
-  # Keras' Adagrad, as Reddi et al.'s code runs it (google-research/federated,
-  # optimization/shared/optimizer_utils.py): no momentum, v_0 = 0 (their runs'
-  # initial accumulator, optimization/docs/hyperparameters.md), epsilon 1e-3.
-  return tff.learning.optimizers.build_adagrad(
-      learning_rate=learning_rate, initial_preconditioner_value=initial_preconditioner,
-      epsilon=epsilon)
 
 
 # Search ranges from the literature: eta and epsilon (tau) Reddi et al.'s (2021)
@@ -147,7 +139,9 @@ OPTIMIZERS: Mapping[str, OptimizerSpec] = {s.name: s for s in (
           ['learning_rate', 'beta_2', 'epsilon'],
           'FedYogi (Reddi et al. 2021): Yogi on the server.', keys.ADAM_STATE,
           check=functools.partial(ranges.check_adam_family, adaptive.FEDYOGI_NAME, 'Yogi')),
-    _spec('fedadagrad', 'FedAdagrad', _fedadagrad,
+    # Reddi et al.'s Adagrad (their code runs Keras'; `optimizers.adagrad`):
+    # no momentum, v_0 = 0 (optimization/docs/hyperparameters.md), epsilon 1e-3.
+    _spec('fedadagrad', adagrad.NAME, adagrad.build_fedadagrad,
           {'learning_rate': 0.1, 'epsilon': 1e-3, 'initial_preconditioner': 0.0},
           ['learning_rate', 'epsilon'],
           'FedAdagrad (Reddi et al. 2021): Adagrad on the server.', keys.ADAGRAD_STATE,

@@ -17,8 +17,7 @@ VARIANTS = [(name, {}) for name in NAMES] + [
 # Below, at and above each range's ends ([0, 1], >= 0, > 0, (0, 1]).
 PROBES = (-1.0, -1e-9, 0.0, 1e-9, 0.5, 1.0, 1.0 + 1e-9, 7.0)
 # TFF's own messages that do not name the registry's hparam: (theirs, ours).
-TFF_SPELLINGS = {("`initial_preconditioner_value`", "`initial_preconditioner`"),
-                 ("Adagrad epsilon", "Adagrad `epsilon`")}
+TFF_SPELLINGS = {("`initial_preconditioner_value`", "`initial_preconditioner`")}
 
 
 def _error(call, *args, **kwargs):

@@ -34,10 +34,15 @@ def check_sgd(learning_rate, momentum=None) -> None:
 
 
 def check_adagrad(learning_rate, epsilon, initial_preconditioner) -> None:
-  """TFF's `build_adagrad` (the registry's `fedadagrad`)."""
+  """`adagrad.AdagradOptimizer`'s ranges (the registry's `fedadagrad`): its
+  g / (sqrt(v) + epsilon) needs epsilon > 0 unless v starts above 0."""
   _nonnegative('Adagrad', 'learning_rate', learning_rate)
   _nonnegative('Adagrad', 'initial_preconditioner', initial_preconditioner)
-  _nonnegative('Adagrad', 'epsilon', epsilon)
+  if is_concrete(initial_preconditioner) and initial_preconditioner > 0:
+    _nonnegative('Adagrad', 'epsilon', epsilon)
+  else:
+    check_range('Adagrad', 'epsilon', epsilon, lambda x: x > 0.0,
+                '> 0 when `initial_preconditioner` is 0')
 
 
 def check_adaptive(name: str, learning_rate, beta_1, beta_2, epsilon, *, amsgrad: bool = False,
