@@ -67,10 +67,17 @@ def _alive(pids, timeout=10.0):
 
 
 BACKENDS = ["inprocess", "tff_cpp"]
+# Asynchronous steps on the in-process backend: its checkpoints hold the models
+# of the clients still in flight too.
+ASYNC = "asynchronous"
 
 
 def _run(out, backend, **overrides):
-  return tiny(out, runtime={"backend": backend}, **overrides)
+  raw = tiny(out, runtime={"backend": "inprocess" if backend == ASYNC else backend},
+             **overrides)
+  if backend == ASYNC:
+    raw[ASYNC] = {"concurrency": 5, "buffer_size": 2, "max_staleness": 4}
+  return raw
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +85,7 @@ def run_on(run_shared):
   """`run_on(backend, raw)`: the in-process runs share the session's parts."""
 
   def run(backend, raw):
-    if backend == "inprocess":
+    if backend in ("inprocess", ASYNC):
       return run_shared(raw)
     return run_experiment(raw, progress=False)
 
@@ -107,13 +114,13 @@ def reference(references):
 def _check_children(children, backend):
   """inprocess starts no process; tff_cpp starts TFF's worker, a child of its
   relay (`tff_cpp_relay`), which is the run's child."""
-  if backend == "inprocess":
+  if backend in ("inprocess", ASYNC):
     assert children == [], "an in-process run starts no child process"
   else:
     relay_and_worker(children)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BACKENDS + [ASYNC])
 def test_kill_9_then_rerun_finishes_identically(tmp_path, references, run_on, backend):
   out = tmp_path / "run"
   config = tmp_path / "c.yaml"
