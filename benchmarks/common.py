@@ -42,12 +42,9 @@ that same run. Figures depend on the machine and on what else runs on it.
 
 def interleaved(calls: Mapping[str, Callable[[], object]], repeats: int,
                 warmups: int = 1) -> dict[str, list[float]]:
-  """Seconds of each call, `repeats` times, after `warmups` untimed calls each.
-
-  The calls are interleaved round-robin, and the one called first rotates each
-  repeat, so load on a shared machine falls on all of them alike; the i-th
-  times of two calls are a pair, for `paired_ratio`.
-  """
+  """Seconds of each call, `repeats` times, after `warmups` untimed calls each;
+  round-robin, the first call rotating each repeat: the i-th times of two calls
+  are a pair, for `paired_ratio` (load falls on all calls alike)."""
   for call in calls.values():
     for _ in range(warmups):
       call()  # traces and compiles what the first calls do
@@ -62,9 +59,7 @@ def interleaved(calls: Mapping[str, Callable[[], object]], repeats: int,
 
 def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
   """a / b, or None when either was not measured or b is not positive."""
-  if a is None or b is None or b <= 0:
-    return None
-  return a / b
+  return None if a is None or b is None or b <= 0 else a / b
 
 
 def paired_ratio(a: Sequence[float], b: Sequence[float]) -> Optional[float]:
@@ -96,11 +91,6 @@ def cpuinfo() -> dict:
                                             if ":" in line)}
 
 
-def cpu_model() -> str:
-  """The CPU's model name (Linux /proc/cpuinfo), else what `platform` says."""
-  return cpuinfo().get("model name") or platform.processor() or platform.machine() or "unknown CPU"
-
-
 def git(repo: str, *args: str) -> subprocess.CompletedProcess:
   """`git -C repo args`, its output as text (git's exit status is not checked)."""
   return subprocess.run(["git", "-C", repo, *args], capture_output=True, text=True,
@@ -115,9 +105,10 @@ def commit(repo: str = ROOT) -> str:
 
 
 def provenance(repo: str = ROOT) -> str:
-  """One line: the commit, the machine (CPU, cores, load) and the date (UTC)."""
+  """One line: the commit, the machine (CPU model, cores, load) and the date (UTC)."""
   now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-  return (f"commit {commit(repo)}; {cpu_model()}, {os.cpu_count()} cores, load average "
+  cpu = cpuinfo().get("model name") or platform.processor() or platform.machine() or "unknown CPU"
+  return (f"commit {commit(repo)}; {cpu}, {os.cpu_count()} cores, load average "
           f"{os.getloadavg()[0]:.2f} at the end; {now}")
 
 

@@ -57,14 +57,11 @@ def write_config(output_dir: str, rounds: int = ROUNDS) -> str:
   return path
 
 
-def command(config_path: str) -> list[str]:
-  return [sys.executable, "-m", "tff_fedadamom", "run", config_path, "--quiet"]
-
-
 def launch(config_path: str) -> subprocess.Popen:
-  return subprocess.Popen(command(config_path), cwd=ROOT, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL, start_new_session=True,
-                          env={**os.environ, "PYTHONPATH": ROOT})
+  """`python -m tff_fedadamom run <config_path> --quiet`, in a session of its own."""
+  return subprocess.Popen([sys.executable, "-m", "tff_fedadamom", "run", config_path, "--quiet"],
+                          cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                          start_new_session=True, env={**os.environ, "PYTHONPATH": ROOT})
 
 
 def rows(output_dir: str) -> int:
@@ -107,8 +104,8 @@ def kills(n: int, rng: random.Random, tmp: str) -> dict:
   import numpy as np
 
   reference = os.path.join(tmp, "reference")
-  subprocess.run(command(write_config(reference)), cwd=ROOT, check=True,
-                 capture_output=True, env={**os.environ, "PYTHONPATH": ROOT})
+  if launch(write_config(reference)).wait() != 0:
+    raise RuntimeError("faults: the uninterrupted reference run failed")
   expected = final_weights(reference)
   counts = {"mid_run": 0, "resumed": 0, "identical": 0, "left": 0}
   for i in range(n):
@@ -119,14 +116,12 @@ def kills(n: int, rng: random.Random, tmp: str) -> dict:
     wait_rows(proc, out, at)
     time.sleep(rng.random() * 0.1)  # anywhere inside the next round or two
     children = process_table.descendants(proc.pid)
-    mid_run = proc.poll() is None and rows(out) < ROUNDS
+    counts["mid_run"] += proc.poll() is None and rows(out) < ROUNDS
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    counts["mid_run"] += mid_run
     time.sleep(1.0)
     counts["left"] += left_running(children)
-    resumed = subprocess.run(command(path), cwd=ROOT, capture_output=True,
-                             env={**os.environ, "PYTHONPATH": ROOT}).returncode == 0
+    resumed = launch(path).wait() == 0
     same = resumed and all(
         np.array_equal(a, b) for a, b in zip(final_weights(out), expected, strict=True))
     counts["resumed"] += resumed

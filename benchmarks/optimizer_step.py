@@ -36,15 +36,12 @@ from tff_fedadamom.experiment.outputs import markdown_table  # noqa: E402
 
 # ResNet-18 (CIFAR stem, 10 classes) trainable tensor shapes, merged per block
 # into 21 tensors of about the same total size (11.2 M parameters).
-RESNET18_SHAPES = [
+RESNET18_SHAPES = [  # a line per stage: stem, the four stages, the classifier
     (3, 3, 3, 64),
     (3, 3, 64, 64), (3, 3, 64, 64), (3, 3, 64, 64), (3, 3, 64, 64),
-    (3, 3, 64, 128), (3, 3, 128, 128), (1, 1, 64, 128),
-    (3, 3, 128, 128), (3, 3, 128, 128),
-    (3, 3, 128, 256), (3, 3, 256, 256), (1, 1, 128, 256),
-    (3, 3, 256, 256), (3, 3, 256, 256),
-    (3, 3, 256, 512), (3, 3, 512, 512), (1, 1, 256, 512),
-    (3, 3, 512, 512), (3, 3, 512, 512),
+    (3, 3, 64, 128), (3, 3, 128, 128), (1, 1, 64, 128), (3, 3, 128, 128), (3, 3, 128, 128),
+    (3, 3, 128, 256), (3, 3, 256, 256), (1, 1, 128, 256), (3, 3, 256, 256), (3, 3, 256, 256),
+    (3, 3, 256, 512), (3, 3, 512, 512), (1, 1, 256, 512), (3, 3, 512, 512), (3, 3, 512, 512),
     (512, 10),
 ]
 FLOOR_GOAL = 2.0
@@ -57,13 +54,13 @@ def materialized(fn, args) -> None:
 
 
 def optimizer_step(opt, weights, grads):
-  """(`tf.function(opt.next)`, its arguments, k: how many parameter-sized arrays
+  """((`tf.function(opt.next)`, its arguments), k: how many parameter-sized arrays
   its state holds)."""
   specs = [tf.TensorSpec(w.shape, w.dtype) for w in weights]
   state = tf.nest.map_structure(tf.convert_to_tensor, opt.initialize(specs))
   size = sum(int(np.prod(t.shape)) for t in tf.nest.flatten(state))
   k = int(round(size / sum(int(np.prod(w.shape)) for w in weights)))
-  return tf.function(opt.next), (state, weights, grads), k
+  return (tf.function(opt.next), (state, weights, grads)), k
 
 
 def traffic(k: int, weights, grads):
@@ -80,12 +77,10 @@ def traffic(k: int, weights, grads):
 
 def section(times: dict, ks: dict, repeats: int) -> str:
   """The Markdown body: a row per optimizer, and the FedAdamom ratios."""
-  rows = []
-  for name, k in ks.items():
-    over = common.paired_ratio(times[name], times[f"floor k={k}"])
-    rows.append([name, k, common.fmt(statistics.median(times[name]) * 1e3, ".1f"),
-                 common.fmt(statistics.median(times[f"floor k={k}"]) * 1e3, ".1f"),
-                 common.fmt(over)])
+  ms = lambda values: common.fmt(statistics.median(values) * 1e3, ".1f")
+  rows = [[name, k, ms(times[name]), ms(times[f"floor k={k}"]),
+           common.fmt(common.paired_ratio(times[name], times[f"floor k={k}"]))]
+          for name, k in ks.items()]
   over_floor = common.paired_ratio(times["fedadamom"], times[f"floor k={ks['fedadamom']}"])
   over_adam = (common.paired_ratio(times["fedadamom"], times["fedadam"])
                if "fedadam" in times else None)
@@ -117,9 +112,8 @@ def main(argv=None) -> int:
   steps, ks = {}, {}
   for name in methods.list_optimizers():
     if not methods.is_learning_process(name):
-      fn, fn_args, ks[name] = optimizer_step(methods.build_server_optimizer(name),
+      steps[name], ks[name] = optimizer_step(methods.build_server_optimizer(name),
                                              weights, grads)
-      steps[name] = (fn, fn_args)
   for k in sorted(set(ks.values())):
     steps[f"floor k={k}"] = traffic(k, weights, grads)
   times = common.interleaved({name: functools.partial(materialized, fn, fn_args)

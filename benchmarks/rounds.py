@@ -64,13 +64,11 @@ MEMORY_GOAL_MB = 5.0
 def config_dict(name: str, backend: str, rounds: int, output_dir: str) -> dict:
   """The experiment of config `name` on `backend`: evaluation and checkpoint at
   the last round only, no telemetry, FedAvg with uniform client weights."""
-  raw = {"seed": 0, "rounds": rounds, "eval_every": rounds, "checkpoint_every": rounds,
-         "output_dir": output_dir, "telemetry": False,
-         "server": {"optimizer": "fedavg", "learning_rate": 1.0,
-                    "client_weighting": "uniform"},
-         "runtime": dict(BACKENDS[backend]), **CONFIGS[name]}
-  raw["data"] = {**raw["data"], "partition": {"kind": "iid"}}
-  return raw
+  return {"seed": 0, "rounds": rounds, "eval_every": rounds, "checkpoint_every": rounds,
+          "output_dir": output_dir, "telemetry": False,
+          "server": {"optimizer": "fedavg", "learning_rate": 1.0, "client_weighting": "uniform"},
+          "runtime": dict(BACKENDS[backend]), **CONFIGS[name],
+          "data": {**CONFIGS[name]["data"], "partition": {"kind": "iid"}}}
 
 
 def floor_round(raw: dict):
@@ -125,12 +123,6 @@ def round_times(name: str, rounds: int, tmp: str) -> dict[str, list[float]]:
       run.close()  # ends the run where it stands: its backend is closed
 
 
-def rss_mb() -> float:
-  """This process's resident memory, from /proc (Linux)."""
-  with open("/proc/self/statm") as f:
-    return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
-
-
 def memory(rounds: int, tmp: str) -> dict:
   """RSS (MB) and TensorFlow function counts after round MEMORY_MARK and at the end."""
   from tensorflow.python.eager import context
@@ -142,7 +134,9 @@ def memory(rounds: int, tmp: str) -> dict:
   def on_round(round_num, metrics):
     del metrics
     if round_num in (MEMORY_MARK, rounds):
-      marks[round_num] = (rss_mb(), len(context.context().list_function_names()))
+      with open("/proc/self/statm") as f:  # this process's resident memory (Linux)
+        rss_mb = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+      marks[round_num] = (rss_mb, len(context.context().list_function_names()))
 
   run_experiment({
       "seed": 0, "rounds": rounds, "clients_per_round": 5, "eval_every": 20,
@@ -173,11 +167,11 @@ def round_table(times: dict) -> str:
 
 
 def memory_text(m: dict, rounds: int) -> str:
-  growth = m["end"] - m["start"]
   return (f"Memory, digits/logistic with telemetry, in-process, {rounds} rounds: RSS "
           f"{m['start']:.1f} MB after round {MEMORY_MARK}, {m['end']:.1f} MB after round "
-          f"{rounds}: {growth:+.1f} MB, {m['per_1000']:+.1f} MB per 1,000 rounds (goal < "
-          f"{MEMORY_GOAL_MB:g} MB: {common.goal(m['per_1000'], MEMORY_GOAL_MB, False)}); "
+          f"{rounds}: {m['end'] - m['start']:+.1f} MB, {m['per_1000']:+.1f} MB per 1,000 "
+          f"rounds (goal < {MEMORY_GOAL_MB:g} MB: "
+          f"{common.goal(m['per_1000'], MEMORY_GOAL_MB, False)}); "
           f"TensorFlow functions {m['functions'][0]} then {m['functions'][1]}.")
 
 

@@ -79,32 +79,21 @@ def prepare(spec: Mapping) -> dict:
     sweep = schema.parse_sweep(variant)
     with open(out, "w") as f:
       yaml.safe_dump(schema.sweep_to_dict(sweep), f, sort_keys=False)
-  runs = []
-  for i, trial in enumerate(joint.trial_configs(sweep) if spec.get("runs_dir") else ()):
+  runs_dir, runs = spec.get("runs_dir"), []
+  if runs_dir:
+    os.makedirs(runs_dir)
+  for i, trial in enumerate(joint.trial_configs(sweep) if runs_dir else ()):
     params = dict(trial)
     optimizer = params.pop("optimizer")
     name = f"{optimizer}_{i}"
     config = space.experiment_dict(sweep, optimizer, params, threads=1, name=name,
-                                   output_dir=os.path.join(spec["runs_dir"], name))
-    runs.append(os.path.join(spec["runs_dir"], f"{name}.yaml"))
+                                   output_dir=os.path.join(runs_dir, name))
+    runs.append(os.path.join(runs_dir, f"{name}.yaml"))
     with open(runs[-1], "w") as f:
       yaml.safe_dump(config, f, sort_keys=False)
   return {"runs": runs, "concurrent": sweep.resources.max_concurrent_trials,
           "trials": len(sweep.optimizers) * sweep.budget.trials_per_optimizer,
           "rounds": sweep.budget.rounds}
-
-
-def _stop(procs: Sequence[subprocess.Popen]) -> None:
-  """Ends the process groups of `procs` still running (each started its own)."""
-  for proc in procs:
-    if proc.poll() is None:
-      os.killpg(proc.pid, signal.SIGTERM)
-  for proc in procs:
-    try:
-      proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-      os.killpg(proc.pid, signal.SIGKILL)
-      proc.wait()
 
 
 def run_commands(commands: Sequence[Sequence[str]], repo: str, env: dict, logs: str,
@@ -123,8 +112,16 @@ def run_commands(commands: Sequence[Sequence[str]], repo: str, env: dict, logs: 
         procs.append(subprocess.Popen(command, cwd=repo, env=env, stdout=log,
                                       stderr=subprocess.STDOUT, start_new_session=True))
     codes = [p.wait() for p in procs]
-  finally:
-    _stop(procs)
+  finally:  # ends the process groups still running (each command started its own)
+    for proc in procs:
+      if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+    for proc in procs:
+      try:
+        proc.wait(timeout=30)
+      except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
   wall = time.perf_counter() - start
   for command, code, path in zip(commands, codes, paths):
     if code != 0:
@@ -145,19 +142,15 @@ def measure(repo: str, sweep_file: str, values: Mapping, scratch: str,
   variants = {os.path.join(scratch, f"{label}.yaml"):
               {"resources.storage_path": os.path.join(scratch, label)}
               for label in ("cold", "warm")}
-  runs_dir = os.path.join(scratch, "runs")
-  if separate:
-    os.makedirs(runs_dir)
   spec = {"sweep": os.path.join(repo, sweep_file), "variants": variants,
           "set": {**values, "base.runtime.cache_dir": cache},
-          "runs_dir": runs_dir if separate else None}
+          "runs_dir": os.path.join(scratch, "runs") if separate else None}
   done = subprocess.run([sys.executable, os.path.abspath(__file__), "--prepare",
                          json.dumps(spec)], cwd=repo, env=env, capture_output=True, text=True)
   if done.returncode:
     raise RuntimeError(f"preparing {sweep_file} in {repo} failed:\n{done.stderr[-3000:]}")
   info = json.loads(done.stdout.strip().splitlines()[-1])
-  figures = {"trials": info["trials"], "rounds": info["rounds"],
-             "concurrent": info["concurrent"]}
+  figures = {k: info[k] for k in ("trials", "rounds", "concurrent")}
   for path in variants:
     label = os.path.basename(path)[:-5]
     figures[label] = run_commands([[sys.executable, "-m", "tff_fedadamom", "tune", path]],

@@ -73,34 +73,21 @@ BARRIER = float(st(U_BARRIER) - st(U_LOCAL))
 
 @dataclasses.dataclass(frozen=True)
 class EscapeSetup:
-  """Everything that decides the outcome of the escape study.
+  """Everything that decides the outcome of the escape study."""
 
-  Attributes:
-    ks: Sharpness values (should span at least a decade).
-    dim: Coordinates per particle (FedAdamom's vbar is their mean).
-    particles: Independent particles per (optimizer, k).
-    max_rounds: Rounds after which a particle that has not escaped is censored.
-    flat_log_tau: Target of the SGD-theory exponent dL / T at the flattest k,
-      which sets the noise scale s (larger: longer escape times).
-    sgd_stiffness: eta_eff * k_max * h0 for FedAvgM (its stability margin).
-    momentum: FedAvgM's momentum.
-    adam: FedAdam's (beta_1, beta_2, epsilon).
-    adamom: FedAdamom's (beta_2, epsilon).
-    seed: Seed of all noise (stateless, per round).
-    chunk: Rounds per compiled chunk (early stop when every particle escaped).
-  """
-
-  ks: tuple = (1.0, 1.5, 2.25, 3.4, 5.1, 7.6, 11.4, 17.1)
-  dim: int = 10
-  particles: int = 256
-  max_rounds: int = 40000
+  ks: tuple = (1.0, 1.5, 2.25, 3.4, 5.1, 7.6, 11.4, 17.1)  # sharpness: a decade or more
+  dim: int = 10  # coordinates per particle (FedAdamom's vbar is their mean)
+  particles: int = 256  # independent particles per (optimizer, k)
+  max_rounds: int = 40000  # a particle that has not escaped by then is censored
+  # The SGD-theory exponent dL / T at the flattest k, which sets the noise scale s
+  # (larger: longer escape times).
   flat_log_tau: float = 11.0
-  sgd_stiffness: float = 0.4
-  momentum: float = 0.9
-  adam: tuple = (0.9, 0.99, 1e-3)
-  adamom: tuple = (0.1, 1e-3)
-  seed: int = 0
-  chunk: int = 2000
+  sgd_stiffness: float = 0.4  # eta_eff * k_max * h0 for FedAvgM (its stability margin)
+  momentum: float = 0.9  # FedAvgM's
+  adam: tuple = (0.9, 0.99, 1e-3)  # FedAdam's (beta_1, beta_2, epsilon)
+  adamom: tuple = (0.1, 1e-3)  # FedAdamom's (beta_2, epsilon)
+  seed: int = 0  # of all noise (stateless, per round)
+  chunk: int = 2000  # rounds per compiled chunk (early stop once every particle escaped)
 
   @property
   def k_ref(self) -> float:
@@ -121,15 +108,10 @@ class EscapeSetup:
 def build_optimizer(name: str, lr: float, setup: EscapeSetup):
   from tff_fedadamom.methods import build_server_optimizer
 
-  if name == "fedavgm":
-    return build_server_optimizer(name, learning_rate=lr, momentum=setup.momentum)
-  if name == "fedadam":
-    b1, b2, eps = setup.adam
-    return build_server_optimizer(name, learning_rate=lr, beta_1=b1, beta_2=b2, epsilon=eps)
-  if name == "fedadamom":
-    b2, eps = setup.adamom
-    return build_server_optimizer(name, learning_rate=lr, beta_2=b2, epsilon=eps)
-  raise ValueError(f"escape study: unsupported optimizer {name!r}")
+  hparams = {"fedavgm": {"momentum": setup.momentum},
+             "fedadam": dict(zip(("beta_1", "beta_2", "epsilon"), setup.adam)),
+             "fedadamom": dict(zip(("beta_2", "epsilon"), setup.adamom))}
+  return build_server_optimizer(name, learning_rate=lr, **hparams[name])
 
 
 class BatchedOptimizer:
@@ -163,9 +145,8 @@ class BatchedOptimizer:
                                                (state, weights, gradients),
                                                fallback_to_while_loop=False)
     # Keep dtypes and structure of the initial state (vectorized_map returns tensors).
-    new_state = tf.nest.map_structure(lambda old, new: tf.cast(new, old.dtype),
-                                      state, new_state)
-    return new_state, new_weights
+    return tf.nest.map_structure(lambda old, new: tf.cast(new, old.dtype),
+                                 state, new_state), new_weights
 
 
 def _simulate_fn(batched: BatchedOptimizer, sqrt_k, noise_std, quadratic: bool):
@@ -229,16 +210,15 @@ def mean_step_at_minimum(name: str, lr: float, setup: EscapeSetup, *, particles:
   """
   import tensorflow as tf
 
+  i32 = lambda value: tf.constant(value, tf.int32)
   batched = BatchedOptimizer(build_optimizer(name, lr, setup), setup.dim)
   sqrt_k, noise_std, x0 = _batch_arrays(setup, [setup.k_ref], particles)
   compiled = {} if compiled is None else compiled
   if name not in compiled:
     compiled[name] = _simulate_fn(batched, sqrt_k, noise_std, quadratic=True)
-  escaped = tf.fill([particles], tf.constant(-1, tf.int32))
   _, _, _, total, count = compiled[name](
-      batched.initialize(particles), x0, escaped, tf.constant(0, tf.int32),
-      tf.constant(burn_in + rounds, tf.int32), tf.constant(seed, tf.int32),
-      tf.constant(burn_in, tf.int32))
+      batched.initialize(particles), x0, tf.fill([particles], i32(-1)), i32(0),
+      i32(burn_in + rounds), i32(seed), i32(burn_in))
   return float(total) / float(count)
 
 
@@ -271,20 +251,16 @@ def escape_times(name: str, lr: float, setup: EscapeSetup) -> dict:
   """Escape rounds of every particle, per k (-1: not escaped by max_rounds)."""
   import tensorflow as tf
 
-  ks = list(setup.ks)
-  n = len(ks) * setup.particles
+  i32 = lambda value: tf.constant(value, tf.int32)
+  ks, n = list(setup.ks), len(setup.ks) * setup.particles
   batched = BatchedOptimizer(build_optimizer(name, lr, setup), setup.dim)
   sqrt_k, noise_std, x = _batch_arrays(setup, ks, setup.particles)
   run = _simulate_fn(batched, sqrt_k, noise_std, quadratic=False)
-  state = batched.initialize(n)
-  escaped = tf.fill([n], tf.constant(-1, tf.int32))
-  done = 0
-  never = tf.constant(setup.max_rounds + 1, tf.int32)
+  state, escaped, done = batched.initialize(n), tf.fill([n], i32(-1)), 0
   while done < setup.max_rounds:
     rounds = min(setup.chunk, setup.max_rounds - done)
-    state, x, escaped, _, _ = run(state, x, escaped, tf.constant(done, tf.int32),
-                                  tf.constant(rounds, tf.int32),
-                                  tf.constant(setup.seed, tf.int32), never)
+    state, x, escaped, _, _ = run(state, x, escaped, i32(done), i32(rounds), i32(setup.seed),
+                                  i32(setup.max_rounds + 1))  # no step is measured
     done += rounds
     if not bool(tf.reduce_any(escaped < 0)):
       break

@@ -28,7 +28,7 @@ def pearson(x, y) -> Optional[float]:
   return float(np.corrcoef(x, y)[0, 1])
 
 
-def _grid_fit(ks, y, columns, p_grid) -> tuple:
+def _grid_fit(y, columns, p_grid) -> tuple:
   """Least squares of y on `columns(p)` (linear in the coefficients) for each p of
   the grid; returns (sse, p, coefficients) of the best p."""
   p_grid = np.linspace(0.05, 3.0, 591) if p_grid is None else p_grid
@@ -47,7 +47,7 @@ def fit_exponent(ks, log_tau, p_grid=None) -> Optional[dict]:
   ks, y = np.asarray(ks, float), np.asarray(log_tau, float)
   if ks.size < 4:
     return None
-  sse, p, (a, c) = _grid_fit(ks, y, lambda p: [np.ones_like(ks), ks ** -p], p_grid)
+  sse, p, (a, c) = _grid_fit(y, lambda p: [np.ones_like(ks), ks ** -p], p_grid)
   total = float(np.sum((y - y.mean()) ** 2))
   return {"p": p, "a": a, "c": c, "r2": 1.0 - sse / total if total > 0 else None}
 
@@ -57,8 +57,7 @@ def fit_exponent_with_prefactor(ks, log_tau, p_grid=None) -> Optional[dict]:
   ks, y = np.asarray(ks, float), np.asarray(log_tau, float)
   if ks.size < 5:
     return None
-  _, p, (a, b, c) = _grid_fit(ks, y, lambda p: [np.ones_like(ks), np.log(ks), ks ** -p],
-                              p_grid)
+  _, p, (a, b, c) = _grid_fit(y, lambda p: [np.ones_like(ks), np.log(ks), ks ** -p], p_grid)
   return {"p": p, "a": a, "b": b, "c": c}
 
 
@@ -88,18 +87,16 @@ def analyse(raw: Mapping, *, min_escapes: int = 10, bootstrap: int = 200,
       ps = {"p_interval": [], "p_prefactor_interval": []}
       coarse = np.linspace(0.05, 3.0, 119)
       for _ in range(bootstrap):
-        sample = []
-        for t in times:
-          rate = rate_estimate(rng.choice(t, size=t.size, replace=True), max_rounds)["rate"]
-          sample.append(math.log(1.0 / rate) if rate else math.nan)
-        if all(math.isfinite(v) for v in sample):
+        rates = [rate_estimate(rng.choice(t, size=t.size, replace=True), max_rounds)["rate"]
+                 for t in times]
+        if all(rates):  # every k still has an escape
+          sample = [math.log(1.0 / rate) for rate in rates]
           for key, fit in (("p_interval", fit_exponent),
                            ("p_prefactor_interval", fit_exponent_with_prefactor)):
             found = fit(k_used, sample, p_grid=coarse)
             if found is not None:
               ps[key].append(found["p"])
-      for key, values in ps.items():
-        if values:
-          entry[key] = [float(np.percentile(values, 5)), float(np.percentile(values, 95))]
+      entry.update({key: [float(np.percentile(values, 5)), float(np.percentile(values, 95))]
+                    for key, values in ps.items() if values})
     out[name] = entry
   return out

@@ -41,7 +41,7 @@ import functools
 import hashlib
 import json
 import os
-from typing import Iterable, Mapping
+from typing import Iterable
 
 import numpy as np
 
@@ -55,20 +55,15 @@ _SHAPES = ((3, 4), (5,))
 _SCALES = (1.0, 1e-3, 10.0, 0.3, 1e2, 3e-2)
 
 
-def _text(value: np.ndarray) -> str:
-  """`value` as text, floats with DIGITS significant digits (-0.0 as 0.0)."""
-  if value.dtype.kind != "f":
-    return " ".join(str(int(v)) for v in value.ravel())
-  digits = DIGITS.get(value.dtype, DIGITS[np.dtype(np.float32)])
-  return " ".join(f"{float(v) + 0.0:.{digits - 1}e}" for v in value.ravel())
-
-
 def digest(arrays: Iterable) -> str:
-  """The hash of rounded arrays, with their dtypes and shapes, in order."""
+  """The hash of arrays as text, with their dtypes and shapes, in order: floats
+  with DIGITS significant digits (-0.0 as 0.0), integers exact."""
   h = hashlib.sha256(f"v{VERSION}".encode())
-  for a in arrays:
-    a = np.asarray(a)
-    h.update(f"{a.dtype.str}{a.shape}:{_text(a)};".encode())
+  for a in map(np.asarray, arrays):
+    digits = DIGITS.get(a.dtype, DIGITS[np.dtype(np.float32)])
+    text = " ".join(f"{float(v) + 0.0:.{digits - 1}e}" if a.dtype.kind == "f" else str(int(v))
+                    for v in a.ravel())
+    h.update(f"{a.dtype.str}{a.shape}:{text};".encode())
   return h.hexdigest()[:16]
 
 
@@ -76,12 +71,9 @@ def _numeric_leaves(structure) -> list:
   """Every number of a (nested) TF/NumPy structure, as arrays, in tf.nest order."""
   import tensorflow as tf
 
-  out = []
-  for leaf in tf.nest.flatten(structure):
-    value = np.asarray(leaf.numpy() if hasattr(leaf, "numpy") else leaf)
-    if value.dtype.kind in "fiub":
-      out.append(value)
-  return out
+  values = [np.asarray(leaf.numpy() if hasattr(leaf, "numpy") else leaf)
+            for leaf in tf.nest.flatten(structure)]
+  return [value for value in values if value.dtype.kind in "fiub"]
 
 
 def server_optimizer_fingerprint(name: str, **hparams) -> str:
@@ -125,30 +117,26 @@ def _linear_model_fn():
       keras_model, loss=tf.keras.losses.MeanSquaredError(), input_spec=spec)
 
 
-def _client_datasets() -> list:
-  import tensorflow as tf
-
-  return [tf.data.Dataset.from_tensor_slices(collections.OrderedDict(
-      x=np.array(x, np.float32), y=np.array(y, np.float32))).batch(1)
-      for x, y in _CLIENTS]
-
-
 def learning_process_fingerprint(name: str, client_learning_rate: float = 0.05,
                                  **hparams) -> str:
   """The fingerprint of learning process `name` (FedCAda, FAFED): `ROUNDS` rounds
   of the registry's process, defaults overridden by `hparams`. The rounds run in
   this Python process, as the study's experiments run them
   (`runtime.inprocess`, one client at a time)."""
+  import tensorflow as tf
+
   from tff_fedadamom.methods import get_spec, resolve_hparams
   from tff_fedadamom.runtime.inprocess import InProcessLearningProcess
 
-  spec = get_spec(name)
   process = InProcessLearningProcess(
-      spec.builder(_linear_model_fn, client_learning_rate, **resolve_hparams(name, **hparams)),
+      get_spec(name).builder(_linear_model_fn, client_learning_rate,
+                             **resolve_hparams(name, **hparams)),
       devices=["CPU:0"], max_concurrent_clients=1)
+  datasets = [tf.data.Dataset.from_tensor_slices(collections.OrderedDict(
+      x=np.array(x, np.float32), y=np.array(y, np.float32))).batch(1) for x, y in _CLIENTS]
   state = process.initialize()
   for _ in range(ROUNDS):
-    state = process.next(state, _client_datasets()).state
+    state = process.next(state, datasets).state
   return digest(_numeric_leaves(state.global_model_weights)
                 + _numeric_leaves(process.get_hparams(state)))
 
@@ -156,8 +144,8 @@ def learning_process_fingerprint(name: str, client_learning_rate: float = 0.05,
 def _compute(name: str) -> str:
   from tff_fedadamom.methods import is_learning_process
 
-  lp = is_learning_process(name)
-  return (learning_process_fingerprint if lp else server_optimizer_fingerprint)(name)
+  return (learning_process_fingerprint if is_learning_process(name)
+          else server_optimizer_fingerprint)(name)
 
 
 # Computed fingerprints are kept per machine beside the compiled learning
@@ -178,15 +166,10 @@ def _memo_key() -> str:
   return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def _memo_path() -> str:
-  from tff_fedadamom.runtime import process_cache
-
-  return os.path.join(process_cache.default_directory(), MEMO_FILE)
-
-
-def _read_memo() -> dict:
+def _read_memo(path: str) -> dict:
+  """The entries of the memo file at `path` made under this `_memo_key`."""
   try:
-    with open(_memo_path()) as f:
+    with open(path) as f:
       memo = json.load(f)
   except (OSError, ValueError):
     return {}
@@ -194,27 +177,23 @@ def _read_memo() -> dict:
   return dict(entries) if isinstance(entries, dict) else {}
 
 
-def _write_memo(entries: Mapping[str, str]) -> None:
-  """Adds `entries` (a whole-file atomic replace: a concurrent writer may drop an
-  entry, which is then computed again)."""
-  from tff_fedadamom.atomic_io import atomic_write_bytes
-
-  path = _memo_path()
-  try:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    atomic_write_bytes(path, json.dumps({"key": _memo_key(), "fingerprints": {
-        **_read_memo(), **entries}}, sort_keys=True).encode())
-  except OSError:
-    pass  # a read-only cache directory: fingerprints are computed in each process
-
-
 @functools.lru_cache(maxsize=None)
 def fingerprint(name: str) -> str:
-  """The fingerprint of registry method `name` at its defaults (memoized)."""
-  memo = _read_memo()
+  """The fingerprint of registry method `name` at its defaults: the memo's, or
+  computed and added to it (a whole-file atomic replace: a concurrent writer may
+  drop an entry, which is then computed again)."""
+  from tff_fedadamom.atomic_io import atomic_write_bytes
+  from tff_fedadamom.runtime import process_cache
+
+  path = os.path.join(process_cache.default_directory(), MEMO_FILE)
+  memo = _read_memo(path)
   if name not in memo:
     memo[name] = _compute(name)
-    _write_memo({name: memo[name]})
+    try:
+      atomic_write_bytes(path, json.dumps({"key": _memo_key(), "fingerprints": {
+          **_read_memo(path), name: memo[name]}}, sort_keys=True).encode())
+    except OSError:
+      pass  # a read-only cache directory: fingerprints are computed in each process
   return memo[name]
 
 

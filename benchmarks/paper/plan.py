@@ -61,7 +61,7 @@ class DataBudget:
   targets: tuple
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Budget:
   """Everything the run depends on besides the code. `fmnist` also gives studies 3
   and 5 their rounds; `tune_seed` seeds every search (the same for all methods:
@@ -70,7 +70,7 @@ class Budget:
   experiments run in parallel, one CPU thread each."""
 
   mode: str
-  workers: int
+  workers: int = 2
   fmnist: DataBudget
   fmnist_model: dict
   shakespeare: DataBudget
@@ -79,7 +79,7 @@ class Budget:
   shakespeare_client: dict
   beta2_seeds: tuple
   hetero_seeds: tuple
-  tune_seed: int
+  tune_seed: int = 0
   escape: EscapeSetup
   partitions: tuple = tuple(PARTITIONS)
   fmnist_client: dict = dataclasses.field(default_factory=dict)
@@ -87,16 +87,12 @@ class Budget:
   heterogeneity: tuple = tuple(label for label, _ in HETEROGENEITY)
   shakespeare_methods: tuple = OPTIMIZERS
 
-  def partition_items(self) -> dict:
-    return {name: PARTITIONS[name] for name in self.partitions}
-
   def heterogeneity_items(self) -> list:
     return [(label, p) for label, p in HETEROGENEITY if label in self.heterogeneity]
 
 
 FULL = Budget(
     mode="full",
-    workers=2,
     fmnist=DataBudget(rounds=100, eval_every=5, tune_trials=6, tune_rounds=50,
                       seeds=(1, 2, 3), target=0.75, targets=(0.7, 0.75, 0.8)),
     fmnist_model={"name": "mlp", "options": {"hidden": [64]}},
@@ -110,9 +106,7 @@ FULL = Budget(
     # it within the tuning rounds; batch 20 and one epoch give a quarter of that.
     shakespeare_client={"batch_size": 10, "max_examples": 200, "local_epochs": 2,
                         "clip_norm": 10.0},
-    beta2_seeds=(1, 2),
-    hetero_seeds=(1, 2, 3),
-    tune_seed=0,
+    beta2_seeds=(1, 2), hetero_seeds=(1, 2, 3),
     escape=EscapeSetup(ks=(1.0, 1.41, 2.0, 2.83, 4.0, 5.66, 8.0, 11.3, 16.0),
                        dim=10, particles=512, max_rounds=200000, flat_log_tau=3.5,
                        chunk=5000),
@@ -126,7 +120,6 @@ FULL = Budget(
 # study 2 compares the paper's baseline and its method only.
 QUICK = Budget(
     mode="quick",
-    workers=2,
     fmnist=DataBudget(rounds=1, eval_every=1, tune_trials=1, tune_rounds=1,
                       seeds=(0,), target=0.5, targets=(0.4, 0.5, 0.6)),
     fmnist_model={"name": "mlp", "options": {"hidden": [16]}},
@@ -135,9 +128,7 @@ QUICK = Budget(
     shakespeare_options={"max_clients": 10, "seq_length": 10},
     shakespeare_model={"name": "char_lstm", "options": {"embedding_dim": 4, "lstm_units": 8}},
     shakespeare_client={"batch_size": 10, "max_examples": 20, "clip_norm": 10.0},
-    beta2_seeds=(0,),
-    hetero_seeds=(0,),
-    tune_seed=0,
+    beta2_seeds=(0,), hetero_seeds=(0,),
     escape=EscapeSetup(ks=(1.0, 2.0, 4.0, 8.0, 16.0), dim=10, particles=48,
                        max_rounds=6000, flat_log_tau=3.5, chunk=3000),
     partitions=("dir0.3",),
@@ -150,9 +141,7 @@ QUICK = Budget(
 
 def budget(mode: str, workers: Optional[int] = None) -> Budget:
   chosen = {"full": FULL, "quick": QUICK}[mode]
-  if workers is not None:
-    chosen = dataclasses.replace(chosen, workers=max(1, int(workers)))
-  return chosen
+  return chosen if workers is None else dataclasses.replace(chosen, workers=max(1, int(workers)))
 
 
 def _base(name: str, db: DataBudget, data: dict, model: dict, client: dict) -> dict:
@@ -191,16 +180,9 @@ def shakespeare_base(b: Budget) -> dict:
 # to its authors' settings (1e-4 and 1e-3, Wang et al. 2024). FedCAda and FAFED
 # average the clients' models (server eta fixed at the registry's 1, as in their
 # papers), so they have no entry.
-SERVER_LR = {
-    "fedavg": (0.3, 3.0),
-    "fedavgm": (0.1, 1.5),
-    "fedadam": (1e-3, 0.3),
-    "fedyogi": (1e-3, 0.3),
-    "fedadagrad": (1e-2, 1.0),
-    "fedamsgrad": (1e-3, 0.3),
-    "fadas": (1e-4, 0.3),
-    "fedadamom": (0.3, 3.0),
-}
+SERVER_LR = {"fedavg": (0.3, 3.0), "fedavgm": (0.1, 1.5), "fedadam": (1e-3, 0.3),
+             "fedyogi": (1e-3, 0.3), "fedadagrad": (1e-2, 1.0), "fedamsgrad": (1e-3, 0.3),
+             "fadas": (1e-4, 0.3), "fedadamom": (0.3, 3.0)}
 
 # Client step sizes of the methods whose clients take normalized (Adam-like)
 # steps, lr * m / (sqrt(v) + eps): FedCAda (client Adam) and FAFED (u / (sqrt(v) +
@@ -229,20 +211,16 @@ def search_space(client_lr: tuple, methods: tuple = OPTIMIZERS) -> dict:
   """
   from tff_fedadamom.methods import search_ranges
 
-  space: dict[str, Any] = {
-      "client.learning_rate": {"dist": "loguniform", "low": client_lr[0],
-                               "high": client_lr[1]},
-      "server.epsilon": {"dist": "loguniform", "low": 1e-4, "high": 1e-1},
-  }
-  per_opt = {opt: {"server.learning_rate": {"dist": "loguniform", "low": lo, "high": hi}}
-             for opt, (lo, hi) in SERVER_LR.items()}
+  loguniform = lambda low, high: {"dist": "loguniform", "low": low, "high": high}
+  space: dict[str, Any] = {"client.learning_rate": loguniform(*client_lr),
+                           "server.epsilon": loguniform(1e-4, 1e-1)}
+  per_opt = {opt: {"server.learning_rate": loguniform(*lr)} for opt, lr in SERVER_LR.items()}
   per_opt["fedavgm"]["server.momentum"] = {"dist": "uniform", "low": 0.5, "high": 0.95}
   per_opt["fedadamom"]["server.epsilon"] = 1e-3
   for opt in AUTHORS_UNCORRECTED:
     per_opt[opt]["server.bias_correction"] = False
   for opt in ADAPTIVE_CLIENTS:
-    per_opt.setdefault(opt, {})["client.learning_rate"] = {
-        "dist": "loguniform", "low": ADAPTIVE_CLIENT_LR[0], "high": ADAPTIVE_CLIENT_LR[1]}
+    per_opt.setdefault(opt, {})["client.learning_rate"] = loguniform(*ADAPTIVE_CLIENT_LR)
   dist, low, high = search_ranges("fedcada")["epsilon"]
   per_opt["fedcada"]["server.epsilon"] = {"dist": dist, "low": low, "high": high}
   space.update({opt: entries for opt, entries in per_opt.items() if opt in methods})

@@ -2,25 +2,24 @@
 
 `render` turns the document `reproduce` writes into REPORT.md's text and nothing
 else, so the committed report is rebuilt from the committed results.json byte
-for byte (a test checks it). Incomplete results are never averaged silently: a
-method with no run is "not measured", a cell averaged over fewer seeds than
-planned says so, `incomplete` lists every shortfall, and `shrinkage` every cell
-one document holds less of than another (`reproduce --report-only` then writes
-nothing). The plots are drawn on `matplotlib.figure.Figure` objects (no pyplot,
-no backend selection: nothing process-wide changes) and written atomically.
+for byte (a test checks it). `incomplete` lists every shortfall of a document,
+`shrinkage` every cell it holds less of than another (what either means for
+the command: benchmarks/paper/README.md). The plots are drawn on
+`matplotlib.figure.Figure` objects (no pyplot, no backend selection: nothing
+process-wide changes) and written atomically.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Mapping, Optional, Sequence
+from typing import Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 
 from tff_fedadamom.figures import new_figure, save_figure
 
 from benchmarks.paper import plan
-from benchmarks.paper.report_format import PART_NAMES, name, pct, planned_methods, ranking
+from benchmarks.paper.report_format import PART_NAMES, name, pct, ranking
 from benchmarks.paper.report_sections import (beta2_section, comparison_section,
                                               escape_section, fmnist_paper_text,
                                               hetero_section, shakespeare_paper_text)
@@ -39,6 +38,10 @@ PLOTS_DIR = "plots"
 # The plot of each study (study 1's holds one panel per partition).
 FILES = {"fmnist": "fmnist_curves.png", "shakespeare": "shakespeare_curves.png",
          "beta2": "beta2.png", "escape": "escape.png", "hetero": "heterogeneity.png"}
+# The summary's lines: (label, panel) of each comparison table they rank.
+SUMMARY = {"fmnist": (("Fashion-MNIST Dir(0.3)", "Dirichlet(0.3)"),
+                      ("Fashion-MNIST i.i.d.", "i.i.d.")),
+           "shakespeare": (("Shakespeare", "Shakespeare"),)}
 
 
 def _panels(results: Mapping, study: str) -> dict:
@@ -70,18 +73,15 @@ def _header(doc: Mapping) -> str:
 
 def render(doc: Mapping) -> str:
   """REPORT.md's text from a results.json document."""
-  results, methods = doc["results"], doc["methods"]
-  texts, summary = {}, []
-  for study, paper_text in (("fmnist", fmnist_paper_text), ("shakespeare",
-                                                            shakespeare_paper_text)):
+  results, texts, summary = doc["results"], {}, []
+  for study, paper_text in (("fmnist", fmnist_paper_text),
+                            ("shakespeare", shakespeare_paper_text)):
     panels = _panels(results, study)
     if panels:
-      texts[study] = comparison_section(
-          SECTION_TITLES[study], panels, f"{PLOTS_DIR}/{FILES[study]}",
-          paper_text(panels if study == "fmnist" else panels["Shakespeare"]), methods)
-      summary += [_one_line(f"Fashion-MNIST {label}", panels.get(panel)) for label, panel in
-                  (("Dir(0.3)", "Dirichlet(0.3)"), ("i.i.d.", "i.i.d."))] \
-          if study == "fmnist" else [_one_line("Shakespeare", panels["Shakespeare"])]
+      texts[study] = comparison_section(SECTION_TITLES[study], panels,
+                                        f"{PLOTS_DIR}/{FILES[study]}", paper_text(panels),
+                                        doc["methods"])
+      summary += [_one_line(label, panels.get(panel)) for label, panel in SUMMARY[study]]
   for study, section in (("beta2", beta2_section), ("escape", escape_section),
                          ("hetero", hetero_section)):
     if study in results:
@@ -122,21 +122,27 @@ def write_report(out_dir: str, doc: Mapping) -> str:
   return path
 
 
+def _comparisons(doc: Mapping) -> Iterator[tuple]:
+  """(label, setup, {method: its row, or {}}) of each table of studies 1 and 2,
+  over the methods it planned, in the order of the document's methods."""
+  for study, prefix in (("fmnist", "Fashion-MNIST "), ("shakespeare", "")):
+    for panel, summary in _panels(doc["results"], study).items():
+      setup, table = summary["setup"], summary["table"]
+      yield prefix + panel, setup, {m["name"]: table.get(m["name"]) or {} for m in doc["methods"]
+                                    if m["name"] in setup["methods"]}
+
+
 def cells(doc: Mapping) -> list:
   """(label, what, got, planned) of every part of the results: each study
   (what "study"), each comparison row's seeds and tuning trials, each beta_2
   and heterogeneity cell's seeds."""
-  results, methods = doc["results"], [m["name"] for m in doc["methods"]]
+  results = doc["results"]
   out = [(SECTION_TITLES[s], "study", int(s in results), 1) for s in STUDIES]
-  for study, prefix in (("fmnist", "Fashion-MNIST "), ("shakespeare", "")):
-    for panel, summary in _panels(results, study).items():
-      setup, table = summary["setup"], summary["table"]
-      for m in planned_methods(setup, methods):
-        row = table.get(m) or {}
-        out += [(f"{prefix}{panel}: {name(m)}", "seeds", row.get("seeds", 0),
-                 len(setup["seeds"])),
-                (f"{prefix}{panel}: {name(m)}", "trials", row.get("trials_run") or 0,
-                 setup["tune_trials"])]
+  for label, setup, rows in _comparisons(doc):
+    for m, row in rows.items():
+      out += [(f"{label}: {name(m)}", "seeds", row.get("seeds", 0), len(setup["seeds"])),
+              (f"{label}: {name(m)}", "trials", row.get("trials_run") or 0,
+               setup["tune_trials"])]
   if "beta2" in results:
     out += [(f"beta_2 {PART_NAMES.get(part, part)} beta_2={x}", "seeds", cell["seeds"],
              len(results["beta2"]["seeds"]))
@@ -158,37 +164,30 @@ def shrinkage(before: Mapping, after: Mapping) -> list:
 
 def incomplete(doc: Mapping) -> list:
   """Every study, method or cell the results hold less of than the run planned."""
-  results, methods = doc["results"], [m["name"] for m in doc["methods"]]
-  out = [f"{SECTION_TITLES[s]}: not run" for s in STUDIES if s not in results]
-  for study, prefix in (("fmnist", "Fashion-MNIST "), ("shakespeare", "")):
-    for panel, summary in _panels(results, study).items():
-      label, setup, table = prefix + panel, summary["setup"], summary["table"]
-      planned = planned_methods(setup, methods)
-      absent = [name(m) for m in planned if (table.get(m) or {}).get("seeds", 0) == 0]
-      out += [f"{label}: not measured: {', '.join(absent)}"] if absent else []
-      for m in (m for m in planned if m in table):
-        seeds, trials = table[m]["seeds"], table[m].get("trials_run")
-        if 0 < seeds < len(setup["seeds"]):
-          out.append(f"{label}: {name(m)}: {seeds} of {len(setup['seeds'])} seeds")
-        if trials is not None and trials < setup["tune_trials"]:
-          out.append(f"{label}: {name(m)}: tuned on {trials} of {setup['tune_trials']} trials")
+  out = [f"{SECTION_TITLES[s]}: not run" for s in STUDIES if s not in doc["results"]]
+  for label, setup, rows in _comparisons(doc):
+    absent = [name(m) for m, row in rows.items() if not row.get("seeds")]
+    out += [f"{label}: not measured: {', '.join(absent)}"] if absent else []
+    for m, row in rows.items():
+      seeds, trials = row.get("seeds", 0), row.get("trials_run")
+      if 0 < seeds < len(setup["seeds"]):
+        out.append(f"{label}: {name(m)}: {seeds} of {len(setup['seeds'])} seeds")
+      if trials is not None and trials < setup["tune_trials"]:
+        out.append(f"{label}: {name(m)}: tuned on {trials} of {setup['tune_trials']} trials")
   out += [f"{label}: {got} of {planned} seeds" for label, what, got, planned in cells(doc)
           if label.startswith(("beta_2", "heterogeneity")) and got < planned]
   return out
 
 
 def _one_line(label: str, summary: Optional[Mapping]) -> str:
-  if not summary or not ranking(summary["table"]):
+  """'label: A 81.20 > B 80.10 = C 80.10' (ties: equal to 1e-6), or '' without results."""
+  order = ranking(summary["table"]) if summary else []
+  if not order:
     return ""
-  table, order = summary["table"], ranking(summary["table"])
-  text = f"{label}: {name(order[0])} {pct(table[order[0]]['final']['mean'])}"
-  for prev, opt in zip(order, order[1:]):
-    tie = abs(table[prev]["final"]["mean"] - table[opt]["final"]["mean"]) <= 1e-6
-    text += f" {'=' if tie else '>'} {name(opt)} {pct(table[opt]['final']['mean'])}"
-  return text
-
-
-# ---------------------------------------------------------------------------- plots
+  means = [summary["table"][opt]["final"]["mean"] for opt in order]
+  return f"{label}: {name(order[0])} {pct(means[0])}" + "".join(
+      f" {'=' if abs(prev - mean) <= 1e-6 else '>'} {name(opt)} {pct(mean)}"
+      for opt, prev, mean in zip(order[1:], means, means[1:]))
 
 
 def _save(fig, axes, path: str, legend: bool = True) -> str:
@@ -214,8 +213,7 @@ def plot_curves(panels: Mapping[str, Mapping], methods: Sequence[str], path: str
   fig, axes = new_figure(figsize=(5.5 * len(panels), 4), ncols=len(panels), squeeze=False)
   for ax, (panel, summary) in zip(axes[0], panels.items()):
     for opt in methods:
-      row = summary["table"].get(opt)
-      curve = row["curve"] if row else None
+      curve = (summary["table"].get(opt) or {}).get("curve")
       if not curve or not curve["round"]:
         continue
       mean = np.array(curve["mean"])
@@ -238,16 +236,14 @@ def plot_beta2(beta2: Mapping, path: str) -> str:
               label=f"ours, {PART_NAMES.get(part, part)}")
   ax.set(xscale="log", xlabel="beta_2", ylabel="final test accuracy (%)",
          title="FedAdamom beta_2 sensitivity (Fashion-MNIST)")
-  ax.set_xticks(xs)
-  ax.set_xticklabels([f"{x:g}" for x in xs])
+  ax.set_xticks(xs, [f"{x:g}" for x in xs])
   return _save(fig, [ax], path)
 
 
 def plot_escape(escape: Mapping, path: str) -> str:
   fig, axes = new_figure(figsize=(15, 4), ncols=3)
   for opt, entry in escape["analysis"].items():
-    k = np.array(entry["k_used"])
-    y = np.array(entry["log_tau"])
+    k, y = np.array(entry["k_used"]), np.array(entry["log_tau"])
     if not k.size:
       continue
     line, = axes[0].plot(1 / k, y, "o-", label=name(opt))
@@ -271,8 +267,7 @@ def plot_hetero(hetero: Mapping, path: str) -> str:
   xs = np.arange(len(labels))
   _errorbar(ax, xs, [r["difference"] for r in hetero["rows"]])
   ax.axhline(0.0, color="gray", lw=1)
-  ax.set_xticks(xs)
-  ax.set_xticklabels([f"Dir({x})" if x != "iid" else "i.i.d." for x in labels])
+  ax.set_xticks(xs, [f"Dir({x})" if x != "iid" else "i.i.d." for x in labels])
   ax.set(xlabel="partition (more heterogeneous to the left)",
          ylabel="FedAdamom - FedAdam (accuracy points)",
          title="Gain over FedAdam vs heterogeneity")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional
 
 from benchmarks.paper import plan
 
@@ -75,11 +75,6 @@ def partition_text(setup: Mapping) -> str:
           else f"Dirichlet(alpha={part.get('alpha')}) label skew")
 
 
-def planned_methods(setup: Mapping, methods: Sequence[str]) -> list:
-  """The methods a comparison planned (its setup names them), in the order of `methods`."""
-  return [m for m in methods if m in setup["methods"]]
-
-
 def describe_setup(setup: Mapping) -> str:
   data, model, metric, methods = (setup[k] for k in ("data", "model", "tune_metric", "methods"))
   if data["name"] == "fashion_mnist":
@@ -107,14 +102,11 @@ def describe_setup(setup: Mapping) -> str:
 
 
 def space_text(space: Mapping) -> str:
-  parts = []
-  for key, value in space.items():
-    if isinstance(value, Mapping) and "dist" not in value:  # one optimizer's entries
-      inner = "; ".join(f"{_hparam(k)} {dist_text(v)}" for k, v in value.items())
-      parts.append(f"{name(key)}: {inner}")
-    else:
-      parts.append(f"{_hparam(key)} {dist_text(value)} (all optimizers that have it)")
-  return "; ".join(parts)
+  return "; ".join(
+      f"{name(key)}: " + "; ".join(f"{_hparam(k)} {dist_text(v)}" for k, v in value.items())
+      if isinstance(value, Mapping) and "dist" not in value  # one optimizer's entries
+      else f"{_hparam(key)} {dist_text(value)} (all optimizers that have it)"
+      for key, value in space.items())
 
 
 def dist_text(value) -> str:
@@ -136,7 +128,7 @@ def ranking(table: Mapping) -> list:
 def place(table: Mapping, opt: str) -> tuple:
   """(rank of `opt` by mean final accuracy, number of others tied with it); ties
   (equal to 1e-6) share the better rank."""
-  if opt not in table or table[opt]["final"]["mean"] is None:
+  if opt not in measured(table):
     return None, 0
   mine = table[opt]["final"]["mean"]
   others = [row["final"]["mean"] for o, row in measured(table).items() if o != opt]

@@ -1,12 +1,9 @@
 """Reproduce the FedAdamom paper's claims at laptop scale and write REPORT.md
-(the commands and their options: benchmarks/paper/README.md).
+(the commands, their options and exit statuses: benchmarks/paper/README.md).
 
 The studies (`studies.collect`) store every unit as it completes (`units.py`);
 results.json holds every number of the report, REPORT.md and plots/ are
-rendered from it. A unit that failed leaves the report incomplete, and the
-command exits with 1. `--report-only` never replaces results.json and
-REPORT.md with less than they hold: it then writes nothing, says what is
-missing and why, and exits with 3.
+rendered from it.
 """
 
 from __future__ import annotations
@@ -80,13 +77,10 @@ def write(out: str, doc: Mapping, log) -> int:
 
 def _why(missing: Mapping[str, str], limit: int = 6) -> list:
   """The reasons units are not stored, each with its count and an example unit."""
-  by_reason: dict[str, list] = {}
-  for name, reason in missing.items():
-    by_reason.setdefault(reason, []).append(name)
-  ordered = sorted(by_reason.items(), key=lambda item: -len(item[1]))
-  return [f"{len(names)} unit(s), e.g. {names[0]}: {reason}" for reason, names
-          in ordered[:limit]] + ([f"... and {len(ordered) - limit} other reasons"]
-                                 if len(ordered) > limit else [])
+  ordered = collections.Counter(missing.values()).most_common()  # ties: first seen first
+  return [f"{n} unit(s), e.g. {next(u for u, r in missing.items() if r == reason)}: {reason}"
+          for reason, n in ordered[:limit]] + (
+              [f"... and {len(ordered) - limit} other reasons"] if len(ordered) > limit else [])
 
 
 def report_only(ctx: studies.Context, out: str, command: str) -> int:
@@ -182,8 +176,7 @@ def main(argv=None) -> int:
       Session().apply()
     import tff_fedadamom.experiment.runner  # noqa: F401 - what the units and keys need
   out = os.path.abspath(args.out or DEFAULT_OUT[mode])
-  os.makedirs(out, exist_ok=True)
-  cache = runs_lib.Cache(out)
+  cache = runs_lib.Cache(out)  # makes <out>/cache/, and so <out>
   results_dir = os.path.join(out, units_lib.RESULTS_DIR)
   try:
     store = units_lib.Store(results_dir, commit=args.commit_units,
@@ -207,17 +200,13 @@ def main(argv=None) -> int:
     return 130
   finally:
     pool.shutdown()
-    _stop_resource_tracker()
+    # Ends multiprocessing's resource tracker (the spawn pool's start made it) and
+    # reaps it; left alone, it would outlive the command by a moment.
+    from multiprocessing import resource_tracker
 
-
-def _stop_resource_tracker() -> None:
-  """Ends multiprocessing's resource tracker (the spawn pool's start made it) and
-  reaps it; left alone, it would outlive the command by a moment."""
-  from multiprocessing import resource_tracker
-
-  stop = getattr(resource_tracker._resource_tracker, "_stop", None)  # noqa: SLF001
-  if stop is not None:
-    stop()
+    stop = getattr(resource_tracker._resource_tracker, "_stop", None)  # noqa: SLF001
+    if stop is not None:
+      stop()
 
 
 if __name__ == "__main__":

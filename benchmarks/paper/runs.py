@@ -1,16 +1,12 @@
-"""The worker pool that runs the study's units, and the local cache beside it.
+"""The worker pool that runs the study's units, and the local cache beside it
+(`<out>/cache/`: an experiment's run directory, the workers' logs).
 
-`run_units` loads every unit whose key has a file in the store, runs the others
-in the pool and stores each as it completes, so an interrupted study loses only
-the units in flight; an interrupted experiment also resumes from its own
-checkpoints, in `<out>/cache/runs/<name>-<key>` on the machine that ran it.
-
-Experiments run in spawned workers, one TensorFlow thread each, their logging in
-`<out>/cache/logs/`. A pool of one worker is the study's own process, which then
-imports TensorFlow and TFF only once. A process that runs units keeps the parts
-of the last `PARTS_PER_PROCESS` structures (`parts_cache.PartsCache`: built
-process, data, evaluator), which give the numbers parts of a unit's own give:
-the trials of one method share a structure, their hparams living in the state.
+Experiments run in spawned workers, one TensorFlow thread each. A pool of one
+worker is the study's own process, which then imports TensorFlow and TFF only
+once. A process that runs units keeps the parts of the last
+`PARTS_PER_PROCESS` structures (`parts_cache.PartsCache`: built process, data,
+evaluator), which give the numbers parts of a unit's own give: the trials of
+one method share a structure, their hparams living in the state.
 """
 
 from __future__ import annotations
@@ -131,8 +127,7 @@ class Pool:
 
   def __init__(self, workers: int, log_dir: str):
     self.workers, self.log_dir = workers, log_dir
-    self._executor = None
-    self._parts = None
+    self._executor = self._parts = None
 
   def completed(self, calls: Sequence[tuple]) -> Iterator[tuple]:
     """(tag, done future) of each `(tag, args of timed_unit)` as it completes;
@@ -197,14 +192,9 @@ def run_units(units: Sequence[Unit], store: Store, cache: Cache, pool: Pool, *,
   stored ones. A unit that raises is logged and left out (the studies count the
   seeds they got, the report marks the cells short of their plan, `reproduce`
   exits non-zero); a rerun tries it again."""
-  results: dict[str, Any] = {}
-  todo = []
-  for unit in units:
-    stored = store.get(unit)
-    if stored is not None:
-      results[unit.name] = stored
-    else:
-      todo.append(unit)
+  stored = {unit.name: store.get(unit) for unit in units}
+  results = {name: result for name, result in stored.items() if result is not None}
+  todo = [unit for unit in units if stored[unit.name] is None]
   if not todo or not execute:
     if units:
       log(f"  {label}: " + (f"{len(todo)} of {len(units)} units not stored" if todo

@@ -33,9 +33,7 @@ class Context:
                pool: runs_lib.Pool, log: Callable[[str], None] = print,
                execute: bool = True):
     self.budget, self.store, self.cache, self.pool, self.log = budget, store, cache, pool, log
-    self.execute = execute
-    self.missing: dict[str, str] = {}
-    self._names: dict[str, str] = {}
+    self.execute, self.missing, self._names = execute, {}, {}  # _names: spec hash -> name
 
   def unit(self, name: str, config: dict) -> units_lib.Unit:
     unit = units_lib.Unit(name, config=config)
@@ -58,9 +56,8 @@ def sample_std(values: Sequence[float]) -> Optional[float]:
 
 def mean_std(values: Sequence[Optional[float]]) -> dict:
   vals = [float(v) for v in values if v is not None and math.isfinite(float(v))]
-  if not vals:
-    return {"mean": None, "std": None, "n": 0}
-  return {"mean": float(np.mean(vals)), "std": sample_std(vals), "n": len(vals)}
+  return {"mean": float(np.mean(vals)) if vals else None, "std": sample_std(vals),
+          "n": len(vals)}
 
 
 def seed_summary(records: Sequence[Mapping], target: float) -> dict:
@@ -184,33 +181,31 @@ def collect(ctx: Context) -> dict:
   summarizes every study whose units are there."""
   b = ctx.budget
   ctx.log("tuning (equal budget per optimizer)")
+  request = lambda base, db, lr, methods: {
+      "base": base, "trials": db.tune_trials, "rounds": db.tune_rounds,
+      "space": plan.search_space(lr, methods), "optimizers": methods}
   # Shakespeare first: its trials cost the most, and the batch runs in this
   # order. The escape simulation needs no tuning: it runs in the same batch.
-  requests = {"shakespeare": (plan.shakespeare_base(b), b.shakespeare,
-                              plan.SHAKESPEARE_CLIENT_LR, b.shakespeare_methods)}
-  requests.update({f"fmnist-{part}": (plan.fmnist_base(b, partition), b.fmnist,
-                                      plan.FMNIST_CLIENT_LR, plan.OPTIMIZERS)
-                   for part, partition in b.partition_items().items()})
+  requests = {"shakespeare": request(plan.shakespeare_base(b), b.shakespeare,
+                                     plan.SHAKESPEARE_CLIENT_LR, b.shakespeare_methods)}
+  requests.update({f"fmnist-{p}": request(plan.fmnist_base(b, plan.PARTITIONS[p]), b.fmnist,
+                                          plan.FMNIST_CLIENT_LR, plan.OPTIMIZERS)
+                   for p in b.partitions})
   escape_unit = units_lib.Unit(
       "escape/study", fn="benchmarks.paper.escape:run_study_dict",
       kwargs={"setup": dataclasses.asdict(b.escape)}, methods=escape.OPTIMIZERS,
       version=escape.VERSION)
-  tuned = tune_lib.tune(ctx, {
-      name: {"base": base, "trials": db.tune_trials, "rounds": db.tune_rounds,
-             "space": plan.search_space(lr, methods), "optimizers": methods}
-      for name, (base, db, lr, methods) in requests.items()},
-      seed=b.tune_seed, alongside=[escape_unit])
-  compared = {name: {"tuning": outcome, "base": requests[name][0]}
+  tuned = tune_lib.tune(ctx, requests, seed=b.tune_seed, alongside=[escape_unit])
+  # By study: "fmnist/dir0.3" is the tuning of "fmnist-dir0.3".
+  compared = {name.replace("-", "/", 1): {"tuning": outcome, "base": requests[name]["base"]}
               for name, outcome in tuned.items() if outcome is not None}
   return _runs(ctx, compared, escape_unit)
 
 
-def _runs(ctx: Context, compared: Mapping, escape_unit) -> dict:
+def _runs(ctx: Context, comparisons: Mapping, escape_unit) -> dict:
   b = ctx.budget
   ctx.log("runs: best configs x seeds, beta_2 grid, heterogeneity, escape simulation")
   data = {"shakespeare": b.shakespeare, **{f"fmnist/{p}": b.fmnist for p in b.partitions}}
-  comparisons = {study: compared[study.replace("/", "-")] for study in data
-                 if study.replace("/", "-") in compared}
   groups = {study: [_final(ctx, f"{study}/{opt}/seed{seed}", entry, cmp["base"], seed,
                            data[study].rounds)
                     for opt, entry in cmp["tuning"]["best"].items()

@@ -81,15 +81,8 @@ def draws(tuned: Mapping[str, Mapping], trials: int, seed: int) -> list:
   return [{path: values[i] for path, values in columns.items()} for i in range(trials)]
 
 
-def resolved(base: Mapping) -> dict:
-  """The base experiment as the config layer resolves it (every default filled in)."""
-  from tff_fedadamom.config import config_to_dict, load_config
-
-  return config_to_dict(load_config(dict(base)))
-
-
 def trial_config(base: Mapping, optimizer: str, rounds: int, values: Mapping) -> dict:
-  """The `resolved` base experiment run with `optimizer` (its registry defaults
+  """The resolved base experiment run with `optimizer` (its registry defaults
   but for `values`: dotted path -> value) for `rounds`."""
   from tff_fedadamom.experiment.compare import with_optimizer
 
@@ -114,8 +107,11 @@ def objective(history: Sequence[Mapping], last_k: int) -> float:
 
 def plan_sweep(name: str, request: Mapping, seed: int) -> dict:
   """The trials (units `tune/<name>/<optimizer>/trial<i>`) and bookkeeping of one
-  comparison's tuning: `request` holds its base, optimizers, trials, rounds, space."""
-  base, rounds = resolved(request["base"]), request["rounds"]
+  comparison's tuning: `request` holds its base, optimizers, trials, rounds, space.
+  The base is resolved by the config layer (every default filled in)."""
+  from tff_fedadamom.config import config_to_dict, load_config
+
+  base, rounds = config_to_dict(load_config(dict(request["base"]))), request["rounds"]
   evals = rounds // base["eval_every"] + (1 if rounds % base["eval_every"] else 0)
   sweep = {"name": name, "rounds": rounds, "metric": {
       "name": TEST_ACCURACY, "last_k": min(LAST_K, evals), "mode": "max"},
@@ -147,14 +143,13 @@ def outcome(sweep: Mapping, results: Mapping) -> dict:
       if not diverged and (trial["rounds"] or 0) >= sweep["rounds"] and (
           chosen is None or value > chosen[0]["objective"]):
         chosen = (trial, unit)
+    best_trial, best_unit = chosen or ({"params": None, "objective": None}, None)
     best[optimizer] = {
-        "params": chosen[0]["params"] if chosen else None,
-        "objective": chosen[0]["objective"] if chosen else None,
+        "params": best_trial["params"], "objective": best_trial["objective"],
         "trials_run": len(trials), "trials_diverged": sum(t["diverged"] for t in trials),
         "trials": trials, "fallback_defaults": chosen is None,
-        "config": copy.deepcopy(chosen[1].config if chosen else trial_config(
-            sweep["base"], optimizer, sweep["rounds"], planned["fixed"])),
-    }
+        "config": copy.deepcopy(best_unit.config if best_unit else trial_config(
+            sweep["base"], optimizer, sweep["rounds"], planned["fixed"]))}
   return {"backend": BACKEND, "metric": sweep["metric"], "seed": sweep["seed"],
           "space": sweep["space"], "best": best}
 

@@ -1,11 +1,9 @@
 """The study's units and their stored results: one JSON file per completed unit
 (what a file holds and what a key covers: benchmarks/paper/README.md).
 
-A key hashes what a unit runs with the numerics fingerprint of every method it
-runs (`fingerprint.py`), not the source: moved code keeps every stored unit, a
-method whose numbers change runs its units again. The store indexes a file by
-the key its spec and fingerprints give under this code, so a spec holding a
-field the config has since dropped (`RESULT_FREE_RUNTIME`) keeps its unit.
+The store indexes a file by the key its spec and fingerprints give under this
+code, not by the key it holds, so a spec holding a field the config has since
+dropped (`RESULT_FREE_RUNTIME`) keeps its unit.
 """
 
 from __future__ import annotations
@@ -97,12 +95,10 @@ class Unit:
                kwargs: Optional[dict] = None, methods: Sequence[str] = (),
                version: int = 0, fingerprints: Optional[Callable] = None):
     self.name, self.config, self.fn, self.kwargs = name, config, fn, kwargs or {}
-    if config is not None:
-      self.spec = spec_of_config(config)
-      self.methods = tuple(methods) or (config["server"]["optimizer"],)
-    else:
-      self.spec = {"fn": fn, "kwargs": self.kwargs, "version": version}
-      self.methods = tuple(methods)
+    experiment = config is not None
+    self.spec = (spec_of_config(config) if experiment
+                 else {"fn": fn, "kwargs": self.kwargs, "version": version})
+    self.methods = tuple(methods) or ((config["server"]["optimizer"],) if experiment else ())
     self._fingerprints = fingerprints
 
   @functools.cached_property
@@ -141,9 +137,6 @@ def record_key(record: Mapping[str, Any]) -> str:
   return unit_key(record_spec(record), record.get("fingerprints") or {})
 
 
-# ---------------------------------------------------------------------------- git
-
-
 def in_work_tree(path: str) -> bool:
   try:
     return git(path, "rev-parse", "--is-inside-work-tree").stdout.strip() == "true"
@@ -164,22 +157,10 @@ def source_commit(path: str, exclude: Optional[str] = None) -> dict:
   return {"commit": head, "dirty": bool(status)}
 
 
-def commit_file(path: str, message: str) -> None:
-  """`git add` and `git commit` of exactly `path` (nothing else that is staged)."""
-  for args in (["add", "--", path], ["commit", "-q", "-m", message, "--", path]):
-    done = git(os.path.dirname(path), *args)
-    if done.returncode != 0:
-      raise RuntimeError(f"git {args[0]} of {path} failed: "
-                         f"{(done.stderr or done.stdout).strip()}")
-
-
-# ---------------------------------------------------------------------------- the store
-
-
 class Store:
-  """The unit files under `root`, indexed by `record_key` (read once, kept up to
-  date). `commit`: commit each file `put` writes (ValueError when `root` is not
-  in a git work tree); `source`: this run's `source_commit`, recorded in each."""
+  """The unit files under `root`. `commit`: commit each file `put` writes
+  (ValueError when `root` is not in a git work tree); `source`: this run's
+  `source_commit`, recorded in each."""
 
   def __init__(self, root: str, *, commit: bool = False, source: Optional[dict] = None):
     self.root = os.path.abspath(root)
@@ -189,40 +170,38 @@ class Store:
                        "run without committing or choose an --out inside the repository")
     self.commit = commit
     self.source = dict(source or {"commit": None, "dirty": None})
-    self._index: Optional[dict] = None
 
   def records(self) -> list:
     """Every readable unit file, by name."""
-    return sorted(self._load().values(), key=lambda r: r["name"])
+    return sorted(self._index.values(), key=lambda r: r["name"])
 
-  def _load(self) -> dict:
-    if self._index is None:
-      self._index = {}
-      for folder, _, files in os.walk(self.root):
-        for file in sorted(f for f in files if f.endswith(".json") and f[0] != "."):
-          try:
-            with open(os.path.join(folder, file)) as f:
-              record = json.load(f)
-          except (OSError, ValueError):
-            continue
-          if isinstance(record, dict) and {"spec", "kind", "result"} <= set(record):
-            self._index[record_key(record)] = record
-    return self._index
+  @functools.cached_property
+  def _index(self) -> dict:
+    """`record_key` -> record of every readable unit file (read once, kept up to date)."""
+    index = {}
+    for folder, _, files in os.walk(self.root):
+      for file in sorted(f for f in files if f.endswith(".json") and f[0] != "."):
+        try:
+          with open(os.path.join(folder, file)) as f:
+            record = json.load(f)
+        except (OSError, ValueError):
+          continue
+        if isinstance(record, dict) and {"spec", "kind", "result"} <= set(record):
+          index[record_key(record)] = record
+    return index
 
   @functools.cached_property
   def _by_spec(self) -> dict:
     """spec hash -> the stored records of that spec."""
     out: dict = {}
-    for record in self._load().values():
+    for record in self._index.values():
       out.setdefault(spec_hash(record_spec(record)), []).append(record)
     return out
 
   def get(self, unit: Unit) -> Optional[Any]:
     """The stored result of a unit with `unit.key` (under any name), or None.
     Fingerprints are computed only when a file holds the unit's spec."""
-    if unit.spec_hash not in self._by_spec:
-      return None
-    record = self._load().get(unit.key)
+    record = self._index.get(unit.key) if unit.spec_hash in self._by_spec else None
     return None if record is None else record["result"]
 
   def why_missing(self, unit: Unit) -> str:
@@ -233,7 +212,7 @@ class Store:
       changed = [f"{m} (stored {stored.get(m)}, this code {fp})"
                  for m, fp in unit.fingerprints.items() if stored.get(m) != fp]
       return "fingerprints differ: " + (", ".join(changed) or "other methods")
-    named = next((r for r in self._load().values() if r["name"] == unit.name), None)
+    named = next((r for r in self._index.values() if r["name"] == unit.name), None)
     if named is None:
       return "no unit file"
     where = first_difference(canonical(record_spec(named)), canonical(unit.spec), "spec")
@@ -252,29 +231,24 @@ class Store:
     }
     path = os.path.join(self.root, unit.name + ".json")
     atomic_write_json(path, record)
-    index = self._load()
-    for key in [k for k, r in index.items() if r["name"] == unit.name]:
-      del index[key]  # the file now holds the new key
-    index[unit.key] = json.loads(json.dumps(record))
+    for key in [k for k, r in self._index.items() if r["name"] == unit.name]:
+      del self._index[key]  # the file now holds the new key
+    self._index[unit.key] = json.loads(json.dumps(record))
     self.__dict__.pop("_by_spec", None)
-    if self.commit:
-      commit_file(path, f"Paper study: unit {unit.name} ({unit.key})")
+    if self.commit:  # `git add` and `git commit` of exactly this file, nothing else staged
+      message = f"Paper study: unit {unit.name} ({unit.key})"
+      for args in (["add", "--", path], ["commit", "-q", "-m", message, "--", path]):
+        done = git(os.path.dirname(path), *args)
+        if done.returncode != 0:
+          raise RuntimeError(f"git {args[0]} of {path} failed: "
+                             f"{(done.stderr or done.stdout).strip()}")
     return path
 
 
-# ---------------------------------------------------------------------------- comparing
-
-
 def comparable(result: Any) -> Any:
-  """`result` as JSON stores it, without its timing fields (TIMING_KEYS)."""
-  def strip(value):
-    if isinstance(value, Mapping):
-      return {k: strip(v) for k, v in value.items() if k not in TIMING_KEYS}
-    if isinstance(value, list):
-      return [strip(v) for v in value]
-    return value
-
-  return strip(json.loads(json.dumps(result)))
+  """`result` as JSON stores it, without its timing fields (TIMING_KEYS) at any depth."""
+  return json.loads(json.dumps(result), object_hook=lambda record: {
+      k: v for k, v in record.items() if k not in TIMING_KEYS})
 
 
 def _number(value) -> bool:
@@ -288,21 +262,16 @@ def first_difference(stored: Any, now: Any, path: str = "result",
   or None. Numbers compare exactly, or, with `close`, where `close(path, stored,
   now)` says they differ; NaN equals NaN; a missing field is None."""
   if isinstance(stored, dict) and isinstance(now, dict):
-    for k in sorted(set(stored) | set(now), key=str):
-      if k not in stored or k not in now:
-        return f"{path}.{k}", stored.get(k), now.get(k)
-      found = first_difference(stored[k], now[k], f"{path}.{k}", close)
-      if found:
-        return found
-    return None
+    found = ((f"{path}.{k}", stored.get(k), now.get(k)) if k not in stored or k not in now
+             else first_difference(stored[k], now[k], f"{path}.{k}", close)
+             for k in sorted(set(stored) | set(now), key=str))
+    return next((d for d in found if d), None)
   if isinstance(stored, list) and isinstance(now, list):
     if len(stored) != len(now):
       return f"{path} (length)", len(stored), len(now)
-    for i, (a, b) in enumerate(zip(stored, now)):
-      found = first_difference(a, b, f"{path}[{i}]", close)
-      if found:
-        return found
-    return None
+    found = (first_difference(a, b, f"{path}[{i}]", close)
+             for i, (a, b) in enumerate(zip(stored, now)))
+    return next((d for d in found if d), None)
   if _number(stored) and _number(now):
     if math.isnan(stored) and math.isnan(now):
       return None

@@ -59,12 +59,6 @@ def _short(value) -> str:
   return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _origin(record: Mapping) -> str:
-  commit = (record.get("source_commit") or "unknown")[:10]
-  dirty = " with uncommitted changes" if record.get("source_dirty") else ""
-  return f"commit {commit}{dirty}, on {record.get('machine') or 'an unrecorded machine'}"
-
-
 def verify(store: units_lib.Store, k: int, seed: int, cache: runs_lib.Cache,
            pool: runs_lib.Pool, log: Callable[[str], None] = print) -> int:
   """0 when all K chosen units reproduce, 1 otherwise (a unit whose fingerprints
@@ -82,32 +76,32 @@ def verify(store: units_lib.Store, k: int, seed: int, cache: runs_lib.Cache,
   failures, todo = [], {}
   for record in chosen:
     unit = units_lib.Unit.from_record(record)
-    exact = record.get("machine") == here
-    log(f"  {record['name']}: stored at {_origin(record)}; compared "
-        + ("exactly" if exact else "within the tolerance"))
+    log(f"  {record['name']}: stored at commit {(record.get('source_commit') or 'unknown')[:10]}"
+        + (" with uncommitted changes" if record.get("source_dirty") else "")
+        + f", on {record.get('machine') or 'an unrecorded machine'}; compared "
+        + ("exactly" if record.get("machine") == here else "within the tolerance"))
     if unit.key != units_lib.record_key(record):
       failures.append(f"{record['name']}: {store.why_missing(unit)}; run the study to "
                       "refresh it")
     else:
-      todo[unit.name] = (unit, record, exact)
+      todo[unit] = record
   fresh = tempfile.mkdtemp(prefix="verify-", dir=cache.root)
   for unit, future in runs_lib.completed(
-      [u for u, _, _ in todo.values()], pool,
-      run_dir=lambda unit: os.path.join(fresh, f"{unit.name}-{unit.key}")):
+      list(todo), pool, run_dir=lambda unit: os.path.join(fresh, f"{unit.name}-{unit.key}")):
     try:
       result, seconds = future.result()
     except Exception as e:  # noqa: BLE001 - a unit that fails does not verify
       failures.append(f"{unit.name}: failed: {type(e).__name__}: {e}")
       continue
-    _, record, exact = todo[unit.name]
-    stored = units_lib.comparable(record["result"])
-    diff = units_lib.first_difference(stored, units_lib.comparable(result), close=(
+    record = todo[unit]
+    exact = record.get("machine") == here
+    stored, now = units_lib.comparable(record["result"]), units_lib.comparable(result)
+    diff = units_lib.first_difference(stored, now, close=(
         None if exact else within_tolerance(stored)))
     if diff:
-      path, was, now = diff
-      failures.append(f"{unit.name}: {path}: stored {_short(was)}, now {_short(now)}")
+      failures.append(f"{unit.name}: {diff[0]}: stored {_short(diff[1])}, now {_short(diff[2])}")
     else:
-      same = units_lib.first_difference(stored, units_lib.comparable(result)) is None
+      same = units_lib.first_difference(stored, now) is None
       log(f"  {unit.name}: " + ("identical" if same else "within the tolerance")
           + f" ({seconds:.0f}s)")
   for line in failures:
