@@ -3,7 +3,8 @@
     python -m benchmarks.rounds [--configs logistic,mlp,cnn] [--rounds 8] [--memory-rounds 1000]
 
 Round time. For each config, one run per backend (`inprocess`; `ray` with 2
-actors of 1 CPU and 1 thread; `tff_cpp`, TFF's own C++ runtime), each an
+actors of 1 CPU and 1 thread; `tff_cpp`, TFF's own C++ runtime; `async0` and
+`async`, asynchronous server steps on the same work, `BACKENDS`), each an
 `iter_experiment` generator stepped one round at a time, and the floor, all
 interleaved (`common.interleaved`). A backend's time is its run's round as the
 run makes it: sampling, the round, its metrics row. The timed rounds hold no
@@ -43,6 +44,12 @@ BACKENDS = {
     "inprocess": {"backend": "inprocess"},
     "ray": {"backend": "ray", "workers": 2, "cpus_per_worker": 1, "threads": 1},
     "tff_cpp": {"backend": "tff_cpp"},
+    # Asynchronous server steps (`runtime.buffered`), in-process, on the same work
+    # per step: the round's clients_per_round updates. `async0` has no delay (the
+    # synchronous run's bits); `async` twice as many clients in flight with
+    # lognormal speeds, so each step's updates train from several model versions.
+    "async0": {"backend": "inprocess", "asynchronous": {"durations": {"kind": "constant"}}},
+    "async": {"backend": "inprocess", "asynchronous": {"concurrency": "2x"}},
 }
 # IID clients, `max_examples` each (every client has at least that many).
 CONFIGS = {
@@ -56,6 +63,7 @@ CONFIGS = {
                 model={"name": "cnn"},
                 client={"learning_rate": 0.05, "batch_size": 32, "max_examples": 200}),
 }
+ASYNC = ("async0", "async")
 WARMUPS = 2
 MEMORY_MARK = 100
 MEMORY_GOAL_MB = 5.0
@@ -64,10 +72,15 @@ MEMORY_GOAL_MB = 5.0
 def config_dict(name: str, backend: str, rounds: int, output_dir: str) -> dict:
   """The experiment of config `name` on `backend`: evaluation and checkpoint at
   the last round only, no telemetry, FedAvg with uniform client weights."""
+  runtime = dict(BACKENDS[backend])
+  asynchronous = runtime.pop("asynchronous", None)
+  if asynchronous and asynchronous.get("concurrency") == "2x":
+    asynchronous = {"concurrency": 2 * CONFIGS[name]["clients_per_round"]}
   return {"seed": 0, "rounds": rounds, "eval_every": rounds, "checkpoint_every": rounds,
           "output_dir": output_dir, "telemetry": False,
           "server": {"optimizer": "fedavg", "learning_rate": 1.0, "client_weighting": "uniform"},
-          "runtime": dict(BACKENDS[backend]), **CONFIGS[name],
+          "runtime": runtime, **CONFIGS[name], **({"asynchronous": asynchronous}
+                                                  if asynchronous else {}),
           "data": {**CONFIGS[name]["data"], "partition": {"kind": "iid"}}}
 
 
@@ -156,14 +169,16 @@ def round_table(times: dict) -> str:
   for name in CONFIGS:
     t = times.get(name)
     if t is None:
-      rows.append([name] + [common.NOT_MEASURED] * (1 + 2 * len(BACKENDS)))
+      rows.append([name] + [common.NOT_MEASURED] * (3 + 2 * len(BACKENDS)))
       continue
     ms = {k: statistics.median(v) * 1e3 for k, v in t.items()}
     rows.append([name, common.fmt(ms["floor"], ".1f")]
                 + [common.fmt(ms[b], ".1f") for b in BACKENDS]
-                + [common.fmt(common.paired_ratio(t[b], t["floor"])) for b in BACKENDS])
+                + [common.fmt(common.paired_ratio(t[b], t["floor"])) for b in BACKENDS]
+                + [common.fmt(common.paired_ratio(t[b], t["inprocess"])) for b in ASYNC])
   return markdown_table(["config", "floor ms"] + [f"{b} ms" for b in BACKENDS]
-                        + [f"{b} / floor" for b in BACKENDS], rows)
+                        + [f"{b} / floor" for b in BACKENDS]
+                        + [f"{b} / inprocess" for b in ASYNC], rows)
 
 
 def memory_text(m: dict, rounds: int) -> str:
@@ -206,8 +221,11 @@ def main(argv=None) -> int:
                                     for k, v in times[name].items()), flush=True)
   body = (f"Median ms per round over {args.rounds} interleaved rounds after {WARMUPS} "
           "warm-up rounds; backend / floor is the median of the per-round ratios. ray: "
-          "2 actors x 1 CPU x 1 thread. The floor: the same SGD steps over the same "
-          "batches and the mean of the deltas, in one `tf.function`.\n\n"
+          "2 actors x 1 CPU x 1 thread. async0, async: asynchronous server steps of "
+          "clients_per_round updates, in-process; async0 without delay, async with twice "
+          "as many clients in flight and lognormal(1) speeds (stale updates). The floor: "
+          "the same SGD steps over the same batches and the mean of the deltas, in one "
+          "`tf.function`.\n\n"
           + round_table(times) + "\n"
           + (memory_text(mem, args.memory_rounds) if mem else f"Memory: {common.NOT_MEASURED}."))
   print(common.write_section("rounds", "Rounds: each backend against the floor", body,

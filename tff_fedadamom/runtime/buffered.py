@@ -18,9 +18,10 @@ gives what computing it when it started would, and the backends (the in-process
 `ClientFold`, or the ray actors) run a step's updates at once. A FADAS server
 gets the step's largest staleness as its `max_delay` hparam before `update`.
 
-The state is the learning process's plus the broadcasts of the versions still
-to be trained from (`Timeline.live_versions`), in `Timeline.capacity` slots: a
-checkpoint holds them, so a run killed mid-way resumes exactly.
+The state is the learning process's plus the broadcasts of the earlier versions
+still to be trained from (`Timeline.live_versions`), in `Timeline.capacity`
+slots; the current version's is the step's own `prepare`. A checkpoint holds
+them, so a run killed mid-way resumes exactly.
 """
 
 from __future__ import annotations
@@ -105,7 +106,11 @@ class BufferedProcess:
   # ---- the server-only calls, on the learning process's state
 
   def initialize(self) -> AsyncState:
-    return self._with_broadcast(self.backend.initialize(), 0, None)
+    prepared = self.backend.compiled.computation("prepare").type_signature.result
+    empty = tuple(np.zeros(t.shape, t.dtype) for t in type_leaves(prepared))
+    capacity = self.timeline.capacity
+    return AsyncState(self.backend.initialize(), np.asarray(0, np.int64),
+                      np.full([capacity], -1, np.int64), (empty,) * capacity)
 
   def get_model_weights(self, state: AsyncState):
     return self.backend.get_model_weights(state.server)
@@ -114,10 +119,9 @@ class BufferedProcess:
     return self.backend.get_hparams(state.server)
 
   def set_hparams(self, state: AsyncState, hparams) -> AsyncState:
-    """`hparams` set in; the current version's broadcast is made again (its
-    client learning rate may have changed)."""
-    return self._with_broadcast(self.backend.set_hparams(state.server, hparams),
-                                int(state.version), state)
+    """`hparams` set in (the current version's broadcast, made from the state
+    at the next step, has them)."""
+    return state._replace(server=self.backend.set_hparams(state.server, hparams))
 
   def close(self) -> None:
     self.backend.close()
@@ -128,21 +132,28 @@ class BufferedProcess:
     """Server step `round_num` (the loop's round): its updates' clients are
     `client_ids`, as `step_clients` gave them."""
     step = self.timeline.step(round_num)
-    if int(state.version) != round_num - 1:
-      raise ValueError(f"server step {round_num} follows step {round_num - 1}, but the "
-                       f"state is at step {int(state.version)}")
+    current = round_num - 1  # the version `state.server` holds
+    if int(state.version) != current:
+      raise ValueError(f"server step {round_num} follows step {current}, but the state "
+                       f"is at step {int(state.version)}")
     slot_of = {int(v): k for k, v in enumerate(state.slot_versions) if v >= 0}
-    broadcasts = [state.slots[slot_of[task.version]] for task in step.tasks]
     scales = [asynchrony.staleness_weight(tau, self._kind, **self._staleness)
               for tau in step.staleness()]
-    accumulator = self.backend.fold_tasks(
-        [(task.client, task.launch) for task in step.tasks], broadcasts, scales, self._update)
+    made = []
+
+    def fold(broadcast):  # the round's `prepare` of the current version
+      made.append(broadcast)
+      broadcasts = [broadcast if task.version == current else state.slots[slot_of[task.version]]
+                    for task in step.tasks]
+      return self.backend.fold_tasks([(task.client, task.launch) for task in step.tasks],
+                                     broadcasts, scales, self._update)
+
     server = self._set_max_delay(state.server, step.max_staleness)
-    output = self.backend.server.round(server, lambda _broadcast: accumulator)
+    output = self.backend.server.round(server, fold)
     metrics = dict(output.metrics)
     metrics["asynchronous"] = {"virtual_time": step.time, "mean_staleness": step.mean_staleness,
                                "max_staleness": step.max_staleness, "dropped": step.dropped}
-    return type(output)(state=self._with_broadcast(output.state, round_num, state),
+    return type(output)(state=self._kept(output.state, round_num, state, made[0]),
                         metrics=metrics)
 
   def step_clients(self, round_num: int) -> list:
@@ -162,23 +173,18 @@ class BufferedProcess:
     hparams[component][key] = max_staleness
     return self.backend.set_hparams(server, hparams)
 
-  def _with_broadcast(self, server, version: int, previous) -> AsyncState:
-    """An `AsyncState` of `server` at `version`: its broadcast in a slot, and of
-    `previous`'s slots those of versions still to be trained from."""
-    broadcast = tuple(np.asarray(b) for b in self.backend.server.broadcast(server))
-    capacity = self.timeline.capacity
-    if previous is None:
-      versions = np.full([capacity], -1, np.int64)
-      slots = [tuple(np.zeros_like(b) for b in broadcast)] * capacity
-    else:
-      live = self.timeline.live_versions(version)
-      versions = np.where(np.isin(previous.slot_versions, list(live)),
-                          previous.slot_versions, -1)
-      versions[versions == version] = -1  # remade below (set_hparams)
-      slots = list(previous.slots)
-    free = int(np.flatnonzero(versions < 0)[0])
-    versions[free] = version
-    slots[free] = broadcast
+  def _kept(self, server, version: int, previous: AsyncState, broadcast) -> AsyncState:
+    """The state after step `version`: `server`, and the broadcasts of the
+    versions before it that later steps still train from: those of `previous`'s
+    slots, and `broadcast` (of version - 1) when it is one of them. The current
+    version's is `prepare(server)`, made at the next step."""
+    live = self.timeline.live_versions(version)
+    versions = np.where(np.isin(previous.slot_versions, list(live)), previous.slot_versions, -1)
+    slots = list(previous.slots)
+    if version - 1 in live:
+      free = int(np.flatnonzero(versions < 0)[0])
+      versions[free] = version - 1
+      slots[free] = tuple(np.asarray(b) for b in broadcast)
     return AsyncState(server, np.asarray(version, np.int64), versions, tuple(slots))
 
 

@@ -252,14 +252,18 @@ class InProcessLearningProcess(ServerCalls):
                  scales: Sequence[float], update: slice) -> list:
     """An asynchronous step's accumulator (`runtime.buffered`): task i is
     (client id, the round its data is drawn for), trained from `broadcasts[i]`
-    (flat leaves), its update scaled by `scales[i]`, folded in task order."""
+    (flat leaves: arrays, or tensors the caller releases), its update scaled
+    by `scales[i]`, folded in task order."""
     client_args = [self._client_tensors.args(cid, round_num) for cid, round_num in tasks]
-    tensors = {}
-    for broadcast in broadcasts:  # each distinct one converted once
-      tensors.setdefault(id(broadcast), [tf.convert_to_tensor(b) for b in broadcast])
+    tensors, created = {}, []
+    for broadcast in broadcasts:  # each distinct one converted once (tensors as they are)
+      if id(broadcast) not in tensors:
+        tensors[id(broadcast)] = [b if tf.is_tensor(b) else tf.convert_to_tensor(b)
+                                  for b in broadcast]
+        created += [t for t, b in zip(tensors[id(broadcast)], broadcast) if t is not b]
     accumulator = self._clients.fold_updates(
         client_args, [tensors[id(b)] for b in broadcasts], scales, update)
-    release([*(args[-1] for args in client_args), *(t for ts in tensors.values() for t in ts)])
+    release([*(args[-1] for args in client_args), *created])
     return accumulator
 
   def _round(self, state, client_args):

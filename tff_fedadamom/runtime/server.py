@@ -65,14 +65,6 @@ class ServerComputations:
     release([*created, *accumulator, *report, *result])
     return output
 
-  def broadcast(self, state) -> list:
-    """`prepare(state)` as numpy leaves: what a client trains from at `state`."""
-    created = []
-    leaves = self._prepare.call_flat_leaves(flatten_value(state, self.state_type, created))
-    out = [t.numpy() for t in leaves]
-    release([*created, *leaves])
-    return out
-
   def _computation(self, name: str) -> TFComputation:
     if name not in self._extra:
       self._extra[name] = TFComputation(self.compiled.computation(name), self._device,
