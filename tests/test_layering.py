@@ -395,7 +395,7 @@ def _metric_literals(path: str, names: set, prefixes: tuple) -> list[int]:
 def test_metric_names_are_spelled_only_in_their_home(tmp_path):
   names, prefixes = _metric_names()
   assert {"round", "train/loss", "opt/beta1_mean"} <= names
-  assert prefixes == ("async/", "opt/", "test/", "time/", "train/")
+  assert prefixes == ("async/", "opt/", "test/", "time/", "train/", "validation/")
   sample = tmp_path / "sample.py"
   sample.write_text('row["round"]; "round" in row; row.get("round"); h[0] != "round"\n'
                     'x = "opt/v"\n'

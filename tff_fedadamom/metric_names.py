@@ -22,6 +22,10 @@ TRAIN_NUM_EXAMPLES = TRAIN_PREFIX + NUM_EXAMPLES
 TEST_PREFIX = "test/"  # every evaluation metric's; a row with one is an evaluated round
 TEST_LOSS = TEST_PREFIX + LOSS
 TEST_ACCURACY = TEST_PREFIX + "accuracy"
+# The same on the examples held out from the training clients (`data.validation`).
+VALIDATION_PREFIX = "validation/"
+VALIDATION_LOSS = VALIDATION_PREFIX + LOSS
+VALIDATION_ACCURACY = VALIDATION_PREFIX + "accuracy"
 
 # An asynchronous run's server step (`asynchrony`): its virtual time, the
 # staleness of the updates it averaged, and the arrivals dropped as too stale.

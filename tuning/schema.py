@@ -42,6 +42,7 @@ from tff_fedadamom.config.sections import build_section, coerce, reject_unknown
 from tff_fedadamom.config.schema import (BACKENDS, RAY, checked_field, nonnegative, positive,
                                          ray_address, ray_resource)
 from tff_fedadamom.metric_names import LOSS, TEST_ACCURACY, TEST_LOSS, TRAIN_ACCURACY, TRAIN_LOSS
+from tff_fedadamom.metric_names import VALIDATION_ACCURACY, VALIDATION_LOSS, VALIDATION_PREFIX
 from tff_fedadamom.naming import suggest
 from tuning.checks import check_sweep
 from tuning.errors import SweepConfigError
@@ -55,7 +56,8 @@ __all__ = ["Budget", "Distribution", "Metric", "Resources", "SWEEP_FILE",
 SEARCH_KINDS = ("random", "grid", "optuna")
 SCHEDULER_KINDS = ("none", "asha")
 MODES = ("max", "min")
-METRICS = (TEST_ACCURACY, TEST_LOSS, TRAIN_ACCURACY, TRAIN_LOSS)
+METRICS = (TEST_ACCURACY, TEST_LOSS, VALIDATION_ACCURACY, VALIDATION_LOSS, TRAIN_ACCURACY,
+           TRAIN_LOSS)
 DEFAULT_STORAGE_PATH = "runs/sweeps"
 SWEEP_FILE = "sweep.yaml"  # the validated sweep, kept in its directory
 
@@ -296,7 +298,12 @@ def _check_scheduler(scheduler: Scheduler, raw: Any, source: str, budget: Budget
   return scheduler
 
 
-def _check_metric(metric: Metric, source: str, evaluations: int) -> Metric:
+def _check_metric(metric: Metric, source: str, evaluations: int, base) -> Metric:
+  if metric.name.startswith(VALIDATION_PREFIX) and base.validation is None:
+    raise SweepConfigError(source, "metric.name", "the base experiment holds out no "
+                           "validation set", value=metric.name,
+                           allowed="a test/ or train/ metric, or a base with a validation "
+                           "section (base.validation.fraction)")
   if metric.last_k > evaluations:
     raise SweepConfigError(source, "metric.last_k", "out of range", value=metric.last_k,
                            allowed=f"an integer in [1, {evaluations}] (the evaluations in "
@@ -330,7 +337,7 @@ def parse_sweep(raw: Any, source: str = "<dict>", base_dir: str = "") -> Sweep:
   scheduler = _check_scheduler(_section(Scheduler, raw.get("scheduler"), source,
                                         "scheduler"), raw.get("scheduler"), source, budget)
   metric = _check_metric(_section(Metric, raw.get("metric"), source, "metric"), source,
-                         num_evaluations(budget.rounds, base.eval_every))
+                         num_evaluations(budget.rounds, base.eval_every), base)
   resources = _section(Resources, raw.get("resources"), source, "resources")
   sweep = Sweep(name=name, source=source, base=base, optimizers=optimizers, budget=budget,
                 space=space, space_by_optimizer=by_optimizer, search=search,

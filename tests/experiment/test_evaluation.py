@@ -61,7 +61,7 @@ def test_evaluator_equals_keras_evaluate_bit_for_bit(tmp_path, case, monkeypatch
     state = [w + rng.normal(scale=0.3, size=w.shape).astype(w.dtype)
              for w in model.get_weights()]
     ours = evaluator(_Process(), state)
-    batches = len(evaluator._test_batches())  # noqa: SLF001
+    batches = len(evaluator._splits()[TEST_LOSS, TEST_ACCURACY])  # noqa: SLF001
     model.set_weights(state)
     theirs = _keras_evaluate(model, data, config.data.eval_batch_size)
     assert ours == theirs, (case, threads)

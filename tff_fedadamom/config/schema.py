@@ -252,6 +252,16 @@ class AsyncConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class ValidationConfig:
+  """A validation set held out from the training clients (`data.validation`):
+  `fraction` of each client's examples, drawn with the data seed, evaluated as
+  `validation/loss` and `validation/accuracy` beside the test set; a sweep can
+  tune on them instead of on the test set."""
+
+  fraction: float = _field(0.1, check=lambda x: 0 < x < 1, allowed="a number in (0, 1)")
+
+
+@dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
   """One federated-averaging experiment."""
 
@@ -276,6 +286,8 @@ class ExperimentConfig:
   runtime: RuntimeConfig = dataclasses.field(default_factory=RuntimeConfig)
   # Null: synchronous rounds (the section's absence in YAML).
   asynchronous: Optional[AsyncConfig] = None
+  # Null: no validation set (every training example trains).
+  validation: Optional[ValidationConfig] = None
 
 
 SECTIONS = {
@@ -285,4 +297,5 @@ SECTIONS = {
     "server": ServerConfig,
     "runtime": RuntimeConfig,
     "asynchronous": AsyncConfig,
+    "validation": ValidationConfig,
 }

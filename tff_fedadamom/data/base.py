@@ -44,6 +44,8 @@ class FederatedData:
     num_classes: Number of classes (for next-character tasks, the vocabulary size).
     partition_summary: :func:`tff_fedadamom.data.partition_summary`, or None where
       it would mean reading the whole data set (EMNIST from SQLite).
+    validation: Examples held out from the training clients
+      (`data.validation.hold_out_validation`), or None.
   """
 
   name: str
@@ -52,6 +54,7 @@ class FederatedData:
   input_shape: tuple[int, ...]
   num_classes: int
   partition_summary: Optional[dict] = None
+  validation: Optional[tf.data.Dataset] = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Centralized evaluation of the global model on the held-out test set.
+"""Centralized evaluation of the global model on the test set (and the validation set).
 
 The numbers are Keras' `model.evaluate`'s, bit for bit, but the batches run
 side by side: each kernel runs on one thread (`tff_fedadamom.session`), so
@@ -19,7 +19,8 @@ import concurrent.futures
 
 import numpy as np
 
-from tff_fedadamom.metric_names import TEST_ACCURACY, TEST_LOSS
+from tff_fedadamom.metric_names import (TEST_ACCURACY, TEST_LOSS, VALIDATION_ACCURACY,
+                                        VALIDATION_LOSS)
 
 
 def _combine(contributions) -> np.float32:
@@ -96,19 +97,23 @@ class Evaluator:
 
     if self._predict is None:
       model = self.compiled_model()
-      x = self._test_batches()[0][0]
+      x = next(iter(self._splits().values()))[0][0]  # the test set's first batch
       spec = tf.TensorSpec([None, *x.shape[1:]], x.dtype)
       self._predict = tf.function(lambda x: model(x, training=False),
                                   input_signature=[spec]).get_concrete_function()
     return self._predict
 
-  def _test_batches(self) -> list:
-    """The test set as (x, y) tensors, one pair per batch, made once."""
+  def _splits(self) -> dict:
+    """{(loss name, accuracy name): the split as (x, y) tensors, one pair per
+    batch}: the test set, and the validation set when there is one; made once."""
     from tff_fedadamom.data import test_dataset
 
     if self._batches is None:
-      batches = test_dataset(self._data.test, self._config.data.eval_batch_size)
-      self._batches = [(b["x"], b["y"]) for b in batches]
+      splits = {(TEST_LOSS, TEST_ACCURACY): self._data.test,
+                (VALIDATION_LOSS, VALIDATION_ACCURACY): self._data.validation}
+      size = self._config.data.eval_batch_size
+      self._batches = {names: [(b["x"], b["y"]) for b in test_dataset(split, size)]
+                       for names, split in splits.items() if split is not None}
     return self._batches
 
   def _contributions(self, predict, x, y) -> list:
@@ -135,10 +140,12 @@ class Evaluator:
     model = self.compiled_model()
     process.get_model_weights(state).assign_weights_to(model)
     predict = self._forward()
-    batches = self._test_batches()
-    # As many batches at once as clients run (each batch's kernels on one thread).
-    with concurrent.futures.ThreadPoolExecutor(
-        max(1, min(inprocess.cpu_threads(), len(batches))), thread_name_prefix="tff-eval") as pool:
-      per_batch = list(pool.map(lambda b: self._contributions(predict, *b), batches))
-    loss, accuracy = (_combine(parts) for parts in list(zip(*per_batch))[:2])
-    return {TEST_LOSS: float(loss), TEST_ACCURACY: float(accuracy)}
+    out = {}
+    for names, batches in self._splits().items():
+      # As many batches at once as clients run (each batch's kernels on one thread).
+      with concurrent.futures.ThreadPoolExecutor(
+          max(1, min(inprocess.cpu_threads(), len(batches))),
+          thread_name_prefix="tff-eval") as pool:
+        per_batch = list(pool.map(lambda b: self._contributions(predict, *b), batches))
+      out.update(zip(names, (float(_combine(parts)) for parts in list(zip(*per_batch))[:2])))
+    return out

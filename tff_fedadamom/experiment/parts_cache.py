@@ -19,27 +19,31 @@ from tff_fedadamom.experiment.evaluation import Evaluator
 from tff_fedadamom.experiment.parts import ExperimentParts, build_parts, make_plan
 
 
+def _data(tree: dict) -> dict:
+  """What `process.load_data` reads of a config's mapping: `data`, `validation`."""
+  return {"data": tree["data"], "validation": tree.get("validation")}
+
+
 def data_key(config: ExperimentConfig) -> str:
-  """What `process.load_data` depends on: the `data` section."""
-  return json.dumps(config_to_dict(config)["data"], sort_keys=True, default=repr)
+  """What `process.load_data` depends on: the `data` and `validation` sections."""
+  return json.dumps(_data(config_to_dict(config)), sort_keys=True, default=repr)
 
 
 def evaluator_key(config: ExperimentConfig) -> str:
-  """What an `Evaluator` and its Keras model depend on: the `data` section (the
-  test split, the evaluation batch size) and the `model` section. Not the seed:
-  the model's initial weights are never read (a run's own weights are assigned
-  before each evaluation and before the model is saved)."""
+  """What an `Evaluator` and its Keras model depend on: the data (the test and
+  validation splits, the evaluation batch size) and the `model` section. Not the
+  seed: the model's initial weights are never read (a run's own weights are
+  assigned before each evaluation and before the model is saved)."""
   tree = config_to_dict(config)
-  return json.dumps({"data": tree["data"], "model": tree["model"]}, sort_keys=True,
-                    default=repr)
+  return json.dumps({**_data(tree), "model": tree["model"]}, sort_keys=True, default=repr)
 
 
 def client_tensors_key(config: ExperimentConfig) -> str:
   """What a run's `ClientTensors` depends on (`process.make_client_tensors`):
-  the `data` section and `process.client_tensors_options`."""
+  the data and `process.client_tensors_options`."""
   from tff_fedadamom.experiment import process as process_lib
 
-  return json.dumps({"data": config_to_dict(config)["data"],
+  return json.dumps({**_data(config_to_dict(config)),
                      **process_lib.client_tensors_options(config)},
                     sort_keys=True, default=repr)
 

@@ -38,7 +38,12 @@ def load_data(config: ExperimentConfig) -> FederatedData:
   else:
     kwargs.update(num_clients=data.num_clients, partition=kind,
                   partition_options=partition)
-  return load_federated_data(data.name, **kwargs)
+  loaded = load_federated_data(data.name, **kwargs)
+  if config.validation is None:
+    return loaded
+  from tff_fedadamom.data.validation import hold_out_validation
+
+  return hold_out_validation(loaded, config.validation.fraction, data.seed)
 
 
 def client_tensors_options(config: ExperimentConfig) -> dict:
