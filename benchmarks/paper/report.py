@@ -19,36 +19,48 @@ import numpy as np
 from tff_fedadamom.figures import new_figure, save_figure
 
 from benchmarks.paper import plan
+from benchmarks.paper.report_async import async_section, panel_title
 from benchmarks.paper.report_format import PART_NAMES, name, pct, ranking
 from benchmarks.paper.report_sections import (beta2_section, comparison_section,
                                               escape_section, fmnist_paper_text,
                                               hetero_section, shakespeare_paper_text)
 
 REPORT_FILE = "REPORT.md"
-STUDIES = ("fmnist", "shakespeare", "beta2", "escape", "hetero")
+STUDIES = ("fmnist", "shakespeare", "beta2", "escape", "hetero", "async")
+COMPARISONS = ("fmnist", "shakespeare", "async")  # the studies of comparison tables
 SECTION_TITLES = {
     "fmnist": "1. Equal-budget comparison on Fashion-MNIST",
     "shakespeare": "2. Equal-budget comparison on Shakespeare",
     "beta2": "3. FedAdamom beta_2 sensitivity",
     "escape": "4. Escape from sharp minima",
     "hetero": "5. Heterogeneity: FedAdamom - FedAdam",
+    "async": "6. Asynchronous training (FedBuff)",
 }
 CURVES_TITLE = "{}: best config of each optimizer, mean ± sample std over seeds"
 PLOTS_DIR = "plots"
-# The plot of each study (study 1's holds one panel per partition).
+# The plot of each study (study 1's holds one panel per partition, study 6's
+# one per spread).
 FILES = {"fmnist": "fmnist_curves.png", "shakespeare": "shakespeare_curves.png",
-         "beta2": "beta2.png", "escape": "escape.png", "hetero": "heterogeneity.png"}
-# The summary's lines: (label, panel) of each comparison table they rank.
-SUMMARY = {"fmnist": (("Fashion-MNIST Dir(0.3)", "Dirichlet(0.3)"),
-                      ("Fashion-MNIST i.i.d.", "i.i.d.")),
-           "shakespeare": (("Shakespeare", "Shakespeare"),)}
+         "beta2": "beta2.png", "escape": "escape.png", "hetero": "heterogeneity.png",
+         "async": "async_curves.png"}
+# The labels of each comparison study's tables: in the summary's lines, in
+# what `incomplete` lists, and in the curves' title.
+LABELS = {"fmnist": "Fashion-MNIST", "shakespeare": "Shakespeare",
+          "async": "Asynchronous (FedBuff)"}
 
 
 def _panels(results: Mapping, study: str) -> dict:
-  """The comparison tables of study 1 or 2, by panel title."""
+  """The comparison tables of study 1, 2 or 6, by panel title."""
   if study == "fmnist":
     return {PART_NAMES[p]: s for p, s in results.get("fmnist", {}).items()}
+  if study == "async":
+    return {panel_title(s): s for s in results.get("async", {}).values()}
   return {"Shakespeare": results["shakespeare"]} if "shakespeare" in results else {}
+
+
+def _label(study: str, panel: str) -> str:
+  """'Fashion-MNIST Dirichlet(0.3)', 'Shakespeare', 'Asynchronous (FedBuff) lognormal(0.5)'."""
+  return LABELS[study] if panel == LABELS[study] else f"{LABELS[study]} {panel}"
 
 
 def _header(doc: Mapping) -> str:
@@ -67,6 +79,8 @@ def _header(doc: Mapping) -> str:
       f"{max(beta2, key=beta2.get):g} (3), because its escape time from a minimum depends "
       f"on sharpness like SGD's, {escape['fedavgm']}, rather than Adam's "
       f"{escape['fedadam']} (4), and its gain over FedAdam grows with heterogeneity (5). "
+      "Study 6 compares the methods under buffered asynchronous steps (FedBuff), which the "
+      "paper does not evaluate. "
       "Accuracies are percentages; mean ± sample std (ddof = 1) over seeds, in the tables "
       "and in the curves' bands.\n\n")
 
@@ -74,14 +88,16 @@ def _header(doc: Mapping) -> str:
 def render(doc: Mapping) -> str:
   """REPORT.md's text from a results.json document."""
   results, texts, summary = doc["results"], {}, []
-  for study, paper_text in (("fmnist", fmnist_paper_text),
-                            ("shakespeare", shakespeare_paper_text)):
-    panels = _panels(results, study)
-    if panels:
-      texts[study] = comparison_section(SECTION_TITLES[study], panels,
-                                        f"{PLOTS_DIR}/{FILES[study]}", paper_text(panels),
-                                        doc["methods"])
-      summary += [_one_line(label, panels.get(panel)) for label, panel in SUMMARY[study]]
+  paper_texts = {"fmnist": fmnist_paper_text, "shakespeare": shakespeare_paper_text}
+  for study in COMPARISONS:
+    panels, plot = _panels(results, study), f"{PLOTS_DIR}/{FILES[study]}"
+    if not panels:
+      continue
+    texts[study] = (async_section(SECTION_TITLES[study], panels, plot, doc["methods"])
+                    if study == "async" else
+                    comparison_section(SECTION_TITLES[study], panels, plot,
+                                       paper_texts[study](panels), doc["methods"]))
+    summary += [_one_line(_label(study, panel), s) for panel, s in panels.items()]
   for study, section in (("beta2", beta2_section), ("escape", escape_section),
                          ("hetero", hetero_section)):
     if study in results:
@@ -102,9 +118,8 @@ def write_plots(out_dir: str, doc: Mapping) -> list:
   results, methods = doc["results"], [m["name"] for m in doc["methods"]]
   where = lambda study: os.path.join(out_dir, PLOTS_DIR, FILES[study])
   written = [plot_curves(_panels(results, study), methods, where(study),
-                         CURVES_TITLE.format(title))
-             for study, title in (("fmnist", "Fashion-MNIST"), ("shakespeare", "Shakespeare"))
-             if study in results]
+                         CURVES_TITLE.format(LABELS[study]))
+             for study in COMPARISONS if study in results]
   for study, plot in (("beta2", plot_beta2), ("escape", plot_escape),
                       ("hetero", plot_hetero)):
     if study in results:
@@ -123,13 +138,14 @@ def write_report(out_dir: str, doc: Mapping) -> str:
 
 
 def _comparisons(doc: Mapping) -> Iterator[tuple]:
-  """(label, setup, {method: its row, or {}}) of each table of studies 1 and 2,
-  over the methods it planned, in the order of the document's methods."""
-  for study, prefix in (("fmnist", "Fashion-MNIST "), ("shakespeare", "")):
+  """(label, setup, {method: its row, or {}}) of each table of studies 1, 2 and
+  6, over the methods it planned, in the order of the document's methods."""
+  for study in COMPARISONS:
     for panel, summary in _panels(doc["results"], study).items():
       setup, table = summary["setup"], summary["table"]
-      yield prefix + panel, setup, {m["name"]: table.get(m["name"]) or {} for m in doc["methods"]
-                                    if m["name"] in setup["methods"]}
+      yield _label(study, panel), setup, {m["name"]: table.get(m["name"]) or {}
+                                          for m in doc["methods"]
+                                          if m["name"] in setup["methods"]}
 
 
 def cells(doc: Mapping) -> list:

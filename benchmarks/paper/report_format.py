@@ -9,6 +9,8 @@ from benchmarks.paper import plan
 
 PART_NAMES = {"dir0.3": "Dirichlet(0.3)", "iid": "i.i.d."}
 HPARAM_NAMES = {"client.learning_rate": "eta_l", "server.learning_rate": "eta"}
+EDGE_MARK = "†"  # a tuned value at the edge of its search range (`report_fidelity.edges`)
+METHODS_NOTE = "this budget's subset"
 WORDS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine",
          "ten", "eleven", "twelve")
 
@@ -52,21 +54,30 @@ def num(value: Any, digits: int = 3) -> str:
   return str(value)
 
 
-def hparams_text(hparams: Mapping) -> str:
-  """'eta_l=0.05, eta=1, beta_2=0.1, ...' (the client's learning rate first)."""
-  return ", ".join(f"{_hparam(k)}={num(v)}" for k, v in hparams.items())
+def hparams_text(hparams: Mapping, marked=()) -> str:
+  """'eta_l=0.05, eta=1, beta_2=0.1, ...' (the client's learning rate first);
+  the paths in `marked` get EDGE_MARK."""
+  return ", ".join(f"{hparam_label(k)}={num(v)}{EDGE_MARK if k in marked else ''}"
+                   for k, v in hparams.items())
 
 
-def _hparam(path: str) -> str:
+def hparam_label(path: str) -> str:
+  """'eta' for 'server.learning_rate', 'beta_2' for 'server.beta_2'."""
   return HPARAM_NAMES.get(path, path.split(".", 1)[-1])
+
+
+def welch_se(a: Mapping, b: Mapping) -> Optional[float]:
+  """The standard error of the difference of two mean_std dicts' means (Welch:
+  sqrt(s_a^2 / n_a + s_b^2 / n_b)); None without two values and a spread in each."""
+  if a.get("mean") is None or b.get("mean") is None or not a.get("std") or not b.get("std"):
+    return None
+  return math.sqrt(a["std"] ** 2 / a["n"] + b["std"] ** 2 / b["n"])
 
 
 def welch_clear(a: Mapping, b: Mapping) -> Optional[bool]:
   """Whether two mean_std dicts differ by more than 2 standard errors (Welch)."""
-  if a.get("mean") is None or b.get("mean") is None or not a.get("std") or not b.get("std"):
-    return None
-  se = math.sqrt(a["std"] ** 2 / a["n"] + b["std"] ** 2 / b["n"])
-  return abs(a["mean"] - b["mean"]) > 2 * se if se > 0 else None
+  se = welch_se(a, b)
+  return abs(a["mean"] - b["mean"]) > 2 * se if se else None
 
 
 def partition_text(setup: Mapping) -> str:
@@ -75,7 +86,7 @@ def partition_text(setup: Mapping) -> str:
           else f"Dirichlet(alpha={part.get('alpha')}) label skew")
 
 
-def describe_setup(setup: Mapping) -> str:
+def describe_setup(setup: Mapping, methods_note: str = METHODS_NOTE) -> str:
   data, model, metric, methods = (setup[k] for k in ("data", "model", "tune_metric", "methods"))
   if data["name"] == "fashion_mnist":
     data_text = (f"Fashion-MNIST, {data['num_clients']} clients, {partition_text(setup)} "
@@ -93,7 +104,11 @@ def describe_setup(setup: Mapping) -> str:
       f"(the same for all), random search, seed {setup['tune_seed']}, backend "
       f"`{setup['tune_backend']}`; objective: {metric['name']} averaged over the last "
       f"{metric['last_k']} evaluations. Space: {space_text(setup['space'])}.\n"
-      + (f"- Methods: {', '.join(name(m) for m in methods)} (this budget's subset).\n"
+      + (f"- Validation: {100 * setup['validation']['fraction']:g}% of each training "
+         "client's examples held out (drawn with the partition seed), in tuning and final "
+         "runs alike; tuning selects on them, the tables report the test set.\n"
+         if setup.get("validation") else "")
+      + (f"- Methods: {', '.join(name(m) for m in methods)} ({methods_note}).\n"
          if len(methods) < len(plan.OPTIMIZERS) else "") +
       f"- Final runs: the best config of each optimizer, {setup['rounds']} rounds, "
       f"evaluated every {setup['eval_every']} rounds on the held-out test set, seeds "
@@ -103,9 +118,9 @@ def describe_setup(setup: Mapping) -> str:
 
 def space_text(space: Mapping) -> str:
   return "; ".join(
-      f"{name(key)}: " + "; ".join(f"{_hparam(k)} {dist_text(v)}" for k, v in value.items())
+      f"{name(key)}: " + "; ".join(f"{hparam_label(k)} {dist_text(v)}" for k, v in value.items())
       if isinstance(value, Mapping) and "dist" not in value  # one optimizer's entries
-      else f"{_hparam(key)} {dist_text(value)} (all optimizers that have it)"
+      else f"{hparam_label(key)} {dist_text(value)} (all optimizers that have it)"
       for key, value in space.items())
 
 

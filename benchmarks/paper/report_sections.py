@@ -1,5 +1,6 @@
-"""The report's sections, one per study: tables, and each study's comparison
-with the paper, whose numbers and claims come from `plan.PAPER` only.
+"""The report's sections of studies 1 to 5 (study 6's: `report_async`, on this
+module's comparison section): tables, and each study's comparison with the
+paper, whose numbers and claims come from `plan.PAPER` only.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from tff_fedadamom.experiment.outputs import markdown_table
 
 from benchmarks.common import NOT_MEASURED
 from benchmarks.paper import plan
-from benchmarks.paper.report_format import (PART_NAMES, describe_setup, hparams_text,
-                                            measured, name, num, partition_text, pct, place,
-                                            place_text, pm, ranking, seeds_note, spread,
-                                            welch_clear, word)
+from benchmarks.paper import report_fidelity as fidelity
+from benchmarks.paper.report_format import (METHODS_NOTE, PART_NAMES, describe_setup,
+                                            hparams_text, measured, name, num, partition_text,
+                                            pct, place, place_text, pm, ranking, seeds_note,
+                                            spread, welch_clear, welch_se, word)
 
 NO_RESULTS = "**Against the paper:** no results yet."
 # Study 4: the exponent p of log(tau) ~ k^-p that each of the paper's forms means.
@@ -27,20 +29,24 @@ def _comparison_row(method: Mapping, row, setup: Mapping) -> list:
   comm = method.get("communication")
   cells = [name(method["name"]), "-" if comm is None else f"{comm:g}x"]
   if row is None:
-    return cells + [NOT_MEASURED] * 6
+    return cells + [NOT_MEASURED] * 7
   note, planned_trials = seeds_note(row["seeds"], len(setup["seeds"])), setup["tune_trials"]
   rtt = row["rounds_to_target"]
   rtt_text = (f"{pm(rtt, scale=1.0, digits=0)} ({row['reached']}/{row['seeds']})"
               if rtt["mean"] is not None else f"- (0/{row['seeds']})") + note
-  hp = hparams_text(row["hparams"]) + (" (defaults: no trial converged)"
-                                       if row.get("fallback_defaults") else "")
-  trials = row.get("trials_run")
+  marked = [path for path, *_ in fidelity.edges(method["name"], row, setup.get("space"))]
+  hp = hparams_text(row["hparams"], marked) + (" (defaults: no trial converged)"
+                                               if row.get("fallback_defaults") else "")
+  trials, trials_failed = row.get("trials_run"), row.get("trials_failed")
   objective = pct(row["tune_objective"]) + (
       f" ({trials} of {planned_trials} trials)"
-      if trials is not None and trials < planned_trials else "")
+      if trials is not None and trials < planned_trials else "") + (
+      f" ({trials_failed} of {trials} trials failed)" if trials_failed else "")
   final, best = ((f"{NOT_MEASURED}{note}",) * 2 if row["seeds"] == 0
                  else (pm(row["final"]) + note, pm(row["best"]) + note))
-  return cells + [hp, objective, final, best, rtt_text, row["diverged"]]
+  failed = row.get("failed")
+  return cells + [hp, objective, final, best, rtt_text, row["diverged"],
+                  "-" if failed is None else failed]
 
 
 def _against_adam(table: Mapping) -> tuple:
@@ -51,7 +57,8 @@ def _against_adam(table: Mapping) -> tuple:
 
 
 def _verdict(table: Mapping) -> str:
-  """FedAdamom's rank, the gap to the best and to FedAdam, the spread."""
+  """FedAdamom's rank (if the table has it), the gap to the best and to FedAdam,
+  the spread."""
   if not ranking(table):
     return ""
   rank, _ = place(table, "fedadamom")
@@ -59,8 +66,9 @@ def _verdict(table: Mapping) -> str:
   ours, adam, adam_gap = _against_adam(table)
   clear = welch_clear(ours, table[leader]["final"]) if rank not in (None, 1) else None
   adam_clear = welch_clear(ours, adam) if adam_gap is not None else None
-  return (f"\nBy mean final accuracy FedAdamom {place_text(table)}"
-          + (f"; the best is {name(leader)}" if rank != 1 else "")
+  return ((f"\nBy mean final accuracy FedAdamom {place_text(table)}"
+           + (f"; the best is {name(leader)}" if rank != 1 else "")
+           if "fedadamom" in table else f"\nBy mean final accuracy the best is {name(leader)}")
           + (" (the gap to it is larger than 2 standard errors)" if clear
              else " (within 2 standard errors of it)" if clear is False else "")
           + (f". FedAdamom - FedAdam: {adam_gap:+.2f} points" if adam_gap is not None else "")
@@ -71,23 +79,33 @@ def _verdict(table: Mapping) -> str:
 
 
 def comparison_section(title: str, summaries: Mapping[str, Mapping], plot: str,
-                       paper_text: str, methods: Sequence[Mapping]) -> str:
-  """Setup, one table per panel (every method of `methods`, in order), verdicts."""
+                       paper_text: str, methods: Sequence[Mapping], difference: str = "",
+                       extra_setup: str = "", methods_note: str = METHODS_NOTE) -> str:
+  """Setup, one table per panel (every method of `methods`, in order), verdicts.
+  `difference`: what differs between the panels (default: the partition, whose
+  text the setup then leaves to each table); `extra_setup`: more setup bullets."""
   setup = next(iter(summaries.values()))["setup"]
+  described = describe_setup(setup, methods_note)
+  if len(summaries) > 1 and not difference:
+    difference = "the partition"
+    described = described.replace(partition_text(setup), "the partition of each table")
   text = f"## {title}\n\n" + (
-      "Setup (the partition is the only difference between the tables):\n\n"
-      + describe_setup(setup).replace(partition_text(setup), "the partition of each table")
-      if len(summaries) > 1 else "Setup:\n\n" + describe_setup(setup))
+      f"Setup ({difference} is the only difference between the tables):\n\n"
+      if len(summaries) > 1 else "Setup:\n\n") + described + extra_setup
+  planned = [m["name"] for m in methods if m["name"] in setup["methods"]]
   text += ("- Communication: parameter-sized tensors each sampled client sends (and "
-           "receives) per round, relative to FedAvg's one model update.\n")
+           "receives) per round, relative to FedAvg's one model update.\n"
+           + fidelity.bias_bullet(summaries, planned) + fidelity.chance_bullet(summaries))
   for panel, summary in summaries.items():
     setup, table = summary["setup"], summary["table"]
     header = ["optimizer", "communication per round", "tuned hparams", "tuning objective",
               "final acc (%)", "best acc (%)",
-              f"rounds to {100 * summary['target']:g}% (reached/seeds)", "diverged"]
+              f"rounds to {100 * summary['target']:g}% (reached/seeds)", "diverged", "failed"]
     rows = [_comparison_row(m, table.get(m["name"]), setup) for m in methods
             if m["name"] in setup["methods"]]
-    text += f"\n### {panel}\n\n" + markdown_table(header, rows) + _verdict(table)
+    text += (f"\n### {panel}\n\n" + markdown_table(header, rows) + _verdict(table)
+             + fidelity.edge_note(table, setup.get("space"), planned)
+             + fidelity.staleness_text(summary))
   return text + f"\n![learning curves]({plot})\n\n{paper_text}\n"
 
 
@@ -130,18 +148,35 @@ def shakespeare_paper_text(panels: Mapping[str, Mapping]) -> str:
       f"FedAdamom {paper['fedadamom']:.2f}% vs {paper['best_baseline'][0]:.2f}% "
       f"({paper['best_baseline'][1]}), FedAdamom first by "
       f"{paper['fedadamom'] - paper['best_baseline'][0]:.2f} points. ")
-  if width < 0.001:
-    return head + (
-        f"Here, after {rounds} rounds, all {n} optimizers are at "
-        f"{100 * best_final:.2f}% (the share of the most frequent character: the model has "
-        f"not left the unigram plateau), so this budget cannot test the claim.")
+  chance = summary["setup"].get("chance_accuracy")
+  # Without a stored chance accuracy, one accuracy for all is the plateau's sign.
+  plateau = (best_final <= chance + plan.FAILED_MARGIN if chance is not None
+             else width < 0.001)
+  if plateau:
+    return head + f"Here, after {rounds} rounds, all {n} optimizers " + (
+        f"end at chance level (the best final accuracy is {100 * best_final:.2f}%; always "
+        f"predicting the most frequent character gives {pct(chance)}%)"
+        if chance is not None else f"are at {100 * best_final:.2f}% (one accuracy for all)"
+    ) + ": the models have not left the unigram plateau, so this budget cannot test the claim."
   return head + (
       f"Here (a {rounds}-round budget, a small LSTM) FedAdamom {place_text(table)}, which "
       f"{'agrees with' if place(table, 'fedadamom') == (1, 0) else 'does not reproduce'} "
       f"the paper's ranking; the best final accuracy is {100 * best_final:.2f}% and the {n} "
-      f"optimizers span {100 * width:.2f} points. The character model is early in training, "
-      f"far from the paper's ~{paper['fedadamom']:.0f}%, so the comparison speaks to early "
-      f"training only.")
+      f"optimizers span {100 * width:.2f} points." + _chance_text(table, chance)
+      + f" The character model is early in training, far from the paper's "
+      f"~{paper['fedadamom']:.0f}%, so the comparison speaks to early training only.")
+
+
+def _chance_text(table: Mapping, chance) -> str:
+  """' Chance (...) is 16.39%; at or below chance level (failed): FAFED in 3 of 3
+  seeds.' ('' without a chance accuracy)."""
+  if chance is None:
+    return ""
+  failed = [f"{name(o)} in {row['failed']} of {row['seeds']} seeds"
+            for o, row in measured(table).items() if row.get("failed")]
+  return (f" Chance (always the most frequent character) is {pct(chance)}%"
+          + (f"; at or below chance level (failed): {', '.join(failed)}" if failed else "")
+          + ".")
 
 
 def beta2_section(beta2: Mapping, plot: str) -> str:
@@ -212,14 +247,34 @@ def hetero_section(hetero: Mapping, plot: str) -> str:
       + markdown_table(["partition", "FedAdam final (%)", "FedAdamom final (%)",
                         "difference (points)"], rows)
       + f"\n![gain vs heterogeneity]({plot})\n\n")
-  diffs = [r["difference"]["mean"] for r in hetero["rows"]]
-  if all(d is not None for d in diffs):
+  if len(hetero["rows"]) > 1 and all(r["difference"]["mean"] is not None
+                                     for r in hetero["rows"]):
     text += ("**Against the paper.** The paper says the gain over FedAdam grows with "
-             "heterogeneity. Here the difference goes "
-             + " -> ".join(f"{100 * d:+.2f}" for d in diffs)
-             + f" points from Dir(0.1) to i.i.d.: {_trend(diffs)}. Each difference's "
-             "standard deviation over seeds is in the table.\n")
+             f"heterogeneity. {_hetero_verdict(hetero['rows'])} Each difference's standard "
+             "deviation over seeds is in the table.\n")
   return text
+
+
+def _hetero_verdict(rows: Sequence[Mapping]) -> str:
+  """The trend of FedAdamom - FedAdam over the partitions (most heterogeneous
+  first), claimed only when the change from the first partition to the last
+  exceeds 2 standard errors of that change (Welch, from each cell's std and n)."""
+  diffs = [r["difference"]["mean"] for r in rows]
+  label = lambda row: "i.i.d." if row["alpha"] == "iid" else f"Dir({row['alpha']})"
+  ends = f"{label(rows[0])} and {label(rows[-1])}"
+  change = 100 * (diffs[0] - diffs[-1])
+  se = welch_se(rows[0]["difference"], rows[-1]["difference"])
+  path = (" -> ".join(f"{100 * d:+.2f}" for d in diffs)
+          + f" points from {label(rows[0])} to {label(rows[-1])}")
+  if se and abs(change) > 2 * 100 * se:
+    return (f"Here the difference goes {path}: {_trend(diffs)}; its change between {ends}, "
+            f"{change:+.2f} points, exceeds 2 standard errors of that change "
+            f"(SE {100 * se:.2f}, Welch).")
+  reason = (f"is within 2 standard errors of that change (SE {100 * se:.2f}, Welch): the "
+            "differences are within their standard errors" if se else
+            "has no standard error (fewer than two seeds in a cell)")
+  return (f"Here the difference goes {path}, but its change between {ends}, {change:+.2f} "
+          f"points, {reason}, so the claim is not resolved at this budget.")
 
 
 def _setup_text(raw: Mapping, per_opt: Mapping) -> str:

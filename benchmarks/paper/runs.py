@@ -19,11 +19,16 @@ import sys
 import time
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from tff_fedadamom.metric_names import ELAPSED_S, ROUND, TEST_ACCURACY
+from tff_fedadamom.metric_names import (DROPPED, ELAPSED_S, MAX_STALENESS, MEAN_STALENESS,
+                                        ROUND, TEST_ACCURACY, VIRTUAL_TIME)
 
 from benchmarks.paper.units import Store, Unit
 
 CACHE_DIR = "cache"
+# The columns of an asynchronous run's server steps a unit keeps, every row
+# (the summary's history keeps evaluated rounds, and only their accuracies and
+# losses): the report states the staleness its final runs saw.
+ASYNC_COLUMNS = (VIRTUAL_TIME, MEAN_STALENESS, MAX_STALENESS, DROPPED)
 PARTS_PER_PROCESS = 2
 _worker_parts = None  # a spawned worker's PartsCache, made by its initializer
 
@@ -96,6 +101,8 @@ def run_experiment_unit(config: Mapping[str, Any], parts_cache=None) -> dict:
   keys = ("status", "final_test_accuracy", "best_test_accuracy", "best_round",
           "final_test_loss", "rounds_to_target", "rounds_completed", "history",
           "wall_time_s")
+  steps = [{ROUND: int(r[ROUND]), **{k: r[k] for k in ASYNC_COLUMNS if k in r}}
+           for r in rows if MEAN_STALENESS in r]
   return {
       **{k: result.summary.get(k) for k in keys},
       "total_s": round(time.perf_counter() - started, 3),
@@ -104,6 +111,8 @@ def run_experiment_unit(config: Mapping[str, Any], parts_cache=None) -> dict:
       "client_learning_rate": config["client"]["learning_rate"],
       "round_seconds": [round(b - a, 4) for a, b in zip([0.0] + elapsed, elapsed)],
       "eval_rounds": [int(r[ROUND]) for r in rows if TEST_ACCURACY in r],
+      # Only an asynchronous run has it: a synchronous unit's result is as before.
+      **({"async_history": steps} if steps else {}),
   }
 
 

@@ -1,19 +1,26 @@
-"""The five studies: which units each runs, and the numbers each hands to the report.
+"""The six studies: which units each runs, and the numbers each hands to the report.
 
 Every summary is plain JSON-able data (results.json holds it). Spreads over
 seeds are sample standard deviations (ddof = 1), the report's one convention.
+
+A comparison's run (final run or tuning trial) that completed but ends at
+chance level, a final test accuracy of at most `chance_accuracy` +
+`plan.FAILED_MARGIN`, is *failed*: it has learnt no more than always
+predicting the test set's most frequent label. Diverged runs (not completed)
+are counted apart. Failed runs stay in the means; the tables count them.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import math
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from tff_fedadamom.metric_names import ROUND, TEST_ACCURACY
+from tff_fedadamom.metric_names import DROPPED, MAX_STALENESS, MEAN_STALENESS, ROUND, TEST_ACCURACY
 
 from benchmarks.paper import escape, escape_fit, plan
 from benchmarks.paper import runs as runs_lib
@@ -21,6 +28,7 @@ from benchmarks.paper import tune as tune_lib
 from benchmarks.paper import units as units_lib
 
 PAIR = ("fedadam", "fedadamom")  # study 5's two methods
+_chance_memo: dict = {}  # the data and model sections (JSON) -> chance_accuracy
 
 
 class Context:
@@ -88,6 +96,50 @@ def mean_curve(records: Sequence[Mapping]) -> dict:
           "n": [len(by_round[k]) for k in rounds]}
 
 
+def chance_accuracy(base: Mapping) -> float:
+  """The test accuracy of always predicting the most frequent label of the test
+  set of `base` (an experiment config), as its evaluation counts: a next-character
+  task's padding positions (`models.losses.PAD_ID`) do not count. Loaded through
+  the library's data loaders, once per data section."""
+  from tff_fedadamom.config import load_config
+  from tff_fedadamom.experiment.process import load_data
+  from tff_fedadamom.models import losses
+  from tff_fedadamom.models.registry import get_spec
+
+  key = json.dumps([base["data"], base["model"]["name"]], sort_keys=True, default=str)
+  if key not in _chance_memo:
+    data = load_data(load_config(dict(base)))
+    labels = np.concatenate([np.asarray(batch["y"]).ravel() for batch in
+                             data.test.batch(10_000).as_numpy_iterator()]).astype(np.int64)
+    if get_spec(base["model"]["name"]).task == "next_char":
+      labels = labels[labels != losses.PAD_ID]
+    _chance_memo[key] = float(np.bincount(labels).max() / labels.size)
+  return _chance_memo[key]
+
+
+def count_failed(finals: Sequence[tuple], chance: Optional[float]) -> Optional[int]:
+  """How many (status is completed, final test accuracy) pairs are at chance
+  level (module docstring); None when chance is not known."""
+  if chance is None:
+    return None
+  return sum(done and acc is not None and acc <= chance + plan.FAILED_MARGIN
+             for done, acc in finals)
+
+
+def staleness_summary(records: Sequence[Mapping]) -> Optional[dict]:
+  """The staleness asynchronous runs saw, over every server step of every run:
+  the mean of the steps' mean staleness, the largest staleness, the updates
+  dropped as too stale per run; None without asynchronous steps."""
+  steps = [row for r in records for row in r.get("async_history") or []]
+  if not steps:
+    return None
+  runs = sum(bool(r.get("async_history")) for r in records)
+  return {"mean": float(np.mean([row[MEAN_STALENESS] for row in steps])),
+          "max": int(max(row[MAX_STALENESS] for row in steps)),
+          "dropped_per_run": float(sum(row.get(DROPPED, 0) for row in steps) / runs),
+          "runs": runs, "steps": len(steps)}
+
+
 def _final(ctx: Context, name: str, entry: Mapping, base: Mapping, seed: int,
            rounds: int, **sections) -> units_lib.Unit:
   """The unit of a tuned config run with `seed` for `rounds` (`sections`: keys to
@@ -114,26 +166,39 @@ def hparams(entry: Mapping) -> dict:
 
 
 def summarize_comparison(name: str, comparison: Mapping, budget: plan.DataBudget,
-                         results: Mapping, units: Sequence) -> dict:
-  """Studies 1 and 2: a table row per method, and the setup the report prints."""
+                         results: Mapping, units: Sequence,
+                         chance: Optional[float] = None) -> dict:
+  """Studies 1, 2 and 6: a table row per method, and the setup the report
+  prints; `chance`: the test set's `chance_accuracy` (None: not known, and no
+  run is counted failed)."""
   tuning, base = comparison["tuning"], comparison["base"]
-  table = {}
+  table, records_of = {}, {}
   for opt, entry in tuning["best"].items():
-    records = [results[u.name] for u in units
-               if u.config["server"]["optimizer"] == opt and u.name in results]
+    records = records_of[opt] = [results[u.name] for u in units
+                                 if u.config["server"]["optimizer"] == opt and u.name in results]
+    trials = entry.get("trials") or []
     table[opt] = {
         **seed_summary(records, budget.target), "curve": mean_curve(records),
+        "failed": count_failed([(r.get("status") == "completed", r.get("final_test_accuracy"))
+                                for r in records], chance),
         "hparams": hparams(entry), "tune_objective": entry.get("objective"),
         "trials_run": entry.get("trials_run"), "trials_diverged": entry.get("trials_diverged"),
+        "trials_failed": count_failed([(not t["diverged"], t.get("final")) for t in trials],
+                                      chance),
         "fallback_defaults": entry.get("fallback_defaults", False)}
-  return {"name": name, "table": table, "target": budget.target, "setup": {
-      "data": base["data"], "model": base["model"],
+  summary = {"name": name, "table": table, "target": budget.target, "setup": {
+      "data": base["data"], "model": base["model"], "validation": base.get("validation"),
       "clients_per_round": base["clients_per_round"],
       "client": {k: v for k, v in base["client"].items() if k != "learning_rate"},
       "rounds": budget.rounds, "eval_every": base["eval_every"], "methods": list(table),
       "seeds": list(budget.seeds), "tune_trials": budget.tune_trials,
       "tune_rounds": budget.tune_rounds, "tune_backend": tuning["backend"],
-      "tune_seed": tuning["seed"], "tune_metric": tuning["metric"], "space": tuning["space"]}}
+      "tune_seed": tuning["seed"], "tune_metric": tuning["metric"], "space": tuning["space"],
+      "chance_accuracy": chance}}
+  if base.get("asynchronous") is not None:
+    summary["setup"]["asynchronous"] = copy.deepcopy(dict(base["asynchronous"]))
+    summary["staleness"] = staleness_summary([r for rs in records_of.values() for r in rs])
+  return summary
 
 
 def summarize_beta2(b: plan.Budget, fmnist: Mapping, results: Mapping, units) -> dict:
@@ -191,12 +256,17 @@ def collect(ctx: Context) -> dict:
   requests.update({f"fmnist-{p}": request(plan.fmnist_base(b, plan.PARTITIONS[p]), b.fmnist,
                                           plan.FMNIST_CLIENT_LR, plan.OPTIMIZERS)
                    for p in b.partitions})
+  # Study 6: a tuning per spread, with study 1's budget and search space.
+  requests.update({f"async-{plan.async_label(sigma)}": request(
+      plan.async_base(b, sigma), b.fmnist, plan.FMNIST_CLIENT_LR, b.async_methods)
+                   for sigma in b.async_spreads})
   escape_unit = units_lib.Unit(
       "escape/study", fn="benchmarks.paper.escape:run_study_dict",
       kwargs={"setup": dataclasses.asdict(b.escape)}, methods=escape.OPTIMIZERS,
       version=escape.VERSION)
   tuned = tune_lib.tune(ctx, requests, seed=b.tune_seed, alongside=[escape_unit])
-  # By study: "fmnist/dir0.3" is the tuning of "fmnist-dir0.3".
+  # By study: "fmnist/dir0.3" is the tuning of "fmnist-dir0.3", "async/sigma0.5"
+  # of "async-sigma0.5".
   compared = {name.replace("-", "/", 1): {"tuning": outcome, "base": requests[name]["base"]}
               for name, outcome in tuned.items() if outcome is not None}
   return _runs(ctx, compared, escape_unit)
@@ -204,8 +274,10 @@ def collect(ctx: Context) -> dict:
 
 def _runs(ctx: Context, comparisons: Mapping, escape_unit) -> dict:
   b = ctx.budget
-  ctx.log("runs: best configs x seeds, beta_2 grid, heterogeneity, escape simulation")
-  data = {"shakespeare": b.shakespeare, **{f"fmnist/{p}": b.fmnist for p in b.partitions}}
+  ctx.log("runs: best configs x seeds, beta_2 grid, heterogeneity, asynchronous steps, "
+          "escape simulation")
+  data = {"shakespeare": b.shakespeare, **{f"fmnist/{p}": b.fmnist for p in b.partitions},
+          **{f"async/{plan.async_label(s)}": b.fmnist for s in b.async_spreads}}
   groups = {study: [_final(ctx, f"{study}/{opt}/seed{seed}", entry, cmp["base"], seed,
                            data[study].rounds)
                     for opt, entry in cmp["tuning"]["best"].items()
@@ -225,16 +297,28 @@ def _runs(ctx: Context, comparisons: Mapping, escape_unit) -> dict:
         for seed in b.hetero_seeds]
   unique = {u.name: u for u in [escape_unit] + [u for g in groups.values() for u in g]}
   done = ctx.run(list(unique.values()), "runs")
+  return _summaries(b, comparisons, groups, done, escape_unit)
+
+
+def _summaries(b: plan.Budget, comparisons: Mapping, groups: Mapping, done: Mapping,
+               escape_unit) -> dict:
+  """Every study's summary from the results `done` of the units `groups` planned."""
+  chance = {study: chance_accuracy(cmp["base"]) for study, cmp in comparisons.items()}
+  compare = lambda study, db: summarize_comparison(study, comparisons[study], db, done,
+                                                   groups[study], chance[study])
   results: dict[str, Any] = {}
+  fmnist = [p for p in b.partitions if f"fmnist/{p}" in comparisons]
   if fmnist:
-    results["fmnist"] = {p: summarize_comparison(f"fmnist/{p}", cmp, b.fmnist, done,
-                                                 groups[f"fmnist/{p}"])
-                         for p, cmp in fmnist.items()}
+    results["fmnist"] = {p: compare(f"fmnist/{p}", b.fmnist) for p in fmnist}
   if "shakespeare" in comparisons:
-    results["shakespeare"] = summarize_comparison(
-        "shakespeare", comparisons["shakespeare"], b.shakespeare, done, groups["shakespeare"])
+    results["shakespeare"] = compare("shakespeare", b.shakespeare)
+  spreads = [plan.async_label(s) for s in b.async_spreads
+             if f"async/{plan.async_label(s)}" in comparisons]
+  if spreads:
+    results["async"] = {label: compare(f"async/{label}", b.fmnist) for label in spreads}
   if "beta2" in groups:
-    results["beta2"] = summarize_beta2(b, fmnist, done, groups["beta2"])
+    results["beta2"] = summarize_beta2(b, {p: comparisons[f"fmnist/{p}"] for p in fmnist},
+                                       done, groups["beta2"])
   if "hetero" in groups:
     results["hetero"] = summarize_hetero(b, done, groups["hetero"])
   if escape_unit.name in done:

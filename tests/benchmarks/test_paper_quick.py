@@ -13,18 +13,21 @@ import time
 
 import pytest
 
+from tff_fedadamom.metric_names import DROPPED, MAX_STALENESS, MEAN_STALENESS, VIRTUAL_TIME
+
 from benchmarks.paper import plan
 from benchmarks.paper import report_format
 from benchmarks.paper import units
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PLOTS = ("fmnist_curves.png", "shakespeare_curves.png", "beta2.png", "escape.png",
-         "heterogeneity.png")
+         "heterogeneity.png", "async_curves.png")
 SECTIONS = ("## 1. Equal-budget comparison on Fashion-MNIST",
             "## 2. Equal-budget comparison on Shakespeare",
             "## 3. FedAdamom beta_2 sensitivity",
             "## 4. Escape from sharp minima",
-            "## 5. Heterogeneity: FedAdamom - FedAdam")
+            "## 5. Heterogeneity: FedAdamom - FedAdam",
+            "## 6. Asynchronous training (FedBuff)")
 NUMBER = re.compile(r"[-+]?\d+(\.\d+)?(e[-+]?\d+)?")
 # Hang protection for the first run, below the suite's per-test limit (900 s in
 # .ci/run); a heavily shared machine may need longer (every unit pays a TFF
@@ -58,6 +61,10 @@ def _run(out_dir, timeout, *extra):
     os.killpg(proc.pid, signal.SIGKILL)
     raise AssertionError("a process of the reproduction outlived it")
   return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def record_of(out, name):
+  return json.loads((out / "results" / f"{name}.json").read_text())
 
 
 def _tables(markdown):
@@ -104,8 +111,15 @@ def test_report_plots_and_results(quick_run):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"plots/{name}" in report
   results = json.loads((out / "results.json").read_text())
-  assert set(results["results"]) == {"fmnist", "shakespeare", "beta2", "escape", "hetero"}
+  assert set(results["results"]) == {"fmnist", "shakespeare", "beta2", "escape", "hetero",
+                                     "async"}
   assert "## Incomplete" not in report
+  # Every comparison states its chance accuracy, computed from its test set.
+  comparisons = [*results["results"]["fmnist"].values(), results["results"]["shakespeare"],
+                 *results["results"]["async"].values()]
+  chances = [c["setup"]["chance_accuracy"] for c in comparisons]
+  assert chances[0] == chances[-1] == 0.1 and 0.1 < chances[len(plan.QUICK.partitions)] < 0.3
+  assert all(isinstance(row["failed"], int) for c in comparisons for row in c["table"].values())
   assert "- Methods: FedAvg, FedAdamom (this budget's subset).\n" in report
   # The report is results.json rendered, the run's timings included.
   from benchmarks.paper import report as report_lib
@@ -118,8 +132,10 @@ def test_report_plots_and_results(quick_run):
 def test_every_table_holds_numbers(quick_run):
   out, _, _ = quick_run
   tables = _tables((out / "REPORT.md").read_text())
-  # Studies 1 (one table per partition), 2, 3, 4 (escape times and fits) and 5.
-  assert len(tables) >= len(plan.QUICK.partitions) + 5
+  # Studies 1 (one table per partition), 2, 3, 4 (escape times and fits), 5 and 6
+  # (one table per spread).
+  spreads = len(plan.QUICK.async_spreads)
+  assert len(tables) >= len(plan.QUICK.partitions) + 5 + spreads
   for table in tables:
     header, rows = table[0], table[1:]
     assert rows, header
@@ -129,15 +145,17 @@ def test_every_table_holds_numbers(quick_run):
       assert numeric, f"row without numbers: {row}"
   # The accuracy columns of the comparison tables are numbers (not '-').
   comparisons = [t for t in tables if t[0][0] == "optimizer" and "final acc (%)" in t[0]]
-  assert len(comparisons) == len(plan.QUICK.partitions) + 1
+  assert len(comparisons) == len(plan.QUICK.partitions) + 1 + spreads
   # Fashion-MNIST: every method, the new baselines included, with its communication
-  # per round; Shakespeare: the quick budget's two, in the report's order.
-  methods = [plan.OPTIMIZERS] * len(plan.QUICK.partitions) + [plan.QUICK.shakespeare_methods]
+  # per round; Shakespeare and asynchronous steps: the quick budget's two, in the
+  # report's order.
+  methods = ([plan.OPTIMIZERS] * len(plan.QUICK.partitions) + [plan.QUICK.shakespeare_methods]
+             + [plan.QUICK.async_methods] * spreads)
   assert plan.QUICK.shakespeare_methods == ("fedavg", "fedadamom")
   for table, planned in zip(comparisons, methods, strict=True):
     assert [row[0] for row in table[1:]] == [report_format.name(o) for o in planned]
     comm = {row[0]: row[table[0].index("communication per round")] for row in table[1:]}
-    assert comm["FedAvg"] == "1x" and comm["FedAdamom"] == "1x"
+    assert comm["FedAvg"] == "1x" and comm.get("FedAdamom", "1x") == "1x"
     if "FedCAda" in comm:
       assert comm["FedCAda"] == "3x" and comm["FAFED"] == "3x"
     col = table[0].index("final acc (%)")
@@ -149,6 +167,8 @@ def test_every_method_has_its_unit_files(quick_run):
   out, _, _ = quick_run
   sweeps = {f"fmnist-{p}": plan.OPTIMIZERS for p in plan.QUICK.partitions}
   sweeps["shakespeare"] = plan.QUICK.shakespeare_methods
+  sweeps.update({f"async-{plan.async_label(s)}": plan.QUICK.async_methods
+                 for s in plan.QUICK.async_spreads})
   for sweep, methods in sweeps.items():
     assert sorted(os.listdir(out / "results" / "tune" / sweep)) == sorted(methods)
     for opt in methods:
@@ -156,6 +176,15 @@ def test_every_method_has_its_unit_files(quick_run):
       assert record["spec"]["server"]["optimizer"] == opt
       assert set(record["fingerprints"]) == {opt} and record["wall_time_s"] > 0
       assert record["result"]["status"] == "completed"
+  # An asynchronous unit keeps every server step's staleness; a synchronous one has none.
+  for sigma in plan.QUICK.async_spreads:
+    record = json.loads((out / "results" / "tune" / f"async-{plan.async_label(sigma)}"
+                         / "fadas" / "trial0.json").read_text())
+    assert record["spec"]["asynchronous"]["durations"]["sigma"] == sigma
+    steps = record["result"]["async_history"]
+    assert len(steps) == record["result"]["rounds_completed"]
+    assert {VIRTUAL_TIME, MEAN_STALENESS, MAX_STALENESS, DROPPED} <= set(steps[0])
+  assert "async_history" not in record_of(out, "tune/fmnist-dir0.3/fadas/trial0")["result"]
   escape = json.loads((out / "results" / "escape" / "study.json").read_text())
   assert set(escape["fingerprints"]) == {"fedavgm", "fedadam", "fedadamom"}
 
@@ -171,7 +200,8 @@ def test_rerun_runs_only_the_missing_unit(quick_run):
   started = time.monotonic()
   proc = _run(out, TIMEOUT_S / 2)
   assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-  assert "tuning shakespeare, fmnist-dir0.3 (and escape/study): all 13 units stored" in proc.stdout
+  assert ("tuning shakespeare, fmnist-dir0.3, async-sigma1.5 (and escape/study): all 15 "
+          "units stored") in proc.stdout
   assert re.search(r"runs: 1 of \d+ units to run", proc.stdout), proc.stdout[-3000:]
   assert time.monotonic() - started < max(120.0, 0.75 * elapsed)
   assert "(quick, 2 workers)" in proc.stdout

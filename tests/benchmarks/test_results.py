@@ -106,10 +106,13 @@ def test_sweep_table_ratio_and_what_was_not_measured():
 
 def test_round_table_marks_configs_not_run():
   times = {"logistic": {"floor": [0.01, 0.01], "inprocess": [0.05, 0.03],
-                        "ray": [0.1, 0.1], "tff_cpp": [0.2, 0.4]}}
+                        "ray": [0.1, 0.1], "tff_cpp": [0.2, 0.4], "async0": [0.05, 0.03],
+                        "async": [0.06, 0.06]}}
   lines = rounds.round_table(times).splitlines()
-  assert lines[2] == ("| logistic | 10.0 | 40.0 | 100.0 | 300.0 | 4.00 | 10.00 | 30.00 |")
-  assert all(line.count(common.NOT_MEASURED) == 7 for line in lines[3:])
+  # async / inprocess: the median of the paired ratios 0.06 / 0.05 and 0.06 / 0.03.
+  assert lines[2] == ("| logistic | 10.0 | 40.0 | 100.0 | 300.0 | 40.0 | 60.0 | 4.00 | 10.00 | "
+                      "30.00 | 4.00 | 6.00 | 1.00 | 1.60 |")
+  assert all(line.count(common.NOT_MEASURED) == 13 for line in lines[3:])
   assert len(lines) == 2 + len(rounds.CONFIGS)
 
 

@@ -28,7 +28,8 @@ from tff_fedadamom.atomic_io import atomic_write_json, atomic_write_text
 from tff_fedadamom.figures import margins_in_inches, new_figure, save_figure
 from tff_fedadamom.metric_names import (BETA1_MEAN, FRAC_BETA1_AT_0, FRAC_BETA1_AT_MAX,
                                         NONFINITE_UPDATES, ROUND, TEST_ACCURACY, TEST_LOSS,
-                                        TRAIN_LOSS, V_MEDIAN, V_P01, V_P99)
+                                        TRAIN_LOSS, V_MEDIAN, V_P01, V_P99,
+                                        VALIDATION_ACCURACY, VALIDATION_LOSS)
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.csv"
 SUMMARY_FILE = "summary.json"
@@ -180,8 +181,8 @@ def summarize(history: list[Mapping[str, Any]], *, targets, status: str,
       "wall_time_s": round(wall_time_s, 3),
       "rounds_per_second": round(rounds_run / wall_time_s, 4) if wall_time_s > 0 else None,
       "devices": devices,
-      "history": [{k: r[k] for k in (ROUND, TEST_ACCURACY, TEST_LOSS, TRAIN_LOSS)
-                   if k in r} for r in evals],
+      "history": [{k: r[k] for k in (ROUND, TEST_ACCURACY, TEST_LOSS, VALIDATION_ACCURACY,
+                                     VALIDATION_LOSS, TRAIN_LOSS) if k in r} for r in evals],
   }
   summary.update(extra or {})
   return summary
