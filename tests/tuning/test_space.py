@@ -141,3 +141,17 @@ def test_bias_correction_must_be_chosen_from_bools():
   with pytest.raises(SweepConfigError, match="no optimizer .* has the tunable hparam"):
     _sweep(optimizers=["fedavg"],
            space={"server.bias_correction": {"dist": "choice", "values": [True, False]}})
+
+
+def test_a_field_of_an_asynchronous_base_is_a_search_dimension():
+  base = tiny_base(asynchronous={"concurrency": 5, "staleness": {"kind": "polynomial"}})
+  sweep = load_sweep({"name": "t", "base": base, "optimizers": ["fadas"],
+                      "budget": {"trials_per_optimizer": 3, "rounds": 2},
+                      "space": {"asynchronous.staleness.a":
+                                {"dist": "uniform", "low": 0.1, "high": 1.0}}})
+  trials = space_lib.sample_trials(sweep, "fadas")
+  values = [t["asynchronous.staleness.a"] for t in trials]
+  assert len(set(values)) == 3 and all(0.1 <= v <= 1.0 for v in values)
+  config = load_config(space_lib.experiment_dict(sweep, "fadas", trials[0], output_dir="x"))
+  assert config.asynchronous.staleness == {"kind": "polynomial", "a": values[0]}
+  assert config.asynchronous.concurrency == 5
