@@ -7,19 +7,11 @@ the "global model weights"; here it is a global state
 
     OrderedDict(model=ModelWeights, accumulator=[...], preconditioner=[...], ...)
 
-(TFF's Adam slot names, which telemetry reads). The parts:
-
-- distributor: `build_broadcast_process(global state type)`;
-- client work: server state = the client hparams and the round number; update
-  `OrderedDict(model=initial - trained, <statistics>)`, weight 1 (UNIFORM) or
-  the examples seen (NUM_EXAMPLES);
-- aggregator: a weighted `MeanFactory` over the whole update;
-- finalizer: `model <- model - eta * mean pseudo-gradient`, statistics <- their
-  means; a non-finite aggregate is rejected and counted in `update_non_finite`,
-  as TFF's `apply_optimizer_finalizer` does.
-
-`compose` re-wraps the composed process so that `get_model_weights` returns
-`global_model_weights['model']`, not the whole global state.
+(TFF's Adam slot names, which telemetry reads), broadcast as it is. The client
+work sends `OrderedDict(model=initial - trained, <statistics>)`, a weighted
+`MeanFactory` averages it, and the finalizer applies `model <- model - eta *
+mean pseudo-gradient` and keeps the mean statistics. `build` re-wraps the
+composed process so that `get_model_weights` returns the model alone.
 """
 
 from __future__ import annotations
@@ -32,7 +24,7 @@ import tensorflow_federated as tff
 # The training loop over a client's dataset that TFF's own client works use.
 from tensorflow_federated.python.learning import loop_builder
 
-from tff_fedadamom.optimizers.client import clip_and_decay
+from tff_fedadamom.optimizers.client import check_clip_and_decay, clip_and_decay
 # The state vocabulary's one home (the algorithms use these names as `_common.*`).
 from tff_fedadamom.optimizers.state import ACCUMULATOR_KEY, LEARNING_RATE_KEY  # noqa: F401
 from tff_fedadamom.optimizers.state import MODEL_KEY, PRECONDITIONER_KEY  # noqa: F401
@@ -45,27 +37,13 @@ def check_positive(name: str, value, *, algorithm: str) -> None:
     raise ValueError(f'{algorithm} `{name}` must be > 0, found {value}.')
 
 
-def check_unit(name: str, value, *, algorithm: str, closed_low: bool = True) -> None:
-  """`value` in [0, 1) (or (0, 1) when not `closed_low`)."""
-  low_ok = value >= 0 if closed_low else value > 0
-  if not (low_ok and value < 1):
-    interval = '[0, 1)' if closed_low else '(0, 1)'
-    raise ValueError(f'{algorithm} `{name}` must be in {interval}, found {value}.')
+def check_unit(name: str, value, *, algorithm: str) -> None:
+  if not 0 <= value < 1:
+    raise ValueError(f'{algorithm} `{name}` must be in [0, 1), found {value}.')
 
 
-def check_client_options(algorithm: str, weight_decay, clip_norm, client_lr_decay) -> None:
-  if weight_decay < 0:
-    raise ValueError(f'{algorithm} `weight_decay` must be >= 0, found {weight_decay}.')
-  if clip_norm is not None and not clip_norm > 0:
-    raise ValueError(f'{algorithm} `clip_norm` must be > 0 or None, found {clip_norm}.')
-  if not 0 < client_lr_decay <= 1:
-    raise ValueError(
-        f'{algorithm} `client_lr_decay` must be in (0, 1], found {client_lr_decay}.')
-
-
-def training_loop(loop_implementation: tff.learning.LoopImplementation):
-  """TFF's loop: `dataset.reduce` or the iterator loop (fed_avg.py takes the same choice)."""
-  return loop_builder.build_training_loop(loop_implementation)
+def _all_finite(structure) -> tf.Tensor:
+  return tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in tf.nest.flatten(structure)])
 
 
 def num_examples_of(output) -> tf.Tensor:
@@ -85,7 +63,7 @@ def client_result(model, weighting, initial_trainable, trained_trainable,
   update = collections.OrderedDict(
       [(MODEL_KEY, tf.nest.map_structure(tf.subtract, initial_trainable, trained_trainable))]
       + list(statistics.items()))
-  finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in tf.nest.flatten(update)])
+  finite = _all_finite(update)
   update = tf.nest.map_structure(
       lambda t: tf.where(finite, t, tf.zeros_like(t)), update)
   if weighting == tff.learning.ClientWeighting.NUM_EXAMPLES:
@@ -103,6 +81,12 @@ def client_result(model, weighting, initial_trainable, trained_trainable,
   with tf.control_dependencies([tf.cond(finite, lambda: tf.constant(0), reset)]):
     metrics = model.report_local_unfinalized_metrics()
   return (tff.learning.templates.ClientResult(update=update, update_weight=weight), metrics)
+
+
+def zero_moments(trainable) -> collections.OrderedDict:
+  """Initial statistics: zero `accumulator` and `preconditioner` shaped like `trainable`."""
+  return collections.OrderedDict([(ACCUMULATOR_KEY, [tf.zeros_like(w) for w in trainable]),
+                                  (PRECONDITIONER_KEY, [tf.zeros_like(w) for w in trainable])])
 
 
 def initial_global_state_fn(model_fn, initial_statistics: Callable[[list], Mapping]):
@@ -188,7 +172,9 @@ def build_finalizer(global_type, update_type,
                     server_learning_rate: float) -> tff.learning.templates.FinalizerProcess:
   """Applies the mean pseudo-gradient with the server learning rate; takes the mean statistics.
 
-  State `OrderedDict(learning_rate=eta)`, which is also its hparams.
+  State `OrderedDict(learning_rate=eta)`, which is also its hparams. A non-finite
+  result is rejected and counted in `update_non_finite`, as TFF's
+  `apply_optimizer_finalizer` does.
   """
 
   @tff.tensorflow.computation()
@@ -211,20 +197,10 @@ def build_finalizer(global_type, update_type,
     candidate = collections.OrderedDict(
         [(MODEL_KEY, tff.learning.models.ModelWeights(trainable, model.non_trainable))]
         + [(k, update[k]) for k in global_state if k != MODEL_KEY])
-    finite = tf.reduce_all(
-        [tf.reduce_all(tf.math.is_finite(t)) for t in tf.nest.flatten(candidate)])
+    finite = _all_finite(candidate)
     new_state = tf.nest.map_structure(lambda new, old: tf.where(finite, new, old),
                                       candidate, global_state)
     return new_state, tf.cast(tf.logical_not(finite), tf.int32)
-
-  @tff.tensorflow.computation(state_type)
-  def get_hparams_fn(state):
-    return state
-
-  @tff.tensorflow.computation(state_type, state_type)
-  def set_hparams_fn(state, hparams):
-    del state
-    return hparams
 
   @tff.federated_computation(
       init_fn.type_signature.result,
@@ -236,7 +212,10 @@ def build_finalizer(global_type, update_type,
     return tff.templates.MeasuredProcessOutput(state, new_global, measurements)
 
   return tff.learning.templates.FinalizerProcess(
-      init_fn, next_fn, get_hparams_fn=get_hparams_fn, set_hparams_fn=set_hparams_fn)
+      init_fn, next_fn,
+      get_hparams_fn=tff.tensorflow.computation(lambda state: state, state_type),
+      set_hparams_fn=tff.tensorflow.computation(lambda state, hparams: hparams, state_type,
+                                                state_type))
 
 
 def client_update_builder(model_fn, local_rule, weighting, weight_decay, clip_norm,
@@ -253,7 +232,7 @@ def client_update_builder(model_fn, local_rule, weighting, weight_decay, clip_no
 
   def make():
     model = model_fn()
-    reduce_fn = training_loop(loop_implementation)
+    reduce_fn = loop_builder.build_training_loop(loop_implementation)
 
     @tf.function
     def client_update(state, global_state, dataset):
@@ -278,49 +257,37 @@ def build(algorithm: str, model_fn, client_learning_rate: float, *, learning_rat
           loop_implementation: tff.learning.LoopImplementation = (
               tff.learning.LoopImplementation.DATASET_REDUCE)
           ) -> tff.learning.templates.LearningProcess:
-  """The process of a client-adaptive algorithm; the client options are the same for all.
+  """The process of client-adaptive `algorithm` (its name in errors).
 
-  Args:
-    algorithm: Its name, for error messages.
-    client_learning_rate: The clients' step size, times `client_lr_decay` per round.
-    learning_rate: eta, the server's step on the mean model update (1 = averaging).
-    client_hparams: The algorithm's own client hparams (in the client work's state).
-    initial_statistics, local_rule: See `compose` and `client_update_builder`.
-    client_weighting: UNIFORM or NUM_EXAMPLES, for the update and statistics alike.
-    weight_decay, clip_norm: The clients' `clip_and_decay` of the gradients.
-    model_aggregator: A weighted aggregation factory (default `MeanFactory()`).
-    loop_implementation: TFF's `DATASET_ITERATOR` loop instead of
-      `dataset.reduce` lets training ops leave the CPU, as in TFF's builders.
+  The clients' step size is `client_learning_rate`, times `client_lr_decay` per
+  round; `learning_rate` (eta) is the server's step on the mean model update (1 =
+  averaging); `client_hparams` are the algorithm's own (in the client work's
+  state); `initial_statistics(trainable tensors) -> OrderedDict` gives the
+  statistics' initial values, names and types, and `local_rule` trains a client
+  (`client_update_builder`). `client_weighting` weights the update and statistics alike;
+  `model_aggregator` is a weighted aggregation factory (default `MeanFactory()`);
+  TFF's `DATASET_ITERATOR` `loop_implementation` lets training ops leave the CPU.
   """
   check_positive('client_learning_rate', client_learning_rate, algorithm=algorithm)
-  check_client_options(algorithm, weight_decay, clip_norm, client_lr_decay)
+  check_clip_and_decay(algorithm, weight_decay, clip_norm)
+  if not 0 < client_lr_decay <= 1:
+    raise ValueError(
+        f'{algorithm} `client_lr_decay` must be in (0, 1], found {client_lr_decay}.')
   hparams = collections.OrderedDict(
       [(LEARNING_RATE_KEY, client_learning_rate), ('lr_decay', client_lr_decay)]
       + list(client_hparams.items()))
-  return compose(
-      model_fn, initial_statistics=initial_statistics,
-      make_client_update=client_update_builder(
-          model_fn, local_rule, client_weighting, weight_decay, clip_norm,
-          loop_implementation),
-      client_hparams=hparams, server_learning_rate=learning_rate,
-      model_aggregator=model_aggregator)
+  make_client_update = client_update_builder(model_fn, local_rule, client_weighting,
+                                             weight_decay, clip_norm, loop_implementation)
 
-
-def compose(model_fn, *, initial_statistics, make_client_update, client_hparams,
-            server_learning_rate: float, model_aggregator: Optional[Any] = None
-            ) -> tff.learning.templates.LearningProcess:
-  """Distributor, client work (`build_client_work`), aggregator and finalizer,
-  composed by TFF. `initial_statistics(trainable tensors) -> OrderedDict` gives
-  the statistics' initial values, names and types."""
   initial_global = initial_global_state_fn(model_fn, initial_statistics)
   global_type = initial_global.type_signature.result
   distributor = tff.learning.templates.build_broadcast_process(global_type)
-  client_work = build_client_work(model_fn, make_client_update, client_hparams, global_type)
+  client_work = build_client_work(model_fn, make_client_update, hparams, global_type)
   result_type = client_work.next.type_signature.result.result.member
   factory = model_aggregator if model_aggregator is not None else tff.aggregators.MeanFactory()
   aggregator = factory.create(result_type.update, result_type.update_weight)
   finalizer = build_finalizer(global_type, aggregator.next.type_signature.result.result.member,
-                              server_learning_rate)
+                              learning_rate)
   composed = tff.learning.templates.compose_learning_process(
       initial_global, distributor, client_work, aggregator, finalizer)
 

@@ -8,8 +8,7 @@ implementation (naya0000/FaFed, `code/Image/FAFED.py`, `code/NLP/FAFED.py`,
 their `main.py`), which averages the parameters, u and v at every
 communication and sets H = sqrt(v) + rho from the averaged v. Each worker keeps
 a STORM momentum estimator u (Cutkosky & Orabona, 2019) and an average v of
-squared gradients; every round the server averages x, u and v, and A is fixed
-between communications.
+squared gradients.
 
 One round r (0-based), client i, from the broadcast (x, u, v):
 
@@ -81,13 +80,6 @@ def check_hparams(learning_rate=DEFAULT_LEARNING_RATE, alpha=DEFAULT_ALPHA,
   _common.check_positive('epsilon', epsilon, algorithm=_NAME)
 
 
-def _initial_statistics(trainable):
-  return collections.OrderedDict([
-      (_common.ACCUMULATOR_KEY, [tf.zeros_like(w) for w in trainable]),
-      (_common.PRECONDITIONER_KEY, [tf.zeros_like(w) for w in trainable]),
-  ])
-
-
 def _local_rule(model, trainable, state, global_state, dataset, reduce_fn, transform):
   """STORM steps scaled by the round's fixed A (module docstring); round 0 initialises."""
   round_num = state[_common.ROUND_KEY]
@@ -139,17 +131,8 @@ def build_fafed(model_fn: Callable[[], tff.learning.models.VariableModel],
                 **client_options) -> tff.learning.templates.LearningProcess:
   """Builds the FAFED learning process (see the module docstring for the rule).
 
-  Args:
-    model_fn: No-arg callable returning a new `tff.learning.models.VariableModel`.
-    client_learning_rate: gamma, the clients' step size (before A^-1).
-    learning_rate: eta, the server's step on the mean model update (1 = averaging).
-    alpha: The STORM weight: u = g_new + (1 - alpha) (u - g_old).
-    beta_2: Decay of the squared-gradient average v.
-    epsilon: rho, added to sqrt(v) in the adaptive matrix.
-    **client_options: `client_weighting` (UNIFORM, the default, or
-      NUM_EXAMPLES), `client_lr_decay`, `weight_decay` and `clip_norm` (applied
-      to both gradients), `model_aggregator`, `loop_implementation`:
-      see `tff_fedadamom.algorithms._common.build`.
+  `client_learning_rate` is gamma, `epsilon` rho. `client_options`: see
+  `_common.build` (`weight_decay` and `clip_norm` apply to both gradients).
 
   Returns:
     A `tff.learning.templates.LearningProcess`; its state's
@@ -161,4 +144,4 @@ def build_fafed(model_fn: Callable[[], tff.learning.models.VariableModel],
   return _common.build(
       _NAME, model_fn, client_learning_rate, learning_rate=learning_rate,
       client_hparams=collections.OrderedDict(alpha=alpha, beta_2=beta_2, epsilon=epsilon),
-      initial_statistics=_initial_statistics, local_rule=_local_rule, **client_options)
+      initial_statistics=_common.zero_moments, local_rule=_local_rule, **client_options)

@@ -65,17 +65,9 @@ STEP_KEY = 'step'
 _NAME = 'FedCAda'
 
 
-def adjustment(round_num):
-  """a_r = 1 / (r + 1), the adjustment of round r (an assumption, see module doc)."""
-  return 1.0 / (tf.cast(round_num, tf.float32) + 1.0)
-
-
 def corrected_moments(m, v, t, beta_1, beta_2, a_r):
-  """(m^, v^): Adam's bias correction with each denominator times (1 + a_r).
-
-  m^ / sqrt(v^) is then Adam's corrected ratio times (1 + a_r)^(-1/2) (module
-  docstring). Works on tensors and on numbers.
-  """
+  """(m^, v^): Adam's bias correction with each denominator times (1 + a_r), on
+  tensors or numbers (module docstring)."""
   return (m / ((1.0 - beta_1 ** t) * (1.0 + a_r)),
           v / ((1.0 - beta_2 ** t) * (1.0 + a_r)))
 
@@ -90,11 +82,9 @@ def check_hparams(learning_rate=DEFAULT_LEARNING_RATE, beta_1=DEFAULT_BETA_1,
 
 
 def _initial_statistics(trainable):
-  return collections.OrderedDict([
-      (_common.ACCUMULATOR_KEY, [tf.zeros_like(w) for w in trainable]),
-      (_common.PRECONDITIONER_KEY, [tf.zeros_like(w) for w in trainable]),
-      (STEP_KEY, tf.constant(0.0, tf.float32)),
-  ])
+  statistics = _common.zero_moments(trainable)
+  statistics[STEP_KEY] = tf.constant(0.0, tf.float32)
+  return statistics
 
 
 def _local_rule(model, trainable, state, global_state, dataset, reduce_fn, transform):
@@ -102,7 +92,7 @@ def _local_rule(model, trainable, state, global_state, dataset, reduce_fn, trans
   beta_1, beta_2, epsilon = state['beta_1'], state['beta_2'], state['epsilon']
   round_num = state[_common.ROUND_KEY]
   lr = state['learning_rate'] * state['lr_decay'] ** tf.cast(round_num, tf.float32)
-  a_r = adjustment(round_num)
+  a_r = 1.0 / (tf.cast(round_num, tf.float32) + 1.0)  # an assumption, see the module doc
 
   def step(carry, batch):
     num_examples, m, v, t = carry
@@ -134,17 +124,10 @@ def build_fedcada(model_fn: Callable[[], tff.learning.models.VariableModel],
                   **client_options) -> tff.learning.templates.LearningProcess:
   """Builds the FedCAda learning process (see the module docstring for the rule).
 
-  Args:
-    model_fn: No-arg callable returning a new `tff.learning.models.VariableModel`.
-    client_learning_rate: eta_l, Adam's step size on the clients.
-    learning_rate: eta, the server's step on the mean model update (1 = averaging).
-    beta_1: Adam's first-moment decay on the clients.
-    beta_2: Adam's second-moment decay on the clients.
-    epsilon: Adam's denominator constant.
-    **client_options: `client_weighting` (UNIFORM, the default, or NUM_EXAMPLES;
-      for the model and the Adam state alike), `client_lr_decay`, `weight_decay`
-      and `clip_norm` (applied to the gradient before Adam), `model_aggregator`,
-      `loop_implementation`: see `tff_fedadamom.algorithms._common.build`.
+  `client_learning_rate` is eta_l, Adam's step size on the clients; beta_1,
+  beta_2 and epsilon are the clients' Adam's. `client_options`: see
+  `_common.build` (`weight_decay` and `clip_norm` apply to the gradient before
+  Adam).
 
   Returns:
     A `tff.learning.templates.LearningProcess`. Its state's

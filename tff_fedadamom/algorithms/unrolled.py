@@ -2,25 +2,19 @@
 
 TFF's client work (`build_model_delta_client_work`) reads a client's batches
 from a `tf.data` iterator inside a loop; on a small model that loop, not the
-training, is most of a client's time (`benchmarks/rounds.py`). This client
-work runs the same update over the client's batches held as tensors:
+training, is most of a client's time (`benchmarks/rounds.py`). Here a client's
+data is a TFF sequence (the only client data TFF 0.87's `ClientWorkProcess`
+accepts) of one element, its round batches stacked (`ClientTensors.stacked`: F
+full batches and a last one of r >= 0 examples); each step gathers its batch
+(`client_tensors.batch_of`), so a client holds no more memory than TFF's loop.
 
-* A client's data is still a TFF sequence (the only client data TFF 0.87's
-  `ClientWorkProcess` accepts), of one element: its round batches, stacked
-  (`ClientTensors.stacked`: F full batches and a last one of r >= 0 examples).
-  Each step gathers its batch (`client_tensors.batch_of`), so a client holds no
-  more memory than TFF's loop over its dataset.
-* The update is TFF 0.87's `build_model_delta_update_with_tff_optimizer`:
-  `forward_pass` with metrics, the client optimizer's `next`, the delta zeroed
-  with weight 0 when not finite, weight 1 or the examples seen. Departure: the
-  loop is a `tf.while_loop` over the F full batches, then one step on the last
-  when r > 0. The same ops on the same batches in the same order: the results
-  are bit-identical to TFF's (tests/algorithms/test_unrolled.py).
-
-A `tf.while_loop` rather than the steps written out, each guarded by
-`tf.cond(i < F)`: TensorFlow's executor still visits every op of a branch not
-taken, and the loop's graph does not grow with the number of batches. The
-pipeline uses this client work where `experiment.process.unrolled_steps` says.
+The update is TFF 0.87's `build_model_delta_update_with_tff_optimizer`, except
+that the loop is a `tf.while_loop` over the F full batches, then one step on the
+last when r > 0: the same ops on the same batches in the same order, so the
+results are bit-identical to TFF's. A `tf.while_loop` rather than the steps
+written out, each guarded by `tf.cond(i < F)`: TensorFlow's executor still
+visits every op of a branch not taken, and the loop's graph does not grow with
+the number of batches.
 """
 
 from __future__ import annotations
@@ -36,28 +30,17 @@ from tff_fedadamom.algorithms._common import num_examples_of
 from tff_fedadamom.data.client_tensors import EXAMPLES, FULL, LAST, batch_of
 
 
-def stacked_spec(input_spec, batch_size: int) -> collections.OrderedDict:
-  """The element spec of a stacked client sequence, given the model's batch
-  spec (`OrderedDict(x=TensorSpec([None, ...]), y=...)`): a client's examples
-  have the spec of a batch."""
-  return collections.OrderedDict([(EXAMPLES, input_spec),
-                                  (FULL, tf.TensorSpec([None, batch_size], tf.int64)),
-                                  (LAST, tf.TensorSpec([None], tf.int64))])
-
-
 def is_stacked(sequence_type) -> bool:
   """Whether a TFF `SequenceType` is one of stacked client batches."""
   element = getattr(sequence_type, "element", None)
-  names = [name for name, _ in tff.structure.iter_elements(element)] if isinstance(
-      element, tff.StructType) else []
-  return names == [EXAMPLES, FULL, LAST]
+  return isinstance(element, tff.StructType) and [
+      name for name, _ in tff.structure.iter_elements(element)] == [EXAMPLES, FULL, LAST]
 
 
 def build_unrolled_update(model_fn: Callable[[], tff.learning.models.VariableModel],
                           weighting: tff.learning.ClientWeighting):
-  """TFF's `build_model_delta_update_with_tff_optimizer` over one stacked
-  element: a `tf.function`
-  `(optimizer, initial_weights, element, hparams) -> (ClientResult, metrics)`."""
+  """`(optimizer, initial_weights, element, hparams) -> (ClientResult, metrics)`
+  over one stacked element (module docstring)."""
   model = model_fn()
 
   @tf.function
@@ -107,17 +90,17 @@ def build_unrolled_client_work(model_fn, optimizer, weighting, *, batch_size: in
                                metrics_aggregator=None):
   """`tff.learning.templates.build_model_delta_client_work(model_fn, optimizer,
   weighting, metrics_aggregator)`, composed as TFF 0.87 composes it (the
-  client optimizer's hparams as its state), with client data of stacked
-  batches of `batch_size` (`stacked_spec`) and the update looping over them
-  (`build_unrolled_update`)."""
+  client optimizer's hparams as its state), over stacked batches of `batch_size`."""
   if batch_size < 1:
     raise ValueError(f"batch_size must be >= 1, found {batch_size}")
   metrics_aggregator = metrics_aggregator or tff.learning.metrics.sum_then_finalize
   with tf.Graph().as_default():
     model = model_fn()
     aggregate_metrics = metrics_aggregator(model.metric_finalizers())
-  data_type = tff.SequenceType(tff.types.tensorflow_to_type(
-      stacked_spec(model.input_spec, batch_size)))
+  # A client's examples have the spec of a batch.
+  data_type = tff.SequenceType(tff.types.tensorflow_to_type(collections.OrderedDict([
+      (EXAMPLES, model.input_spec), (FULL, tf.TensorSpec([None, batch_size], tf.int64)),
+      (LAST, tf.TensorSpec([None], tf.int64))])))
   weights_type = tff.learning.models.weights_type_from_model(model)
   hparams = optimizer.get_hparams(optimizer.initialize(tf.TensorSpec((), tf.float32)))
 

@@ -6,15 +6,9 @@ from typing import Any, Optional
 
 
 class ConfigError(ValueError):
-  """A config value is wrong. The message names the file, the field, the value and
-  what is allowed, so that the user can fix it without reading code.
-
-  Attributes:
-    source: The file (or '<dict>', '--set') the value came from.
-    field: Dotted path of the field, e.g. 'server.beta_2'.
-    value: The offending value.
-    allowed: Human-readable description of what is allowed.
-  """
+  """A config value is wrong. The message names the file (`source`: or '<dict>',
+  '--set'), the dotted `field` ('server.beta_2'), the `value` and what is
+  `allowed`, so that the user can fix it without reading code."""
 
   def __init__(self, source: str, field: str, problem: str, *,
                value: Any = None, allowed: Optional[str] = None):

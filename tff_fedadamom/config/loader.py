@@ -1,9 +1,8 @@
 """YAML -> validated `ExperimentConfig`, dotted overrides, and the way back to YAML.
 
-Loading happens once: types and ranges are checked against the schema, names
-and their options against the registries, and the first problem raises a
-`ConfigError` naming the file, the field, the value and what is allowed. YAML is
-read with `yaml.safe_load`, so Python object tags are refused.
+Types and ranges are checked against the schema, names and their options
+against the registries; the first problem raises a `ConfigError`. YAML is
+safe-loaded, so Python object tags are refused.
 """
 
 from __future__ import annotations
@@ -27,14 +26,6 @@ from tff_fedadamom.plain import plain
 _VALIDATED = "_validated"
 
 
-def _server_section(raw: Any, source: str) -> schema.ServerConfig:
-  server, leftover = build_section(schema.ServerConfig, raw, source, "server.", extra_ok=True)
-  if "hparams" in (raw or {}):
-    raise ConfigError(source, "server.hparams", "write the optimizer's hparams directly "
-                      "under 'server' (e.g. server.learning_rate)")
-  return dataclasses.replace(server, hparams=leftover)
-
-
 def parse_config(raw: Any, source: str = "<dict>") -> schema.ExperimentConfig:
   """Builds and fully validates an `ExperimentConfig` from a plain mapping."""
   if not isinstance(raw, Mapping):
@@ -42,7 +33,12 @@ def parse_config(raw: Any, source: str = "<dict>") -> schema.ExperimentConfig:
   raw = dict(raw)
   server_raw = raw.pop("server", None)
   config, _ = build_section(schema.ExperimentConfig, raw, source, "")
-  config = dataclasses.replace(config, server=_server_section(server_raw, source))
+  server, hparams = build_section(schema.ServerConfig, server_raw, source, "server.",
+                                  extra_ok=True)
+  if "hparams" in (server_raw or {}):
+    raise ConfigError(source, "server.hparams", "write the optimizer's hparams directly "
+                      "under 'server' (e.g. server.learning_rate)")
+  config = dataclasses.replace(config, server=dataclasses.replace(server, hparams=hparams))
   for i, target in enumerate(config.targets):
     if isinstance(target, bool) or not isinstance(target, (int, float)) or not (
         0 < target <= 1):
@@ -148,9 +144,6 @@ def load_config(config: Union[str, os.PathLike, Mapping, schema.ExperimentConfig
   """The validated config of a YAML path, a mapping or an `ExperimentConfig`,
   with dotted `key=value` `overrides` (values parsed as YAML). A config this
   returned before comes back as it is unless `overrides` change it.
-
-  Raises:
-    ConfigError: naming the file, field, value and what is allowed.
   """
   overrides = list(overrides or ())
   if is_validated(config) and not overrides:

@@ -9,7 +9,6 @@ interprets a raw config mapping.
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 from typing import Optional
 
@@ -18,16 +17,12 @@ from tff_fedadamom.asynchrony import DEFAULT_DURATIONS, DEFAULT_STALENESS
 
 def checked_field(default=dataclasses.MISSING, *, check=None, allowed=None, factory=None,
                   choices=None, problem=None, why=None):
-  """A dataclass field with its checks and their wording, for `loader.build_section`.
+  """A dataclass field with its checks and their wording, for `sections.build_section`.
 
-  Args:
-    default, factory: The default (neither: the field is required).
-    check: `check(value) -> bool`, run on the typed value; failing it raises
-      `problem` (default "out of range") with `allowed`.
-    allowed: What is allowed, in words.
-    choices: The allowed values of a name-like field: an unknown one raises
-      "unknown value" with a 'did you mean' hint and the choices as `allowed`.
-    why: For a required field, why it has no default (shown when it is missing).
+  Neither `default` nor `factory`: the field is required (`why` says why when it
+  is missing). A value failing `check(value)` raises `problem` (default "out of
+  range") with `allowed`; one not in `choices` raises "unknown value" with a
+  'did you mean' hint.
   """
   meta = {"check": check, "allowed": allowed, "choices": choices, "problem": problem,
           "why": why}
@@ -45,10 +40,6 @@ def positive(x) -> bool:
 
 def nonnegative(x) -> bool:
   return x >= 0
-
-
-def finite(x) -> bool:
-  return math.isfinite(x)
 
 
 # The `kind` a partition or schedule mapping means when it names none (a
@@ -159,32 +150,21 @@ def resolved_backend(runtime: RuntimeConfig) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class RuntimeConfig:
-  """How the process runs rounds.
+  """How the process runs rounds (each field: docs/configs.md).
 
   `backend`: `inprocess` (what `auto` means) runs TFF's compiled process in this
-  Python process, its clients spread round-robin over `devices` (default: every
-  GPU, else the CPU); `tff_cpp` is TFF's own C++ runtime, the reference: a
-  `worker_binary` child (CPU only) confined to a private network namespace
-  (`runtime/tff_cpp.py`); `ray` runs each round's clients on `workers` Ray
-  actors (the field keeps its name: stored results hash it), each with
-  `cpus_per_worker` CPUs and `gpus_per_worker` GPUs, on a local Ray bound to
-  127.0.0.1 or the cluster at `address`. Those four fields are the ray
-  backend's alone (null: `RAY_*` defaults); there `threads` and
-  `max_concurrent_clients` apply to each actor.
+  Python process, its clients spread round-robin over `devices`; `tff_cpp` is
+  TFF's own C++ runtime, the reference (`runtime/tff_cpp.py`); `ray` runs each
+  round's clients on `workers` Ray actors (the field keeps its name: stored
+  results hash it). `workers`, `cpus_per_worker`, `gpus_per_worker` and
+  `address` are the ray backend's alone (null: `RAY_*` defaults); there
+  `threads` and `max_concurrent_clients` apply to each actor.
 
-  `threads` sizes the process's TensorFlow pool that runs clients side by side;
-  every kernel runs on one thread, so no thread count changes a number. The
-  entry point applies it (`tff_fedadamom.session`); a library run uses the pool
-  its process has.
-
-  `unroll_max_batches`: the in-process and ray backends may run a client's
-  steps over its batches held as tensors (`algorithms.unrolled`: the same bits,
-  a faster round that costs more to build). Null: in runs that train at least
-  `UNROLL_MIN_BATCHES` batches; N: when no client has more than N batches; 0: never.
-
-  `cache` keeps the compiled process in a machine-wide cache at `cache_dir`
-  (`runtime.process_cache`) for every later run of the same structure; results
-  are identical either way.
+  `threads` sizes the TensorFlow pool that runs clients side by side; every
+  kernel runs on one thread, so no thread count changes a number. The entry
+  point applies it (`tff_fedadamom.session`); a library run uses the pool its
+  process has. `unroll_max_batches` and `cache` choose how a round is built
+  (`algorithms.unrolled`, `runtime.process_cache`), never its numbers.
   """
 
   threads: Optional[int] = _field(None, check=positive,
@@ -203,7 +183,6 @@ class RuntimeConfig:
       None, check=device_names,
       allowed="null (every GPU, else the CPU) or a non-empty list of TensorFlow devices "
       "such as ['GPU:0', 'GPU:1'] or ['CPU:0']")
-  # The ray backend's actors: how many, and each one's CPUs and GPUs.
   workers: Optional[int] = _field(
       None, check=positive,
       allowed=f"an integer >= 1 (Ray actors), or null ({RAY_WORKERS} with backend 'ray')")
@@ -228,18 +207,11 @@ class RuntimeConfig:
 
 @dataclasses.dataclass(frozen=True)
 class AsyncConfig:
-  """Buffered asynchronous training (FedBuff; the rules are `asynchrony`'s): each
-  round of the run is a server step.
-
-  `concurrency` clients train at once (null: `buffer_size`), each from the model
-  current when it starts; the server steps every `buffer_size` arrivals (null:
-  `clients_per_round`), averaging the buffer with each update weighted by
-  `staleness` (`{kind: constant | polynomial (a) | hinge (a, b)}`); an update
-  staler than `max_staleness` server steps is dropped. A client's task takes a
-  virtual time drawn from `durations` (`{kind: constant | exponential |
-  lognormal (sigma), jitter}`): per-client speeds of mean 1, times a per-task
-  lognormal factor of sigma `jitter`. A run keeps the broadcasts of up to
-  min(concurrency + buffer_size, max_staleness + 1) model versions in its state.
+  """Buffered asynchronous training (FedBuff; the rules are `asynchrony`'s, the
+  fields are docs/configs.md's): each round of the run is a server step, taken
+  every `buffer_size` arrivals from `concurrency` clients training at once. A
+  run keeps the broadcasts of up to min(concurrency + buffer_size,
+  max_staleness + 1) model versions in its state.
   """
 
   concurrency: Optional[int] = _field(None, check=positive,

@@ -1,7 +1,5 @@
-"""Typed config sections: the one place a raw mapping becomes a frozen dataclass
-(for `loader.parse_config`, `validate` and the sweep schema). Every problem raises
-the caller's error type (`ConfigError` or a subclass) naming the source, the
-dotted field, the value and what is allowed.
+"""Typed config sections: the one place a raw mapping becomes a frozen dataclass.
+Every problem raises the caller's error type (`ConfigError` or a subclass).
 """
 
 from __future__ import annotations
@@ -21,32 +19,25 @@ def _type_name(tp) -> str:
   return names.get(tp, getattr(tp, "__name__", str(tp)))
 
 
-def numeric_string(value: Any) -> bool:
-  """A string YAML 1.1 did not read as a number, such as '1e-3' or '1.0e38'."""
-  if not isinstance(value, str):
-    return False
-  try:
-    float(value)
-  except ValueError:
-    return False
-  return True
-
-
 def reject_numeric_string(value: Any, source: str, path: str,
                           error: type = ConfigError) -> None:
   """Raises `error` explaining YAML 1.1's exponent rule if `value` is a number
-  that YAML read as a string."""
-  if numeric_string(value):
-    raise error(source, path, "YAML read this as a string, not a number", value=value,
-                allowed="a number with a dot and a signed exponent, e.g. 1.0e-3 or 1.0e+38")
+  that YAML read as a string, such as '1e-3' or '1.0e38'."""
+  if not isinstance(value, str):
+    return
+  try:
+    float(value)
+  except ValueError:
+    return
+  raise error(source, path, "YAML read this as a string, not a number", value=value,
+              allowed="a number with a dot and a signed exponent, e.g. 1.0e-3 or 1.0e+38")
 
 
 def coerce(value, tp, source: str, path: str, error: type = ConfigError, *,
            string_numbers: bool = False):
   """Checks `value` against the annotation `tp`; returns it in canonical form.
 
-  Raises `error` (ConfigError or a subclass) naming `source` and `path`; with
-  `string_numbers`, a number YAML read as a string ('1e-3') gets its own message.
+  With `string_numbers`, a number YAML read as a string ('1e-3') gets its own message.
   """
   origin = typing.get_origin(tp)
   if origin is Union:  # Optional[X]
@@ -101,10 +92,6 @@ def reject_unknown(raw: Mapping, valid: Iterable[str], source: str, prefix: str,
                   allowed=", ".join(valid))
 
 
-def _required(field: dataclasses.Field) -> bool:
-  return field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
-
-
 def _section_type(tp):
   """The dataclass of a nested section's annotation (`X` or `Optional[X]`), else None."""
   args = [a for a in typing.get_args(tp) if a is not type(None)]
@@ -119,10 +106,8 @@ def build_section(cls, raw: Any, source: str, prefix: str, *, extra_ok: bool = F
 
   Each field is checked against its annotation and the checks in its metadata
   (`schema.checked_field`); a field whose type is a dataclass is a nested section,
-  built the same way. A field without a default is required. Every problem raises
-  `error` (ConfigError or a subclass); `by_prefix` widens the 'did you mean'
-  hints of unknown keys (see `suggest`), `string_numbers` explains numbers YAML
-  read as strings (see `coerce`).
+  built the same way. `by_prefix` widens the 'did you mean' hints of unknown keys
+  (see `suggest`), `string_numbers` is `coerce`'s.
   """
   if raw is None:
     raw = {}
@@ -137,7 +122,7 @@ def build_section(cls, raw: Any, source: str, prefix: str, *, extra_ok: bool = F
   for field in fields:
     name, path, meta = field.name, prefix + field.name, field.metadata
     if name not in raw:
-      if _required(field):
+      if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
         why = meta.get("why")
         raise error(source, path, "missing" + (f" ({why})" if why else ""),
                     allowed=meta.get("allowed"))

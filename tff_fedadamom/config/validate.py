@@ -70,16 +70,12 @@ def _check_data(data: schema.DataConfig, source: str) -> schema.DataConfig:
   return data
 
 
-def _check_model(model: schema.ModelConfig, source: str) -> None:
-  from tff_fedadamom.models import MODELS
-
-  _check_name(model.name, MODELS, source, "model.name")
-  _check_options(model.options, MODELS[model.name].options, source, "model.options.")
-
-
-def _named_argument(message: str) -> str | None:
-  match = re.search(r"`(\w+)`", message)
-  return match.group(1) if match else None
+def _field_error(error: ValueError, source: str, section: str, values: Mapping) -> ConfigError:
+  """A registry's ValueError as a ConfigError on the argument it names in backticks."""
+  match = re.search(r"`(\w+)`", str(error))
+  name = match.group(1) if match else None
+  return ConfigError(source, f"{section}.{name}" if name else section, str(error),
+                     value=values.get(name))
 
 
 def _check_server(server: schema.ServerConfig, source: str) -> schema.ServerConfig:
@@ -97,24 +93,20 @@ def _check_server(server: schema.ServerConfig, source: str) -> schema.ServerConf
           allowed=", ".join(valid_keys))
   hparams = {}
   for key, value in server.hparams.items():
-    if isinstance(defaults[key], bool):
+    switch = isinstance(defaults[key], bool)
+    if switch and not isinstance(value, bool):
       # A switch such as bias_correction: YAML true/false only (not 0/1, not "no").
-      if not isinstance(value, bool):
-        raise ConfigError(source, f"server.{key}", "wrong type", value=value,
-                          allowed="true or false")
-      hparams[key] = value
-      continue
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(
-        value):
+      raise ConfigError(source, f"server.{key}", "wrong type", value=value,
+                        allowed="true or false")
+    if not switch and (isinstance(value, bool) or not isinstance(value, (int, float))
+                       or not math.isfinite(value)):
       raise ConfigError(source, f"server.{key}", "wrong type", value=value,
                         allowed="a finite number")
-    hparams[key] = float(value)
+    hparams[key] = value if switch else float(value)
   try:
     resolved = methods.check_hparams(server.optimizer, **hparams)  # defaults filled in
   except ValueError as e:
-    name = _named_argument(str(e))
-    field = f"server.{name}" if name else "server"
-    raise ConfigError(source, field, str(e), value=hparams.get(name)) from None
+    raise _field_error(e, source, "server", hparams) from None
   return dataclasses.replace(server, hparams=resolved,
                              schedule=_check_schedule(server.schedule, source))
 
@@ -130,9 +122,7 @@ def _check_schedule(schedule: Mapping[str, Any], source: str) -> dict:
   try:
     schedules.resolve_schedule_params(kind, **params)
   except ValueError as e:
-    name = _named_argument(str(e))
-    raise ConfigError(source, f"server.schedule.{name}" if name else "server.schedule",
-                      str(e), value=params.get(name)) from None
+    raise _field_error(e, source, "server.schedule", params) from None
   return {"kind": kind, **params}
 
 
@@ -227,8 +217,12 @@ def check_registries(config: schema.ExperimentConfig, source: str) -> schema.Exp
   """Validates every registry name and option; returns the config with the
   server hparams resolved against the optimizer's defaults and the partition's
   and schedule's kinds named."""
+  from tff_fedadamom.models import MODELS
+
   data = _check_data(config.data, source)
-  _check_model(config.model, source)
+  model = config.model
+  _check_name(model.name, MODELS, source, "model.name")
+  _check_options(model.options, MODELS[model.name].options, source, "model.options.")
   server = _check_server(config.server, source)
   _check_learning_process(config, source)
   _check_runtime(config.runtime, source)

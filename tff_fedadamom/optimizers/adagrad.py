@@ -33,10 +33,7 @@ NAME = 'FedAdagrad'  # In messages, tables and plots.
 
 class AdagradOptimizer(tff.learning.optimizers.Optimizer):
   """The update of the module docstring; `initial_preconditioner` is v_0 (>= 0).
-
-  Raises:
-    ValueError: naming an out-of-range argument (`ranges.check_adagrad`).
-  """
+  An out-of-range argument raises ValueError (`ranges.check_adagrad`)."""
 
   def __init__(self, learning_rate, epsilon, initial_preconditioner: float = 0.0):
     check_adagrad(learning_rate, epsilon, initial_preconditioner)

@@ -27,10 +27,11 @@ by default as in each member's official code, whose form each builder names
 uncorrected `v`). Off is the first block: the FedAdamom authors' FedAdam and
 FedYogi (Tenshawn/FedAdamom, `models/distributed_training_utils.py`).
 
-The state is a flat OrderedDict: learning rate first (`LEARNING_RATE_KEY`, so
-`schedule_learning_rate` works), the hparams, `step`, then the slots
+The state (layout: `state.py`) holds the hparams, `step`, then the slots
 `accumulator` (m), `preconditioner` (v), `max_preconditioner` (v_hat).
-Gradients that are None leave their weights and slots unchanged.
+Gradients that are None leave their weights and slots unchanged. Every builder
+(and FADAS') raises ValueError naming an out-of-range argument or a non-bool
+`bias_correction`.
 """
 
 from __future__ import annotations
@@ -43,9 +44,6 @@ import tensorflow_federated as tff
 
 from tff_fedadamom.optimizers import state as keys
 from tff_fedadamom.optimizers.ranges import check_adaptive, check_bias_correction
-
-ADAM = 'adam'
-YOGI = 'yogi'
 
 # The members' names, in messages, tables and plots.
 FEDADAM_NAME = 'FedAdam'
@@ -93,25 +91,17 @@ def delay_adaptive_learning_rate(learning_rate, max_delay, delay_threshold):
 
 
 class AdaptiveOptimizer(tff.learning.optimizers.Optimizer):
-  """The Adam-family server optimizer; see the module docstring.
+  """The Adam-family server optimizer of the module docstring; `name` is its
+  name in error messages.
 
-  Args:
-    name: The optimizer's name in error messages ('FedAdam', 'FADAS', ...).
-    learning_rate, beta_1, beta_2, epsilon: The shared hparams (state).
-    rule: `ADAM` or `YOGI`, the second-moment update.
-    amsgrad: Divide by the running maximum of `v` (slot `max_preconditioner`).
-    bias_correction: Python bool; True adds a `step` to the state and
-      corrects in the form of the module docstring.
-    initial_preconditioner: The initial `v`, >= 0.
-    initial_max_preconditioner: The initial `v_hat` (AMSGrad only), >= 0;
-      None: `initial_preconditioner`. Above 0 it bounds the denominator away
-      from 0, so epsilon may then be 0.
-    delay_threshold: None, or FADAS' tau_c: the state then also holds
-      `delay_threshold` and `max_delay` (0), and the learning rate is
-      `delay_adaptive_learning_rate(lr, max_delay, delay_threshold)`.
+  `yogi` selects Yogi's second-moment rule, `amsgrad` the division by v_hat,
+  whose initial value `initial_max_preconditioner` (None: `initial_preconditioner`)
+  bounds the denominator away from 0 when above 0, so epsilon may then be 0.
+  A `delay_threshold` (FADAS' tau_c) adds it and `max_delay` (0) to the state
+  and makes the rate `delay_adaptive_learning_rate(lr, max_delay, delay_threshold)`.
   """
 
-  def __init__(self, name: str, learning_rate, beta_1, beta_2, epsilon, *, rule: str = ADAM,
+  def __init__(self, name: str, learning_rate, beta_1, beta_2, epsilon, *, yogi: bool = False,
                amsgrad: bool = False, bias_correction: bool = False,
                initial_preconditioner: float = 0.0, initial_max_preconditioner=None,
                delay_threshold=None):
@@ -122,10 +112,8 @@ class AdaptiveOptimizer(tff.learning.optimizers.Optimizer):
                    delay_threshold=delay_threshold)
     if initial_max_preconditioner is None:
       initial_max_preconditioner = initial_preconditioner
-    if rule not in (ADAM, YOGI):
-      raise ValueError(f'`rule` must be {ADAM!r} or {YOGI!r}, found {rule!r}.')
     self._name = name
-    self._rule = rule
+    self._yogi = yogi
     self._amsgrad = amsgrad
     self._bias_correction = bias_correction
     self._initial_v = initial_preconditioner
@@ -145,8 +133,6 @@ class AdaptiveOptimizer(tff.learning.optimizers.Optimizer):
     slots = (keys.ACCUMULATOR_KEY, keys.PRECONDITIONER_KEY)
     return slots + ((keys.MAX_PRECONDITIONER_KEY,) if self._amsgrad else ())
 
-  # Not converted by autograph: no tensor-dependent control flow, and
-  # converting it is a large part of a learning process's build.
   @tf.autograph.experimental.do_not_convert
   def initialize(self, specs: Any) -> collections.OrderedDict:
     zeros = lambda s: tf.zeros(s.shape, s.dtype)
@@ -161,26 +147,20 @@ class AdaptiveOptimizer(tff.learning.optimizers.Optimizer):
           fill(self._initial_v_hat), specs)
     return state
 
-  def _learning_rate(self, state):
-    """The round's learning rate before bias correction."""
-    lr = state[keys.LEARNING_RATE_KEY]
-    if keys.MAX_DELAY_KEY in state:
-      lr = delay_adaptive_learning_rate(
-          lr, state[keys.MAX_DELAY_KEY], state[keys.DELAY_THRESHOLD_KEY])
-    return lr
-
   @tf.autograph.experimental.do_not_convert
   def next(self, state, weights, gradients):
     gradients = tff.learning.optimizers.handle_indexed_slices_gradients(gradients)
     tff.learning.optimizers.check_weights_gradients_match(weights, gradients)
     beta_1, beta_2 = state[keys.BETA_1_KEY], state[keys.BETA_2_KEY]
     epsilon = state[keys.EPSILON_KEY]
-    lr = self._learning_rate(state)
+    lr = state[keys.LEARNING_RATE_KEY]
+    if keys.MAX_DELAY_KEY in state:
+      lr = delay_adaptive_learning_rate(
+          lr, state[keys.MAX_DELAY_KEY], state[keys.DELAY_THRESHOLD_KEY])
     new_state = collections.OrderedDict((k, state[k]) for k in self._hparams)
     root_scale = 1.0  # Multiplies sqrt(d) in the denominator.
     if self._bias_correction:
-      # The authors' form (module docstring): m / (1 - beta_1**t) over
-      # sqrt(d / (1 - beta_2**t)) + epsilon.
+      # The authors' form of the module docstring: epsilon outside the corrected root.
       step = state[keys.STEP_KEY] + 1
       t = tf.cast(step, tf.float32)
       lr = tf.cast(lr, tf.float32) / (1.0 - tf.math.pow(tf.cast(beta_1, tf.float32), t))
@@ -205,10 +185,10 @@ class AdaptiveOptimizer(tff.learning.optimizers.Optimizer):
       m = b1 * slots[keys.ACCUMULATOR_KEY][i] + (1.0 - b1) * g
       v = slots[keys.PRECONDITIONER_KEY][i]
       g2 = tf.math.square(g)
-      if self._rule == ADAM:
-        v = b2 * v + (1.0 - b2) * g2
-      else:  # Yogi: v moves towards g**2 by (1 - beta_2) * g**2.
+      if self._yogi:  # v moves towards g**2 by (1 - beta_2) * g**2.
         v = v - (1.0 - b2) * tf.math.sign(v - g2) * g2
+      else:
+        v = b2 * v + (1.0 - b2) * g2
       d = v
       if self._amsgrad:
         d = tf.math.maximum(slots[keys.MAX_PRECONDITIONER_KEY][i], v)
@@ -239,9 +219,6 @@ def build_fedadam(learning_rate, beta_1=REDDI_BETA_1, beta_2=REDDI_BETA_2,
   experiments. `bias_correction=False` has `c_t = 1` and no `step` in the state:
   the FedAdamom authors' FedAdam. For beta_1 = 0.9, beta_2 = 0.999, c_t stays
   below 1/3 for the first hundred rounds: the corrected optimizer steps shorter.
-
-  Raises:
-    ValueError: naming an out-of-range argument or a non-bool `bias_correction`.
   """
   if check_bias_correction(bias_correction):
     return tff.learning.optimizers.build_adam(
@@ -260,41 +237,28 @@ def build_fedyogi(learning_rate, beta_1=REDDI_BETA_1, beta_2=REDDI_BETA_2,
   et al.'s `utils/optimizers/yogi.py`); False: `c_t = 1`, the FedAdamom authors'
   FedYogi. `v_0 = initial_preconditioner`, 0 by default as in Reddi et al.'s
   runs and the FedAdamom code (TFF's own default is 1e-6).
-
-  Raises:
-    ValueError: naming an out-of-range argument or a non-bool `bias_correction`.
   """
   if check_bias_correction(bias_correction):
     return tff.learning.optimizers.build_yogi(
         learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2,
         epsilon=epsilon, initial_preconditioner_value=initial_preconditioner)
   return AdaptiveOptimizer(FEDYOGI_NAME, learning_rate, beta_1, beta_2, epsilon,
-                   rule=YOGI, initial_preconditioner=initial_preconditioner)
+                           yogi=True, initial_preconditioner=initial_preconditioner)
 
 
 def build_fedamsgrad(learning_rate=FEDAMS_LEARNING_RATE, beta_1=FEDAMS_BETA_1,
                      beta_2=FEDAMS_BETA_2, epsilon=FEDAMS_EPSILON,
                      initial_max_preconditioner=FEDAMS_INITIAL_MAX_PRECONDITIONER,
                      bias_correction: bool = True) -> tff.learning.optimizers.Optimizer:
-  """FedAMSGrad: AMSGrad on the server (FedAMS; synchronous FADAS).
-
-  ```
-  m     = beta_1 * m + (1 - beta_1) * g
-  v     = beta_2 * v + (1 - beta_2) * g**2          (v_0 = 0)
-  v_hat = max(v_hat, v)                             (v_hat_0 = initial_max_preconditioner)
-  w     = w - lr / (1 - beta_1**t) * m / (sqrt(v_hat / (1 - beta_2**t)) + epsilon)
-  ```
+  """FedAMSGrad: AMSGrad on the server (FedAMS; synchronous FADAS), the module
+  docstring's rule with Adam's v (v_0 = 0) and v_hat_0 = `initial_max_preconditioner`.
 
   AMSGrad (Reddi, Kale, Kumar, ICLR 2018) divides by the running maximum of
   `v`, so no coordinate's step size ever grows; FedAMS (Wang, Lin and Chen,
   ICML 2022) runs it on the server. Rule and defaults follow the FedAMS
   authors' code (jinghuichen/FedCAMS, `update.py`, optimizer `fedams`): epsilon
   outside the root, and the "max stabilization" `eps = 0`, `v_hat_0 = 1e-3`,
-  which keeps the denominator at least `sqrt(1e-3)`. `bias_correction=False`
-  drops both `1 - beta**t` factors and the state's `step`.
-
-  Raises:
-    ValueError: naming an out-of-range argument or a non-bool `bias_correction`.
+  which keeps the denominator at least `sqrt(1e-3)`.
   """
   return AdaptiveOptimizer(FEDAMSGRAD_NAME, learning_rate, beta_1, beta_2, epsilon,
                            amsgrad=True, bias_correction=bias_correction,

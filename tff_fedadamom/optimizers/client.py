@@ -24,12 +24,8 @@ import tensorflow_federated as tff
 
 def clip_and_decay(weights, gradients, weight_decay: float = 0.0,
                    clip_norm: Optional[float] = None):
-  """The reference setup's gradient transform: global-norm clipping, then coupled decay.
-
-  `g * min(1, clip_norm / ||g||)` (the norm over every tensor with a gradient),
-  then `g + weight_decay * w`. Leaves `None` gradients alone. Used by the client
-  SGD below and by the client rules of `tff_fedadamom.algorithms`.
-  """
+  """The module docstring's clipping (the norm over every tensor with a gradient),
+  then coupled decay. Leaves `None` gradients alone."""
   gradients = tff.learning.optimizers.handle_indexed_slices_gradients(gradients)
   flat_g = tf.nest.flatten(gradients)
   flat_w = tf.nest.flatten(weights)
@@ -44,21 +40,23 @@ def clip_and_decay(weights, gradients, weight_decay: float = 0.0,
   return tf.nest.pack_sequence_as(gradients, flat_g)
 
 
+def check_clip_and_decay(owner: str, weight_decay, clip_norm) -> None:
+  if weight_decay < 0:
+    raise ValueError(f"{owner} `weight_decay` must be >= 0, found {weight_decay}.")
+  if clip_norm is not None and not clip_norm > 0:
+    raise ValueError(f"{owner} `clip_norm` must be > 0 or None, found {clip_norm}.")
+
+
 class _ClientSGD(tff.learning.optimizers.Optimizer):
   """See `build_client_sgd`."""
 
   def __init__(self, learning_rate, momentum, weight_decay, clip_norm):
-    if weight_decay < 0:
-      raise ValueError(f"Client SGD `weight_decay` must be >= 0, found {weight_decay}.")
-    if clip_norm is not None and not clip_norm > 0:
-      raise ValueError(f"Client SGD `clip_norm` must be > 0 or None, found {clip_norm}.")
+    check_clip_and_decay("Client SGD", weight_decay, clip_norm)
     self._sgd = tff.learning.optimizers.build_sgdm(
         learning_rate=learning_rate, momentum=momentum or None)
     self._weight_decay = weight_decay
     self._clip_norm = clip_norm
 
-  # Not converted by autograph: no tensor-dependent control flow, and
-  # converting it is a large part of a learning process's build.
   @tf.autograph.experimental.do_not_convert
   def initialize(self, specs):
     return self._sgd.initialize(specs)

@@ -44,13 +44,6 @@ def check_hparams(learning_rate, beta_2, epsilon) -> None:
   check(NAME, 'epsilon', epsilon, lambda x: 0.0 < x <= 1.0, 'in (0.0, 1.0]')
 
 
-def _reduction_dtype(leaves) -> tf.DType:
-  """float64 when any leaf is float64, else float32 (never reduce in bf16/fp16)."""
-  if any(leaf.dtype == tf.float64 for leaf in leaves):
-    return tf.float64
-  return tf.float32
-
-
 def _mean_of_all(tensors, dtype: tf.DType) -> tf.Tensor:
   """The mean over every element of every tensor in `tensors`, as one scalar."""
   if not tensors:
@@ -115,8 +108,10 @@ def _fedadamom_steps(momenta, moments, grads, lr, beta_2, epsilon):
   for v, g in zip(moments, grads):
     b2 = tf.cast(beta_2, v.dtype)
     new_v.append(b2 * v + (1.0 - b2) * tf.math.square(g))
-  # vbar: ONE scalar, the mean over every element of every leaf.
-  vbar = _mean_of_all(new_v, _reduction_dtype(new_v))
+  # vbar: ONE scalar, the mean over every element of every leaf, in float64 when
+  # any leaf is float64, else float32 (never reduced in bf16/fp16).
+  dtype = tf.float64 if any(v.dtype == tf.float64 for v in new_v) else tf.float32
+  vbar = _mean_of_all(new_v, dtype)
   new_m, steps = [], []
   for m, v, g in zip(momenta, new_v, grads):
     beta_1 = tf.cast(momentum_coefficient(v, vbar, epsilon), m.dtype)
@@ -190,9 +185,7 @@ def build_fedadamom(learning_rate=DEFAULT_LEARNING_RATE, beta_2=DEFAULT_BETA_2,
   """Returns a `tff.learning.optimizers.Optimizer` for FedAdamom.
 
   FedAdamom is the server optimizer of "FedAdamom: Adaptive Momentum for
-  Improved Generalization in Federated Optimization" (CVPR 2026). It tracks the
-  second moment of the server pseudo-gradient like FedAdam, but uses it to set a
-  per-coordinate momentum coefficient instead of a per-coordinate step size.
+  Improved Generalization in Federated Optimization" (CVPR 2026).
 
   With TFF's sign convention the optimizer receives the pseudo-gradient
   `g = initial - trained = -Delta`. Given learning rate `lr`, second-moment decay

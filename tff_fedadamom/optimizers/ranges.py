@@ -1,11 +1,9 @@
 """The hparam ranges of the server optimizers, checked without building one.
 
-A config is validated by the registry (`methods.check_hparams`), which runs an
-entry's `check` here on plain numbers. Our optimizers run the same functions
-when built; for TFF's builders (SGD, Adam, Yogi, Adagrad) they state TFF's
-ranges in TFF's words (tests/optimizers/test_registry.py holds each check to
-its builder). Each raises ValueError naming the argument in backticks, which
-`config.validate` turns into a ConfigError on the field.
+The registry (`methods.check_hparams`) runs these on a config's plain numbers;
+our optimizers run them when built; for TFF's builders (SGD, Adam, Yogi) they
+state TFF's ranges in TFF's words. Each raises ValueError naming the argument
+in backticks, which `config.validate` turns into a ConfigError on the field.
 """
 
 from __future__ import annotations

@@ -22,7 +22,6 @@ t >= W:   decay(t - W)           # the decay starts when the warm-up ends
 ```
 
 so the rate reaches `lr` at round `W` and the schedule is continuous there.
-The config and sweep layers ask `SCHEDULES` which parameters each schedule has.
 """
 
 from __future__ import annotations
@@ -44,31 +43,26 @@ _WARMUP_DEFAULTS = {'warmup_rounds': 0, 'warmup_init': 0.0}
 
 @dataclasses.dataclass(frozen=True)
 class ScheduleSpec:
-  """A registered schedule: every parameter with its default (warm-up included),
-  those a sweep may vary, and a one-line formula."""
+  """A registered schedule (formulas: module docstring): every parameter with its
+  default (warm-up included), and those a sweep may vary."""
 
   name: str
   defaults: Mapping[str, Any]
   tunable: tuple[str, ...]
-  description: str
 
 
-def _spec(name, defaults, tunable, description) -> ScheduleSpec:
-  return ScheduleSpec(name, {**defaults, **_WARMUP_DEFAULTS}, tuple(tunable), description)
+def _spec(name, defaults, tunable) -> ScheduleSpec:
+  return ScheduleSpec(name, {**defaults, **_WARMUP_DEFAULTS}, tuple(tunable))
 
 
 SCHEDULES: Mapping[str, ScheduleSpec] = {s.name: s for s in (
-    _spec('constant', {}, ['warmup_rounds', 'warmup_init'], 'lr, the same every round.'),
+    _spec('constant', {}, ['warmup_rounds', 'warmup_init']),
     _spec('exponential', {'decay_rate': 0.99, 'decay_steps': 1, 'staircase': False},
-          ['decay_rate', 'decay_steps', 'warmup_rounds'],
-          'lr * decay_rate ** (t / decay_steps); floor(t / decay_steps) when staircase.'),
+          ['decay_rate', 'decay_steps', 'warmup_rounds']),
     _spec('cosine', {'decay_rounds': 1000, 'alpha': 0.0},
-          ['decay_rounds', 'alpha', 'warmup_rounds'],
-          'lr * ((1 - alpha) * (1 + cos(pi * min(t, decay_rounds) / decay_rounds)) / 2'
-          ' + alpha); alpha is the final fraction of lr.'),
+          ['decay_rounds', 'alpha', 'warmup_rounds']),
     _spec('inverse_time', {'decay_rate': 0.01, 'decay_steps': 1},
-          ['decay_rate', 'decay_steps', 'warmup_rounds'],
-          'lr / (1 + decay_rate * t / decay_steps).'),
+          ['decay_rate', 'decay_steps', 'warmup_rounds']),
 )}
 
 
@@ -77,31 +71,26 @@ def list_schedules() -> list[str]:
   return list(SCHEDULES)
 
 
-def get_schedule_spec(kind: str) -> ScheduleSpec:
-  """Returns the registry entry for `kind`; ValueError listing the valid names."""
-  return keys.lookup(SCHEDULES, kind, 'learning-rate schedule')
-
-
 def _bad(kind: str, name: str, value, requirement: str) -> ValueError:
-  return ValueError(
-      f'Schedule {kind!r}: `{name}` must be {requirement}, found {value!r}.'
-  )
+  return ValueError(f'Schedule {kind!r}: `{name}` must be {requirement}, found {value!r}.')
 
 
-def _real(kind, name, value) -> float:
+def _real(kind, name, value, ok=lambda x: True, requirement: str = '') -> float:
+  """`value` as a finite float for which `ok` holds (else `requirement`)."""
   if isinstance(value, bool) or not isinstance(value, numbers.Real):
     raise _bad(kind, name, value, 'a number')
-  value = float(value)
-  if not math.isfinite(value):
-    raise _bad(kind, name, value, 'finite')
-  return value
+  number = float(value)
+  if not math.isfinite(number):
+    raise _bad(kind, name, number, 'finite')
+  if not ok(number):
+    raise _bad(kind, name, value, requirement)
+  return number
 
 
 def _count(kind, name, value, *, minimum: int) -> int:
   """An integer >= minimum; integral floats (as sweeps produce) are accepted."""
   ok = isinstance(value, numbers.Integral) or (
-      isinstance(value, numbers.Real) and float(value).is_integer()
-  )
+      isinstance(value, numbers.Real) and float(value).is_integer())
   if isinstance(value, bool) or not ok or int(value) < minimum:
     raise _bad(kind, name, value, f'an integer >= {minimum}')
   return int(value)
@@ -110,37 +99,23 @@ def _count(kind, name, value, *, minimum: int) -> int:
 def _check_params(kind: str, base_lr, params: dict) -> dict:
   """Returns `params` with checked, normalised values (ValueError otherwise)."""
   out = dict(params)
-  lr = _real(kind, 'base_lr', base_lr)
-  if lr < 0:
-    raise _bad(kind, 'base_lr', base_lr, 'nonnegative')
-  out['warmup_rounds'] = _count(
-      kind, 'warmup_rounds', params['warmup_rounds'], minimum=0)
-  init = _real(kind, 'warmup_init', params['warmup_init'])
-  if not 0.0 <= init <= 1.0:
-    raise _bad(kind, 'warmup_init', params['warmup_init'], 'in [0, 1]')
-  out['warmup_init'] = init
+  unit = lambda x: 0.0 <= x <= 1.0
+  _real(kind, 'base_lr', base_lr, lambda x: x >= 0, 'nonnegative')
+  out['warmup_rounds'] = _count(kind, 'warmup_rounds', params['warmup_rounds'], minimum=0)
+  out['warmup_init'] = _real(kind, 'warmup_init', params['warmup_init'], unit, 'in [0, 1]')
   if kind == 'exponential':
-    rate = _real(kind, 'decay_rate', params['decay_rate'])
-    if not 0.0 < rate <= 1.0:
-      raise _bad(kind, 'decay_rate', params['decay_rate'], 'in (0, 1]')
-    out['decay_rate'] = rate
+    out['decay_rate'] = _real(kind, 'decay_rate', params['decay_rate'],
+                              lambda x: 0.0 < x <= 1.0, 'in (0, 1]')
     if not isinstance(params['staircase'], bool):
       raise _bad(kind, 'staircase', params['staircase'], 'true or false')
   if kind == 'inverse_time':
-    rate = _real(kind, 'decay_rate', params['decay_rate'])
-    if rate < 0:
-      raise _bad(kind, 'decay_rate', params['decay_rate'], 'nonnegative')
-    out['decay_rate'] = rate
+    out['decay_rate'] = _real(kind, 'decay_rate', params['decay_rate'], lambda x: x >= 0,
+                              'nonnegative')
   if kind in ('exponential', 'inverse_time'):
-    out['decay_steps'] = _count(
-        kind, 'decay_steps', params['decay_steps'], minimum=1)
+    out['decay_steps'] = _count(kind, 'decay_steps', params['decay_steps'], minimum=1)
   if kind == 'cosine':
-    out['decay_rounds'] = _count(
-        kind, 'decay_rounds', params['decay_rounds'], minimum=1)
-    alpha = _real(kind, 'alpha', params['alpha'])
-    if not 0.0 <= alpha <= 1.0:
-      raise _bad(kind, 'alpha', params['alpha'], 'in [0, 1]')
-    out['alpha'] = alpha
+    out['decay_rounds'] = _count(kind, 'decay_rounds', params['decay_rounds'], minimum=1)
+    out['alpha'] = _real(kind, 'alpha', params['alpha'], unit, 'in [0, 1]')
   return out
 
 
@@ -152,18 +127,17 @@ def resolve_schedule_params(kind: str, base_lr=1.0, **params) -> dict[str, Any]:
     ValueError: an unknown kind or parameter (listing the valid ones), or a bad
       value (naming the parameter and the value).
   """
-  spec = get_schedule_spec(kind)
+  spec = keys.lookup(SCHEDULES, kind, 'learning-rate schedule')
   keys.check_known(f'Schedule {kind!r}', params, spec.defaults, 'parameter')
   return _check_params(kind, base_lr, {**spec.defaults, **params})
 
 
-def _decay_fn(kind: str, base_lr: float, p: dict) -> Callable[[tf.Tensor], tf.Tensor]:
+def _decay_fn(kind: str, lr: float, p: dict) -> Callable[[tf.Tensor], tf.Tensor]:
   """Returns t (float32, rounds since the warm-up ended) -> learning rate.
 
   Parameters stay Python numbers until the callable runs, so that no eager
   tensor is captured when TFF traces it into a computation.
   """
-  lr = base_lr
   if kind == 'constant':
     return lambda t: tf.fill(tf.shape(t), tf.constant(lr, tf.float32))
   if kind == 'exponential':
@@ -205,8 +179,7 @@ def build_schedule(kind: str, base_lr, **params) -> ScheduleFn:
   p = resolve_schedule_params(kind, base_lr, **params)
   base_lr = float(base_lr)
   decay = _decay_fn(kind, base_lr, p)
-  warmup = p['warmup_rounds']
-  init = p['warmup_init']
+  warmup, init = p['warmup_rounds'], p['warmup_init']
 
   def schedule(round_num) -> tf.Tensor:
     t = tf.cast(round_num, tf.float32)

@@ -1,11 +1,9 @@
 """The vocabulary of server optimizer states, and the hparam plumbing they share.
 
-Every server optimizer here keeps a flat OrderedDict of tensors: the hparams
-(learning rate first, under TFF's `LEARNING_RATE_KEY`, so
-`schedule_learning_rate` can drive it), then the slots, each shaped like the
-weights. The key names are TFF's own (`accumulator`, `preconditioner`, `step`,
-...), so a reader of states (`experiment.telemetry`) needs one vocabulary for
-TFF's optimizers and ours; the registry records whose state has which keys.
+Every server optimizer here keeps a flat OrderedDict: the hparams (learning
+rate first, under TFF's `LEARNING_RATE_KEY`, so `schedule_learning_rate` can
+drive it), then the slots, each shaped like the weights. The key names are
+TFF's own, so telemetry reads TFF's optimizers and ours with one vocabulary.
 """
 
 from __future__ import annotations
@@ -49,9 +47,7 @@ class StateKeys:
     return self.always <= found <= self.always | self.switched
 
 
-# Each optimizer's vocabulary (the registry records which is whose). TFF's
-# SGD(M), Adam, Yogi and Adagrad states and ours share key names; `step`
-# exists only with bias correction.
+# Each optimizer's vocabulary (the registry records which is whose).
 SGD_STATE = StateKeys(frozenset({LEARNING_RATE_KEY}))
 SGDM_STATE = StateKeys(frozenset({LEARNING_RATE_KEY, MOMENTUM_KEY, ACCUMULATOR_KEY}))
 ADAGRAD_STATE = StateKeys(frozenset({LEARNING_RATE_KEY, EPSILON_KEY, PRECONDITIONER_KEY}))
@@ -62,9 +58,8 @@ ADAM_STATE = StateKeys(
 AMSGRAD_STATE = StateKeys(ADAM_STATE.always | {MAX_PRECONDITIONER_KEY}, ADAM_STATE.switched)
 FADAS_STATE = StateKeys(AMSGRAD_STATE.always | {DELAY_THRESHOLD_KEY, MAX_DELAY_KEY},
                         ADAM_STATE.switched)
-# A client-adaptive process (FedCAda, FAFED) as telemetry reads it: the
-# finalizer's learning rate and the moments the server averages
-# (`process_moments`).
+# A client-adaptive process (FedCAda, FAFED): the finalizer's learning rate and
+# the moments the server averages (`process_moments`).
 CLIENT_ADAPTIVE_STATE = StateKeys(
     frozenset({LEARNING_RATE_KEY, ACCUMULATOR_KEY, PRECONDITIONER_KEY}))
 
@@ -74,18 +69,14 @@ def is_concrete(value) -> bool:
   return not tf.is_symbolic_tensor(value)
 
 
-def show(value) -> str:
-  """`value` for an error message (a tensor's numpy value)."""
-  return str(value.numpy()) if tf.is_tensor(value) else repr(value)
-
-
 def check_range(optimizer: str, name: str, value, ok, allowed: str) -> None:
   """ValueError naming `name` when the concrete `value` fails `ok(value)`.
 
   `ok` must return False for NaN (write comparisons, not negations of them).
   """
   if is_concrete(value) and not bool(ok(value)):
-    raise ValueError(f'{optimizer} `{name}` must be {allowed}, found {show(value)}.')
+    shown = str(value.numpy()) if tf.is_tensor(value) else repr(value)
+    raise ValueError(f'{optimizer} `{name}` must be {allowed}, found {shown}.')
 
 
 def lookup(table: Mapping[str, Any], name, what: str):
@@ -113,10 +104,7 @@ def get_hparams(state: Mapping[str, Any], keys: Iterable[str]):
 
 def set_hparams(optimizer: str, state: Mapping[str, Any], hparams, keys):
   """`state` with the hparams in `hparams` replaced; unknown ones are an error.
-
-  Keeps the state's key order (TFF checks a state's structure, including the
-  order of its keys, between rounds).
-  """
+  Keeps the key order, which TFF checks between rounds."""
   keys = list(keys)
   unknown = sorted(set(hparams) - set(keys))
   if unknown:
