@@ -46,6 +46,14 @@ def _all_finite(structure) -> tf.Tensor:
   return tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in tf.nest.flatten(structure)])
 
 
+def state_as_hparams(state_type) -> dict:
+  """`get_hparams_fn` and `set_hparams_fn` of a process whose whole state is its hparams."""
+  return dict(
+      get_hparams_fn=tff.tensorflow.computation(lambda state: state, state_type),
+      set_hparams_fn=tff.tensorflow.computation(lambda state, hparams: hparams, state_type,
+                                                state_type))
+
+
 def num_examples_of(output) -> tf.Tensor:
   if output.num_examples is None:
     return tf.shape(output.predictions, out_type=tf.int64)[0]
@@ -211,11 +219,8 @@ def build_finalizer(global_type, update_type,
     measurements = tff.federated_zip(collections.OrderedDict(update_non_finite=non_finite))
     return tff.templates.MeasuredProcessOutput(state, new_global, measurements)
 
-  return tff.learning.templates.FinalizerProcess(
-      init_fn, next_fn,
-      get_hparams_fn=tff.tensorflow.computation(lambda state: state, state_type),
-      set_hparams_fn=tff.tensorflow.computation(lambda state, hparams: hparams, state_type,
-                                                state_type))
+  return tff.learning.templates.FinalizerProcess(init_fn, next_fn,
+                                                 **state_as_hparams(state_type))
 
 
 def client_update_builder(model_fn, local_rule, weighting, weight_decay, clip_norm,

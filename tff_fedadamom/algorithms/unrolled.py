@@ -26,7 +26,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 from tensorflow_federated.python.learning import tensor_utils
 
-from tff_fedadamom.algorithms._common import num_examples_of
+from tff_fedadamom.algorithms._common import num_examples_of, state_as_hparams
 from tff_fedadamom.data.client_tensors import EXAMPLES, FULL, LAST, batch_of
 
 
@@ -124,8 +124,5 @@ def build_unrolled_client_work(model_fn, optimizer, weighting, *, batch_size: in
     measurements = tff.federated_zip(collections.OrderedDict(train=aggregate_metrics(outputs)))
     return tff.templates.MeasuredProcessOutput(state, result, measurements)
 
-  return tff.learning.templates.ClientWorkProcess(
-      init_fn, next_fn,
-      get_hparams_fn=tff.tensorflow.computation(lambda state: state, state_type),
-      set_hparams_fn=tff.tensorflow.computation(lambda state, hparams: hparams, state_type,
-                                                state_type))
+  return tff.learning.templates.ClientWorkProcess(init_fn, next_fn,
+                                                  **state_as_hparams(state_type))

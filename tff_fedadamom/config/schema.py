@@ -262,12 +262,6 @@ class ExperimentConfig:
   validation: Optional[ValidationConfig] = None
 
 
-SECTIONS = {
-    "data": DataConfig,
-    "model": ModelConfig,
-    "client": ClientConfig,
-    "server": ServerConfig,
-    "runtime": RuntimeConfig,
-    "asynchronous": AsyncConfig,
-    "validation": ValidationConfig,
-}
+SECTIONS = {"data": DataConfig, "model": ModelConfig, "client": ClientConfig,
+            "server": ServerConfig, "runtime": RuntimeConfig, "asynchronous": AsyncConfig,
+            "validation": ValidationConfig}

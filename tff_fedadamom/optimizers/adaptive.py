@@ -119,11 +119,8 @@ class AdaptiveOptimizer(tff.learning.optimizers.Optimizer):
     self._initial_v = initial_preconditioner
     self._initial_v_hat = initial_max_preconditioner
     self._hparams = collections.OrderedDict([
-        (keys.LEARNING_RATE_KEY, learning_rate),
-        (keys.BETA_1_KEY, beta_1),
-        (keys.BETA_2_KEY, beta_2),
-        (keys.EPSILON_KEY, epsilon),
-    ])
+        (keys.LEARNING_RATE_KEY, learning_rate), (keys.BETA_1_KEY, beta_1),
+        (keys.BETA_2_KEY, beta_2), (keys.EPSILON_KEY, epsilon)])
     if delay_threshold is not None:
       self._hparams[keys.DELAY_THRESHOLD_KEY] = delay_threshold
       self._hparams[keys.MAX_DELAY_KEY] = 0.0  # Synchronous rounds.
