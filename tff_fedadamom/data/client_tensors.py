@@ -27,10 +27,9 @@ from tff_fedadamom.data.client_data import (ArrayClientData, convert_elements,
 from tff_fedadamom.data.preprocess import client_dataset, client_round_seed
 
 
-# What a client's round pipeline runs with: no graph rewrites and no autotuning.
-# tf.data does both each time an iterator is made over a pipeline, once per client
-# and round here: that costs more than reading a small client's batches, and
-# changes none of them.
+# What a client's round pipeline runs with: no graph rewrites and no autotuning, which
+# tf.data does each time an iterator is made over a pipeline (once per client and
+# round here): that costs more than reading a small client's batches, and changes none.
 STATIC_OPTIONS = tf.data.Options()
 STATIC_OPTIONS.experimental_optimization.apply_default_optimizations = False
 STATIC_OPTIONS.autotune.enabled = False

@@ -44,10 +44,8 @@ def _decode(files: list[str]) -> np.ndarray:
   images = np.empty((len(files), IMAGE_SIZE, IMAGE_SIZE, 3), dtype=np.uint8)
   ds = tf.data.Dataset.from_tensor_slices(tf.constant(files, tf.string))
   ds = ds.map(_decode_one, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-  start = 0
-  for batch in ds.batch(1024).as_numpy_iterator():
-    images[start:start + len(batch)] = batch
-    start += len(batch)
+  for i, batch in enumerate(ds.batch(1024).as_numpy_iterator()):
+    images[i * 1024:i * 1024 + len(batch)] = batch
   return images
 
 
