@@ -9,10 +9,17 @@ from tests.helpers import tiny
 from tff_fedadamom.algorithms.unrolled import is_stacked
 from tff_fedadamom.config import ConfigError, load_config
 from tff_fedadamom.config.schema import UNROLL_MIN_BATCHES
-from tff_fedadamom.data.client_tensors import ClientTensors, stacked_batches
+from tff_fedadamom.data.client_tensors import FULL, LAST, ClientTensors, batch_of
 from tff_fedadamom.data.sampling import UniformSampler
 from tff_fedadamom.experiment import parts as parts_lib
 from tff_fedadamom.experiment import process as process_lib
+
+
+def stacked_batches(element):
+  """Eagerly, every batch of a stacked element in order: the full ones, then
+  the last if it has examples."""
+  rows = [*element[FULL], *([element[LAST]] if element[LAST].shape[0] else [])]
+  return [batch_of(element, positions) for positions in rows]
 
 
 def _tensors(tmp_path, **client):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import os
 import pickle
 import sqlite3
@@ -9,6 +10,8 @@ from typing import Optional
 
 import numpy as np
 import tensorflow as tf
+
+from tff_fedadamom.data.datasets.idx import _DTYPES
 
 
 def cifar_image_rows(n: int, offset: int = 0) -> np.ndarray:
@@ -119,3 +122,17 @@ def write_emnist_sqlite(folder: str, num_writers: int = 3, per_writer: int = 4) 
         con.execute("INSERT INTO client_metadata VALUES (?, ?, ?);",
                     (writer, split, per_writer))
   return file
+
+
+def write_idx(path: str | os.PathLike, array: np.ndarray) -> None:
+  """Writes an array as IDX (gzip when the name ends in ``.gz``)."""
+  path = os.fspath(path)
+  array = np.asarray(array)
+  codes = {np.dtype(v).newbyteorder("="): k for k, v in _DTYPES.items()}
+  code = codes[array.dtype.newbyteorder("=")]
+  payload = (bytes([0, 0, code, array.ndim])
+             + np.asarray(array.shape, ">u4").tobytes()
+             + array.astype(np.dtype(_DTYPES[code])).tobytes())
+  opener = gzip.open if path.endswith(".gz") else open
+  with opener(path, "wb") as f:
+    f.write(payload)

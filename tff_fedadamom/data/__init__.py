@@ -1,7 +1,6 @@
 """The data layer: offline data sets as TFF ``ClientData``, partitioners, preprocessing.
 
-The ground floor of the project: it knows nothing of configs, runners or Ray. Everything
-it returns is TFF-native (``ClientData``, ``tf.data.Dataset``).
+Ground floor: knows nothing of configs, runners or Ray; returns TFF-native types.
 """
 
 from tff_fedadamom.data.base import (CentralizedData, DataNotFoundError, DatasetSpec,

@@ -9,7 +9,8 @@ and returns a finished :class:`FederatedData`.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+import inspect
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any, Optional
 
@@ -19,11 +20,8 @@ import tensorflow_federated as tff
 
 
 class DataNotFoundError(FileNotFoundError):
-  """A data set's files are not where they were looked for.
-
-  The message always says what is missing, where it was looked for, and how to obtain it:
-  nothing in the data layer downloads anything.
-  """
+  """A data set's files are not where they were looked for: the message says what is
+  missing, where it was looked for, and how to obtain it (nothing here downloads)."""
 
 
 def not_found(what: str, looked_in, how: str) -> DataNotFoundError:
@@ -32,6 +30,22 @@ def not_found(what: str, looked_in, how: str) -> DataNotFoundError:
     looked_in = [looked_in]
   places = ", ".join(str(p) for p in looked_in) or "(no location given)"
   return DataNotFoundError(f"{what} not found. Looked in: {places}. To obtain it: {how}")
+
+
+def keyword_defaults(fn: Callable, skip: Iterable[str] = ()) -> Mapping[str, Any]:
+  """``fn``'s keyword-only parameters and their defaults, read-only: a registry reads
+  the options off the function, so the two cannot disagree."""
+  return MappingProxyType({key: p.default for key, p in inspect.signature(fn).parameters.items()
+                           if key not in skip and p.kind == p.KEYWORD_ONLY})
+
+
+def check_options(kind: str, name: str, given: Iterable[str], valid: Iterable[str]) -> None:
+  """Raises ValueError naming the options in ``given`` that the ``kind`` ``name`` lacks."""
+  valid = sorted(valid)
+  unknown = sorted(set(given) - set(valid))
+  if unknown:
+    raise ValueError(f"Unknown option(s) {', '.join(map(repr, unknown))} for {kind} "
+                     f"{name!r}; valid options: {', '.join(valid) or '(none)'}.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,8 +58,7 @@ class FederatedData:
     num_classes: Number of classes (for next-character tasks, the vocabulary size).
     partition_summary: :func:`tff_fedadamom.data.partition_summary`, or None where
       it would mean reading the whole data set (EMNIST from SQLite).
-    validation: Examples held out from the training clients
-      (`data.validation.hold_out_validation`), or None.
+    validation: Held out from the training clients (`hold_out_validation`), or None.
   """
 
   name: str
@@ -77,8 +90,7 @@ class DatasetSpec:
       ``natural_clients`` (the data set has its own clients: no partitioner)
       ``loader(*, path, seed, num_clients, **options) -> FederatedData``.
     needs_path: The user must supply the files (``path=``).
-    options: The data set's keyword options with their defaults.
-    description, source, license: Human-readable provenance.
+    options: The data set's keyword options with their defaults (read-only).
   """
 
   name: str
@@ -89,7 +101,3 @@ class DatasetSpec:
   description: str
   source: str
   license: str
-
-  def __post_init__(self):
-    # A read-only view, so that no caller can change another caller's defaults.
-    object.__setattr__(self, "options", MappingProxyType(dict(self.options)))

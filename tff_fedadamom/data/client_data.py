@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Mapping, Sequence
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
 
-def client_id_strings(num_clients: int, prefix: str = "c") -> list[str]:
+def client_id_strings(num_clients: int) -> list[str]:
   """Ids ``c0000, c0001, ...`` zero-padded so that string order is numeric order."""
   width = max(4, len(str(max(num_clients - 1, 0))))
-  return [f"{prefix}{i:0{width}d}" for i in range(num_clients)]
+  return [f"c{i:0{width}d}" for i in range(num_clients)]
 
 
 # Not converted by AutoGraph: its branches are on static dtypes, which AutoGraph
@@ -37,61 +38,47 @@ def convert_elements(element):
   return out
 
 
-def _converted_dtype(dtype: np.dtype) -> tf.DType:
-  dtype = np.dtype(dtype)
-  if dtype == np.uint8:
+def _converted_dtype(dtype) -> tf.DType:
+  """The dtype an element of (numpy or TensorFlow) ``dtype`` has in the datasets."""
+  dtype = tf.as_dtype(dtype)
+  if dtype == tf.uint8:
     return tf.float32
-  if dtype.kind in "iu":
-    return tf.int32
-  return tf.as_dtype(dtype)
+  return tf.int32 if dtype.is_integer else dtype
 
 
 def _converts(arrays: Mapping[str, np.ndarray]) -> bool:
   """Whether `convert_elements` changes a dtype of `arrays`."""
-  return any(tf.as_dtype(a.dtype) != _converted_dtype(tf.as_dtype(a.dtype).as_numpy_dtype)
-             for a in arrays.values())
+  return any(tf.as_dtype(a.dtype) != _converted_dtype(a.dtype) for a in arrays.values())
 
 
-def arrays_to_dataset(arrays: Mapping[str, np.ndarray]) -> tf.data.Dataset:
+def arrays_to_dataset(arrays: Mapping[str, np.ndarray],
+                      block: Optional[int] = None) -> tf.data.Dataset:
   """An unbatched dataset of ``OrderedDict`` elements, with the uint8 -> float32 map.
 
-  The values may be numpy arrays or tensors (graph inputs too).
+  The values may be numpy arrays or tensors (graph inputs too). With ``block``, the
+  conversion runs on ``block`` examples at a time: it is elementwise, so each example
+  gets the values a per-example ``map`` gives it, for one call per block.
   """
   arrays = collections.OrderedDict(arrays)
   ds = tf.data.Dataset.from_tensor_slices(arrays)
-  if _converts(arrays):
-    ds = ds.map(convert_elements, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-  return ds
-
-
-# Examples a held-out set converts at once (`held_out_dataset`).
-_CONVERT_BLOCK = 1000
+  if not _converts(arrays):
+    return ds
+  if block is None:
+    return ds.map(convert_elements, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  size = ds.cardinality()  # which `unbatch` cannot know: it is told again
+  ds = ds.batch(block).map(convert_elements).unbatch()
+  return ds.apply(tf.data.experimental.assert_cardinality(size))
 
 
 def held_out_dataset(arrays: Mapping[str, np.ndarray]) -> tf.data.Dataset:
-  """`arrays_to_dataset(arrays)`'s elements, converted `_CONVERT_BLOCK` examples
-  at a time: for a centralized test set, which evaluation batches whole.
-
-  The conversion is elementwise, so converting a block gives each example the
-  values a per-example `map` gives it, for one function call per block instead
-  of one per example, paid by every run's first evaluation.
-  """
-  arrays = collections.OrderedDict(arrays)
-  ds = tf.data.Dataset.from_tensor_slices(arrays)
-  if _converts(arrays):
-    size = ds.cardinality()  # which `unbatch` cannot know: it is told again
-    ds = ds.batch(_CONVERT_BLOCK).map(convert_elements).unbatch()
-    ds = ds.apply(tf.data.experimental.assert_cardinality(size))
-  return ds
+  """A centralized test set, which evaluation batches whole: converted in blocks of
+  1000 examples, a cost every run's first evaluation pays."""
+  return arrays_to_dataset(arrays, block=1000)
 
 
 class ArrayClientData(tff.simulation.datasets.ClientData):
-  """Client data held as one ``OrderedDict`` of numpy arrays per client.
-
-  Args:
-    client_arrays: ``{client_id: {"x": array, "y": array}}``; every client must have the
-      same keys, per-example shapes and dtypes, and at least one example.
-  """
+  """Client data held as ``{client_id: {"x": array, "y": array}}``; every client must
+  have the same keys, per-example shapes and dtypes, and at least one example."""
 
   def __init__(self, client_arrays: Mapping[str, Mapping[str, np.ndarray]]):
     if not client_arrays:
@@ -105,9 +92,8 @@ class ArrayClientData(tff.simulation.datasets.ClientData):
         raise ValueError(f"Client {cid!r}: arrays must be non-empty and equally long, "
                          f"got lengths {sorted(sizes)}.")
       signature = [(k, v.shape[1:], v.dtype) for k, v in arrays.items()]
-      if first is None:
-        first = signature
-      elif signature != first:
+      first = signature if first is None else first
+      if signature != first:
         raise ValueError(f"Client {cid!r} has element signature {signature}, "
                          f"the first client has {first}.")
       self._arrays[str(cid)] = arrays
@@ -154,11 +140,8 @@ class ArrayClientData(tff.simulation.datasets.ClientData):
   def serializable_dataset_fn(self):
     """A traceable ``fn(client_id) -> Dataset`` for TFF's one-off ``dataset_computation``,
     built lazily: it looks the client up in all clients' arrays, which its graph holds."""
-    if self._lookup_fn is None:
-      self._lookup_fn = self._build_lookup_fn()
-    return self._lookup_fn
-
-  def _build_lookup_fn(self):
+    if self._lookup_fn is not None:
+      return self._lookup_fn
     # numpy, not tensors: the function may be traced into a TFF graph, where an eager
     # tensor created here could not be captured; constants are made inside instead.
     ids = np.asarray(self._client_ids, dtype=object)
@@ -167,8 +150,7 @@ class ArrayClientData(tff.simulation.datasets.ClientData):
     keys = list(self._element_type_structure)
     columns = {k: np.concatenate([self._arrays[c][k] for c in self._client_ids])
                for k in keys}
-    needs_map = any(tf.as_dtype(columns[k].dtype) != self._element_type_structure[k].dtype
-                    for k in keys)
+    needs_map = _converts(columns)
 
     def dataset_fn(client_id):
       found = tf.where(tf.equal(tf.constant(ids, tf.string), client_id))
@@ -179,4 +161,16 @@ class ArrayClientData(tff.simulation.datasets.ClientData):
           (k, tf.constant(columns[k])[start:stop]) for k in keys))
       return ds.map(convert_elements) if needs_map else ds
 
+    self._lookup_fn = dataset_fn
     return dataset_fn
+
+
+def read_client_arrays(client_data, client_id: str) -> collections.OrderedDict:
+  """A client's examples as numpy arrays: raw for `ArrayClientData`, else read once."""
+  if isinstance(client_data, ArrayClientData):
+    return client_data.client_arrays(client_id)
+  whole = next(iter(client_data.create_tf_dataset_for_client(client_id).batch(2**31 - 1)),
+               None)
+  if whole is None:
+    raise ValueError("a client has no examples")
+  return collections.OrderedDict((k, np.asarray(v)) for k, v in whole.items())

@@ -2,17 +2,15 @@
 
 A `tf.data` pipeline built in Python per sampled client and round costs more
 than a small model's local training, and traces new dataset functions into
-TensorFlow's eager context, which keeps growing. Here a client's examples
-become tensors the first time it is sampled, and `ClientTensors.dataset` builds
-its round's dataset from those tensors and a round seed with graph ops alone,
-inside the same TensorFlow call as the client's training (`runtime.tf_computation.Feed`).
+TensorFlow's eager context, which keeps growing. Here a client's examples become
+tensors the first time it is sampled, and `ClientTensors.dataset` builds its
+round's dataset from them and a round seed with graph ops alone, inside the
+client's training call (`runtime.tf_computation.Feed`).
 
 The batches are exactly those of `preprocess.client_dataset` over the client's
-`create_tf_dataset_for_client` dataset (it is the same function, given tensors):
-the shuffle seed is a tensor here, and TensorFlow derives the shuffle op's seed
-pair from a tensor op seed as it does from a Python int
-(`random_seed.get_seed`: the default graph seed and `seed % (2**31 - 1)`), so a
-run keeps its data order and a resumed run stays exact.
+`create_tf_dataset_for_client` (the same function, given tensors): TensorFlow
+derives the shuffle op's seed pair from a tensor seed as from a Python int
+(`random_seed.get_seed`), so a run keeps its data order and a resumed run stays exact.
 """
 
 from __future__ import annotations
@@ -24,25 +22,17 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
-from tff_fedadamom.data.client_data import ArrayClientData, convert_elements
+from tff_fedadamom.data.client_data import (ArrayClientData, convert_elements,
+                                           read_client_arrays)
 from tff_fedadamom.data.preprocess import client_dataset, client_round_seed
 
 
-def _static_options() -> tf.data.Options:
-  """No graph rewrites and no autotuning for a client's small pipeline.
-
-  tf.data rewrites and autotunes a pipeline each time an iterator is made over
-  it, which is once per client and round here: that costs more than reading a
-  small client's batches, and changes none of them.
-  """
-  options = tf.data.Options()
-  options.experimental_optimization.apply_default_optimizations = False
-  options.autotune.enabled = False
-  return options
-
-
-# What a client's round pipeline runs with (also the benchmarks' tf.data floors).
-STATIC_OPTIONS = _static_options()
+# What a client's round pipeline runs with: no graph rewrites and no autotuning, which
+# tf.data does each time an iterator is made over a pipeline (once per client and
+# round here): that costs more than reading a small client's batches, and changes none.
+STATIC_OPTIONS = tf.data.Options()
+STATIC_OPTIONS.experimental_optimization.apply_default_optimizations = False
+STATIC_OPTIONS.autotune.enabled = False
 
 # The keys of a client's stacked round batches (`ClientTensors.stacked`).
 EXAMPLES, FULL, LAST = "examples", "full", "last"
@@ -55,30 +45,12 @@ def batch_of(element: collections.OrderedDict, positions) -> collections.Ordered
       (key, tf.gather(array, positions)) for key, array in element[EXAMPLES].items())
 
 
-def stacked_batches(element: collections.OrderedDict) -> list[collections.OrderedDict]:
-  """Eagerly, every batch of a stacked element in order: the full ones, then
-  the last if it has examples."""
-  rows = [*element[FULL], *([element[LAST]] if element[LAST].shape[0] else [])]
-  return [batch_of(element, positions) for positions in rows]
-
-
-def _materialize(dataset: tf.data.Dataset) -> collections.OrderedDict:
-  """A finite dataset of dict elements as one numpy array per key."""
-  elements = list(dataset.as_numpy_iterator())
-  if not elements:
-    raise ValueError("a client has no examples")
-  return collections.OrderedDict(
-      (key, np.stack([e[key] for e in elements])) for key in elements[0])
-
-
 class ClientTensors:
   """A federated training set's clients as tensors, and their round datasets.
 
   Args:
-    client_data: The training `ClientData` (an `ArrayClientData` gives its
-      arrays directly; any other is read once per client, on first use).
-    seed: The experiment seed; a client's round seed is
-      `client_round_seed(seed, round, client)`.
+    client_data: The training `ClientData` (`read_client_arrays`, on first use).
+    seed: The experiment seed (`client_round_seed(seed, round, client)`).
     batch_size, local_epochs, augment: As in `preprocess.client_dataset`.
     max_examples: Keep only a client's first `max_examples` examples.
   """
@@ -99,10 +71,7 @@ class ClientTensors:
                       for a in first.values()] + [tf.TensorSpec([], tf.int64)]
 
   def _arrays(self, client_id: str) -> collections.OrderedDict:
-    if isinstance(self._client_data, ArrayClientData):
-      arrays = self._client_data.client_arrays(client_id)
-    else:
-      arrays = _materialize(self._client_data.create_tf_dataset_for_client(client_id))
+    arrays = read_client_arrays(self._client_data, client_id)
     if self._max_examples is not None:
       arrays = collections.OrderedDict((k, v[:self._max_examples]) for k, v in arrays.items())
     return arrays
@@ -119,24 +88,27 @@ class ClientTensors:
     return tensors
 
   def args(self, client_id: str, round_num: int) -> list[tf.Tensor]:
-    """What `dataset` takes for this client in round `round_num`: its examples
-    and its round seed."""
-    # A numpy scalar, not a Python int: TensorFlow caches the tensor of every
-    # Python number it converts, for the life of the process, and each client
-    # round's seed is a new one.
+    """What `dataset` takes for this client in round `round_num`: examples and seed."""
+    # A numpy scalar, not a Python int: TensorFlow caches the tensor of every Python
+    # number it converts, for the life of the process, and every round seed is new.
     seed = np.int64(client_round_seed(self._seed, round_num, client_id))
     return [*self.examples(client_id), tf.constant(seed, tf.int64)]
 
+  def _converted(self, args):
+    """`args`' examples converted, their count and the round seed.
+
+    The element conversion (uint8 images to float32 in [0, 1], integer labels to
+    int32) is elementwise: applied to the whole client at once it gives the values
+    a per-example map gives, in one op instead of one function call per example.
+    """
+    *examples, seed = args
+    arrays = convert_elements(collections.OrderedDict(zip(self.keys, examples)))
+    return arrays, tf.shape(examples[0], out_type=tf.int64)[0], seed
+
   def dataset(self, *args) -> tf.data.Dataset:
     """The client's round dataset from `args(...)`'s tensors (or graph inputs of
-    `signature`): shuffled, repeated, augmented and batched as
-    `preprocess.client_dataset` does (without its prefetch)."""
-    *examples, seed = args
-    # The element conversion (uint8 images to float32 in [0, 1], integer labels to
-    # int32) is elementwise: applied to the whole client at once it gives the values
-    # a per-example map gives, in one op instead of one function call per example.
-    arrays = convert_elements(collections.OrderedDict(zip(self.keys, examples)))
-    size = tf.shape(examples[0], out_type=tf.int64)[0]
+    `signature`), as `preprocess.client_dataset` makes it (without its prefetch)."""
+    arrays, size, seed = self._converted(args)
     # No prefetch: the client's training reads each batch as soon as it is made,
     # in the same call, so a prefetch thread only adds a hand-over per batch.
     ds = client_dataset(tf.data.Dataset.from_tensor_slices(arrays), batch_size=self._batch_size,
@@ -151,27 +123,23 @@ class ClientTensors:
     return -(-size * self._local_epochs // self._batch_size)
 
   def batch_counts(self) -> Optional[list[int]]:
-    """Every client's round batch count, in `client_ids` order, or None where
-    that would read every client's data (client data other than `ArrayClientData`)."""
+    """Every client's round batch count, in `client_ids` order, or None where that
+    would read every client's data (not an `ArrayClientData`)."""
     if not isinstance(self._client_data, ArrayClientData):
       return None
     return [self.batch_count(cid) for cid in self._client_data.client_ids]
 
   def stacked(self, *args) -> tf.data.Dataset:
-    """The client's round batches as one stacked element (`algorithms.unrolled`),
-    from `args(...)`'s tensors: the batches `dataset(*args)` yields, in order,
-    as the client's examples and each batch's positions in them.
+    """The batches `dataset(*args)` yields, in order, as one stacked element
+    (`algorithms.unrolled`): the client's examples and each batch's positions.
 
-    The round's order is drawn as `preprocess.client_dataset` draws it: the same
-    shuffle op, seed and buffer, over the examples' positions instead of the
-    examples (a shuffle's order depends only on its seed, buffer and element
-    count), repeated for the local epochs. The element is
-    `OrderedDict(examples=<the client's examples, converted as `dataset`
-    converts them>, full=<the full batches' positions, [F, batch] int64>,
-    last=<the last, shorter batch's, [r] int64; r may be 0>)`; `batch_of`
-    gathers a batch as it is trained on (gathering a round's batches at once
-    would hold a copy of the client's examples per epoch). Not for augmented
-    data (its batches are not a gather).
+    The order is drawn as `preprocess.client_dataset` draws it: the same shuffle op,
+    seed and buffer, over the examples' positions (a shuffle's order depends only on
+    its seed, buffer and element count), repeated for the local epochs. The element
+    is `OrderedDict(examples=<converted as in dataset>, full=<the full batches'
+    positions, [F, batch] int64>, last=<the shorter last batch's, [r] int64, r >= 0>)`;
+    `batch_of` gathers a batch as it is trained on (gathering them all at once would
+    hold a copy of the examples per epoch). Not for augmented data.
     """
     return tf.data.Dataset.from_tensors(self.stacked_element(*args))
 
@@ -179,14 +147,10 @@ class ClientTensors:
     """`stacked(*args)`'s one element (see there)."""
     if self._augment is not None:
       raise ValueError("stacked batches cannot augment; use dataset(...)")
-    *examples, seed = args
-    arrays = convert_elements(collections.OrderedDict(zip(self.keys, examples)))
-    size = tf.shape(examples[0], out_type=tf.int64)[0]
+    arrays, size, seed = self._converted(args)
     epochs = self._local_epochs
-    # The order stays tf.data's own shuffle, though it is a large part of a small
-    # model's round: the same permutation from stateless ops (a Fisher-Yates
-    # `tf.while_loop` over TF's Philox stream), or one pipeline mapping over the
-    # clients' (size, seed) pairs, was slower still.
+    # tf.data's own shuffle, though it is a large part of a small model's round: a
+    # stateless Fisher-Yates `tf.while_loop`, or one pipeline over all clients, is slower.
     order = (tf.data.Dataset.range(size)
              .shuffle(tf.maximum(size, 1), seed=seed, reshuffle_each_iteration=True)
              .repeat(epochs).batch(size * epochs).with_options(STATIC_OPTIONS)
@@ -198,6 +162,5 @@ class ClientTensors:
         (LAST, order[split:])])
 
   def datasets(self, client_ids, round_num: int) -> list[tf.data.Dataset]:
-    """Round `round_num`'s datasets of `client_ids`, built eagerly (for runtimes
-    that take datasets, such as TFF's own)."""
+    """Round `round_num`'s datasets of `client_ids`, built eagerly (for TFF's runtime)."""
     return [self.dataset(*self.args(cid, round_num)) for cid in client_ids]

@@ -1,20 +1,10 @@
 """Partitioners: split a centralized data set's examples over simulated clients.
 
 Every partitioner is ``fn(labels, num_clients, *, seed, **options) -> list[np.ndarray]``
-of example indices (sorted, int64), with these guarantees, which the tests check:
-
-* every example is assigned to exactly one client;
-* no client is empty (an empty client is given one example from the largest client,
-  deterministically);
-* the result depends only on the inputs and ``seed``: randomness comes from
-  ``np.random.default_rng(seed)`` (PCG64, the same stream on every platform), never
-  from a global RNG, so a run can be resumed or repeated exactly.
-
-``dirichlet`` is the label-skew split of Hsu et al. (2019): for each class, the class's
-examples are divided among clients in proportions drawn from Dirichlet(alpha); small
-alpha gives clients few, dominant labels. ``shards`` is the pathological split of
-McMahan et al. (2017): label-pure shards, ``shards_per_client`` of them per client, so a
-client sees at most that many labels. ``iid`` is a uniform random split.
+of example indices (sorted, int64): every example goes to exactly one client; no client
+is empty (it is given one example of the largest client); the result depends only on
+the inputs and ``seed`` (``np.random.default_rng``, PCG64, the same stream on every
+platform; never a global RNG), so a run can be resumed or repeated exactly.
 """
 
 from __future__ import annotations
@@ -26,14 +16,19 @@ from typing import Any
 
 import numpy as np
 
+from tff_fedadamom.data.base import check_options, keyword_defaults
+
+
+def _check_positive_int(name: str, value) -> None:
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+    raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+
 
 def _check(labels: np.ndarray, num_clients: int) -> np.ndarray:
   labels = np.asarray(labels)
   if labels.ndim != 1:
     raise ValueError(f"labels must be one-dimensional, got shape {labels.shape}.")
-  if isinstance(num_clients, bool) or not isinstance(num_clients, (int, np.integer)) \
-      or num_clients < 1:
-    raise ValueError(f"num_clients must be a positive integer, got {num_clients!r}.")
+  _check_positive_int("num_clients", num_clients)
   if len(labels) < num_clients:
     raise ValueError(f"Cannot give {num_clients} clients at least one example each: "
                      f"there are only {len(labels)} examples.")
@@ -59,7 +54,8 @@ def iid(labels: np.ndarray, num_clients: int, *, seed: int) -> list[np.ndarray]:
 
 def dirichlet(labels: np.ndarray, num_clients: int, *, seed: int,
               alpha: float = 0.3) -> list[np.ndarray]:
-  """Label skew: each class is split among clients in Dirichlet(alpha) proportions."""
+  """The label skew of Hsu et al. (2019): each class is split among clients in
+  Dirichlet(alpha) proportions; small alpha gives clients few, dominant labels."""
   labels = _check(labels, num_clients)
   if not alpha > 0:
     raise ValueError(f"dirichlet alpha must be > 0, got {alpha!r}.")
@@ -94,12 +90,10 @@ def _shards_per_class(counts: np.ndarray, num_shards: int) -> np.ndarray:
 
 def shards(labels: np.ndarray, num_clients: int, *, seed: int,
            shards_per_client: int = 2) -> list[np.ndarray]:
-  """Label-pure shards, ``shards_per_client`` per client: at most that many labels each."""
+  """The pathological split of McMahan et al. (2017): label-pure shards,
+  ``shards_per_client`` per client, so a client sees at most that many labels."""
   labels = _check(labels, num_clients)
-  if isinstance(shards_per_client, bool) or not isinstance(
-      shards_per_client, (int, np.integer)) or shards_per_client < 1:
-    raise ValueError(f"shards_per_client must be a positive integer, "
-                     f"got {shards_per_client!r}.")
+  _check_positive_int("shards_per_client", shards_per_client)
   classes, counts = np.unique(labels, return_counts=True)
   num_shards = num_clients * shards_per_client
   if num_shards < len(classes) or num_shards > len(labels):
@@ -126,21 +120,18 @@ class PartitionerSpec:
   options: Mapping[str, Any]
   description: str
 
-  def __post_init__(self):
-    object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
+
+def _spec(fn: Callable[..., list[np.ndarray]], description: str) -> PartitionerSpec:
+  return PartitionerSpec(fn.__name__, fn, keyword_defaults(fn, ("seed",)), description)
 
 
-PARTITIONERS: Mapping[str, PartitionerSpec] = MappingProxyType({
-    "dirichlet": PartitionerSpec(
-        "dirichlet", dirichlet, {"alpha": 0.3},
-        "Per-class Dirichlet(alpha) label skew (Hsu et al. 2019); smaller alpha is "
-        "more heterogeneous."),
-    "iid": PartitionerSpec("iid", iid, {}, "Uniform random split."),
-    "shards": PartitionerSpec(
-        "shards", shards, {"shards_per_client": 2},
-        "Label-pure shards per client (McMahan et al. 2017); at most shards_per_client "
-        "labels per client."),
-})
+PARTITIONERS: Mapping[str, PartitionerSpec] = MappingProxyType({s.name: s for s in (
+    _spec(dirichlet, "Per-class Dirichlet(alpha) label skew (Hsu et al. 2019); smaller "
+          "alpha is more heterogeneous."),
+    _spec(iid, "Uniform random split."),
+    _spec(shards, "Label-pure shards per client (McMahan et al. 2017); at most "
+          "shards_per_client labels per client."),
+)})
 
 
 def resolve_partition(name: str, options: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -148,14 +139,9 @@ def resolve_partition(name: str, options: Mapping[str, Any] | None) -> dict[str,
   if name not in PARTITIONERS:
     raise ValueError(f"Unknown partition {name!r}; valid partitions: "
                      f"{', '.join(sorted(PARTITIONERS))}.")
-  spec = PARTITIONERS[name]
   options = dict(options or {})
-  unknown = sorted(set(options) - set(spec.options))
-  if unknown:
-    valid = ", ".join(sorted(spec.options)) or "(none)"
-    raise ValueError(f"Unknown option(s) {', '.join(map(repr, unknown))} for partition "
-                     f"{name!r}; valid options: {valid}.")
-  return {**spec.options, **options}
+  check_options("partition", name, options, PARTITIONERS[name].options)
+  return {**PARTITIONERS[name].options, **options}
 
 
 def partition(labels: np.ndarray, num_clients: int, *, method: str = "dirichlet",

@@ -1,10 +1,9 @@
 """Per-client and test-set input pipelines.
 
-Reproducibility: a client's shuffle order and augmentation depend only on the seed passed
-in, which callers derive with :func:`client_round_seed` from (experiment seed, round,
-client). That hash is stable across processes and machines (Python's ``hash()`` of a str
-is salted per process, so it must not be used), which is what makes a resumed run replay
-the same client data order.
+A client's shuffle order and augmentation depend only on the seed passed in, which
+callers derive with :func:`client_round_seed` from (experiment seed, round, client): a
+hash stable across processes and machines (Python's ``hash()`` of a str is salted per
+process), so a resumed run replays the same client data order.
 """
 
 from __future__ import annotations
@@ -45,21 +44,14 @@ def _augment(ds: tf.data.Dataset, augment: str, seed: int) -> tf.data.Dataset:
   if x_spec.shape.rank != 3 or not x_spec.dtype.is_floating:
     raise ValueError(f"augment={augment!r} needs float images of shape (H, W, C); "
                      f"got x {x_spec}.")
-  if tf.is_tensor(seed):
-    base = seed  # a graph input, captured by the map function
-
-    def base_seed():
-      return base
-  else:
-    python_base = int(seed) & 0x7FFF_FFFF_FFFF_FFFF
-
-    def base_seed():  # made inside, so nothing is captured from the caller's graph
-      return tf.constant(python_base, tf.int64)
 
   def apply(index, element):
-    # One stateless seed per element position: same seed -> same augmentation.
+    # One stateless seed per element position: same seed -> same augmentation. A
+    # tensor seed (a graph input) is captured; a Python one becomes a constant made
+    # inside, so nothing is captured from the caller's graph.
+    base = seed if tf.is_tensor(seed) else tf.constant(seed, tf.int64)
     out = collections.OrderedDict(element)
-    out["x"] = _crop_flip(out["x"], tf.stack([base_seed(), index]))
+    out["x"] = _crop_flip(out["x"], tf.stack([base, index]))
     return out
 
   return ds.enumerate().map(apply, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
@@ -71,16 +63,13 @@ def client_dataset(ds: tf.data.Dataset, *, batch_size: int, local_epochs: int, s
   """Shuffle, repeat for ``local_epochs``, (augment,) batch and prefetch one client's data.
 
   Args:
-    ds: Unbatched ``OrderedDict(x=..., y=...)`` elements of one client.
     local_epochs: Passes over the data, each shuffled anew in an order fixed by ``seed``.
-    seed: This client's seed in this round (:func:`client_round_seed`), a Python
-      int or an int64 scalar tensor.
+    seed: This client's round seed (:func:`client_round_seed`), int or int64 tensor.
     shuffle_buffer: Default: the client's size when known (a full shuffle), else
       1024; an int or an int64 scalar tensor.
     augment: None, or ``"crop_flip"`` (4-pixel zero padding, random crop and
       horizontal flip, for CIFAR-like images), seeded with stateless ops.
-    prefetch: Prefetch batches on a background thread: worth it only when making
-      a batch costs about as much as consuming one, not for a pipeline built and
+    prefetch: Prefetch batches on a background thread: not for a pipeline built and
       read inside one TensorFlow call (``ClientTensors.dataset``).
   """
   if batch_size < 1 or local_epochs < 1:

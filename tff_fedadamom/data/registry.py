@@ -7,32 +7,23 @@ validates names and options against it, and nothing else switches on data set na
 from __future__ import annotations
 
 import collections
-import inspect
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Optional
 
 from tff_fedadamom.data import partition as partition_lib
-from tff_fedadamom.data.base import CentralizedData, DatasetSpec, FederatedData
+from tff_fedadamom.data.base import DatasetSpec, FederatedData, check_options, keyword_defaults
 from tff_fedadamom.data.client_data import ArrayClientData, held_out_dataset
 from tff_fedadamom.data.datasets import (cifar, digits, emnist, fashion_mnist, mnist5k,
                                          shakespeare, synthetic, tiny_imagenet)
 from tff_fedadamom.data.summary import partition_summary
 
 DEFAULT_NUM_CLIENTS = 100  # For partitioned (not naturally federated) data sets.
-_SKIP = {"path", "seed", "num_clients"}
-
-
-def _options(loader) -> dict[str, Any]:
-  """A loader's data-set specific keyword options and defaults, read off its signature
-  so that the registry and the loader cannot disagree."""
-  return {name: p.default for name, p in inspect.signature(loader).parameters.items()
-          if name not in _SKIP and p.kind == p.KEYWORD_ONLY}
 
 
 def _spec(name, loader, *, natural, needs_path, description, source, license_):
-  return DatasetSpec(name=name, loader=loader, natural_clients=natural,
-                     needs_path=needs_path, options=_options(loader),
+  return DatasetSpec(name=name, loader=loader, natural_clients=natural, needs_path=needs_path,
+                     options=keyword_defaults(loader, ("path", "seed", "num_clients")),
                      description=description, source=source, license=license_)
 
 
@@ -85,21 +76,6 @@ def list_datasets() -> list[str]:
   return sorted(DATASETS)
 
 
-def _federate(name: str, data: CentralizedData, *, num_clients: int, method: str,
-              partition_options: dict, seed: int) -> FederatedData:
-  parts = partition_lib.PARTITIONERS[method].fn(data.y_train, num_clients, seed=seed,
-                                                **partition_options)
-  train = ArrayClientData.from_partition(
-      collections.OrderedDict(x=data.x_train, y=data.y_train), parts)
-  test = held_out_dataset(collections.OrderedDict(x=data.x_test, y=data.y_test))
-  summary = partition_summary(data.y_train, parts, data.num_classes)
-  summary["partition"] = {"method": method, "options": dict(partition_options),
-                          "seed": int(seed)}
-  return FederatedData(name=name, train=train, test=test,
-                       input_shape=tuple(int(d) for d in data.x_train.shape[1:]),
-                       num_classes=int(data.num_classes), partition_summary=summary)
-
-
 def load_federated_data(name: str, *, path: Optional[str] = None,
                         num_clients: Optional[int] = None, partition: str = "dirichlet",
                         partition_options: Optional[Mapping[str, Any]] = None,
@@ -107,28 +83,19 @@ def load_federated_data(name: str, *, path: Optional[str] = None,
   """Loads a registered data set as :class:`FederatedData`; never touches the network.
 
   Args:
-    path: Where the files are (required where ``needs_path``, else overrides the
-      default location).
+    path: Where the files are (required where ``needs_path``, else the default).
     num_clients: Clients of a partitioned data set (default 100); ``synthetic``'s
       devices; None for other naturally federated sets.
     partition, partition_options: A name in ``PARTITIONERS`` and its options
-      (validated; ignored for naturally federated data sets).
+      (ignored for naturally federated data sets).
     seed: Data seed: the partition, seeded test splits, synthetic generation.
     **options: Data-set specific options (``DATASETS[name].options``).
-
-  Raises:
-    ValueError: Unknown name, option, partition or partition option.
-    DataNotFoundError: Files missing (says what, where it looked, and how to get them).
   """
   if name not in DATASETS:
     raise ValueError(f"Unknown dataset {name!r}; valid datasets: "
                      f"{', '.join(list_datasets())}.")
   spec = DATASETS[name]
-  unknown = sorted(set(options) - set(spec.options))
-  if unknown:
-    valid = ", ".join(sorted(spec.options)) or "(none)"
-    raise ValueError(f"Unknown option(s) {', '.join(map(repr, unknown))} for dataset "
-                     f"{name!r}; valid options: {valid}.")
+  check_options("dataset", name, options, spec.options)
   partition_options = partition_lib.resolve_partition(partition, partition_options)
   if spec.natural_clients:
     fd = spec.loader(path=path, seed=seed, num_clients=num_clients, **options)
@@ -137,6 +104,16 @@ def load_federated_data(name: str, *, path: Optional[str] = None,
           "partition", {"method": "natural", "options": {}, "seed": int(seed)})
     return fd
   data = spec.loader(path=path, seed=seed, **options)
-  return _federate(name, data,
-                   num_clients=DEFAULT_NUM_CLIENTS if num_clients is None else num_clients,
-                   method=partition, partition_options=partition_options, seed=seed)
+  num_clients = DEFAULT_NUM_CLIENTS if num_clients is None else num_clients
+  parts = partition_lib.PARTITIONERS[partition].fn(data.y_train, num_clients, seed=seed,
+                                                   **partition_options)
+  summary = partition_summary(data.y_train, parts, data.num_classes)
+  summary["partition"] = {"method": partition, "options": dict(partition_options),
+                          "seed": int(seed)}
+  return FederatedData(
+      name=name,
+      train=ArrayClientData.from_partition(
+          collections.OrderedDict(x=data.x_train, y=data.y_train), parts),
+      test=held_out_dataset(collections.OrderedDict(x=data.x_test, y=data.y_test)),
+      input_shape=tuple(int(d) for d in data.x_train.shape[1:]),
+      num_classes=int(data.num_classes), partition_summary=summary)

@@ -1,15 +1,11 @@
 """Which clients train in a round: uniform sampling without replacement.
 
-The round's clients are a function of (seed, round) alone: each round draws
-from its own generator, seeded with the pair, and nothing touches a global RNG.
-So a run resumed at round r samples the clients an uninterrupted one would,
-whatever happened before, and any process (a Ray actor, a benchmark) can
-recompute a round's clients without the run's history. FedJAX's client
-samplers (`fedjax.core.client_samplers`) are keyed the same way, by round.
-
-A sampler is any callable `round_num -> list of client ids`; the round loop
-(`experiment.loop.run_rounds`) takes one, as TFF's `run_simulation` takes a
-`client_selection_fn`.
+The round's clients are a function of (seed, round) alone: each round draws from
+its own generator, seeded with the pair, and nothing touches a global RNG. So a
+resumed run samples the clients an uninterrupted one would, and any process can
+recompute a round's clients without the run's history (FedJAX's client samplers
+are keyed by round too). A sampler is any callable `round_num -> list of client
+ids`, like TFF's `client_selection_fn`.
 """
 
 from __future__ import annotations
@@ -28,14 +24,8 @@ def sample_clients(client_ids: Sequence[Any], clients_per_round: int, seed: int,
 
 
 class UniformSampler:
-  """`sample_clients` over fixed clients, count and seed: a callable of the round.
-
-  Args:
-    client_ids: The clients to draw from.
-    clients_per_round: How many distinct clients each round trains, in
-      [1, len(client_ids)].
-    seed: The experiment's seed.
-  """
+  """`sample_clients` over fixed clients, count (in [1, len(client_ids)]) and seed:
+  a callable of the round."""
 
   def __init__(self, client_ids: Sequence[Any], clients_per_round: int, seed: int):
     if not 1 <= clients_per_round <= len(client_ids):

@@ -1,9 +1,8 @@
 """What a partition looks like: client sizes, label histograms and one heterogeneity number.
 
-The heterogeneity measure is the mean total-variation distance between each client's
+The heterogeneity measure, the mean total-variation distance between each client's
 label distribution and the global one (0 = every client looks like the whole data set,
-1 = clients share no labels with the global mix). It is what makes "dirichlet alpha=0.1"
-and "shards 2" comparable in a report.
+1 = clients share no labels with the global mix), makes partitioners comparable.
 """
 
 from __future__ import annotations
@@ -20,13 +19,8 @@ from tff_fedadamom.figures import new_figure, save_figure
 
 def partition_summary(labels: np.ndarray, parts: Sequence[np.ndarray],
                       num_classes: int) -> dict:
-  """Summarizes a partition as a JSON-ready dict (plain ints, floats and lists).
-
-  Args:
-    labels: Integer labels of all examples, shape (N,).
-    parts: Example indices per client.
-    num_classes: Number of classes (histogram length).
-  """
+  """Summarizes a partition (example indices per client of the integer ``labels``)
+  as a JSON-ready dict of plain ints, floats and lists."""
   labels = np.asarray(labels)
   hist = np.stack([np.bincount(labels[np.asarray(p, dtype=np.int64)],
                                minlength=num_classes)[:num_classes] for p in parts])
@@ -62,19 +56,16 @@ def summary_from_client_labels(client_labels: Sequence[np.ndarray], num_classes:
 
 
 def save_partition_summary(summary: dict, path_json: str | os.PathLike) -> str:
-  """Writes the summary as JSON atomically (`atomic_io`), so a reader never sees
-  half a file. Returns the path written."""
+  """Writes the summary as JSON atomically (a reader never sees half a file); returns
+  the path."""
   path_json = os.fspath(path_json)
   atomic_write_text(path_json, json.dumps(summary, indent=1))
   return path_json
 
 
 def plot_partition_summary(summary: dict, path_png: str | os.PathLike) -> str:
-  """Plots client sizes and per-client label proportions to a PNG.
-
-  Drawn and saved (atomically) through `tff_fedadamom.figures`, so it never
-  switches the caller's pyplot backend and works without a display.
-  """
+  """Plots client sizes and per-client label proportions to a PNG (through
+  `tff_fedadamom.figures`: the caller's pyplot backend is left alone)."""
   sizes = np.asarray(summary["client_sizes"])
   hist = np.asarray(summary["label_histograms"], dtype=np.float64)
   props = hist / np.maximum(hist.sum(axis=1, keepdims=True), 1)

@@ -1,13 +1,11 @@
 """A validation set held out from the training clients: tuning without the test set.
 
 Hparams chosen by their test accuracy make that test accuracy an optimistic
-estimate. Here `fraction` of every training client's examples is set aside
-(a seeded draw per client, a function of the data seed and the client's
-position), the clients train on the rest, and the pooled held-out examples are
-the validation set, evaluated like the test set (`validation/...` metrics; the
-test set is evaluated as before). Each client keeps at least one example and
-its remaining examples in their order. The split is a function of the config,
-so every run and every Ray actor of one config holds out the same examples.
+estimate. Here `fraction` of every training client's examples is set aside (a
+draw seeded by the data seed and the client's position), the clients train on
+the rest, and the pooled held-out examples are the validation set, evaluated
+like the test set (`validation/...` metrics). Each client keeps at least one
+example, and its remaining examples in their order.
 """
 
 from __future__ import annotations
@@ -18,33 +16,21 @@ import dataclasses
 import numpy as np
 
 from tff_fedadamom.data.base import FederatedData
-from tff_fedadamom.data.client_data import ArrayClientData, held_out_dataset
+from tff_fedadamom.data.client_data import (ArrayClientData, held_out_dataset,
+                                           read_client_arrays)
 
 # The stream of the data seed the split draws from (partitions draw from others).
 _STREAM = 8_111
 
 
-def _client_arrays(train, client_id) -> collections.OrderedDict:
-  """A client's examples as arrays: raw for `ArrayClientData`, else read once."""
-  if isinstance(train, ArrayClientData):
-    return train.client_arrays(client_id)
-  dataset = train.create_tf_dataset_for_client(client_id)
-  whole = next(iter(dataset.batch(2 ** 31 - 1)))
-  return collections.OrderedDict((k, np.asarray(v)) for k, v in whole.items())
-
-
 def hold_out_validation(data: FederatedData, fraction: float, seed: int) -> FederatedData:
-  """`data` with `fraction` of each training client's examples moved to
-  `data.validation` (see the module doc).
-
-  Raises:
-    ValueError: `fraction` is not in (0, 1).
-  """
+  """`data` with `fraction` (in (0, 1)) of each training client's examples moved to
+  `data.validation`."""
   if not 0 < fraction < 1:
     raise ValueError(f"fraction must be in (0, 1), found {fraction!r}")
   kept, held = {}, []
   for position, client_id in enumerate(data.train.client_ids):
-    arrays = _client_arrays(data.train, client_id)
+    arrays = read_client_arrays(data.train, client_id)
     n = len(next(iter(arrays.values())))
     order = np.random.default_rng([seed, _STREAM, position]).permutation(n)
     out = np.sort(order[:min(n - 1, int(fraction * n))])

@@ -1,9 +1,7 @@
-"""The model zoo: Keras models for ``tff.learning.models.from_keras_model``.
+"""The model zoo: uncompiled Keras models returning logits, for TFF's ``from_keras_model``.
 
-Ground floor: knows nothing of configs, runners or Ray. Every model is built by
-``build_model(name, input_shape=..., num_classes=..., seed=..., **options)``,
-is uncompiled and returns logits; ``loss_and_metrics(MODELS[name].task)``
-gives the matching loss and metrics.
+Ground floor: knows nothing of configs, runners or Ray. ``loss_and_metrics(MODELS[name].task)``
+gives a model's loss and metrics.
 """
 
 from tff_fedadamom.models.losses import (ACCURACY_METRIC, MaskedSparseCategoricalAccuracy,

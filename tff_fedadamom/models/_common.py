@@ -1,10 +1,8 @@
 """Helpers shared by the model builders: argument checks and per-layer seeds.
 
-Builders never touch a global random seed (``tf.random.set_seed``,
-``tf.keras.utils.set_random_seed``): that would change the randomness of
-everything else in the process (data shuffling, client sampling) as a side
-effect of building a model. Instead every layer that draws random initial
-values gets its own initializer seed, derived from the one model seed.
+Builders never touch a global random seed (``tf.random.set_seed``): that would change
+the randomness of everything else in the process (data shuffling, client sampling).
+Instead every randomly initialized layer gets its own seed, derived from the model seed.
 """
 
 from __future__ import annotations
@@ -18,8 +16,7 @@ import tensorflow as tf
 
 
 class SeedStream:
-  """Hands out one distinct initializer seed per call, derived from ``seed``
-  (None: always None, Keras' nondeterministic default).
+  """One distinct initializer seed per call, derived from ``seed`` (None: always None).
 
   Keras initializers that share a seed give tensors of one shape identical
   values (two LSTM layers would start from the same recurrent kernel), so each
@@ -51,9 +48,8 @@ def check_positive_int(name: str, value) -> int:
 
 def check_positive_ints(name: str, value) -> tuple[int, ...]:
   """A sequence (list from YAML, tuple in code) of positive integers, possibly empty."""
-  if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-    raise ValueError(f"{name} must be a list of positive integers, got {value!r}")
-  if not all(is_int(v) and v >= 1 for v in value):
+  if (isinstance(value, (str, bytes)) or not isinstance(value, Sequence)
+      or not all(is_int(v) and v >= 1 for v in value)):
     raise ValueError(f"{name} must be a list of positive integers, got {value!r}")
   return tuple(int(v) for v in value)
 
@@ -71,12 +67,6 @@ def check_rate(name: str, value) -> float:
       or not 0 <= value < 1):
     raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
   return float(value)
-
-
-def check_choice(name: str, value, choices: Sequence[str]) -> str:
-  if value not in choices:
-    raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
-  return value
 
 
 def check_input_shape(value, *, ranks: Sequence[int], allow_none: bool = False
@@ -111,12 +101,10 @@ def image_input(input_shape: tuple[int, ...]):
 class SeededDropout(tf.keras.layers.Layer):
   """Dropout with masks from a stateless random op, keyed by (seed, training step).
 
-  Keras' seeded dropout keeps its place in the mask sequence in the op's
-  kernel, so a client computation compiled once and called client after client
-  (TFF's iterator loop) would continue from whatever ran before it on that
-  copy. Here the step is a non-trainable variable: every client starts from the
-  server's 0 and counts its own local steps, so its masks are a function of
-  `seed` and its step alone, and differ from batch to batch.
+  Keras' seeded dropout keeps its place in the mask sequence in the op's kernel, so
+  a client computation compiled once and called client after client would continue
+  from whatever ran before it. Here the step is a non-trainable variable: every
+  client starts from the server's 0, so its masks depend on `seed` and its step alone.
   """
 
   def __init__(self, rate: float, seed: int, **kwargs):
@@ -146,13 +134,11 @@ class SeededDropout(tf.keras.layers.Layer):
 
 
 def with_keras_dropout(model: tf.keras.Model) -> tf.keras.Model:
-  """A copy of `model` whose `SeededDropout` layers are Keras' own `Dropout`
-  (same rate, seed and name), other layers holding the same weights; or `model`
-  itself when it has none.
+  """A copy of `model` (same weights) whose `SeededDropout` layers are Keras' own
+  `Dropout`, or `model` itself when it has none.
 
-  For the model a run saves (`model.keras`), which plain Keras must load
-  without `tff_fedadamom.models` imported. Dropout passes its input through at
-  inference, so the copy computes the same outputs.
+  For the saved `model.keras`, which plain Keras must load without
+  `tff_fedadamom.models`. Dropout is the identity at inference: same outputs.
   """
   if not any(isinstance(layer, SeededDropout) for layer in model.layers):
     return model

@@ -9,8 +9,7 @@ On 28x28x1 inputs with 62 classes it has 1,206,590 parameters.
 ``seed`` fixes the initial weights and seeds the dropout layers
 (`_common.SeededDropout`), as the research code does: unseeded dropout would
 make two runs of one config differ, so neither a resume nor an exported best
-config would reproduce a result. Each client's masks restart with its round,
-so they repeat across clients and rounds (the batches they meet differ).
+config would reproduce a result.
 """
 
 from __future__ import annotations

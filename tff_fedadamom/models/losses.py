@@ -1,16 +1,13 @@
 """Loss and metrics per task, as factories (TFF builds fresh objects per model_fn call).
 
-Both tasks use ``SparseCategoricalCrossentropy(from_logits=True)``: the models
-return logits, which is numerically safer than a softmax followed by a log.
+Both tasks use ``SparseCategoricalCrossentropy(from_logits=True)``: the models return
+logits, which is numerically safer than a softmax followed by a log. Accuracy is
+reported under one name, ``ACCURACY_METRIC``, for every task; for ``next_char`` it
+skips positions whose label is the padding id 0, which would otherwise count as easy
+hits (the TFF Shakespeare baselines mask padding too). The loss is unmasked, as in LEAF.
 
-Accuracy is reported under one name, ``ACCURACY_METRIC``, for every task, so
-code that reads results never switches on the task. For ``next_char`` it skips
-positions whose label is the padding id 0: padded tails of short snippets
-would otherwise count as easy hits and inflate accuracy (the TFF Shakespeare
-baselines mask padding the same way). The loss is left unmasked, as in LEAF.
-
-The factories are classes and ``functools.partial`` objects, not lambdas, so
-they pickle (Ray Tune ships trainables to worker processes).
+The factories are classes and ``functools.partial`` objects, not lambdas, so they
+pickle (Ray Tune ships trainables to worker processes).
 """
 
 from __future__ import annotations

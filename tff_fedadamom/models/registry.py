@@ -1,10 +1,8 @@
 """The one model registry: name -> ModelSpec, and ``build_model`` on top of it.
 
-A builder is ``builder(input_shape, num_classes, seed=None, *, **options)``.
-Its keyword-only parameters are its options; ``ModelSpec.options`` is read off
-the signature so the defaults are written down once, in the builder. The
-config layer checks option names against ``ModelSpec.options``; each builder
-checks option values.
+A builder is ``builder(input_shape, num_classes, seed=None, *, **options)``; its
+keyword-only parameters are its options (``ModelSpec.options``, read off the
+signature so the defaults are written once). Each builder checks option values.
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ from typing import Any, Optional
 
 import tensorflow as tf
 
-from tff_fedadamom.models import _common, char_lstm, cnn, dense, losses, resnet
+from tff_fedadamom.models import _common, char_lstm, cnn, dense, resnet
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,8 +30,6 @@ class ModelSpec:
 
 def _spec(name: str, builder: Callable[..., tf.keras.Model], task: str,
           description: str) -> ModelSpec:
-  if task not in losses.TASKS:
-    raise ValueError(f"unknown task {task!r}")
   params = inspect.signature(builder).parameters.values()
   options = {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY}
   return ModelSpec(name=name, builder=builder, options=types.MappingProxyType(options),
@@ -72,16 +68,11 @@ def build_model(name: str, *, input_shape: Sequence[int], num_classes: int,
   """Builds an uncompiled Keras model for ``name`` that returns logits.
 
   Args:
-    name: A key of ``MODELS``.
     input_shape: Shape of one example, without the batch dimension.
     num_classes: Number of classes (the vocabulary size for ``next_char``).
-    seed: Non-negative int for deterministic initialization (per-layer
-      initializer seeds derived from it; no global seeding), or None for
-      Keras' nondeterministic default.
+    seed: Non-negative int for deterministic initialization (per-layer seeds,
+      `_common.SeedStream`), or None for Keras' nondeterministic default.
     **options: The model's options (``MODELS[name].options``).
-
-  Raises:
-    ValueError: unknown name or option, or a bad value.
   """
   spec = get_spec(name)
   unknown = sorted(set(options) - set(spec.options))

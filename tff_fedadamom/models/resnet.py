@@ -4,14 +4,12 @@ BatchNorm's running statistics are computed per client on small, non-IID
 batches and then averaged, which hurts federated training; Hsieh et al. ("The
 Non-IID Data Quagmire of Decentralized Machine Learning") and Reddi et al.
 ("Adaptive Federated Optimization", CIFAR experiments) use GroupNorm, which has
-no running state: every weight is an ordinary trainable parameter that FedAvg
-can average. GroupNorm has the same trainable parameters as BatchNorm (a scale
-and an offset per channel), so counts match the familiar BatchNorm figures
-(11,173,962 for 32x32x3 inputs and 10 classes).
+no running state. It has BatchNorm's trainable parameters (a scale and an offset
+per channel), so counts match the familiar figures (11,173,962 for 32x32x3
+inputs and 10 classes).
 
-The stem depends on the input size: small images (CIFAR, <= 64 px) get a 3x3
-stride-1 convolution and no max-pool, as is usual for CIFAR; larger ones get
-the ImageNet stem (7x7 stride-2 convolution, 3x3 stride-2 max-pool).
+Small images (CIFAR, <= 64 px) get a 3x3 stride-1 stem convolution and no
+max-pool; larger ones the ImageNet stem (7x7 stride-2 conv, 3x3 stride-2 max-pool).
 """
 
 from __future__ import annotations
@@ -34,12 +32,9 @@ def build_resnet18(input_shape: Sequence[int], num_classes: int,
                    groups: int = 2,
                    width: float = 1.0,
                    stem: str = "auto") -> tf.keras.Model:
-  """Builds ResNet-18 (basic blocks [2, 2, 2, 2]).
+  """Builds ResNet-18 (basic blocks [2, 2, 2, 2]) on (H, W, C) or (H, W) inputs.
 
   Args:
-    input_shape: (H, W, C) or (H, W).
-    num_classes: Size of the logits.
-    seed: Initializer seed, or None for Keras' nondeterministic default.
     groups: GroupNorm groups; must divide every stage width.
     width: Channel multiplier applied to 64/128/256/512 (small values for tests).
     stem: "auto" (by input size), "cifar" or "imagenet".
@@ -48,7 +43,8 @@ def build_resnet18(input_shape: Sequence[int], num_classes: int,
   num_classes = _common.check_num_classes(num_classes)
   groups = _common.check_positive_int("groups", groups)
   width = _common.check_positive_float("width", width)
-  stem = _common.check_choice("stem", stem, ("auto", "cifar", "imagenet"))
+  if stem not in ("auto", "cifar", "imagenet"):
+    raise ValueError(f"stem must be one of ['auto', 'cifar', 'imagenet'], got {stem!r}")
   widths = [max(1, round(w * width)) for w in _STAGE_WIDTHS]
   for w in widths:
     if w % groups:

@@ -6,10 +6,11 @@ import os
 import numpy as np
 import pytest
 
+from tests.data.fixtures import write_idx
 from tff_fedadamom.data import DataNotFoundError, load_federated_data
 from tff_fedadamom.data.datasets import fashion_mnist
 from tff_fedadamom.data.datasets import idx
-from tff_fedadamom.data.datasets.idx import read_idx, write_idx
+from tff_fedadamom.data.datasets.idx import read_idx
 
 
 def test_real_files_parse_to_the_official_splits():

@@ -92,6 +92,10 @@ def test_emnist_from_a_tff_sqlite_file(tmp_path, name, num_classes):
                                max_clients=2, seed=0)
   assert len(capped.train.client_ids) == 2
   assert set(capped.train.client_ids) < set(fd.train.client_ids)
+  cid = capped.train.client_ids[0]
+  ys = [[int(e["y"]) for e in d.train.create_tf_dataset_for_client(cid).as_numpy_iterator()]
+        for d in (capped, fd)]
+  assert ys[0] == ys[1]
 
 
 def test_emnist_missing_file_never_reaches_tff(tmp_path):

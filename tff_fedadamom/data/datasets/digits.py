@@ -2,11 +2,9 @@
 
 Source: the UCI "Optical Recognition of Handwritten Digits" test set (Alpaydin and
 Kaynak, 1998), bundled with scikit-learn as ``sklearn.datasets.load_digits``.
-License: CC BY 4.0 (UCI); scikit-learn is BSD-3-Clause.
 
-Pixel values are counts 0-16; they are scaled to [0, 1] float32 here (not uint8/255,
-which would not represent them exactly). A stratified, seeded ``test_fraction`` of every
-class is held out.
+Pixel values are counts 0-16, scaled to [0, 1] float32 (not uint8/255, which would not
+represent them exactly). A stratified, seeded ``test_fraction`` of every class is held out.
 """
 
 from __future__ import annotations

@@ -2,17 +2,14 @@
 
 Source: Cohen et al. (2017) EMNIST, federated by writer by LEAF (Caldas et al. 2018), as
 TFF publishes it: ``tff.simulation.datasets.emnist.load_data`` reading the SQLite file
-``emnist_all.sqlite``. License: EMNIST is public (NIST Special Database 19 terms); TFF is
-Apache-2.0.
+``emnist_all.sqlite``.
 
 TFF downloads that file when it is missing; here nothing may be downloaded, so the loader
-first checks that the decompressed file exists in ``path`` (default: TFF's own cache
-folder ``~/.tff``) and raises :class:`DataNotFoundError` otherwise.
+first checks that it exists in ``path`` (default: TFF's cache folder ``~/.tff``).
 
-Elements are mapped to this project's convention: ``x`` float32 (28, 28, 1) and ``y``
-int32. Pixel values are kept as TFF provides them (1.0 is the background, the inverse of
-MNIST), so results stay comparable with published TFF baselines. The held-out examples of
-every writer form the centralized test set.
+Elements become ``x`` float32 (28, 28, 1) and ``y`` int32. Pixel values are kept as TFF
+provides them (1.0 is the background, the inverse of MNIST), so results stay comparable
+with published TFF baselines. Every writer's held-out examples form the test set.
 """
 
 from __future__ import annotations
@@ -34,43 +31,11 @@ HOW_TO_GET = ("on a machine with internet access, download https://storage.googl
               f"`lzma -d`) to {FILE_NAME}, and pass its folder as path=...")
 
 
-def database_file(path: Optional[str]) -> str:
-  """``path`` may name the folder holding the file or the file itself."""
-  path = os.path.expanduser(os.fspath(path if path is not None else DEFAULT_DIR))
-  return path if path.endswith(".sqlite") else os.path.join(path, FILE_NAME)
-
-
-def _to_xy(element):
-  return collections.OrderedDict(
-      x=tf.expand_dims(tf.cast(element["pixels"], tf.float32), -1),
-      y=tf.cast(tf.reshape(element["label"], []), tf.int32))
-
-
 def _map_xy(ds: tf.data.Dataset) -> tf.data.Dataset:
-  return ds.map(_to_xy, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-
-
-class _SubsetClientData(tff.simulation.datasets.ClientData):
-  """A view of a ClientData restricted to some client ids (for ``max_clients``)."""
-
-  def __init__(self, base: tff.simulation.datasets.ClientData, client_ids: list[str]):
-    self._base = base
-    self._client_ids = sorted(client_ids)
-
-  @property
-  def client_ids(self):
-    return self._client_ids
-
-  @property
-  def serializable_dataset_fn(self):
-    return self._base.serializable_dataset_fn
-
-  def create_tf_dataset_for_client(self, client_id):
-    return self._base.create_tf_dataset_for_client(client_id)
-
-  @property
-  def element_type_structure(self):
-    return self._base.element_type_structure
+  return ds.map(lambda e: collections.OrderedDict(
+      x=tf.expand_dims(tf.cast(e["pixels"], tf.float32), -1),
+      y=tf.cast(tf.reshape(e["label"], []), tf.int32)),
+      num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
 def _load(name: str, only_digits: bool, path: Optional[str], seed: int,
@@ -80,7 +45,10 @@ def _load(name: str, only_digits: bool, path: Optional[str], seed: int,
                      "use max_clients to cap their number.")
   if max_clients is not None and max_clients < 1:
     raise ValueError(f"{name}: max_clients must be >= 1 or None, got {max_clients}.")
-  file = database_file(path)
+  # ``path`` may name the folder holding the file or the file itself.
+  file = os.path.expanduser(os.fspath(path if path is not None else DEFAULT_DIR))
+  if not file.endswith(".sqlite"):
+    file = os.path.join(file, FILE_NAME)
   if os.path.basename(file) != FILE_NAME:
     raise ValueError(f"{name}: TFF reads only a file named {FILE_NAME}, got {file}; "
                      "rename it or pass its folder.")
@@ -92,11 +60,11 @@ def _load(name: str, only_digits: bool, path: Optional[str], seed: int,
   train = train.preprocess(_map_xy)
   if max_clients is not None and max_clients < len(train.client_ids):
     ids = np.random.default_rng(seed).choice(train.client_ids, max_clients, replace=False)
-    train = _SubsetClientData(train, [str(i) for i in ids])
+    train = tff.simulation.datasets.ClientData.from_clients_and_tf_fn(
+        sorted(str(i) for i in ids), train.serializable_dataset_fn)
   return FederatedData(
       name=name, train=train, test=_map_xy(test.create_tf_dataset_from_all_clients(seed=0)),
-      input_shape=(28, 28, 1), num_classes=10 if only_digits else 62,
-      partition_summary=None)
+      input_shape=(28, 28, 1), num_classes=10 if only_digits else 62)
 
 
 def load_emnist(*, path: Optional[str] = None, seed: int = 0,

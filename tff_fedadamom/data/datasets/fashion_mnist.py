@@ -3,7 +3,6 @@
 Source: Xiao, Rasul and Vollgraf (2017), https://github.com/zalandoresearch/fashion-mnist,
 read from the IDX gzip files of the Debian package ``dataset-fashion-mnist``
 (``/usr/share/datasets/fashion-mnist``) or from any folder holding the same four files.
-License: MIT.
 """
 
 from __future__ import annotations
@@ -47,10 +46,7 @@ def load(*, path: Optional[str] = None, seed: int = 0) -> CentralizedData:
   arrays = {key: read_idx(p) for key, p in found.items()}
   # The images are uint8 in the files: no copy (the arrays are read-only, and
   # `read_idx` keeps them for the process' later loads).
-  return CentralizedData(
-      x_train=arrays["x_train"].astype(np.uint8, copy=False)[..., None],
-      y_train=arrays["y_train"].astype(np.int32),
-      x_test=arrays["x_test"].astype(np.uint8, copy=False)[..., None],
-      y_test=arrays["y_test"].astype(np.int32),
-      num_classes=10,
-  )
+  return CentralizedData(arrays["x_train"].astype(np.uint8, copy=False)[..., None],
+                         arrays["y_train"].astype(np.int32),
+                         arrays["x_test"].astype(np.uint8, copy=False)[..., None],
+                         arrays["y_test"].astype(np.int32), 10)

