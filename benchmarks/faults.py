@@ -90,8 +90,7 @@ def stop(proc: subprocess.Popen, sig: signal.Signals, children: list[int]) -> in
 
 
 def kills(n: int, rng: random.Random, tmp: str) -> dict:
-  """Counts of `n` kill -9s: before the run's end, resumed, identical
-  finishes, children left."""
+  """Counts of `n` kill -9s: before the run's end, resumed, identical, children left."""
   import numpy as np
 
   reference = os.path.join(tmp, "reference")

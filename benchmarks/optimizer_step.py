@@ -71,8 +71,7 @@ def section(times: dict, ks: dict, repeats: int) -> str:
            common.fmt(common.paired_ratio(times[name], times[f"floor k={k}"]))]
           for name, k in ks.items()]
   over_floor = common.paired_ratio(times["fedadamom"], times[f"floor k={ks['fedadamom']}"])
-  over_adam = (common.paired_ratio(times["fedadamom"], times["fedadam"])
-               if "fedadam" in times else None)
+  over_adam = common.paired_ratio(times["fedadamom"], times["fedadam"])
   n_params = sum(int(np.prod(s)) for s in RESNET18_SHAPES)
   return (f"`tf.function(opt.next)` on {len(RESNET18_SHAPES)} float32 tensors, "
           f"{n_params / 1e6:.1f} M parameters, median of {repeats} interleaved steps; k: the "

@@ -122,8 +122,7 @@ def round_times(name: str, rounds: int, tmp: str) -> dict[str, list[float]]:
 
 
 def memory(rounds: int, tmp: str) -> str:
-  """The memory line: RSS (MB) and TensorFlow function counts after round
-  MEMORY_MARK and at the end."""
+  """The memory line: RSS (MB) and TensorFlow functions after round MEMORY_MARK and at the end."""
   from tensorflow.python.eager import context
 
   from tff_fedadamom.experiment import run_experiment
