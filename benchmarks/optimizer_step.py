@@ -2,14 +2,15 @@
 
     python -m benchmarks.optimizer_step [--repeats 40]
 
-Every server optimizer of the registry (a learning process has no server step
-alone), built with its defaults, steps `tf.function(opt.next)` on 21 float32
-tensors of 11.2 M parameters in all. A step is memory-bound: it reads the
-weights w, the update g and its k parameter-sized state arrays (FedAdamom: k =
-2, m and v) and writes w and the k arrays. Its floor (`traffic`) moves exactly
-that much, with one add per array and no other math: the least any
-implementation of that rule could cost on this machine. Steps and floors are
-interleaved, two untimed calls each first (tracing, then warm-up).
+Every server optimizer of the registry (a learning process, whose clients change
+too, has no server step to time), built with its defaults, steps
+`tf.function(opt.next)` on 21 float32 tensors of 11.2 M parameters in all. A
+step is memory-bound: it reads the weights w, the update g and its k
+parameter-sized state arrays (FedAdamom: k = 2, m and v) and writes w and the k
+arrays. Its floor (`traffic`) moves exactly that much, with one add per array
+and no other math: the least any implementation of that rule could cost on this
+machine. Steps and floors are interleaved, two untimed calls each first
+(tracing, then warm-up).
 """
 
 from __future__ import annotations

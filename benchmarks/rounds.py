@@ -6,10 +6,11 @@ A backend's time is its run's round as the run makes it (an `iter_experiment`
 generator stepped one round at a time: sampling, the round, its metrics row).
 The timed rounds hold no evaluation and no checkpoint, and the clients are IID
 with equal example counts, so every round trains the same number of batches.
-The floor (`floor_round`) trains its clients one after another, one thread per
-kernel: a backend that trains clients side by side on several cores (ray's
-actors) can beat it on a large model. In the memory run, a function traced per
-round would show in TensorFlow's function count.
+The floor (`floor_round`) is the round's arithmetic alone: backend / floor is
+what a backend costs above it. The floor trains its clients one after another,
+one thread per kernel: a backend that trains clients side by side on several
+cores (ray's actors) can beat it on a large model. In the memory run, a function
+traced per round would show in TensorFlow's function count.
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ BACKENDS = {
     "inprocess": {"backend": "inprocess"},
     "ray": {"backend": "ray", "workers": 2, "cpus_per_worker": 1, "threads": 1},
     "tff_cpp": {"backend": "tff_cpp"},
-    # Asynchronous server steps (`runtime.buffered`) of the round's clients_per_round
-    # updates. `async0` has no delay (the synchronous run's bits); `async` twice as many
-    # clients in flight with lognormal speeds: each step's updates of several model versions.
+    # Asynchronous server steps (`runtime.buffered`), in-process, on the same work
+    # per step: the round's clients_per_round updates. `async0` has no delay (the
+    # synchronous run's bits); `async` twice as many clients in flight with
+    # lognormal speeds, so each step's updates train from several model versions.
     "async0": {"backend": "inprocess", "asynchronous": {"durations": {"kind": "constant"}}},
     "async": {"backend": "inprocess", "asynchronous": {"concurrency": "2x"}},
 }

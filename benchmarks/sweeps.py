@@ -3,12 +3,13 @@
     python -m benchmarks.sweeps [--repo PATH] [--only quickstart|fmnist] [--out DIR]
 
 Every figure is the wall time of whole commands as a user types them, each in a
-fresh storage directory, with this run's own process cache. Each sweep runs
-twice with `python -m tff_fedadamom tune`: cold (every learning process traced
-and compiled) and warm (on the cache the cold sweep filled); the quickstart
-sweep's trials then run as separate `python -m tff_fedadamom run` commands, as
-many at a time as the sweep runs trials: separate / warm is what the sweep saves
-over a shell loop.
+fresh storage directory, with this run's own process cache
+(`TFF_FEDADAMOM_CACHE_DIR` and `runtime.cache_dir`). Each sweep runs twice with
+`python -m tff_fedadamom tune`: cold (every learning process traced and
+compiled) and warm (on the cache the cold sweep filled); the quickstart sweep's
+trials then run as separate `python -m tff_fedadamom run` commands, as many at a
+time as the sweep runs trials: separate / warm is what the sweep saves over a
+shell loop.
 
 `--repo` times another checkout (its code first on `PYTHONPATH`, its configs),
 to compare two designs on one machine; its own `tuning` writes the sweep files,
@@ -42,7 +43,8 @@ FMNIST_SHORT = {
     "scheduler.grace_period": 5, "scheduler.reduction_factor": 2,
     "resources.cpus_per_trial": 1, "resources.max_concurrent_trials": 2, "metric.last_k": 1,
 }
-SWEEPS = {"quickstart": (QUICKSTART, {}), "fmnist": (FMNIST, FMNIST_SHORT)}  # name -> values
+# Name -> (sweep file, the dotted values it runs with).
+SWEEPS = {"quickstart": (QUICKSTART, {}), "fmnist": (FMNIST, FMNIST_SHORT)}
 
 
 def set_path(tree: dict, path: str, value) -> None:
@@ -126,7 +128,7 @@ def run_commands(commands: Sequence[Sequence[str]], repo: str, env: dict, logs: 
 
 def measure(repo: str, name: str, scratch: str) -> dict:
   """Cold and warm sweep seconds of sweep `name` (of SWEEPS) in a new directory
-  `scratch`, and for quickstart its trials' as separate runs (after the warm sweep)."""
+  `scratch`; for quickstart, also the seconds of its trials as separate runs."""
   (sweep_file, values), separate = SWEEPS[name], name == "quickstart"
   os.makedirs(scratch)
   cache = os.path.join(scratch, "process-cache")
