@@ -1,19 +1,18 @@
 """What every benchmark script shares: timing, ratios, provenance, RESULTS.md.
 
-`benchmarks/RESULTS.md` is generated. Each script owns one section of it, a
-block between `<!-- begin: NAME -->` and `<!-- end: NAME -->`, and rewrites
-that block alone, with the provenance of that run and its figures.
-
-Ratios are taken of medians, or, for calls timed in pairs (`interleaved`), as
-the median of the per-pair ratios: on a shared machine a burst of load then
-slows both sides of a pair alike and cancels out of their ratio. A figure a
-run did not measure is written `NOT_MEASURED`, never estimated.
+`benchmarks/RESULTS.md` is generated: each script rewrites its own block of it,
+between `<!-- begin: NAME -->` and `<!-- end: NAME -->`, with the provenance and
+figures of one run. Ratios of calls timed in pairs (`interleaved`) are the
+median of the per-pair ratios: on a shared machine a burst of load slows both
+sides of a pair alike and cancels out. A figure a run did not measure is
+written `NOT_MEASURED`, never estimated.
 """
 
 from __future__ import annotations
 
 import datetime
 import os
+import pathlib
 import platform
 import re
 import statistics
@@ -42,12 +41,12 @@ that same run. Figures depend on the machine and on what else runs on it.
 
 def interleaved(calls: Mapping[str, Callable[[], object]], repeats: int,
                 warmups: int = 1) -> dict[str, list[float]]:
-  """Seconds of each call, `repeats` times, after `warmups` untimed calls each;
-  round-robin, the first call rotating each repeat: the i-th times of two calls
-  are a pair, for `paired_ratio` (load falls on all calls alike)."""
+  """Seconds of each call, `repeats` times, after `warmups` untimed calls each
+  (tracing, compiling); round-robin, the first call rotating each repeat: the
+  i-th times of two calls are a pair, for `paired_ratio`."""
   for call in calls.values():
     for _ in range(warmups):
-      call()  # traces and compiles what the first calls do
+      call()
   names, times = list(calls), {name: [] for name in calls}
   for i in range(repeats):
     for name in names[i % len(names):] + names[:i % len(names)]:
@@ -93,8 +92,7 @@ def cpuinfo() -> dict:
 
 def git(repo: str, *args: str) -> subprocess.CompletedProcess:
   """`git -C repo args`, its output as text (git's exit status is not checked)."""
-  return subprocess.run(["git", "-C", repo, *args], capture_output=True, text=True,
-                        check=False)
+  return subprocess.run(["git", "-C", repo, *args], capture_output=True, text=True)
 
 
 def commit(repo: str = ROOT) -> str:
@@ -130,16 +128,11 @@ def replace_section(text: str, name: str, body: str) -> str:
 
 def write_section(name: str, title: str, body: str, path: str = RESULTS,
                   repo: str = ROOT) -> str:
-  """Rewrites section `name` of the results file at `path` (made with HEADER
-  if missing) as `## title`, the provenance line of `repo` and `body`;
-  returns the section's text."""
+  """Rewrites section `name` of the results file at `path` (made with HEADER if
+  missing) as `## title`, the provenance line of `repo` and `body`; returns it."""
   from tff_fedadamom.atomic_io import atomic_write_text
 
   text = f"## {title}\n\n{provenance(repo)}\n\n{body.strip()}\n"
-  try:
-    with open(path) as f:
-      old = f.read()
-  except FileNotFoundError:
-    old = HEADER
+  old = pathlib.Path(path).read_text() if os.path.exists(path) else HEADER
   atomic_write_text(path, replace_section(old, name, text))
   return text

@@ -4,22 +4,18 @@ leaves no process behind.
     python -m benchmarks.faults [--kills 5] [--seed 0]
 
 Every run is a `python -m tff_fedadamom run` command on tiny real data (digits,
-logistic regression, FedAdamom, a checkpoint every round):
-
-* kill -9: `--kills` times, the command is killed at a random point of a
-  random round (after round k's metrics row, k drawn from 1..ROUNDS-1, plus up
-  to 0.1 s), then the same command runs again and resumes from its
-  checkpoints. Counted: kills that landed before the run's end, resumed runs
-  (exit 0), identical ones (final weights, bit for bit, those of one
-  uninterrupted run), and the killed command's child processes still running
-  afterwards (goal 0).
-* SIGINT and SIGTERM mid-run: the command's child processes still running a
-  second after it exits (goal 0).
+logistic regression, FedAdamom, a checkpoint every round). kill -9: `--kills`
+times, the command is killed at a random point of a random round (after round
+k's metrics row, k in 1..ROUNDS-1, plus up to 0.1 s), then runs again and
+resumes from its checkpoints; its final weights must be those of one
+uninterrupted run, bit for bit. SIGINT and SIGTERM mid-run, and kill -9: no
+child process of the command may still run a second after it exits.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import signal
@@ -28,40 +24,34 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-  sys.path.insert(0, ROOT)
+import yaml
 
-import yaml  # noqa: E402
-
-from benchmarks import common  # noqa: E402
-from tff_fedadamom import process_table  # noqa: E402
-from tff_fedadamom.experiment import outputs  # noqa: E402
-from tff_fedadamom.experiment.outputs import markdown_table  # noqa: E402
+from benchmarks import common
+from tff_fedadamom import process_table
+from tff_fedadamom.experiment import outputs
 
 ROUNDS = 8
 
 
 def write_config(output_dir: str, rounds: int = ROUNDS) -> str:
   """The experiment's YAML file beside `output_dir`; returns its path."""
-  config = {
-      "seed": 5, "rounds": rounds, "clients_per_round": 3, "eval_every": 4,
-      "checkpoint_every": 1, "output_dir": output_dir,
-      "data": {"name": "digits", "num_clients": 8}, "model": {"name": "logistic"},
-      "client": {"learning_rate": 0.1, "batch_size": 16},
-      "server": {"optimizer": "fedadamom", "learning_rate": 1.0, "beta_2": 0.1},
-  }
   path = output_dir + ".yaml"
   with open(path, "w") as f:
-    yaml.safe_dump(config, f)
+    yaml.safe_dump({
+        "seed": 5, "rounds": rounds, "clients_per_round": 3, "eval_every": 4,
+        "checkpoint_every": 1, "output_dir": output_dir,
+        "data": {"name": "digits", "num_clients": 8}, "model": {"name": "logistic"},
+        "client": {"learning_rate": 0.1, "batch_size": 16},
+        "server": {"optimizer": "fedadamom", "learning_rate": 1.0, "beta_2": 0.1},
+    }, f)
   return path
 
 
 def launch(config_path: str) -> subprocess.Popen:
   """`python -m tff_fedadamom run <config_path> --quiet`, in a session of its own."""
   return subprocess.Popen([sys.executable, "-m", "tff_fedadamom", "run", config_path, "--quiet"],
-                          cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                          start_new_session=True, env={**os.environ, "PYTHONPATH": ROOT})
+                          cwd=common.ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                          start_new_session=True, env={**os.environ, "PYTHONPATH": common.ROOT})
 
 
 def rows(output_dir: str) -> int:
@@ -86,21 +76,21 @@ def final_weights(output_dir: str) -> list:
   return [w.numpy() for w in model.weights]
 
 
-def left_running(children: list[int]) -> int:
-  """How many of `children` still run; those are ended (they are this
-  benchmark's, started by its command)."""
+def stop(proc: subprocess.Popen, sig: signal.Signals, children: list[int]) -> int:
+  """Sends `sig` to the command; returns how many of its `children` still run a
+  second after it exits, and ends those (they are this benchmark's)."""
+  os.kill(proc.pid, sig)
+  proc.wait(timeout=120)
+  time.sleep(1.0)
   alive = process_table.still_running(children)
   for pid in alive:
-    try:
+    with contextlib.suppress(ProcessLookupError):
       os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-      pass
   return len(alive)
 
 
 def kills(n: int, rng: random.Random, tmp: str) -> dict:
-  """Counts of `n` kill -9s: before the run's end, resumed, identical
-  finishes, children left."""
+  """Counts of `n` kill -9s: before the run's end, resumed, identical, children left."""
   import numpy as np
 
   reference = os.path.join(tmp, "reference")
@@ -117,10 +107,7 @@ def kills(n: int, rng: random.Random, tmp: str) -> dict:
     time.sleep(rng.random() * 0.1)  # anywhere inside the next round or two
     children = process_table.descendants(proc.pid)
     counts["mid_run"] += proc.poll() is None and rows(out) < ROUNDS
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    time.sleep(1.0)
-    counts["left"] += left_running(children)
+    counts["left"] += stop(proc, signal.SIGKILL, children)
     resumed = launch(path).wait() == 0
     same = resumed and all(
         np.array_equal(a, b) for a, b in zip(final_weights(out), expected, strict=True))
@@ -138,11 +125,7 @@ def leftovers(tmp: str) -> dict[str, int]:
     out = os.path.join(tmp, f"signal{int(sig)}")
     proc = launch(write_config(out, rounds=500))
     wait_rows(proc, out, 1)
-    children = process_table.descendants(proc.pid)
-    os.kill(proc.pid, sig)
-    proc.wait(timeout=120)
-    time.sleep(1.0)
-    left[sig.name] = left_running(children)
+    left[sig.name] = stop(proc, sig, process_table.descendants(proc.pid))
   return left
 
 
@@ -156,7 +139,7 @@ def section(n: int, counts: dict, left: dict) -> str:
             for name, count in left.items()]
   return ("`python -m tff_fedadamom run` on digits/logistic with FedAdamom, "
           f"{ROUNDS} rounds, a checkpoint every round.\n\n"
-          + markdown_table(["fault", "tried", "outcome"], lines))
+          + outputs.markdown_table(["fault", "tried", "outcome"], lines))
 
 
 def main(argv=None) -> int:

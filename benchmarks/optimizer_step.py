@@ -9,22 +9,17 @@ step is memory-bound: it reads the weights w, the update g and its k
 parameter-sized state arrays (FedAdamom: k = 2, m and v) and writes w and the k
 arrays. Its floor (`traffic`) moves exactly that much, with one add per array
 and no other math: the least any implementation of that rule could cost on this
-machine. Steps and floors are interleaved (`common.interleaved`), two untimed
-steps each first (tracing, then warm-up). Goals: FedAdamom / floor <= 2, and
-FedAdamom / FedAdam (the same state size) <= 1.
+machine. Steps and floors are interleaved, two untimed calls each first
+(tracing, then warm-up).
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import statistics
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-  sys.path.insert(0, ROOT)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
@@ -34,37 +29,32 @@ from benchmarks import common  # noqa: E402
 from tff_fedadamom import methods  # noqa: E402
 from tff_fedadamom.experiment.outputs import markdown_table  # noqa: E402
 
-# ResNet-18 (CIFAR stem, 10 classes) trainable tensor shapes, merged per block
-# into 21 tensors of about the same total size (11.2 M parameters).
-RESNET18_SHAPES = [  # a line per stage: stem, the four stages, the classifier
-    (3, 3, 3, 64),
-    (3, 3, 64, 64), (3, 3, 64, 64), (3, 3, 64, 64), (3, 3, 64, 64),
-    (3, 3, 64, 128), (3, 3, 128, 128), (1, 1, 64, 128), (3, 3, 128, 128), (3, 3, 128, 128),
-    (3, 3, 128, 256), (3, 3, 256, 256), (1, 1, 128, 256), (3, 3, 256, 256), (3, 3, 256, 256),
-    (3, 3, 256, 512), (3, 3, 512, 512), (1, 1, 256, 512), (3, 3, 512, 512), (3, 3, 512, 512),
-    (512, 10),
-]
-FLOOR_GOAL = 2.0
-ADAM_GOAL = 1.0
+# ResNet-18 (CIFAR stem, 10 classes) trainable tensor shapes, merged per block into 21 tensors
+# of about the same total size (11.2 M parameters): the stem, four stages, the classifier.
+RESNET18_SHAPES = [(3, 3, 3, 64)] + [(3, 3, 64, 64)] * 4 + [
+    shape for c in (128, 256, 512)
+    for shape in [(3, 3, c // 2, c), (3, 3, c, c), (1, 1, c // 2, c), (3, 3, c, c), (3, 3, c, c)]
+] + [(512, 10)]
+FLOOR_GOAL = 2.0  # FedAdamom / floor <= this
+ADAM_GOAL = 1.0  # FedAdamom / FedAdam (the same state size) <= this
 
 
-def materialized(fn, args) -> None:
-  """Calls `fn(*args)` and waits for its every output."""
-  tf.nest.map_structure(lambda t: t.numpy() if tf.is_tensor(t) else t, fn(*args))
+def materialized(fn, *args):
+  """A call of `fn(*args)` that waits for its every output."""
+  return lambda: tf.nest.map_structure(lambda t: t.numpy() if tf.is_tensor(t) else t, fn(*args))
 
 
 def optimizer_step(opt, weights, grads):
-  """((`tf.function(opt.next)`, its arguments), k: how many parameter-sized arrays
-  its state holds)."""
+  """(A call of `tf.function(opt.next)`, k: how many parameter-sized arrays its state holds)."""
   specs = [tf.TensorSpec(w.shape, w.dtype) for w in weights]
   state = tf.nest.map_structure(tf.convert_to_tensor, opt.initialize(specs))
   size = sum(int(np.prod(t.shape)) for t in tf.nest.flatten(state))
   k = int(round(size / sum(int(np.prod(w.shape)) for w in weights)))
-  return (tf.function(opt.next), (state, weights, grads)), k
+  return materialized(tf.function(opt.next), state, weights, grads), k
 
 
 def traffic(k: int, weights, grads):
-  """The floor of a step with k state arrays: (a `tf.function`, its arguments)."""
+  """A call of the floor of a step with k state arrays."""
   slots = [[tf.zeros_like(w) for w in weights] for _ in range(k)]
 
   @tf.function
@@ -72,7 +62,7 @@ def traffic(k: int, weights, grads):
     # Reads w, g and each slot; writes w and each slot: one add per array.
     return [a + b for a, b in zip(w, g)], [[s + b for s, b in zip(slot, g)] for slot in slots]
 
-  return step, (weights, grads, slots)
+  return materialized(step, weights, grads, slots)
 
 
 def section(times: dict, ks: dict, repeats: int) -> str:
@@ -82,8 +72,7 @@ def section(times: dict, ks: dict, repeats: int) -> str:
            common.fmt(common.paired_ratio(times[name], times[f"floor k={k}"]))]
           for name, k in ks.items()]
   over_floor = common.paired_ratio(times["fedadamom"], times[f"floor k={ks['fedadamom']}"])
-  over_adam = (common.paired_ratio(times["fedadamom"], times["fedadam"])
-               if "fedadam" in times else None)
+  over_adam = common.paired_ratio(times["fedadamom"], times["fedadam"])
   n_params = sum(int(np.prod(s)) for s in RESNET18_SHAPES)
   return (f"`tf.function(opt.next)` on {len(RESNET18_SHAPES)} float32 tensors, "
           f"{n_params / 1e6:.1f} M parameters, median of {repeats} interleaved steps; k: the "
@@ -116,9 +105,7 @@ def main(argv=None) -> int:
                                              weights, grads)
   for k in sorted(set(ks.values())):
     steps[f"floor k={k}"] = traffic(k, weights, grads)
-  times = common.interleaved({name: functools.partial(materialized, fn, fn_args)
-                              for name, (fn, fn_args) in steps.items()},
-                             args.repeats, warmups=2)
+  times = common.interleaved(steps, args.repeats, warmups=2)
   for name, values in times.items():
     print(f"{name:>12}: {statistics.median(values) * 1e3:8.1f} ms", flush=True)
   print(common.write_section("optimizer_step", "Server optimizer step against its floor",

@@ -2,27 +2,15 @@
 
     python -m benchmarks.rounds [--configs logistic,mlp,cnn] [--rounds 8] [--memory-rounds 1000]
 
-Round time. For each config, one run per backend (`inprocess`; `ray` with 2
-actors of 1 CPU and 1 thread; `tff_cpp`, TFF's own C++ runtime; `async0` and
-`async`, asynchronous server steps on the same work, `BACKENDS`), each an
-`iter_experiment` generator stepped one round at a time, and the floor, all
-interleaved (`common.interleaved`). A backend's time is its run's round as the
-run makes it: sampling, the round, its metrics row. The timed rounds hold no
-evaluation and no checkpoint, and the clients are IID with equal example
-counts, so every round trains the same number of batches.
-
-The floor is the round's arithmetic with nothing around it: the same SGD steps
-over the same batches (round 1's clients, materialized beforehand), each client
-from the same start weights, then the start plus the mean of the clients'
-deltas, in one `tf.function`. backend / floor is what a backend costs above the
-arithmetic. The floor trains its clients one after another, one thread per
-kernel: a backend that trains clients side by side on several cores (ray's
-actors) can beat it on a large model.
-
-Memory. digits/logistic with telemetry, in-process: resident memory after
-round 100 and at the end, the growth per 1,000 rounds (goal: < 5 MB), and
-TensorFlow's function count at both marks (a function traced per round would
-show there).
+A backend's time is its run's round as the run makes it (an `iter_experiment`
+generator stepped one round at a time: sampling, the round, its metrics row).
+The timed rounds hold no evaluation and no checkpoint, and the clients are IID
+with equal example counts, so every round trains the same number of batches.
+The floor (`floor_round`) is the round's arithmetic alone: backend / floor is
+what a backend costs above it. The floor trains its clients one after another,
+one thread per kernel: a backend that trains clients side by side on several
+cores (ray's actors) can beat it on a large model. In the memory run, a function
+traced per round would show in TensorFlow's function count.
 """
 
 from __future__ import annotations
@@ -33,12 +21,8 @@ import statistics
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-  sys.path.insert(0, ROOT)
-
-from benchmarks import common  # noqa: E402
-from tff_fedadamom.experiment.outputs import markdown_table  # noqa: E402
+from benchmarks import common
+from tff_fedadamom.experiment.outputs import markdown_table
 
 BACKENDS = {
     "inprocess": {"backend": "inprocess"},
@@ -85,7 +69,10 @@ def config_dict(name: str, backend: str, rounds: int, output_dir: str) -> dict:
 
 
 def floor_round(raw: dict):
-  """A `tf.function` of the round's arithmetic (see the module doc)."""
+  """A call of the round's arithmetic with nothing around it, in one `tf.function`:
+  the same SGD steps over the same batches (round 1's clients, materialized
+  beforehand), each client from the same start weights, then the start plus the
+  mean of the clients' deltas."""
   import tensorflow as tf
 
   from tff_fedadamom import models
@@ -125,8 +112,8 @@ def round_times(name: str, rounds: int, tmp: str) -> dict[str, list[float]]:
   from tff_fedadamom.experiment import iter_experiment
 
   total = WARMUPS + rounds + 1  # the last round (evaluation, checkpoint) is never timed
-  runs = {backend: iter_experiment(config_dict(name, backend, total, os.path.join(
-      tmp, f"{name}-{backend}")), progress=False) for backend in BACKENDS}
+  runs = {b: iter_experiment(config_dict(name, b, total, os.path.join(tmp, f"{name}-{b}")),
+                             progress=False) for b in BACKENDS}
   try:
     calls = {backend: (lambda run=run: next(run)) for backend, run in runs.items()}
     calls["floor"] = floor_round(config_dict(name, "inprocess", total, tmp))
@@ -136,8 +123,8 @@ def round_times(name: str, rounds: int, tmp: str) -> dict[str, list[float]]:
       run.close()  # ends the run where it stands: its backend is closed
 
 
-def memory(rounds: int, tmp: str) -> dict:
-  """RSS (MB) and TensorFlow function counts after round MEMORY_MARK and at the end."""
+def memory(rounds: int, tmp: str) -> str:
+  """The memory line: RSS (MB) and TensorFlow functions after round MEMORY_MARK and at the end."""
   from tensorflow.python.eager import context
 
   from tff_fedadamom.experiment import run_experiment
@@ -159,8 +146,12 @@ def memory(rounds: int, tmp: str) -> dict:
       "server": {"optimizer": "fedadamom", "learning_rate": 1.0, "beta_2": 0.05},
   }, on_round=on_round, progress=False)
   (start, functions_start), (end, functions_end) = marks[MEMORY_MARK], marks[rounds]
-  return {"start": start, "end": end, "functions": (functions_start, functions_end),
-          "per_1000": (end - start) * 1000 / (rounds - MEMORY_MARK)}
+  per_1000 = (end - start) * 1000 / (rounds - MEMORY_MARK)
+  return (f"Memory, digits/logistic with telemetry, in-process, {rounds} rounds: RSS "
+          f"{start:.1f} MB after round {MEMORY_MARK}, {end:.1f} MB after round {rounds}: "
+          f"{end - start:+.1f} MB, {per_1000:+.1f} MB per 1,000 rounds (goal < "
+          f"{MEMORY_GOAL_MB:g} MB: {common.goal(per_1000, MEMORY_GOAL_MB, False)}); "
+          f"TensorFlow functions {functions_start} then {functions_end}.")
 
 
 def round_table(times: dict) -> str:
@@ -168,26 +159,13 @@ def round_table(times: dict) -> str:
   rows = []
   for name in CONFIGS:
     t = times.get(name)
-    if t is None:
-      rows.append([name] + [common.NOT_MEASURED] * (3 + 2 * len(BACKENDS)))
-      continue
-    ms = {k: statistics.median(v) * 1e3 for k, v in t.items()}
-    rows.append([name, common.fmt(ms["floor"], ".1f")]
-                + [common.fmt(ms[b], ".1f") for b in BACKENDS]
-                + [common.fmt(common.paired_ratio(t[b], t["floor"])) for b in BACKENDS]
-                + [common.fmt(common.paired_ratio(t[b], t["inprocess"])) for b in ASYNC])
+    ms = lambda key: common.fmt(statistics.median(t[key]) * 1e3 if t else None, ".1f")
+    over = lambda a, b: common.fmt(common.paired_ratio(t[a], t[b]) if t else None)
+    rows.append([name, ms("floor")] + [ms(b) for b in BACKENDS]
+                + [over(b, "floor") for b in BACKENDS] + [over(b, "inprocess") for b in ASYNC])
   return markdown_table(["config", "floor ms"] + [f"{b} ms" for b in BACKENDS]
                         + [f"{b} / floor" for b in BACKENDS]
                         + [f"{b} / inprocess" for b in ASYNC], rows)
-
-
-def memory_text(m: dict, rounds: int) -> str:
-  return (f"Memory, digits/logistic with telemetry, in-process, {rounds} rounds: RSS "
-          f"{m['start']:.1f} MB after round {MEMORY_MARK}, {m['end']:.1f} MB after round "
-          f"{rounds}: {m['end'] - m['start']:+.1f} MB, {m['per_1000']:+.1f} MB per 1,000 "
-          f"rounds (goal < {MEMORY_GOAL_MB:g} MB: "
-          f"{common.goal(m['per_1000'], MEMORY_GOAL_MB, False)}); "
-          f"TensorFlow functions {m['functions'][0]} then {m['functions'][1]}.")
 
 
 def main(argv=None) -> int:
@@ -214,7 +192,8 @@ def main(argv=None) -> int:
   times = {}
   with tempfile.TemporaryDirectory() as tmp:
     # First, so that the process holds no other run's memory yet.
-    mem = memory(args.memory_rounds, tmp) if args.memory_rounds else None
+    mem = (memory(args.memory_rounds, tmp) if args.memory_rounds
+           else f"Memory: {common.NOT_MEASURED}.")
     for name in names:
       times[name] = round_times(name, args.rounds, tmp)
       print(f"{name}: " + ", ".join(f"{k} {statistics.median(v) * 1e3:.1f} ms"
@@ -226,8 +205,7 @@ def main(argv=None) -> int:
           "as many clients in flight and lognormal(1) speeds (stale updates). The floor: "
           "the same SGD steps over the same batches and the mean of the deltas, in one "
           "`tf.function`.\n\n"
-          + round_table(times) + "\n"
-          + (memory_text(mem, args.memory_rounds) if mem else f"Memory: {common.NOT_MEASURED}."))
+          + round_table(times) + "\n" + mem)
   print(common.write_section("rounds", "Rounds: each backend against the floor", body,
                              args.results))
   return 0

@@ -2,24 +2,18 @@
 
     python -m benchmarks.sweeps [--repo PATH] [--only quickstart|fmnist] [--out DIR]
 
-Every figure is the wall time of whole commands, as a user types them, each in
-a fresh storage directory, with a process cache of this run's own
-(`TFF_FEDADAMOM_CACHE_DIR` and `runtime.cache_dir`):
+Every figure is the wall time of whole commands as a user types them, each in a
+fresh storage directory, with this run's own process cache
+(`TFF_FEDADAMOM_CACHE_DIR` and `runtime.cache_dir`). Each sweep runs twice with
+`python -m tff_fedadamom tune`: cold (every learning process traced and
+compiled) and warm (on the cache the cold sweep filled); the quickstart sweep's
+trials then run as separate `python -m tff_fedadamom run` commands, as many at a
+time as the sweep runs trials: separate / warm is what the sweep saves over a
+shell loop.
 
-* quickstart: `configs/sweeps/quickstart.yaml` as shipped, run twice with
-  `python -m tff_fedadamom tune`: "cold" (the cache empty: every learning
-  process is traced and compiled) and "warm" (the cache the cold sweep
-  filled); then the same trials (`tuning.joint.trial_configs`) as separate
-  `python -m tff_fedadamom run` commands, as many at a time as the sweep runs
-  trials. separate / warm is what the sweep saves over a shell loop.
-* fmnist: `configs/sweeps/fmnist_all_optimizers.yaml` shortened (`FMNIST_SHORT`),
-  cold and warm.
-
-`--only` measures one of the two (the other's figures are then "not
-measured"). `--repo` runs the commands against another checkout (its code
-first on `PYTHONPATH`, its configs), to compare two designs on one machine;
-the sweep files are shortened by that checkout's own `tuning.schema`, in a
-child process, so nothing of this checkout's project code is imported there.
+`--repo` times another checkout (its code first on `PYTHONPATH`, its configs),
+to compare two designs on one machine; its own `tuning` writes the sweep files,
+in a child process that imports none of this checkout's project code.
 """
 
 from __future__ import annotations
@@ -41,6 +35,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOAL = 2.5
 QUICKSTART = "configs/sweeps/quickstart.yaml"
 FMNIST = "configs/sweeps/fmnist_all_optimizers.yaml"
+LABELS = ("cold", "warm")
 # Dotted path -> value: the fmnist sweep at a size one machine runs in minutes.
 FMNIST_SHORT = {
     "budget.trials_per_optimizer": 2, "budget.rounds": 10, "base.eval_every": 5,
@@ -48,6 +43,8 @@ FMNIST_SHORT = {
     "scheduler.grace_period": 5, "scheduler.reduction_factor": 2,
     "resources.cpus_per_trial": 1, "resources.max_concurrent_trials": 2, "metric.last_k": 1,
 }
+# Name -> (sweep file, the dotted values it runs with).
+SWEEPS = {"quickstart": (QUICKSTART, {}), "fmnist": (FMNIST, FMNIST_SHORT)}
 
 
 def set_path(tree: dict, path: str, value) -> None:
@@ -63,26 +60,24 @@ def set_path(tree: dict, path: str, value) -> None:
 
 
 def prepare(spec: Mapping) -> dict:
-  """Run in the measured checkout (its `tuning` first on the path): writes the
-  sweep file `spec["sweep"]` with `spec["set"]` and each variant's own values
-  applied, checked and inlined (`parse_sweep`, `sweep_to_dict`), to each of
-  `spec["variants"]` (path -> dotted values); with `spec["runs_dir"]`, each
-  trial's experiment config there as a YAML file for a separate run."""
+  """Run in the measured checkout: writes sweep `spec["sweep"]` with the dotted
+  values of `spec["set"]` applied, checked and inlined, as `<label>.yaml` of
+  `spec["scratch"]` for each of LABELS (storing its trials in `<label>/`); with
+  `spec["separate"]`, each trial's experiment config in `runs/` there."""
   from tuning import joint, schema, space
 
   raw = schema.sweep_to_dict(schema.load_sweep(spec["sweep"]))
-  sweep = None
-  for out, values in spec["variants"].items():
+  for label in LABELS:
     variant = json.loads(json.dumps(raw))
-    for path, value in {**spec["set"], **values}.items():
+    storage = {"resources.storage_path": os.path.join(spec["scratch"], label)}
+    for path, value in {**spec["set"], **storage}.items():
       set_path(variant, path, value)
     sweep = schema.parse_sweep(variant)
-    with open(out, "w") as f:
-      yaml.safe_dump(schema.sweep_to_dict(sweep), f, sort_keys=False)
-  runs_dir, runs = spec.get("runs_dir"), []
-  if runs_dir:
+    schema.dump_sweep(sweep, os.path.join(spec["scratch"], f"{label}.yaml"))
+  runs_dir, runs = os.path.join(spec["scratch"], "runs"), []
+  if spec["separate"]:
     os.makedirs(runs_dir)
-  for i, trial in enumerate(joint.trial_configs(sweep) if runs_dir else ()):
+  for i, trial in enumerate(joint.trial_configs(sweep) if spec["separate"] else ()):
     params = dict(trial)
     optimizer = params.pop("optimizer")
     name = f"{optimizer}_{i}"
@@ -98,8 +93,8 @@ def prepare(spec: Mapping) -> dict:
 
 def run_commands(commands: Sequence[Sequence[str]], repo: str, env: dict, logs: str,
                  concurrent: int) -> float:
-  """Wall seconds of `commands`, `concurrent` at a time, each logged to a file
-  in `logs`; raises naming the first that failed and its log."""
+  """Wall seconds of `commands`, `concurrent` at a time, each logged in `logs`;
+  raises naming the first that failed and its log."""
   os.makedirs(logs, exist_ok=True)
   procs, paths = [], []
   start = time.perf_counter()
@@ -131,30 +126,26 @@ def run_commands(commands: Sequence[Sequence[str]], repo: str, env: dict, logs: 
   return wall
 
 
-def measure(repo: str, sweep_file: str, values: Mapping, scratch: str,
-            separate: bool) -> dict:
-  """Cold and warm sweep seconds of `sweep_file` with `values`, and with
-  `separate` the seconds of its trials as separate runs (after the warm sweep)."""
+def measure(repo: str, name: str, scratch: str) -> dict:
+  """Cold and warm sweep seconds of sweep `name` (of SWEEPS) in a new directory
+  `scratch`; for quickstart, also the seconds of its trials as separate runs."""
+  (sweep_file, values), separate = SWEEPS[name], name == "quickstart"
+  os.makedirs(scratch)
   cache = os.path.join(scratch, "process-cache")
   # Every command's environment: `repo`'s code first, this run's cache.
   env = {**os.environ, "PYTHONPATH": repo, "TFF_FEDADAMOM_CACHE_DIR": cache,
          "TF_CPP_MIN_LOG_LEVEL": "3"}
-  variants = {os.path.join(scratch, f"{label}.yaml"):
-              {"resources.storage_path": os.path.join(scratch, label)}
-              for label in ("cold", "warm")}
-  spec = {"sweep": os.path.join(repo, sweep_file), "variants": variants,
-          "set": {**values, "base.runtime.cache_dir": cache},
-          "runs_dir": os.path.join(scratch, "runs") if separate else None}
+  spec = {"sweep": os.path.join(repo, sweep_file), "scratch": scratch, "separate": separate,
+          "set": {**values, "base.runtime.cache_dir": cache}}
   done = subprocess.run([sys.executable, os.path.abspath(__file__), "--prepare",
                          json.dumps(spec)], cwd=repo, env=env, capture_output=True, text=True)
   if done.returncode:
     raise RuntimeError(f"preparing {sweep_file} in {repo} failed:\n{done.stderr[-3000:]}")
   info = json.loads(done.stdout.strip().splitlines()[-1])
   figures = {k: info[k] for k in ("trials", "rounds", "concurrent")}
-  for path in variants:
-    label = os.path.basename(path)[:-5]
-    figures[label] = run_commands([[sys.executable, "-m", "tff_fedadamom", "tune", path]],
-                                  repo, env, os.path.join(scratch, f"logs-{label}"), 1)
+  for label in LABELS:
+    tune = [sys.executable, "-m", "tff_fedadamom", "tune", os.path.join(scratch, f"{label}.yaml")]
+    figures[label] = run_commands([tune], repo, env, os.path.join(scratch, f"logs-{label}"), 1)
     print(f"  {sweep_file}: {label} sweep {figures[label]:.1f} s", flush=True)
   if separate:
     figures["separate"] = run_commands(
@@ -166,14 +157,13 @@ def measure(repo: str, sweep_file: str, values: Mapping, scratch: str,
 
 
 def section(results: Mapping[str, Optional[dict]], repo: str) -> str:
-  """The Markdown body of the section from `results` (name -> figures, or None
-  for a sweep not run)."""
+  """The Markdown body from `results`: name -> figures, or None for a sweep not run."""
   from benchmarks.common import NOT_MEASURED, fmt, goal, ratio
   from tff_fedadamom.experiment.outputs import markdown_table
 
   rows = []
-  for name, label in (("quickstart", f"`{QUICKSTART}` as shipped"),
-                      ("fmnist", f"`{FMNIST}` shortened")):
+  for name, (sweep_file, values) in SWEEPS.items():
+    label = f"`{sweep_file}` " + ("shortened" if values else "as shipped")
     m = results.get(name) or {}
     size = (f"{m['trials']} trials x {m['rounds']} rounds, {m['concurrent']} at a time"
             if m else NOT_MEASURED)
@@ -196,13 +186,11 @@ def main(argv=None) -> int:
   if argv[:1] == ["--prepare"]:  # the child of `measure`, in the measured checkout
     print(json.dumps(prepare(json.loads(argv[1]))))
     return 0
-  if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
   from benchmarks import common
 
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--repo", default=ROOT, help="the checkout whose commands are timed")
-  parser.add_argument("--only", choices=("quickstart", "fmnist"), default=None)
+  parser.add_argument("--only", choices=tuple(SWEEPS), default=None)
   parser.add_argument("--out", default=None, help="keep scratch files (logs, sweeps) here")
   parser.add_argument("--results", default=common.RESULTS, help="the results file to update")
   args = parser.parse_args(argv)
@@ -217,12 +205,9 @@ def main(argv=None) -> int:
         f"{os.getloadavg()[0]:.2f}", flush=True)
   results = {}
   try:
-    for name, sweep_file, values in (("quickstart", QUICKSTART, {}),
-                                     ("fmnist", FMNIST, FMNIST_SHORT)):
+    for name in SWEEPS:
       if args.only in (None, name):
-        os.makedirs(os.path.join(scratch, name))
-        results[name] = measure(repo, sweep_file, values, os.path.join(scratch, name),
-                                separate=name == "quickstart")
+        results[name] = measure(repo, name, os.path.join(scratch, name))
   finally:
     if not args.out:
       shutil.rmtree(scratch, ignore_errors=True)
