@@ -134,8 +134,7 @@ def write_report(out_dir: str, doc: Mapping) -> str:
 
 
 def _comparisons(doc: Mapping) -> Iterator[tuple]:
-  """(label, setup, {method: its row, or {}}) of each table of studies 1, 2 and
-  6, over the methods it planned, in the order of the document's methods."""
+  """(label, setup, {planned method: its row, or {}}) of each comparison table."""
   for study in LABELS:
     for panel, summary in _panels(doc["results"], study).items():
       setup, table = summary["setup"], summary["table"]
@@ -145,16 +144,15 @@ def _comparisons(doc: Mapping) -> Iterator[tuple]:
 
 
 def cells(doc: Mapping) -> list:
-  """(label, what, got, planned) of every part of the results: each study
-  (what "study"), each comparison row's seeds and tuning trials, each beta_2
-  and heterogeneity cell's seeds."""
+  """(label, what, got, planned) of each study ("study"), each comparison row's seeds and
+  trials, each beta_2 and heterogeneity cell's seeds."""
   results = doc["results"]
   out = [(title, "study", int(s in results), 1) for s, (title, _) in STUDIES.items()]
   for label, setup, rows in _comparisons(doc):
     for m, row in rows.items():
-      out += [(f"{label}: {name(m)}", "seeds", row.get("seeds", 0), len(setup["seeds"])),
-              (f"{label}: {name(m)}", "trials", row.get("trials_run") or 0,
-               setup["tune_trials"])]
+      cell = f"{label}: {name(m)}"
+      out += [(cell, "seeds", row.get("seeds", 0), len(setup["seeds"])),
+              (cell, "trials", row.get("trials_run") or 0, setup["tune_trials"])]
   if "beta2" in results:
     out += [(f"beta_2 {PART_NAMES.get(part, part)} beta_2={x}", "seeds", cell["seeds"],
              len(results["beta2"]["seeds"]))
@@ -212,7 +210,7 @@ def _save(fig, axes, path: str, legend: bool = True) -> str:
 
 
 def _errorbar(ax, xs: Sequence[float], stats: Sequence[Mapping], **kwargs) -> None:
-  """The mean ± std (in points) of each mean_std dict of `stats` that has a mean."""
+  """Mean ± std in points of each of `stats` (mean_std dicts) that has a mean."""
   ok = [i for i, stat in enumerate(stats) if stat["mean"] is not None]
   ax.errorbar([xs[i] for i in ok], [100 * stats[i]["mean"] for i in ok],
               yerr=[100 * (stats[i]["std"] or 0.0) for i in ok], marker="o", capsize=3,

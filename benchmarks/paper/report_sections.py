@@ -329,9 +329,8 @@ def _trend(diffs: Sequence[float]) -> str:
   """How FedAdamom - FedAdam moves from the most heterogeneous partition to i.i.d."""
   if diffs[0] > diffs[-1] and all(a >= b for a, b in zip(diffs, diffs[1:])):
     return "it shrinks monotonically as heterogeneity decreases, as the paper says"
-  # > 0: the gain grows with heterogeneity (the partitions run from most heterogeneous).
-  trend = -(float(np.corrcoef(np.arange(len(diffs)), diffs)[0, 1]) if np.std(diffs) > 0
-            else 0.0)
+  corr = float(np.corrcoef(np.arange(len(diffs)), diffs)[0, 1]) if np.std(diffs) > 0 else 0.0
+  trend = -corr  # > 0: the gain grows with heterogeneity
   rank = f"correlation with the heterogeneity rank {trend:+.2f}"
   if trend >= 0.5:
     return f"it tends to grow with heterogeneity ({rank}), as the paper says, but not monotonically"
@@ -381,55 +380,8 @@ def hetero_section(hetero: Mapping, plot: str) -> str:
                  "is in the table.\n")
 
 
-def _setup_text(raw: Mapping, per_opt: Mapping) -> str:
-  setup = raw["setup"]
-  return (
-      f"Setup: f_k(x) = sum_i st(sqrt(k) x_i) over {setup['dim']} coordinates, st(u) = "
-      f"(u^4 - 16u^2 + 5u)/2 (Styblinski-Tang): the local minimum u = {raw['u_local']:.4f} has "
-      f"Hessian k * {raw['h0']:.2f} and a barrier dL = {raw['barrier']:.2f} that does not "
-      f"depend on k. Pseudo-gradients: grad f_k + N(0, s * k * h0) per coordinate, "
-      f"s = {raw['noise_scale']:.4g} (the mean of a round's client gradients with "
-      f"minibatch noise proportional to the Hessian). {setup['particles']} particles per "
-      f"(optimizer, k), started at the local minimum with zero optimizer state; escape = "
-      f"some coordinate past u = {raw['u_escaped']:g}; censored at {setup['max_rounds']} "
-      f"rounds; tau = 1 / (exponential-MLE escape rate). Optimizers: the registry's own, "
-      f"stepped by their `next`, batched with `tf.vectorized_map` (FedAdamom's vbar per "
-      f"particle). FedAvgM momentum {setup['momentum']}; FedAdam (beta_1, beta_2, eps) = "
-      f"{tuple(setup['adam'])}; FedAdamom (beta_2, eps) = {tuple(setup['adamom'])}. "
-      f"Step sizes matched at the minimum of k_ref = {raw['k_ref']:.3g}: mean |step| per "
-      f"coordinate = {raw['matched']['target_mean_step']:.4g} for all three (learning rates "
-      + ", ".join(f"{name(o)} {per_opt[o]['lr']:.4g}" for o in per_opt) + ").\n\n")
-
-
 def _interval(ci) -> str:
   return f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
-
-
-def _fits(analysis: Mapping, verdicts: list) -> str:
-  """The fits' table; appends each optimizer's better linear fit to `verdicts`."""
-  claims, rows = plan.PAPER["escape"], []
-  for o, a in analysis.items():
-    r1, r2, fit, fit3 = (a.get(k) for k in ("r_inv_k", "r_inv_sqrt_k", "fit", "fit_prefactor"))
-    better = None if r1 is None or r2 is None else ("1/k" if r1 > r2 else "1/sqrt(k)")
-    p_text = "-" if not fit else f"{fit['p']:.2f}" + _interval(a.get("p_interval"))
-    p3_text = "-" if not fit3 else (f"{fit3['p']:.2f}" + _interval(
-        a.get("p_prefactor_interval")) + f", b={fit3['b']:.2f}")
-    span = "-" if a.get("k_span") is None else f"{a['k_span']:.3g}"
-    rows.append([name(o), span, num(r1, 4), num(r2, 4), better or "-", p_text, p3_text,
-                 claims[o]])
-    if better is not None:
-      verdicts.append(f"{name(o)}: the better linear fit is {better} "
-                      f"({'as' if better == claims[o] else 'unlike'} the paper's {claims[o]})")
-  return (
-      "\nFits over the k with at least 10 escapes (k span = k_max/k_min used). r: Pearson "
-      "correlation of log tau = -log(escape rate) with 1/k and with 1/sqrt(k). p: the "
-      "exponent of log tau = a + c k^-p (least squares, 90% bootstrap interval over "
-      "particles). p with prefactor: log tau = a + b log k + c k^-p, which lets the "
-      "Kramers prefactor (the escape attempt frequency, a power of k) be separated from "
-      "the exponent.\n\n"
-      + markdown_table(["optimizer", "k span", "r vs 1/k", "r vs 1/sqrt(k)",
-                        "better linear fit", "p (90% CI)", "p with prefactor (90% CI), b",
-                        "paper"], rows))
 
 
 def _against_the_paper(analysis: Mapping, verdicts: list) -> str:
@@ -475,16 +427,53 @@ def _against_the_paper(analysis: Mapping, verdicts: list) -> str:
 
 def escape_section(escape: Mapping, plot: str) -> str:
   raw, analysis, per_opt = escape["raw"], escape["analysis"], escape["per_optimizer"]
+  setup, claims = raw["setup"], plan.PAPER["escape"]
   taus = [[f"{k:g}"] + [("-" if r["tau"] is None else f"{r['tau']:.4g}")
                         + f" ({r['escaped']}/{r['particles']})"
                         for r in (per_opt[o]["per_k"][i] for o in per_opt)]
-          for i, k in enumerate(raw["setup"]["ks"])]
-  verdicts: list = []
-  text = ("## 4. Escape from sharp minima\n\n" + _setup_text(raw, per_opt)
-          + "Mean escape time tau (rounds) and escaped fraction per sharpness k:\n\n"
-          + markdown_table(["k"] + [f"{name(o)} tau (escaped)" for o in per_opt], taus)
-          + _fits(analysis, verdicts) + f"\n![escape times]({plot})\n\n")
-  return text + _against_the_paper(analysis, verdicts)
+          for i, k in enumerate(setup["ks"])]
+  fits, verdicts = [], []
+  for o, a in analysis.items():
+    r1, r2, fit, fit3 = (a.get(k) for k in ("r_inv_k", "r_inv_sqrt_k", "fit", "fit_prefactor"))
+    better = None if r1 is None or r2 is None else ("1/k" if r1 > r2 else "1/sqrt(k)")
+    p_text = "-" if not fit else f"{fit['p']:.2f}" + _interval(a.get("p_interval"))
+    p3_text = "-" if not fit3 else (f"{fit3['p']:.2f}" + _interval(
+        a.get("p_prefactor_interval")) + f", b={fit3['b']:.2f}")
+    span = "-" if a.get("k_span") is None else f"{a['k_span']:.3g}"
+    fits.append([name(o), span, num(r1, 4), num(r2, 4), better or "-", p_text, p3_text,
+                 claims[o]])
+    if better is not None:
+      verdicts.append(f"{name(o)}: the better linear fit is {better} "
+                      f"({'as' if better == claims[o] else 'unlike'} the paper's {claims[o]})")
+  return (
+      "## 4. Escape from sharp minima\n\n"
+      f"Setup: f_k(x) = sum_i st(sqrt(k) x_i) over {setup['dim']} coordinates, st(u) = "
+      f"(u^4 - 16u^2 + 5u)/2 (Styblinski-Tang): the local minimum u = {raw['u_local']:.4f} has "
+      f"Hessian k * {raw['h0']:.2f} and a barrier dL = {raw['barrier']:.2f} that does not "
+      f"depend on k. Pseudo-gradients: grad f_k + N(0, s * k * h0) per coordinate, "
+      f"s = {raw['noise_scale']:.4g} (the mean of a round's client gradients with "
+      f"minibatch noise proportional to the Hessian). {setup['particles']} particles per "
+      f"(optimizer, k), started at the local minimum with zero optimizer state; escape = "
+      f"some coordinate past u = {raw['u_escaped']:g}; censored at {setup['max_rounds']} "
+      f"rounds; tau = 1 / (exponential-MLE escape rate). Optimizers: the registry's own, "
+      f"stepped by their `next`, batched with `tf.vectorized_map` (FedAdamom's vbar per "
+      f"particle). FedAvgM momentum {setup['momentum']}; FedAdam (beta_1, beta_2, eps) = "
+      f"{tuple(setup['adam'])}; FedAdamom (beta_2, eps) = {tuple(setup['adamom'])}. "
+      f"Step sizes matched at the minimum of k_ref = {raw['k_ref']:.3g}: mean |step| per "
+      f"coordinate = {raw['matched']['target_mean_step']:.4g} for all three (learning rates "
+      + ", ".join(f"{name(o)} {per_opt[o]['lr']:.4g}" for o in per_opt) + ").\n\n"
+      "Mean escape time tau (rounds) and escaped fraction per sharpness k:\n\n"
+      + markdown_table(["k"] + [f"{name(o)} tau (escaped)" for o in per_opt], taus)
+      + "\nFits over the k with at least 10 escapes (k span = k_max/k_min used). r: Pearson "
+      "correlation of log tau = -log(escape rate) with 1/k and with 1/sqrt(k). p: the "
+      "exponent of log tau = a + c k^-p (least squares, 90% bootstrap interval over "
+      "particles). p with prefactor: log tau = a + b log k + c k^-p, which lets the "
+      "Kramers prefactor (the escape attempt frequency, a power of k) be separated from "
+      "the exponent.\n\n"
+      + markdown_table(["optimizer", "k span", "r vs 1/k", "r vs 1/sqrt(k)",
+                        "better linear fit", "p (90% CI)", "p with prefactor (90% CI), b",
+                        "paper"], fits)
+      + f"\n![escape times]({plot})\n\n" + _against_the_paper(analysis, verdicts))
 
 
 def panel_title(summary: Mapping) -> str:
