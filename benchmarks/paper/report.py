@@ -78,27 +78,23 @@ def _header(doc: Mapping) -> str:
       "and in the curves' bands.\n\n")
 
 
-def _plot(study: str) -> str:
-  return f"{PLOTS_DIR}/{STUDIES[study][1]}"
-
-
 def render(doc: Mapping) -> str:
   """REPORT.md's text from a results.json document."""
   results, texts, summary = doc["results"], {}, []
   paper_texts = {"fmnist": fmnist_paper_text, "shakespeare": shakespeare_paper_text}
   for study in LABELS:
-    panels, title = _panels(results, study), STUDIES[study][0]
+    panels, (title, file) = _panels(results, study), STUDIES[study]
     if not panels:
       continue
-    texts[study] = (async_section(title, panels, _plot(study), doc["methods"])
-                    if study == "async" else
-                    comparison_section(title, panels, _plot(study), paper_texts[study](panels),
+    plot = f"{PLOTS_DIR}/{file}"
+    texts[study] = (async_section(title, panels, plot, doc["methods"]) if study == "async" else
+                    comparison_section(title, panels, plot, paper_texts[study](panels),
                                        doc["methods"]))
     summary += [_one_line(_label(study, panel), s) for panel, s in panels.items()]
   for study, section in (("beta2", beta2_section), ("escape", escape_section),
                          ("hetero", hetero_section)):
     if study in results:
-      texts[study] = section(results[study], _plot(study))
+      texts[study] = section(results[study], f"{PLOTS_DIR}/{STUDIES[study][1]}")
   text = _header(doc)
   if summary:
     text += ("Summary (mean final accuracy, best first):\n\n"
@@ -114,7 +110,7 @@ def render(doc: Mapping) -> str:
 def write_plots(out_dir: str, doc: Mapping) -> list:
   """Every plot the report links, under `<out_dir>/plots/`."""
   results, methods = doc["results"], [m["name"] for m in doc["methods"]]
-  where = lambda study: os.path.join(out_dir, _plot(study))
+  where = lambda study: os.path.join(out_dir, PLOTS_DIR, STUDIES[study][1])
   written = [plot_curves(_panels(results, study), methods, where(study),
                          CURVES_TITLE.format(label))
              for study, label in LABELS.items() if study in results]

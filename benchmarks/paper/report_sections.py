@@ -42,6 +42,7 @@ OURS, RIVALS = "fedadamom", ("fadas", "fedadam")
 # An update's weight in the buffer's average, per `asynchronous.staleness` kind.
 STALENESS_WEIGHT = {"constant": "1", "polynomial": "(1 + tau)^-{a:g}",
                     "hinge": "1 up to tau = {b}, then 1 / ({a:g} (tau - {b}) + 1)"}
+# What `welch_clear` says of a gap between two means.
 GAP_VERDICTS = {True: "more than 2 standard errors", False: "within 2 standard errors",
                 None: "no standard error: fewer than two seeds"}
 
@@ -187,8 +188,7 @@ def _verdict(table: Mapping) -> str:
           + (" (the gap to it is larger than 2 standard errors)" if clear
              else " (within 2 standard errors of it)" if clear is False else "")
           + (f". FedAdamom - FedAdam: {adam_gap:+.2f} points" if adam_gap is not None else "")
-          + (" (more than 2 standard errors)" if adam_clear
-             else " (within 2 standard errors)" if adam_clear is False else "")
+          + (f" ({GAP_VERDICTS[adam_clear]})" if adam_clear is not None else "")
           + f". The {word(len(measured(table)))} means span "
           f"{100 * (spread(table) or 0):.2f} points.\n")
 
@@ -225,10 +225,9 @@ def comparison_section(title: str, summaries: Mapping[str, Mapping], plot: str,
 
 
 def fmnist_paper_text(summaries: Mapping[str, Mapping]) -> str:
-  dir03 = summaries.get("Dirichlet(0.3)")
-  if dir03 is None:
+  if "Dirichlet(0.3)" not in summaries:
     return ""
-  table = dir03["table"]
+  table = summaries["Dirichlet(0.3)"]["table"]
   if not ranking(table):
     return NO_RESULTS
   first, gap = place(table, "fedadamom") == (1, 0), _against_adam(table)[2]
@@ -385,7 +384,8 @@ def _interval(ci) -> str:
 
 
 def _against_the_paper(analysis: Mapping, verdicts: list) -> str:
-  """`verdicts`, each optimizer's exponent against the paper's, and how far to trust them."""
+  """Study 4's verdicts: `verdicts` (the better linear fits), then each optimizer's
+  exponent against the paper's, and how far the fits can be trusted."""
   for o, a in analysis.items():
     ci3, want = a.get("p_prefactor_interval"), EXPONENTS[plan.PAPER["escape"][o]]
     if ci3 and ci3[1] - ci3[0] <= 1.0:
