@@ -146,9 +146,9 @@ def cells(doc: Mapping) -> list:
   out = [(title, "study", int(s in results), 1) for s, (title, _) in STUDIES.items()]
   for label, setup, rows in _comparisons(doc):
     for m, row in rows.items():
-      cell = f"{label}: {name(m)}"
-      out += [(cell, "seeds", row.get("seeds", 0), len(setup["seeds"])),
-              (cell, "trials", row.get("trials_run") or 0, setup["tune_trials"])]
+      out += [(f"{label}: {name(m)}", "seeds", row.get("seeds", 0), len(setup["seeds"])),
+              (f"{label}: {name(m)}", "trials", row.get("trials_run") or 0,
+               setup["tune_trials"])]
   if "beta2" in results:
     out += [(f"beta_2 {PART_NAMES.get(part, part)} beta_2={x}", "seeds", cell["seeds"],
              len(results["beta2"]["seeds"]))

@@ -5,10 +5,10 @@ Beside each comparison table goes how far to trust it: tuned values at the edge 
 range (the range, not the method, may have decided them), runs at chance level
 (`studies.count_failed`: they learnt nothing), each method's bias correction (part of the
 setup: uncorrected, an Adam-family method's first m / sqrt(v) is (1 - beta_1) /
-sqrt(1 - beta_2) times the corrected one, 3.2 at beta 0.9, 0.999), the staleness
-asynchronous runs saw. Study 6 (FedBuff steps) has no paper numbers: it asks whether
-FedAdamom's standing against FADAS and FedAdam holds, and whether FADAS' delay-adaptive
-rate acted at all.
+sqrt(1 - beta_2) times the corrected one, 3.2 at beta 0.9, 0.999, and epsilon weighs more
+beside a young v), the staleness asynchronous runs saw. Study 6 (FedBuff steps) has no
+paper numbers: it asks whether FedAdamom's standing against FADAS and FedAdam holds, and
+whether FADAS' delay-adaptive rate acted at all.
 """
 
 from __future__ import annotations
@@ -482,27 +482,6 @@ def panel_title(summary: Mapping) -> str:
   return f"{durations['kind']}({durations['sigma']:g})"
 
 
-def setup_bullet(panels: Mapping[str, Mapping]) -> str:
-  """The tables' `asynchronous` section (the same in all but the durations' sigma)."""
-  settings = next(iter(panels.values()))["setup"]["asynchronous"]
-  sigmas = ", ".join(f"{s['setup']['asynchronous']['durations']['sigma']:g}"
-                     for s in panels.values())
-  staleness, durations = settings["staleness"], settings["durations"]
-  weight = STALENESS_WEIGHT[staleness["kind"]].format(
-      **{k: v for k, v in staleness.items() if k != "kind"})
-  return (
-      "- Asynchronous steps (FedBuff; the config's `asynchronous` section): each round is one "
-      f"server step. {settings['concurrency']} clients train at once, each from the model "
-      f"current when it starts; the server steps every {settings['buffer_size']} arrivals, "
-      f"averaging them with weight {weight} for an update's staleness tau (server steps "
-      f"since its model); updates staler than {settings['max_staleness']} steps are dropped. "
-      f"Client durations: per-client {durations['kind']} speeds of mean 1 (sigma {sigmas}"
-      + (", one table each" if len(panels) > 1 else "") + "), times a per-task lognormal "
-      f"jitter of sigma {durations.get('jitter', 0):g}. "
-      "FedAvg's server under these steps is FedBuff; FADAS reads each step's largest "
-      "staleness as its tau_max.\n")
-
-
 def _standing(panels: Mapping[str, Mapping]) -> str:
   """FedAdamom's rank and its gaps to FADAS and FedAdam per spread, and how its rank
   moves between them."""
@@ -553,6 +532,24 @@ def async_section(title: str, panels: Mapping[str, Mapping], plot: str,
   note = ("the server optimizers; FedCAda's and FAFED's clients keep state, which "
           "asynchronous steps do not support"
           if set(setup["methods"]) == set(plan.ASYNC_METHODS) else METHODS_NOTE)
+  # The tables' `asynchronous` sections are the same but for the durations' sigma.
+  settings = setup["asynchronous"]
+  sigmas = ", ".join(f"{s['setup']['asynchronous']['durations']['sigma']:g}"
+                     for s in panels.values())
+  staleness, durations = settings["staleness"], settings["durations"]
+  weight = STALENESS_WEIGHT[staleness["kind"]].format(
+      **{k: v for k, v in staleness.items() if k != "kind"})
+  bullet = (
+      "- Asynchronous steps (FedBuff; the config's `asynchronous` section): each round is one "
+      f"server step. {settings['concurrency']} clients train at once, each from the model "
+      f"current when it starts; the server steps every {settings['buffer_size']} arrivals, "
+      f"averaging them with weight {weight} for an update's staleness tau (server steps "
+      f"since its model); updates staler than {settings['max_staleness']} steps are dropped. "
+      f"Client durations: per-client {durations['kind']} speeds of mean 1 (sigma {sigmas}"
+      + (", one table each" if len(panels) > 1 else "") + "), times a per-task lognormal "
+      f"jitter of sigma {durations.get('jitter', 0):g}. "
+      "FedAvg's server under these steps is FedBuff; FADAS reads each step's largest "
+      "staleness as its tau_max.\n")
   paper_text = NO_RESULTS if not any(measured(s["table"]) for s in panels.values()) else (
       "**Under asynchrony.** The paper runs synchronous rounds only; here the server "
       "averages stale updates. "
@@ -561,4 +558,4 @@ def async_section(title: str, panels: Mapping[str, Mapping], plot: str,
       + _fadas_text(panels))
   return comparison_section(title, panels, plot, paper_text, methods,
                             difference="the spread of client durations",
-                            extra_setup=setup_bullet(panels), methods_note=note)
+                            extra_setup=bullet, methods_note=note)
