@@ -11,8 +11,7 @@ PART_NAMES = {"dir0.3": "Dirichlet(0.3)", "iid": "i.i.d."}
 HPARAM_NAMES = {"client.learning_rate": "eta_l", "server.learning_rate": "eta"}
 EDGE_MARK = "†"  # a tuned value at the edge of its search range (`report_sections.edges`)
 METHODS_NOTE = "this budget's subset"
-WORDS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine",
-         "ten", "eleven", "twelve")
+WORDS = "no one two three four five six seven eight nine ten eleven twelve".split()
 
 
 def name(opt: str) -> str:
