@@ -48,8 +48,7 @@ GAP_VERDICTS = {True: "more than 2 standard errors", False: "within 2 standard e
 
 
 def range_position(value: float, dist: Mapping) -> float:
-  """Where `value` lies in a search range: 0 at `low`, 1 at `high`; linear in
-  log(value) for a loguniform range, whose draws are uniform in the log."""
+  """0 at `low`, 1 at `high`; in log space for a loguniform range (its draws are uniform there)."""
   low, high = float(dist["low"]), float(dist["high"])
   if dist["dist"] == "loguniform":
     value, low, high = math.log(value), math.log(low), math.log(high)
@@ -384,8 +383,7 @@ def _interval(ci) -> str:
 
 
 def _against_the_paper(analysis: Mapping, verdicts: list) -> str:
-  """Study 4's verdicts: `verdicts` (the better linear fits), then each optimizer's
-  exponent against the paper's, and how far the fits can be trusted."""
+  """`verdicts` (the better linear fits), the exponents against the paper's, the caveats."""
   for o, a in analysis.items():
     ci3, want = a.get("p_prefactor_interval"), EXPONENTS[plan.PAPER["escape"][o]]
     if ci3 and ci3[1] - ci3[0] <= 1.0:
@@ -483,8 +481,7 @@ def panel_title(summary: Mapping) -> str:
 
 
 def _standing(panels: Mapping[str, Mapping]) -> str:
-  """FedAdamom's rank and its gaps to FADAS and FedAdam per spread, and how its rank
-  moves between them."""
+  """Per spread, FedAdamom's rank and gaps to FADAS and FedAdam; how its rank moves."""
   parts, ranks = [], []
   for panel, summary in panels.items():
     table = summary["table"]
