@@ -1,52 +1,45 @@
 """REPORT.md and its plots, rendered from results.json (never from hand-typed numbers).
 
-`render` turns the document `reproduce` writes into REPORT.md's text and nothing
-else, so the committed report is rebuilt from the committed results.json byte
-for byte (a test checks it). `incomplete` lists every shortfall of a document,
-`shrinkage` every cell it holds less of than another (what either means for
-the command: benchmarks/paper/README.md). The plots are drawn on
-`matplotlib.figure.Figure` objects (no pyplot, no backend selection: nothing
-process-wide changes) and written atomically.
+`render` depends on the results document only, so the committed report is rebuilt from
+the committed results.json byte for byte (a test checks it). What `incomplete` and
+`shrinkage` mean for the command: benchmarks/paper/README.md. The plots are drawn on
+`matplotlib.figure.Figure` objects (nothing process-wide changes) and written atomically.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Iterator, Mapping, Optional, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 
+from tff_fedadamom.atomic_io import atomic_write_text
 from tff_fedadamom.figures import new_figure, save_figure
 
 from benchmarks.paper import plan
-from benchmarks.paper.report_async import async_section, panel_title
 from benchmarks.paper.report_format import PART_NAMES, name, pct, ranking
-from benchmarks.paper.report_sections import (beta2_section, comparison_section,
+from benchmarks.paper.report_sections import (async_section, beta2_section, comparison_section,
                                               escape_section, fmnist_paper_text,
-                                              hetero_section, shakespeare_paper_text)
+                                              hetero_section, panel_title,
+                                              shakespeare_paper_text)
 
 REPORT_FILE = "REPORT.md"
-STUDIES = ("fmnist", "shakespeare", "beta2", "escape", "hetero", "async")
-COMPARISONS = ("fmnist", "shakespeare", "async")  # the studies of comparison tables
-SECTION_TITLES = {
-    "fmnist": "1. Equal-budget comparison on Fashion-MNIST",
-    "shakespeare": "2. Equal-budget comparison on Shakespeare",
-    "beta2": "3. FedAdamom beta_2 sensitivity",
-    "escape": "4. Escape from sharp minima",
-    "hetero": "5. Heterogeneity: FedAdamom - FedAdam",
-    "async": "6. Asynchronous training (FedBuff)",
-}
-CURVES_TITLE = "{}: best config of each optimizer, mean ± sample std over seeds"
 PLOTS_DIR = "plots"
-# The plot of each study (study 1's holds one panel per partition, study 6's
-# one per spread).
-FILES = {"fmnist": "fmnist_curves.png", "shakespeare": "shakespeare_curves.png",
-         "beta2": "beta2.png", "escape": "escape.png", "hetero": "heterogeneity.png",
-         "async": "async_curves.png"}
-# The labels of each comparison study's tables: in the summary's lines, in
-# what `incomplete` lists, and in the curves' title.
+# Each study's section title and plot (study 1's holds one panel per partition,
+# study 6's one per spread).
+STUDIES = {
+    "fmnist": ("1. Equal-budget comparison on Fashion-MNIST", "fmnist_curves.png"),
+    "shakespeare": ("2. Equal-budget comparison on Shakespeare", "shakespeare_curves.png"),
+    "beta2": ("3. FedAdamom beta_2 sensitivity", "beta2.png"),
+    "escape": ("4. Escape from sharp minima", "escape.png"),
+    "hetero": ("5. Heterogeneity: FedAdamom - FedAdam", "heterogeneity.png"),
+    "async": ("6. Asynchronous training (FedBuff)", "async_curves.png"),
+}
+# The comparison studies' labels: in the summary, in what `incomplete` lists, in
+# the curves' title.
 LABELS = {"fmnist": "Fashion-MNIST", "shakespeare": "Shakespeare",
           "async": "Asynchronous (FedBuff)"}
+CURVES_TITLE = "{}: best config of each optimizer, mean ± sample std over seeds"
 
 
 def _panels(results: Mapping, study: str) -> dict:
@@ -89,24 +82,25 @@ def render(doc: Mapping) -> str:
   """REPORT.md's text from a results.json document."""
   results, texts, summary = doc["results"], {}, []
   paper_texts = {"fmnist": fmnist_paper_text, "shakespeare": shakespeare_paper_text}
-  for study in COMPARISONS:
-    panels, plot = _panels(results, study), f"{PLOTS_DIR}/{FILES[study]}"
+  for study in LABELS:
+    panels, (title, file) = _panels(results, study), STUDIES[study]
     if not panels:
       continue
-    texts[study] = (async_section(SECTION_TITLES[study], panels, plot, doc["methods"])
-                    if study == "async" else
-                    comparison_section(SECTION_TITLES[study], panels, plot,
-                                       paper_texts[study](panels), doc["methods"]))
+    plot = f"{PLOTS_DIR}/{file}"
+    texts[study] = (async_section(title, panels, plot, doc["methods"]) if study == "async" else
+                    comparison_section(title, panels, plot, paper_texts[study](panels),
+                                       doc["methods"]))
     summary += [_one_line(_label(study, panel), s) for panel, s in panels.items()]
   for study, section in (("beta2", beta2_section), ("escape", escape_section),
                          ("hetero", hetero_section)):
     if study in results:
-      texts[study] = section(results[study], f"{PLOTS_DIR}/{FILES[study]}")
+      texts[study] = section(results[study], f"{PLOTS_DIR}/{STUDIES[study][1]}")
   text = _header(doc)
   if summary:
     text += ("Summary (mean final accuracy, best first):\n\n"
              + "".join(f"- {line}\n" for line in summary if line) + "\n")
-  text += "\n".join(texts.get(s, f"## {SECTION_TITLES[s]}\n\nNot run yet.\n") for s in STUDIES)
+  text += "\n".join(texts.get(s, f"## {title}\n\nNot run yet.\n")
+                    for s, (title, _) in STUDIES.items())
   shortfalls = incomplete(doc)
   if shortfalls:
     text += "\n## Incomplete\n\n" + "".join(f"- {s}\n" for s in shortfalls)
@@ -116,10 +110,10 @@ def render(doc: Mapping) -> str:
 def write_plots(out_dir: str, doc: Mapping) -> list:
   """Every plot the report links, under `<out_dir>/plots/`."""
   results, methods = doc["results"], [m["name"] for m in doc["methods"]]
-  where = lambda study: os.path.join(out_dir, PLOTS_DIR, FILES[study])
+  where = lambda study: os.path.join(out_dir, PLOTS_DIR, STUDIES[study][1])
   written = [plot_curves(_panels(results, study), methods, where(study),
-                         CURVES_TITLE.format(LABELS[study]))
-             for study in COMPARISONS if study in results]
+                         CURVES_TITLE.format(label))
+             for study, label in LABELS.items() if study in results]
   for study, plot in (("beta2", plot_beta2), ("escape", plot_escape),
                       ("hetero", plot_hetero)):
     if study in results:
@@ -129,8 +123,6 @@ def write_plots(out_dir: str, doc: Mapping) -> list:
 
 def write_report(out_dir: str, doc: Mapping) -> str:
   """Writes REPORT.md and its plots into `out_dir`; returns REPORT.md's path."""
-  from tff_fedadamom.atomic_io import atomic_write_text
-
   write_plots(out_dir, doc)
   path = os.path.join(out_dir, REPORT_FILE)
   atomic_write_text(path, render(doc))
@@ -138,9 +130,8 @@ def write_report(out_dir: str, doc: Mapping) -> str:
 
 
 def _comparisons(doc: Mapping) -> Iterator[tuple]:
-  """(label, setup, {method: its row, or {}}) of each table of studies 1, 2 and
-  6, over the methods it planned, in the order of the document's methods."""
-  for study in COMPARISONS:
+  """(label, setup, {planned method: its row, or {}}) of each comparison table."""
+  for study in LABELS:
     for panel, summary in _panels(doc["results"], study).items():
       setup, table = summary["setup"], summary["table"]
       yield _label(study, panel), setup, {m["name"]: table.get(m["name"]) or {}
@@ -149,11 +140,10 @@ def _comparisons(doc: Mapping) -> Iterator[tuple]:
 
 
 def cells(doc: Mapping) -> list:
-  """(label, what, got, planned) of every part of the results: each study
-  (what "study"), each comparison row's seeds and tuning trials, each beta_2
-  and heterogeneity cell's seeds."""
+  """(label, what, got, planned) of each study ("study"), each comparison row's seeds and
+  trials, each beta_2 and heterogeneity cell's seeds."""
   results = doc["results"]
-  out = [(SECTION_TITLES[s], "study", int(s in results), 1) for s in STUDIES]
+  out = [(title, "study", int(s in results), 1) for s, (title, _) in STUDIES.items()]
   for label, setup, rows in _comparisons(doc):
     for m, row in rows.items():
       out += [(f"{label}: {name(m)}", "seeds", row.get("seeds", 0), len(setup["seeds"])),
@@ -180,7 +170,7 @@ def shrinkage(before: Mapping, after: Mapping) -> list:
 
 def incomplete(doc: Mapping) -> list:
   """Every study, method or cell the results hold less of than the run planned."""
-  out = [f"{SECTION_TITLES[s]}: not run" for s in STUDIES if s not in doc["results"]]
+  out = [f"{title}: not run" for s, (title, _) in STUDIES.items() if s not in doc["results"]]
   for label, setup, rows in _comparisons(doc):
     absent = [name(m) for m, row in rows.items() if not row.get("seeds")]
     out += [f"{label}: not measured: {', '.join(absent)}"] if absent else []
@@ -195,9 +185,9 @@ def incomplete(doc: Mapping) -> list:
   return out
 
 
-def _one_line(label: str, summary: Optional[Mapping]) -> str:
+def _one_line(label: str, summary: Mapping) -> str:
   """'label: A 81.20 > B 80.10 = C 80.10' (ties: equal to 1e-6), or '' without results."""
-  order = ranking(summary["table"]) if summary else []
+  order = ranking(summary["table"])
   if not order:
     return ""
   means = [summary["table"][opt]["final"]["mean"] for opt in order]
@@ -216,7 +206,7 @@ def _save(fig, axes, path: str, legend: bool = True) -> str:
 
 
 def _errorbar(ax, xs: Sequence[float], stats: Sequence[Mapping], **kwargs) -> None:
-  """The mean ± std (in points) of each mean_std dict of `stats` that has a mean."""
+  """Mean ± std in points of each of `stats` (mean_std dicts) that has a mean."""
   ok = [i for i, stat in enumerate(stats) if stat["mean"] is not None]
   ax.errorbar([xs[i] for i in ok], [100 * stats[i]["mean"] for i in ok],
               yerr=[100 * (stats[i]["std"] or 0.0) for i in ok], marker="o", capsize=3,

@@ -9,10 +9,9 @@ from benchmarks.paper import plan
 
 PART_NAMES = {"dir0.3": "Dirichlet(0.3)", "iid": "i.i.d."}
 HPARAM_NAMES = {"client.learning_rate": "eta_l", "server.learning_rate": "eta"}
-EDGE_MARK = "†"  # a tuned value at the edge of its search range (`report_fidelity.edges`)
+EDGE_MARK = "†"  # a tuned value at the edge of its search range (`report_sections.edges`)
 METHODS_NOTE = "this budget's subset"
-WORDS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine",
-         "ten", "eleven", "twelve")
+WORDS = "no one two three four five six seven eight nine ten eleven twelve".split()
 
 
 def name(opt: str) -> str:
@@ -27,8 +26,8 @@ def word(n: int) -> str:
   return WORDS[n] if 0 <= n < len(WORDS) else str(n)
 
 
-def pct(value: Optional[float], digits: int = 2) -> str:
-  return "-" if value is None else f"{100 * value:.{digits}f}"
+def pct(value: Optional[float]) -> str:
+  return "-" if value is None else f"{100 * value:.2f}"
 
 
 def pm(stat: Optional[Mapping], scale: float = 100.0, digits: int = 2) -> str:
@@ -55,8 +54,7 @@ def num(value: Any, digits: int = 3) -> str:
 
 
 def hparams_text(hparams: Mapping, marked=()) -> str:
-  """'eta_l=0.05, eta=1, beta_2=0.1, ...' (the client's learning rate first);
-  the paths in `marked` get EDGE_MARK."""
+  """'eta_l=0.05, eta=1, beta_2=0.1, ...'; the paths in `marked` get EDGE_MARK."""
   return ", ".join(f"{hparam_label(k)}={num(v)}{EDGE_MARK if k in marked else ''}"
                    for k, v in hparams.items())
 
@@ -67,8 +65,8 @@ def hparam_label(path: str) -> str:
 
 
 def welch_se(a: Mapping, b: Mapping) -> Optional[float]:
-  """The standard error of the difference of two mean_std dicts' means (Welch:
-  sqrt(s_a^2 / n_a + s_b^2 / n_b)); None without two values and a spread in each."""
+  """Welch's standard error of the difference of two mean_std dicts' means,
+  sqrt(s_a^2 / n_a + s_b^2 / n_b); None without a mean and a nonzero std in each."""
   if a.get("mean") is None or b.get("mean") is None or not a.get("std") or not b.get("std"):
     return None
   return math.sqrt(a["std"] ** 2 / a["n"] + b["std"] ** 2 / b["n"])
@@ -141,8 +139,7 @@ def ranking(table: Mapping) -> list:
 
 
 def place(table: Mapping, opt: str) -> tuple:
-  """(rank of `opt` by mean final accuracy, number of others tied with it); ties
-  (equal to 1e-6) share the better rank."""
+  """(rank of `opt` by mean final accuracy, others tied with it to 1e-6: they share it)."""
   if opt not in measured(table):
     return None, 0
   mine = table[opt]["final"]["mean"]

@@ -1,7 +1,7 @@
-"""The report's fidelity rules (benchmarks/paper/report_fidelity.py and the
-sections that use them): tuned values at the edge of their range, runs at chance
-level, each method's bias correction, the heterogeneity verdict's standard
-errors, and study 6 (asynchronous steps) in the report's bookkeeping."""
+"""The report's fidelity rules (benchmarks/paper/report_sections.py): tuned values
+at the edge of their range, runs at chance level, each method's bias correction, the
+heterogeneity verdict's standard errors, and study 6 (asynchronous steps) in the
+report's bookkeeping."""
 
 import copy
 import json
@@ -13,7 +13,7 @@ import pytest
 
 from tff_fedadamom.metric_names import MAX_STALENESS, MEAN_STALENESS, ROUND, TEST_ACCURACY
 
-from benchmarks.paper import plan, report, report_async, report_fidelity, report_sections
+from benchmarks.paper import plan, report, report_sections
 from benchmarks.paper import reproduce, studies
 
 PAPER_DIR = os.path.dirname(os.path.abspath(reproduce.__file__))
@@ -62,8 +62,8 @@ def _summary(finals, hparams=None, trials=None, chance=0.1, space=None, base_ext
 
 
 def test_range_position_is_linear_in_log_space_for_loguniform():
-  assert report_fidelity.range_position(1.0, loguniform(0.1, 10.0)) == pytest.approx(0.5)
-  assert report_fidelity.range_position(0.5, uniform(0.0, 2.0)) == pytest.approx(0.25)
+  assert report_sections.range_position(1.0, loguniform(0.1, 10.0)) == pytest.approx(0.5)
+  assert report_sections.range_position(0.5, uniform(0.0, 2.0)) == pytest.approx(0.25)
 
 
 def test_a_tuned_value_within_five_percent_of_an_end_is_at_the_edge():
@@ -75,13 +75,13 @@ def test_a_tuned_value_within_five_percent_of_an_end_is_at_the_edge():
   row = lambda lr, momentum: {"hparams": {"client.learning_rate": 0.1,
                                           "server.learning_rate": lr,
                                           "server.momentum": momentum}}
-  found = report_fidelity.edges("fedavgm", row(0.105, 0.93), space)
+  found = report_sections.edges("fedavgm", row(0.105, 0.93), space)
   assert [(p, end) for p, _, _, end in found] == [("server.learning_rate", "low"),
                                                   ("server.momentum", "high")]
-  assert report_fidelity.edges("fedavgm", row(0.13, 0.92), space) == []
-  assert report_fidelity.edges("fedavgm", {**row(0.105, 0.93), "fallback_defaults": True},
+  assert report_sections.edges("fedavgm", row(0.13, 0.92), space) == []
+  assert report_sections.edges("fedavgm", {**row(0.105, 0.93), "fallback_defaults": True},
                                space) == []
-  note = report_fidelity.edge_note({"fedavgm": row(0.105, 0.92)}, space, ["fedavgm"])
+  note = report_sections.edge_note({"fedavgm": row(0.105, 0.92)}, space, ["fedavgm"])
   assert "FedAvgM eta=0.105 (loguniform [0.1, 10], low end)" in note
   assert "momentum" not in note
 
@@ -125,7 +125,7 @@ def test_failed_final_runs_and_trials_are_counted_and_shown():
   assert "(10.00%)" in text and "at most 1 point above chance" in text
   unknown = _summary({"fedavg": [0.6, 0.7]}, chance=None)
   assert unknown["table"]["fedavg"]["failed"] is None
-  assert "Failed runs: not counted" in report_fidelity.chance_bullet({"P": unknown})
+  assert "Failed runs: not counted" in report_sections.chance_bullet({"P": unknown})
 
 
 def test_chance_accuracy_is_the_share_of_the_most_frequent_test_label():
@@ -156,14 +156,14 @@ def test_the_bias_correction_bullet_follows_each_tuned_config():
   hparams = {"fedadam": {"bias_correction": False}, "fadas": {"bias_correction": True}}
   summary = _summary({o: [0.6, 0.7] for o in ("fedavg", "fedadam", "fedamsgrad", "fadas",
                                               "fedcada", "fedadamom")}, hparams=hparams)
-  bullet = report_fidelity.bias_bullet({"P": summary}, list(summary["table"]))
+  bullet = report_sections.bias_bullet({"P": summary}, list(summary["table"]))
   assert bullet == (
       "- Bias correction, as each tuned config has it (`server.bias_correction`): "
       "on: FedAMSGrad, FADAS; off: FedAdam; always on in its rule (its clients' Adam, no "
       "switch): FedCAda; none in its rule: FedAvg, FedAdamom.\n")
   other = copy.deepcopy(summary)
   other["table"]["fedamsgrad"]["hparams"]["server.bias_correction"] = False
-  bullet = report_fidelity.bias_bullet({"A": summary, "B": other}, ["fedamsgrad"])
+  bullet = report_sections.bias_bullet({"A": summary, "B": other}, ["fedamsgrad"])
   assert "on in A, off in B: FedAMSGrad" in bullet
 
 
@@ -219,7 +219,7 @@ def test_the_async_section_compares_fedadamom_with_fadas_and_fedadam_per_spread(
   panels = {"lognormal(0.5)": _async_panel(0.5, finals),
             "lognormal(1.5)": _async_panel(1.5, {**finals, "fedadamom": [0.65, 0.66]})}
   methods = [{"name": o, "communication": 1.0} for o in plan.ASYNC_METHODS]
-  text = report_async.async_section("6. Async", panels, "a.png", methods)
+  text = report_sections.async_section("6. Async", panels, "a.png", methods)
   assert "Setup (the spread of client durations is the only difference" in text
   assert "(sigma 0.5, 1.5, one table each)" in text
   assert text.count("Observed staleness of the final runs (10 runs, 20 server steps): "
