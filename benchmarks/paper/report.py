@@ -18,10 +18,10 @@ from tff_fedadamom.figures import new_figure, save_figure
 
 from benchmarks.paper import plan
 from benchmarks.paper.report_format import PART_NAMES, name, pct, ranking
-from benchmarks.paper.report_sections import (async_section, beta2_section, comparison_section,
-                                              escape_section, fmnist_paper_text,
-                                              hetero_section, panel_title,
+from benchmarks.paper.report_sections import (async_section, comparison_section,
+                                              fmnist_paper_text, panel_title,
                                               shakespeare_paper_text)
+from benchmarks.paper.report_studies import beta2_section, escape_section, hetero_section
 
 REPORT_FILE = "REPORT.md"
 PLOTS_DIR = "plots"

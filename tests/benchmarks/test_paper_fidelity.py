@@ -1,7 +1,7 @@
-"""The report's fidelity rules (benchmarks/paper/report_sections.py): tuned values
-at the edge of their range, runs at chance level, each method's bias correction, the
-heterogeneity verdict's standard errors, and study 6 (asynchronous steps) in the
-report's bookkeeping."""
+"""The report's fidelity rules (benchmarks/paper/report_sections.py, report_studies.py):
+tuned values at the edge of their range, runs at chance level, each method's bias
+correction, the heterogeneity verdict's standard errors, and study 6 (asynchronous steps)
+in the report's bookkeeping."""
 
 import copy
 import json
@@ -13,7 +13,7 @@ import pytest
 
 from tff_fedadamom.metric_names import MAX_STALENESS, MEAN_STALENESS, ROUND, TEST_ACCURACY
 
-from benchmarks.paper import plan, report, report_sections
+from benchmarks.paper import plan, report, report_sections, report_studies
 from benchmarks.paper import reproduce, studies
 
 PAPER_DIR = os.path.dirname(os.path.abspath(reproduce.__file__))
@@ -181,15 +181,15 @@ def _hetero(diffs, std, n=3):
 
 def test_the_heterogeneity_trend_is_claimed_only_beyond_two_standard_errors():
   diffs = (0.03, 0.01, -0.01)  # Dir(0.1) - i.i.d. = 4 points
-  small = report_sections.hetero_section(_hetero(diffs, std=0.01), "h.png")
+  small = report_studies.hetero_section(_hetero(diffs, std=0.01), "h.png")
   assert "it shrinks monotonically as heterogeneity decreases, as the paper says" in small
   assert "exceeds 2 standard errors of that change (SE 0.82, Welch)" in small
-  large = report_sections.hetero_section(_hetero(diffs, std=0.04), "h.png")  # SE 3.27
+  large = report_studies.hetero_section(_hetero(diffs, std=0.04), "h.png")  # SE 3.27
   assert "shrinks monotonically" not in large
   assert ("is within 2 standard errors of that change (SE 3.27, Welch): the differences "
           "are within their standard errors, so the claim is not resolved at this budget"
           in large)
-  single = report_sections.hetero_section(_hetero(diffs, std=None, n=1), "h.png")
+  single = report_studies.hetero_section(_hetero(diffs, std=None, n=1), "h.png")
   assert "has no standard error" in single and "not resolved" in single
 
 
