@@ -188,7 +188,7 @@ class _Interrupts:
 
 def main(argv=None, interrupts: Optional[_Interrupts] = None, owns_process: bool = False) -> int:
   """The command with `argv` (default: `sys.argv[1:]`); returns its exit status.
-  `owns_process` (from `entry`): it may set the garbage collector around its imports."""
+  `entry` passes `interrupts` and `owns_process` (set the collector around imports)."""
   from tff_fedadamom import session
 
   # The command's own process, before TensorFlow is imported (the package

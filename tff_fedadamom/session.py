@@ -36,8 +36,9 @@ def release_tff_default_context() -> None:
   (the project never runs on it) by TFF's runtime-error context.
 
   Why, at exit: its service manager's `__del__` looks up `subprocess.Popen` in
-  its module's globals, which the interpreter's last stage has set to None by
-  then, and fails with "'NoneType' object has no attribute 'Popen'".
+  its module's globals. After a program traced TensorFlow functions, TFF's
+  modules live until the interpreter's last stage, which sets those globals to
+  None first, and the lookup fails ("'NoneType' object has no attribute 'Popen'").
   """
   if "tensorflow_federated" not in sys.modules:
     return

@@ -79,8 +79,8 @@ def _result(metrics: Mapping[str, Any], objective: Optional[float], diverged: bo
 
 def eval_result(event, *, metric, node_id: str,
                 checkpoint_rounds: Collection[int]) -> tuple[dict, Optional[str]]:
-  """(The report after an evaluation, the run directory to checkpoint or None).
-  Each checkpoint costs a copy into the trial's storage, so only at
+  """What a trial reports after an evaluation, and the run directory to checkpoint
+  or None. Each checkpoint costs a copy into the trial's storage, so only at
   `checkpoint_rounds` or where a diverged run stops, and only when the pipeline
   has just saved this round, so that the copy resumes exactly here."""
   from tff_fedadamom.experiment import outputs
