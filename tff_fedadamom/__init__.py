@@ -1,12 +1,9 @@
 """FedAdamom for TensorFlow Federated: optimizer, YAML pipeline, sweeps.
 
-Public names are imported lazily so that `import tff_fedadamom` (and the CLI's
-`--help`) does not pay for TensorFlow until something needs it.
-
-Importing the package changes nothing process-wide: no environment variable,
-signal handler or logging setting. The `tff-fedadamom` command quiets
-TensorFlow's C++ start-up lines (grappler, cuDNN factory registration) for
-itself; a program that wants the same sets, before TensorFlow is imported,
+Public names are imported lazily: `import tff_fedadamom` (and `--help`) loads
+no TensorFlow, and changes nothing process-wide (environment, signal handlers,
+logging). The command quiets TensorFlow's C++ start-up lines for itself; a
+program that wants the same sets, before TensorFlow is imported,
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 """

@@ -1,35 +1,31 @@
 """Buffered asynchronous training on a virtual clock: who trains when, from which model.
 
 FedBuff (Nguyen et al., "Federated Learning with Buffered Asynchronous
-Aggregation", AISTATS 2022): `concurrency` clients train at once; a client that
-finishes puts its update in a buffer, and a new client starts from the current
+Aggregation", AISTATS 2022): `concurrency` clients train at once; a finished
+client's update goes to a buffer and a new client starts from the current
 model; every `buffer_size` arrivals the server averages the buffer, each update
-weighted by its staleness, and steps its optimizer. FADAS (Wang et al., ICML
-2024) runs the same loop with AMSGrad and its delay-adaptive server rate, which
-reads the largest staleness in the buffer (`ServerStep.max_staleness`).
+weighted by its staleness, and steps. FADAS (Wang et al., ICML 2024) runs the
+same loop with AMSGrad and a delay-adaptive rate (`ServerStep.max_staleness`).
 
-This module is the timeline alone. A client's duration is drawn from a seeded
-model, not measured, so the whole timeline (which client starts when, from which
-model version, and in which server step its update lands) is a function of the
-client ids, the settings and the seed. It is computed without training, and the
-training follows it (`runtime.buffered`): results do not depend on wall time,
-threads or backend, and a resumed run recomputes the timeline it was on.
+This module is the timeline alone. Durations are drawn from a seeded model, not
+measured, so the timeline (who starts when, from which version, and in which
+server step each update lands) is a function of the client ids, the settings
+and the seed; the training follows it (`runtime.buffered`), independent of wall
+time, threads and backend, and a resumed run recomputes it.
 
 The rules, in virtual time (unit: a typical client's task):
 
 * At time 0, `concurrency` clients start from version 0 (the initial model).
-* A task started at t by client c arrives at t + d, d = speed_c * jitter; the
-  per-client speed is drawn once per run (`DURATIONS`), the jitter per task.
+* A task started at t by client c arrives at t + speed_c * jitter; the speed is
+  drawn once per client and run (`DURATIONS`), the jitter per task.
 * At each instant, the arrivals enter the buffer in the order the tasks
-  started. An update whose staleness (server steps since its version) exceeds
-  `max_staleness` is dropped: it frees its slot but never enters the buffer.
-  Whenever the buffer holds `buffer_size` updates, the server steps: version + 1.
-  Then every slot freed at this instant restarts at once, from the current
-  version: one *launch*.
+  started; an update staler than `max_staleness` (server steps since its
+  version) is dropped, freeing its slot. Whenever the buffer holds
+  `buffer_size` updates, the server steps: version + 1. Then every slot freed
+  at this instant restarts, from the current version: one *launch*.
 * A launch of n clients draws them uniformly without replacement from those not
-  in flight, with a generator seeded by (seed, launch number); launch 1 is the
-  one at time 0. A task's data (its shuffle) uses its launch number as the
-  round number.
+  in flight, seeded by (seed, launch number; launch 1 is at time 0). A task's
+  data (its shuffle) uses its launch number as the round number.
 
 Where this departs from FADAS' code (yujiaw98/FADAS, `g_delay_adaptive.py`):
 its round-based simulation restarts the clients of a step after the step, from
@@ -52,20 +48,15 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-# kind -> its options and their defaults (`config.validate` checks a config's
-# against them). `jitter` (any kind): the sigma of a mean-one lognormal factor
-# drawn per task; 0 makes every task of a client take the same time.
+# kind -> its options and their defaults. `jitter` (any kind): the sigma of a
+# mean-one lognormal factor drawn per task (0: a client's tasks take one time).
 DURATIONS = {
     "constant": {"jitter": 0.0},  # every client's tasks take 1
     "exponential": {"jitter": 0.0},  # client speeds ~ Exponential(mean 1)
     "lognormal": {"sigma": 1.0, "jitter": 0.0},  # speeds ~ exp(sigma Z - sigma^2 / 2)
 }
 # kind -> its options and defaults; `staleness_weight` gives each one's formula.
-STALENESS = {
-    "constant": {},
-    "polynomial": {"a": 0.5},
-    "hinge": {"a": 10.0, "b": 4},
-}
+STALENESS = {"constant": {}, "polynomial": {"a": 0.5}, "hinge": {"a": 10.0, "b": 4}}
 DEFAULT_DURATIONS = {"kind": "lognormal", "sigma": 1.0, "jitter": 0.0}
 DEFAULT_STALENESS = {"kind": "constant"}
 # Streams of the run's seed the timeline draws from besides (seed, launch),
@@ -108,15 +99,9 @@ def client_speeds(num_clients: int, seed: int, kind: str = "lognormal",
 
 @dataclasses.dataclass(frozen=True)
 class Task:
-  """One client's training on one model version.
-
-  Attributes:
-    index: The task's number, in start order (ties at an arrival instant keep it).
-    client: The client id.
-    launch: Its launch's number: the round number its data is drawn with.
-    version: The model version it trains from (server steps before its start).
-    start, arrival: Virtual times.
-  """
+  """One client's training on one model version: `index` in start order, the
+  `launch` number (its data's round number), the `version` it trains from
+  (server steps before its start), and virtual `start` and `arrival` times."""
 
   index: int
   client: Any
@@ -150,16 +135,9 @@ class ServerStep:
 
 
 class Timeline:
-  """The server steps of one asynchronous run, simulated as far as asked.
-
-  Args:
-    client_ids: The clients to draw from.
-    concurrency: Clients training at once, in [1, len(client_ids)].
-    buffer_size: Updates per server step (>= 1).
-    max_staleness: Updates staler than this are dropped (>= 0).
-    durations: `{kind: ..., <its options>}` of `DURATIONS`.
-    seed: The run's seed.
-  """
+  """The server steps of one asynchronous run, simulated as far as asked
+  (the module docstring has the rules; `durations` is `{kind: ..., <its
+  options>}` of `DURATIONS`)."""
 
   def __init__(self, client_ids: Sequence[Any], concurrency: int, buffer_size: int,
                max_staleness: int, durations: Mapping[str, Any], seed: int):

@@ -1,11 +1,9 @@
-"""Atomic file writes: write a temporary file beside the target, then rename.
-
-An interrupted write (kill, disk full) never leaves a half-written file under
-the target's name; readers see the old file or the new one.
-"""
+"""Atomic file writes: a temporary file beside the target, then a rename, so an
+interrupted write (kill, disk full) never leaves a half-written file."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -25,10 +23,8 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
       os.fsync(f.fileno())
     os.replace(tmp, path)
   except BaseException:
-    try:
+    with contextlib.suppress(OSError):
       os.unlink(tmp)
-    except OSError:
-      pass
     raise
 
 

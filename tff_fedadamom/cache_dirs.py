@@ -1,10 +1,7 @@
-"""Where tff-fedadamom keeps what it can rebuild: one folder per user, a
-subfolder per kind, each movable by an environment variable of its own.
+"""Where tff-fedadamom keeps what it can rebuild, a folder per kind (`processes`,
+`data`), each movable by an environment variable of its own:
 
     $XDG_CACHE_HOME/tff-fedadamom/<kind>   (else ~/.cache/tff-fedadamom/<kind>)
-
-Kinds: `processes` (compiled learning processes, `runtime.process_cache`) and
-`data` (decompressed dataset files, `data.datasets.idx`).
 """
 
 from __future__ import annotations

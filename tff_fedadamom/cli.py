@@ -17,25 +17,17 @@ import os
 import sys
 from typing import Optional
 
-# What `main` sets for the command's own process before TensorFlow is imported
-# (the package docstring says why; a value the user set is kept).
-QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "3"}
 
-
-def _add_set(parser):
+def _add_overrides(parser, cache: bool = True):
+  """`--set KEY=VALUE`, and `--no-cache`, which appends the override `runtime.cache=false`."""
   parser.add_argument("--set", dest="overrides", action="append", default=[],
                       metavar="KEY=VALUE",
                       help="override a config value by dotted key, e.g. server.learning_rate=0.5")
-
-
-# What `--no-cache` overrides: the machine-wide cache of compiled processes.
-NO_CACHE = "runtime.cache=false"
-
-
-def _add_cache(parser):
-  parser.add_argument("--no-cache", dest="overrides", action="append_const", const=NO_CACHE,
-                      help="build the learning process instead of loading it from the "
-                      "machine's cache of compiled processes (runtime.cache: false)")
+  if cache:
+    parser.add_argument("--no-cache", dest="overrides", action="append_const",
+                        const="runtime.cache=false",
+                        help="build the learning process instead of loading it from the "
+                        "machine's cache of compiled processes (runtime.cache: false)")
 
 
 def _cmd_validate(args) -> int:
@@ -63,22 +55,14 @@ def _fmt(value) -> str:
   return "n/a" if value is None else f"{value:.4f}"
 
 
-def _start_session(config) -> None:
-  """TensorFlow's threads for this command's process (see `session`), sized by the
-  config's `runtime.threads`, before TensorFlow runs anything."""
-  from tff_fedadamom.session import Session
-
-  Session(threads=config.runtime.threads).apply()
-
-
 def _cmd_run(args) -> int:
   from tff_fedadamom.config import load_config
-  from tff_fedadamom.session import startup_imports
+  from tff_fedadamom.session import Session, startup_imports
 
   with startup_imports(args.owns_process):  # only in a process of its own (`entry`)
     from tff_fedadamom.experiment import run_experiment
   config = load_config(args.config, args.overrides)
-  _start_session(config)
+  Session(threads=config.runtime.threads).apply()  # before TensorFlow runs anything
   result = run_experiment(config, progress=not args.quiet, on_round=args.interrupts.check)
   _print_summary(result.summary, result.output_dir)
   return 0 if result.summary["status"] == "completed" else 3
@@ -86,14 +70,14 @@ def _cmd_run(args) -> int:
 
 def _cmd_compare(args) -> int:
   from tff_fedadamom.config import load_config
-  from tff_fedadamom.session import startup_imports
+  from tff_fedadamom.session import Session, startup_imports
 
   with startup_imports(args.owns_process):  # only in a process of its own (`entry`)
     from tff_fedadamom.experiment.compare import compare
 
   names = [n.strip() for n in args.optimizers.split(",") if n.strip()]
   config = load_config(args.config, args.overrides)
-  _start_session(config)
+  Session(threads=config.runtime.threads).apply()
   table = compare(config, names, progress=not args.quiet)
   print(table)
   return 0
@@ -115,8 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
 
   p = sub.add_parser("run", help="run (or resume) one experiment")
   p.add_argument("config")
-  _add_set(p)
-  _add_cache(p)
+  _add_overrides(p)
   p.add_argument("--quiet", action="store_true", help="no progress bar")
   p.set_defaults(fn=_cmd_run)
 
@@ -124,14 +107,13 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("config")
   p.add_argument("--optimizers", required=True,
                  help="comma-separated names, e.g. fedadamom,fedadam,fedavgm")
-  _add_set(p)
-  _add_cache(p)
+  _add_overrides(p)
   p.add_argument("--quiet", action="store_true")
   p.set_defaults(fn=_cmd_compare)
 
   p = sub.add_parser("validate", help="check a config without running it")
   p.add_argument("config")
-  _add_set(p)
+  _add_overrides(p, cache=False)
   p.add_argument("--show", action="store_true", help="print the resolved config")
   p.set_defaults(fn=_cmd_validate)
 
@@ -143,29 +125,23 @@ def build_parser() -> argparse.ArgumentParser:
   try:
     from tuning import cli as tuning_cli
   except ImportError:  # pragma: no cover - tuning not installed
-    tuning_cli = None
-  if tuning_cli is not None:
-    tuning_cli.add_tune_parser(sub)
-    tuning_cli.add_export_parser(sub)
+    return parser
+  tuning_cli.add_tune_parser(sub)
+  tuning_cli.add_export_parser(sub)
   return parser
 
 
 class _Interrupts:
   """SIGINT and SIGTERM end the command, even when they arrive in a finalizer.
 
-  Python runs a signal's handler in the main thread at its next bytecode, and
-  that may be inside a `__del__` or a weakref callback, which TensorFlow's
-  objects run all the time (a garbage collection can start at any allocation).
-  An exception raised there is printed as "Exception ignored" and dropped: the
-  Ctrl-C, or the SIGTERM, would be lost and the run would go on. So the handler
-  remembers the signal, and when its exception is dropped (`sys.unraisablehook`),
-  a one-shot timer (SIGALRM, 10 ms) raises it again, by then outside the finalizer.
+  A signal's handler runs at the main thread's next bytecode, which may be in a
+  `__del__` or weakref callback (TensorFlow's objects run them all the time),
+  where an exception is printed as "Exception ignored" and dropped. So the
+  handler remembers the signal, and when its exception is dropped
+  (`sys.unraisablehook`) a one-shot SIGALRM timer (10 ms) raises it again.
 
-  SIGINT raises KeyboardInterrupt, as Python's default handler does; SIGTERM
-  raises SystemExit(128 + 15), so `finally` blocks and exit handlers run (a
-  tff_cpp backend's worker_binary is stopped by them, or ends with this process). A
-  SIGINT the command was started with ignored (`nohup`, a background job) stays
-  ignored.
+  SIGINT raises KeyboardInterrupt; SIGTERM SystemExit(128 + 15), so `finally`
+  blocks and exit handlers run. A SIGINT ignored at start (`nohup`) stays ignored.
   """
 
   def __init__(self):
@@ -182,10 +158,9 @@ class _Interrupts:
     sys.unraisablehook = self._unraisable
 
   def check(self, *_) -> None:
-    """Raises the signal's exception if one arrived: a run calls it after every
-    round (`on_round`), so a signal whose exception some code swallowed whole
-    (a bare `except:` reports nothing) still ends the run at a round's end,
-    with that round's checkpoint on disk."""
+    """Raises the signal's exception if one arrived. A run calls it after every
+    round, so a signal whose exception a bare `except:` swallowed still ends
+    the run, with that round's checkpoint on disk."""
     if self.signum is not None:
       self._raise(self.signum, None)
 
@@ -213,14 +188,12 @@ class _Interrupts:
 
 def main(argv=None, interrupts: Optional[_Interrupts] = None, owns_process: bool = False) -> int:
   """The command with `argv` (default: `sys.argv[1:]`); returns its exit status.
-  `entry` is the process around it (signals, a prompt exit) and passes its
-  `interrupts`, which a run checks after every round, and `owns_process`: the
-  command may then set Python's garbage collector around its imports
-  (`session.startup_imports`), which a caller's program keeps as it is."""
+  `entry` passes `interrupts` and `owns_process` (set the collector around imports)."""
   from tff_fedadamom import session
 
-  for name, value in QUIET_ENV.items():
-    os.environ.setdefault(name, value)  # the command's own process
+  # The command's own process, before TensorFlow is imported (the package
+  # docstring says why; a value the user set is kept).
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
   from tff_fedadamom.config import ConfigError
 
   args = build_parser().parse_args(argv)
@@ -253,18 +226,15 @@ def _exit_code(code) -> int:
 
 
 def entry() -> None:
-  """The `tff-fedadamom` command (and `python -m tff_fedadamom`): `main`, then a
-  prompt exit.
+  """The `tff-fedadamom` command: `main`, then a prompt exit.
 
-  Python's normal exit ends with a full garbage collection of every module's
-  objects, and TensorFlow's and TFF's heap makes that cost seconds; after a
-  SIGTERM mid-run that delay is how long the command takes to die. Everything a
-  command writes is closed by then (its own `finally` blocks ran), so the exit
-  handlers run (`atexit`: logging, Ray's shutdown, releasing TFF's default
-  context), the standard streams are flushed, and the process ends without the collection. `main`
-  itself returns, for callers in a Python program.
+  Python's normal exit ends with a full garbage collection, which TensorFlow's
+  and TFF's heap makes cost seconds. The command's `finally` blocks have run by
+  then, so the exit handlers run, the streams are flushed, and the process
+  ends without the collection.
   """
   import atexit
+  import contextlib
   import signal
 
   interrupts = _Interrupts()
@@ -278,10 +248,8 @@ def entry() -> None:
   signal.setitimer(signal.ITIMER_REAL, 0)  # a re-raise not yet due is moot now
   atexit._run_exitfuncs()  # noqa: SLF001 - what interpreter shutdown would run
   for stream in (sys.stdout, sys.stderr):
-    try:
+    with contextlib.suppress(OSError, ValueError):  # a closed pipe: nothing left to say
       stream.flush()
-    except (OSError, ValueError):  # a closed pipe: nothing left to say
-      pass
   os._exit(code)
 
 

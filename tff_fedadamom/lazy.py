@@ -1,8 +1,6 @@
 """Lazy package exports (PEP 562): a package's public names are imported from
-their modules on first use, so importing the package imports nothing heavy.
-
-A package writes its exports as a literal `_EXPORTS = {name: module}` (the
-layering test reads that mapping to see what using a name imports) and sets
+their modules on first use. A package writes them as a literal `_EXPORTS =
+{name: module}` (the layering test reads it) and sets
 
     __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 """
@@ -15,8 +13,7 @@ from typing import Callable, Mapping
 
 
 def lazy_exports(package: str, exports: Mapping[str, str]) -> tuple[Callable, Callable]:
-  """The module-level `__getattr__` and `__dir__` of `package` whose public
-  names `exports` maps to the modules defining them."""
+  """The module-level `__getattr__` and `__dir__` of `package`."""
 
   def __getattr__(name):
     if name in exports:

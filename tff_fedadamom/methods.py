@@ -2,8 +2,7 @@
 
 An entry of `kind=LEARNING_PROCESS` (FedCAda, FAFED) changes what the clients
 do too, so it is not a server optimizer inside FedAvg; `build_process`
-dispatches on `kind`. The config and sweep layers ask this module which names
-exist, their hparams and which are tunable.
+dispatches on `kind`.
 
 Hparam names are shared (`learning_rate`, `beta_1`, `beta_2`, `epsilon`,
 `momentum`, `bias_correction`). Each entry's defaults follow its method's
@@ -45,16 +44,12 @@ class OptimizerSpec:
       -> LearningProcess` (`LEARNING_PROCESS`, see `tff_fedadamom.algorithms`).
     defaults: Every hparam, with its default. A bool default is a build-time
       switch (`bias_correction`): it picks the rule and the state's structure.
-    tunable: The hparams a sweep varies by default, each with a search range;
-      a switch only when the sweep asks (`sweepable_hparams`).
-    search_ranges: (distribution 'loguniform'|'uniform', low, high) per tunable hparam.
+    tunable: The hparams a sweep varies by default, each with a `search_ranges`
+      entry (distribution 'loguniform'|'uniform', low, high).
     communication: Parameter-sized tensors a sampled client sends (and
-      receives) per round, relative to FedAvg's one model; `communication_note`
-      says what is counted.
-    check: `check(**hparams)` raises ValueError naming an out-of-range hparam,
-      without building anything (`optimizers.ranges`).
-    state: The keys of its state as telemetry reads it (`state.process_moments`
-      for a learning process).
+      receives) per round, relative to FedAvg's one model (`communication_note`).
+    check: `check(**hparams)` raises ValueError naming an out-of-range hparam.
+    state: The keys of its state as telemetry reads it.
     momentum_coefficient: None, or `f(v_flat, epsilon)`: the per-coordinate
       momentum the state's second moment sets (FedAdamom's beta1_t).
   """
@@ -72,14 +67,6 @@ class OptimizerSpec:
   display_name: str = ''
   state: keys.StateKeys = keys.StateKeys(frozenset())
   momentum_coefficient: Optional[Callable[[Any, Any], Any]] = None
-
-
-def _fedavg(learning_rate):
-  return tff.learning.optimizers.build_sgdm(learning_rate=learning_rate)
-
-
-def _fedavgm(learning_rate, momentum):
-  return tff.learning.optimizers.build_sgdm(learning_rate=learning_rate, momentum=momentum)
 
 
 # Search ranges from the literature: eta and epsilon (tau) Reddi et al.'s (2021)
@@ -120,11 +107,11 @@ _CLIENT_ADAPTIVE_COMM = ('the model update, the first and the second moment up; 
 
 
 OPTIMIZERS: Mapping[str, OptimizerSpec] = {s.name: s for s in (
-    _spec('fedavg', 'FedAvg', _fedavg, {'learning_rate': 1.0}, ['learning_rate'],
-          'FedAvg: server SGD, w - eta * g (eta = 1 is plain averaging).', keys.SGD_STATE,
-          check=ranges.check_sgd),
-    _spec('fedavgm', 'FedAvgM', _fedavgm, {'learning_rate': 1.0, 'momentum': 0.9},
-          ['learning_rate', 'momentum'],
+    _spec('fedavg', 'FedAvg', tff.learning.optimizers.build_sgdm, {'learning_rate': 1.0},
+          ['learning_rate'], 'FedAvg: server SGD, w - eta * g (eta = 1 is plain averaging).',
+          keys.SGD_STATE, check=ranges.check_sgd),
+    _spec('fedavgm', 'FedAvgM', tff.learning.optimizers.build_sgdm,
+          {'learning_rate': 1.0, 'momentum': 0.9}, ['learning_rate', 'momentum'],
           'FedAvgM: server heavy-ball momentum, m = momentum * m + g.', keys.SGDM_STATE,
           check=ranges.check_sgd),
     _spec('fedadam', adaptive.FEDADAM_NAME, adaptive.build_fedadam,
@@ -258,20 +245,15 @@ def is_learning_process(name: str) -> bool:
 
 def check_hparams(name: str, **hparams) -> dict[str, Any]:
   """The resolved hparams of `name`; ValueError (naming the argument) when one is
-  unknown or out of range. Checks the entry's ranges (`OptimizerSpec.check`)
-  without building the optimizer or process."""
+  unknown or out of range, without building anything."""
   resolved = resolve_hparams(name, **hparams)
   get_spec(name).check(**resolved)
   return resolved
 
 
 def build_server_optimizer(name: str, **hparams) -> tff.learning.optimizers.Optimizer:
-  """The server optimizer `name` with `hparams` over its defaults.
-
-  Raises:
-    ValueError: an unknown name or hparam, an out-of-range value (naming the
-      argument), or a name that is a whole learning process.
-  """
+  """The server optimizer `name` with `hparams` over its defaults; ValueError for
+  an unknown name or hparam, an out-of-range value, or a learning process."""
   spec = get_spec(name)
   if spec.kind == LEARNING_PROCESS:
     raise ValueError(

@@ -1,17 +1,11 @@
-"""The names of the metrics a run records: one home for every file that reads them.
-
-A run's history (`metrics.csv`, Ray Tune's reports, the summary) keys each
-round's values by these names; the training loop, its hooks, the optimizer
-telemetry, the run's outputs, the sweep objective, the exported tables, the
-paper report and the tests all read them from here.
-"""
+"""The names of the metrics a run records (`metrics.csv`, Ray Tune's reports, the
+summary): one home for every file that reads them."""
 
 ROUND = "round"  # the round a row belongs to (1 = after the first round)
 NONFINITE_UPDATES = "nonfinite_updates"  # 1 when the round's update was rejected
 
-# What Keras and TFF call a model's loss and its example count (the keys of a
-# learning process's `client_work/train` metrics and of `Model.evaluate`'s
-# result), which a row renames to the names below.
+# Keras' and TFF's keys of a model's loss and example count (`client_work/train`
+# metrics, `Model.evaluate`'s result), which a row renames to the names below.
 LOSS = "loss"
 NUM_EXAMPLES = "num_examples"
 

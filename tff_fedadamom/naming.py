@@ -7,16 +7,13 @@ from typing import Any, Iterable, Optional
 
 
 def closest(word: Any, valid: Iterable[str], *, by_prefix: bool = False) -> Optional[str]:
-  """The valid name closest to `word` by spelling, or None when none is close.
-
-  With `by_prefix`, a word of 3 or more characters that starts a valid name (or
-  that a valid name starts) counts as close too ('trials' for
-  'trials_per_optimizer')."""
-  valid = [str(v) for v in valid]
-  matches = difflib.get_close_matches(str(word), valid, n=1, cutoff=0.6)
+  """The valid name closest to `word` by spelling, or None when none is close;
+  with `by_prefix`, also one that a word of 3+ characters starts or is started
+  by ('trials' for 'trials_per_optimizer')."""
+  word, valid = str(word), [str(v) for v in valid]
+  matches = difflib.get_close_matches(word, valid, n=1, cutoff=0.6)
   if matches:
     return matches[0]
-  word = str(word)
   if by_prefix and len(word) >= 3:
     return next((v for v in valid if v.startswith(word) or word.startswith(v)), None)
   return None

@@ -7,10 +7,8 @@ from typing import Any, Mapping
 
 def plain(value: Any) -> Any:
   """`value` with tuples and lists as lists, mappings as dicts and numpy
-  scalars (Ray Tune's samples, TensorFlow's `.numpy()` results) as Python numbers.
-
-  Strings, numbers, bools and None come back as they are.
-  """
+  scalars (Ray Tune's samples, TensorFlow's `.numpy()` results) as Python
+  numbers; anything else as it is."""
   if isinstance(value, (tuple, list)):
     return [plain(v) for v in value]
   if isinstance(value, Mapping):

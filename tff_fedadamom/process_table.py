@@ -1,10 +1,6 @@
 """Reading Linux's process table (`/proc`): which processes run, their parents
-and start times.
-
-The one home of the project's /proc walk (the runtime's workers, a sweep
-trial's owner, the processes a local Ray started; the tests' walks build on it
-in `tests/process_table.py`). Nothing here signals or waits for a process. A
-process that ends while it is being read is not reported; off Linux none is.
+and start times; the project's one /proc walk. Nothing here signals or waits
+for a process. One that ends while it is read is not reported; off Linux none is.
 """
 
 from __future__ import annotations
@@ -16,14 +12,10 @@ from typing import Iterable, Optional
 
 @dataclasses.dataclass(frozen=True)
 class Stat:
-  """The fields of `/proc/PID/stat` the project uses.
-
-  Attributes:
-    state: One letter, e.g. 'R', 'S', 'Z' (zombie: ended, not yet reaped).
-    start_time: Clock ticks after boot; tells a reused pid apart.
-    name: The executable's name as the kernel keeps it (`comm`, <= 15 characters).
-    wait_status: A zombie's status as `waitpid` would report it, None while it
-      runs or where the kernel does not say (before 3.5).
+  """The fields of `/proc/PID/stat` the project uses: `state` (one letter; 'Z', a
+  zombie, has ended), `start_time` (clock ticks after boot: tells a reused pid
+  apart), `name` (`comm`, <= 15 characters), and `wait_status`, a zombie's
+  status as `waitpid` would report it (None while it runs, or before Linux 3.5).
   """
   pid: int
   state: str
@@ -34,7 +26,6 @@ class Stat:
 
   @property
   def running(self) -> bool:
-    """False for a zombie, which has ended and only waits to be reaped."""
     return self.state != "Z"
 
 
@@ -56,8 +47,7 @@ def stat(pid: int) -> Optional[Stat]:
 
 
 def exit_text(returncode: int) -> str:
-  """'exited with code N', or 'killed by signal N' for a negative `returncode`
-  (`subprocess.Popen`'s convention)."""
+  """'exited with code N', or 'killed by signal N' for a negative (`Popen`'s) `returncode`."""
   return f"killed by signal {-returncode}" if returncode < 0 else f"exited with code {returncode}"
 
 
@@ -72,21 +62,15 @@ def how_it_ended(s: Stat) -> str:
   return exit_text(-signal if signal else s.wait_status >> 8)
 
 
-def still_running(pids_: Iterable[int]) -> list[int]:
-  """The pids among `pids_` that still run (a zombie counts as ended)."""
-  alive = []
-  for pid in pids_:
-    s = stat(pid)
-    if s is not None and s.running:
-      alive.append(pid)
-  return alive
-
-
 def identity(pid: int) -> Optional[tuple[int, int]]:
-  """(pid, start time in clock ticks) of a running process, None if it has ended;
-  the start time tells a reused pid apart."""
+  """(pid, start time) of a running process, None if it has ended (or is a zombie)."""
   s = stat(pid)
   return (pid, s.start_time) if s is not None and s.running else None
+
+
+def still_running(pids_: Iterable[int]) -> list[int]:
+  """The pids among `pids_` that still run."""
+  return [pid for pid in pids_ if identity(pid) is not None]
 
 
 def pids() -> list[int]:
@@ -104,8 +88,7 @@ def stats() -> list[Stat]:
 
 def descendants(roots: int | Iterable[int], table: Optional[Iterable[Stat]] = None) -> list[int]:
   """Every descendant of `roots` (one pid or several), in walk order, without
-  the roots themselves. `table`: the processes to walk (default: `stats()`
-  now); one table passed to several walks sees a single moment."""
+  the roots. `table` (default: `stats()` now) lets several walks see one moment."""
   roots = [roots] if isinstance(roots, int) else list(roots)
   children: dict[int, list[int]] = {}
   for s in (stats() if table is None else table):

@@ -4,8 +4,7 @@
     result = run_sweep("configs/sweeps/quickstart.yaml")
     export_sweep(result.sweep_dir)
 
-Names are imported lazily: `import tuning` (and the CLI's parser) pulls in
-neither Ray nor TensorFlow.
+Names are imported lazily: `import tuning` loads neither Ray nor TensorFlow.
 """
 
 from tff_fedadamom.lazy import lazy_exports

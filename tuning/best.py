@@ -1,34 +1,26 @@
 """Which trial is best: the one rule the sweep export and its live progress share.
 
 A trial counts only if it did not diverge and its objective is finite. Among
-those, the trials that ran the whole budget (`budget.rounds`) are preferred:
-a trial that ASHA stopped early was compared at an earlier round and would not
-reproduce at the full one. The best is the highest objective for `mode: max`,
-the lowest for `mode: min`; on a tie the first trial wins.
+those, the trials that ran the whole budget are preferred: one ASHA stopped
+early was compared at an earlier round and would not reproduce at the full one.
+The best has the highest objective (`mode: max`) or the lowest; on a tie, the first.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, TypeVar
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from tff_fedadamom.metric_names import ROUND
 from tuning import trainable as trainable_lib
 
-T = TypeVar("T")
-
 
 @dataclasses.dataclass(frozen=True)
 class TrialRecord:
-  """One trial as the export sees it (read from Tune's experiment, or built by hand).
-
-  Attributes:
-    optimizer, trial_id, status: Tune's status (TERMINATED, ERROR, ...).
-    params: Dotted path -> sampled value.
-    history: One dict per report (`round`, `objective`, `diverged`, metrics...).
-    node_id, hostname, pid: Where the trial ran (last report).
-  """
+  """One trial as the export sees it: Tune's `status` (TERMINATED, ERROR, ...),
+  `params` (dotted path -> sampled value), `history` (one dict per report) and
+  where it ran (last report)."""
 
   optimizer: str
   trial_id: str
@@ -68,33 +60,17 @@ def is_better(a: float, b: Optional[float], mode: str) -> bool:
   return b is None or (a > b if mode == "max" else a < b)
 
 
-def _record_fields(record: TrialRecord) -> tuple[Optional[float], int, bool]:
-  return (record.objective if record.ran else None), record.rounds, record.diverged
-
-
-def choose_best(trials: Iterable[T], *, mode: str, rounds: int,
-                fields: Callable[[T], tuple[Optional[float], int, bool]] = _record_fields,
-                complete_only: bool = False) -> tuple[Optional[T], bool]:
-  """The best trial (see the module docstring).
-
-  Args:
-    trials: Trials in a stable order (the first of equal trials wins).
-    mode: 'max' or 'min', the sweep's `metric.mode`.
-    rounds: The budget's rounds: a trial that ran fewer did not complete it.
-    fields: trial -> (objective or None, rounds it ran, diverged); the default
-      reads a `TrialRecord`.
-    complete_only: Never fall back to a trial that did not complete the budget.
-
-  Returns:
-    (the best trial or None, whether it completed the budget).
-  """
+def choose_best(trials: Iterable[TrialRecord], *, mode: str,
+                rounds: int) -> tuple[Optional[TrialRecord], bool]:
+  """(The best of `trials` or None, whether it ran all `rounds`): see the module
+  docstring; `mode` is the sweep's `metric.mode`."""
   eligible = []
   for trial in trials:
-    objective, ran, diverged = fields(trial)
-    if not diverged and objective is not None and math.isfinite(objective):
-      eligible.append((trial, float(objective), (ran or 0) >= rounds))
+    objective = trial.objective
+    if not trial.diverged and objective is not None and math.isfinite(objective):
+      eligible.append((trial, objective, trial.rounds >= rounds))
   complete = [e for e in eligible if e[2]]
-  pool = complete if complete or complete_only else eligible
+  pool = complete or eligible
   best = None
   for entry in pool:
     if best is None or is_better(entry[1], best[1], mode):

@@ -1,8 +1,7 @@
-"""The checks of a sweep that need the registries and the resolved spaces: every
-server hparam exists for some listed optimizer, grids are fair, and every
-extreme value of every dimension gives a valid experiment for every optimizer.
-
-`tuning.schema.parse_sweep` runs them after the sweep file's own checks.
+"""The checks of a sweep that need the registries and the resolved spaces (run by
+`tuning.schema.parse_sweep` after the file's own): every server hparam exists
+for some listed optimizer, grids are fair, and every extreme value of every
+dimension gives a valid experiment for every optimizer.
 """
 
 from __future__ import annotations
@@ -12,9 +11,7 @@ from typing import Any, Mapping, Optional
 from tuning.errors import SweepConfigError
 from tuning.space import Distribution, OptimizerSpace, experiment_dict, hparam_of, resolve
 
-# A `tuning.schema.Sweep`: the schema calls these checks, which therefore read
-# a sweep's fields without importing it.
-Sweep = Any
+Sweep = Any  # a `tuning.schema.Sweep`: the schema calls these checks
 
 
 def _check_parent(sweep: Sweep, path: str, field: str, base: Mapping) -> None:
@@ -111,9 +108,8 @@ def _check_values(sweep: Sweep, space: OptimizerSpace, load_config, config_error
       if culprit is None:
         culprit = named if named in space.fixed else None
       field = space.fields.get(culprit, "space") if culprit else "space"
-      shown = (f"{culprit}={params[culprit]!r}" if culprit in params
-               else f"{culprit}={space.fixed[culprit]!r}" if culprit in space.fixed
-               else "the space")
+      values = {**space.fixed, **params}
+      shown = f"{culprit}={values[culprit]!r}" if culprit in values else "the space"
       raise SweepConfigError(
           sweep.source, field,
           f"{shown} gives an invalid experiment for optimizer {space.optimizer!r}"
@@ -122,7 +118,6 @@ def _check_values(sweep: Sweep, space: OptimizerSpace, load_config, config_error
 
 
 def _default_note(space: OptimizerSpace, path: Optional[str]) -> str:
-  if path in space.defaulted:
-    return (" (a default range of tuning.space; override it under 'space' or set it "
-            "to null)")
-  return ""
+  if path not in space.defaulted:
+    return ""
+  return " (a default range of tuning.space; override it under 'space' or set it to null)"

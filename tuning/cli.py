@@ -4,8 +4,7 @@
     tff-fedadamom export SWEEP_DIR
 
 Both import Ray only when they run. Exit codes: 0 done, 2 invalid sweep or
-directory, 130 interrupted (continue with --resume).
-"""
+directory, 130 interrupted."""
 
 from __future__ import annotations
 
@@ -19,9 +18,8 @@ def _cmd_tune(args) -> int:
   from tuning.errors import SweepConfigError, SweepError
 
   try:
-    # In a process of its own (`cli.entry`), the driver's imports (Ray Tune, and
-    # TensorFlow and TFF, which validating the base experiment imports) are
-    # frozen out of the garbage collector's walks, as a run's are.
+    # The driver's imports (Ray Tune; TensorFlow and TFF, which validating the
+    # base experiment imports) are frozen out of the collector's walks.
     with startup_imports(args.owns_process):
       from tuning.sweep import run_sweep
 
@@ -90,11 +88,8 @@ def add_export_parser(subparsers) -> argparse.ArgumentParser:
 
 def main(argv=None, owns_process: bool = False) -> int:
   """`python -m tuning.cli tune ...` / `export ...` (the same as tff-fedadamom's).
-
-  `owns_process`: the caller is this process' entry point (`__main__`), so
-  `tune` may freeze its imports out of the garbage collector's walks
-  (`session.startup_imports`), as `tff-fedadamom tune` does; a program calling
-  `main` keeps its collector as it is."""
+  `owns_process`: the caller is this process's entry point (`__main__`), so
+  `tune` may set the garbage collector around its imports, as the command does."""
   parser = argparse.ArgumentParser(prog="python -m tuning.cli")
   sub = parser.add_subparsers(dest="command", required=True)
   add_tune_parser(sub)

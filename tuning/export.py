@@ -1,12 +1,7 @@
 """`export_sweep`: best configs, leaderboard and plots from a sweep directory.
 
-For each optimizer the best trial is chosen among the trials that did not
-diverge and that ran the whole budget (`budget.rounds`; trials ASHA stopped
-early are compared at an earlier round and would not reproduce at the full
-one). Only if no trial of an optimizer ran to the end is the best of the
-others taken, flagged `complete: false`.
-
-Written (atomically) into the sweep directory:
+Each optimizer's best trial is chosen by `tuning.best` (flagged `complete:
+false` if it did not run the whole budget). Written atomically into the sweep directory:
     best/<optimizer>.yaml   a complete experiment config; `tff-fedadamom run`
                             reproduces the trial's objective with the same seed
     leaderboard.csv, leaderboard.md
@@ -62,35 +57,23 @@ class ExportResult:
   files: Sequence[str]
 
 
-# ---------------------------------------------------------------------------- reading
-
-
-def _clean(value):
-  if isinstance(value, float) and math.isnan(value):
-    return None
-  return plain(value)
-
-
 def _experiment_records(experiment_dir: str) -> list[TrialRecord]:
-  """The trials of the sweep's Tune experiment, each with the optimizer its
-  config names (`tuning.joint.split`)."""
+  """The trials of the sweep's Tune experiment (NaN values dropped), each with
+  the optimizer its config names (`tuning.joint.split`)."""
   from ray import tune
 
   analysis = tune.ExperimentAnalysis(experiment_dir)
   frames = analysis.trial_dataframes
   records = []
   for trial in analysis.trials:
-    frame = frames.get(trial.trial_id)  # keyed by trial id (Ray 2.5x) or by path
-    if frame is None:
-      frame = frames.get(trial.path)
-    history = []
-    if frame is not None and len(frame):
-      for row in frame.to_dict("records"):
-        history.append({k: _clean(v) for k, v in row.items()
-                        if not (isinstance(v, float) and math.isnan(v))})
+    # Keyed by trial id (Ray 2.5x) or by path.
+    frame = frames.get(trial.trial_id, frames.get(trial.path))
+    rows = [] if frame is None else frame.to_dict("records")
     # A trial restarted from a checkpoint older than its last report reports
     # those rounds again (`tuning.sweep.checkpoint_rounds`): one row per round.
-    history = trainable_lib.one_row_per_round(h for h in history if ROUND in h)
+    clean = ({k: plain(v) for k, v in row.items()
+              if not (isinstance(v, float) and math.isnan(v))} for row in rows)
+    history = trainable_lib.one_row_per_round(h for h in clean if ROUND in h)
     last = history[-1] if history else {}
     name, params = joint.split(trial.config or {})
     records.append(TrialRecord(
@@ -118,14 +101,10 @@ def read_trials(sweep_dir: str, optimizer: str) -> list[TrialRecord]:
 
 
 def best_config_dict(sweep: schema.Sweep, optimizer: str, params: Mapping[str, Any]) -> dict:
-  """The exported experiment of a trial: the trial's config with a fresh
-  output_dir, a descriptive name and the base's thread setting."""
+  """A trial's exported experiment: its config, a fresh output_dir and name."""
   return space_lib.experiment_dict(
       sweep, optimizer, params, output_dir=f"runs/{sweep.name}/best/{optimizer}",
       name=f"{sweep.name}-best-{optimizer}")
-
-
-# ---------------------------------------------------------------------------- writing
 
 
 def _fmt(value, digits=4) -> str:
@@ -260,9 +239,8 @@ def write_export(sweep: schema.Sweep, records_by_opt: Mapping[str, list[TrialRec
 
 
 def export_sweep(sweep_dir: str, *, plots: bool = True) -> ExportResult:
-  """Exports a sweep directory (see the module docstring). Safe to run while
-  nothing else writes to it, any number of times, on a finished or an
-  interrupted sweep (it exports what has run)."""
+  """Exports a sweep directory, finished or interrupted (what has run), any
+  number of times while nothing else writes to it."""
   sweep_dir = os.path.abspath(sweep_dir)
   path = os.path.join(sweep_dir, schema.SWEEP_FILE)
   if not os.path.exists(path):

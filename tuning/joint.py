@@ -1,32 +1,26 @@
 """One Tune experiment for all the optimizers of a sweep, the budget equal per optimizer.
 
-Why one: a `Tuner` has a fixed cost of its own before and after its trials
-(Tune's controller, the trials' actors, the experiment state written to disk);
-a Tuner per optimizer paid it once per optimizer and left a slot idle at the
-end of each. One Tuner pays it once and runs trials of different optimizers
-side by side.
+Why one: a `Tuner` has a fixed cost before and after its trials (controller,
+actors, experiment state on disk); a Tuner per optimizer paid it per optimizer
+and left a slot idle at the end of each.
 
 What keeps the budget equal:
-  * Random and grid search: the trials are fixed before Tune starts, each
-    optimizer's `trials_per_optimizer` configurations drawn from its own space,
-    each dimension with a seed of its own (`space.sample_trials`), handed to
-    Tune as one grid of fully specified trials, interleaved (every optimizer's
-    first trial, then every optimizer's second, ...), so a time budget that
-    ends the sweep early cuts each optimizer's trials alike, within one.
-  * Optuna proposes a trial from the ones before it: `PerOptimizerSearch`
-    keeps one study per optimizer, each in its own space, asks them in turn,
-    and stops each at its budget.
-  * Early stopping compares an optimizer with itself only:
-    `PerOptimizerScheduler` keeps one ASHA per optimizer.
+  * Random and grid search: each optimizer's trials are drawn from its own
+    space before Tune starts (`space.sample_trials`) and handed to Tune as one
+    grid, interleaved (every optimizer's first trial, then every second, ...),
+    so a time budget that ends the sweep early cuts every optimizer alike.
+  * Optuna: `PerOptimizerSearch` keeps one study per optimizer, asks them in
+    turn, and stops each at its budget.
+  * Early stopping compares an optimizer with itself only (`PerOptimizerScheduler`).
 
-A trial's Tune config is `{"trial": {"optimizer": name, <dotted path>: value}}`;
-`split` is the one place that reads it.
+A trial's Tune config is `{"trial": {"optimizer": name, <dotted path>: value}}`,
+read by `split`.
 """
 
 from __future__ import annotations
 
 import pickle
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
@@ -34,15 +28,13 @@ from ray.tune.search import Searcher
 
 from tuning import space as space_lib
 
-# The experiment's directory under the sweep directory.
-EXPERIMENT = "trials"
+EXPERIMENT = "trials"  # the experiment's directory under the sweep directory
 TRIAL_KEY = "trial"
 OPTIMIZER_KEY = "optimizer"
 
 
 def trial_configs(sweep, optimizers: Optional[Sequence[str]] = None) -> list[dict]:
-  """The trials of `optimizers` (default: all of the sweep's), interleaved
-  across optimizers (see the module doc)."""
+  """The trials of `optimizers` (default: the sweep's), interleaved (module doc)."""
   per_optimizer = [[{OPTIMIZER_KEY: o, **params} for params in space_lib.sample_trials(sweep, o)]
                    for o in (sweep.optimizers if optimizers is None else optimizers)]
   longest = max((len(trials) for trials in per_optimizer), default=0)
@@ -50,8 +42,7 @@ def trial_configs(sweep, optimizers: Optional[Sequence[str]] = None) -> list[dic
 
 
 def param_space(sweep, optimizers: Optional[Sequence[str]] = None) -> dict:
-  """Tune's `param_space` over `trial_configs(sweep, optimizers)`: one grid
-  point per trial, nothing left to sample."""
+  """Tune's `param_space`: one grid point per trial of `trial_configs`."""
   from ray import tune
 
   return {TRIAL_KEY: tune.grid_search(trial_configs(sweep, optimizers))}
@@ -86,16 +77,11 @@ class _Pickled:
 class NewestPendingFirst(FIFOScheduler):
   """Tune's FIFO scheduler, except that the newest pending trial starts first.
 
-  Why: Tune hands a cached actor (a finished trial's, kept for reuse) to the
-  trial its scheduler chooses even when a new actor is already starting for
-  that trial, and removes the new one (`TuneController._maybe_reuse_cached_actor`,
-  Ray 2.52). Oldest first, the trial chosen was the one whose actor was
-  starting: when a sweep's trials took less time than an actor's start, each
-  new actor was removed before it came up, and the whole sweep ran one trial at
-  a time, in one actor. The newest pending trial is the one the searcher has
-  just added, with no actor yet: it takes the cached actor, and the starting
-  one keeps its trial. A joint experiment's trials are interleaved by
-  optimizer, and stay so in this order too.
+  Why: Tune hands a cached actor to the trial its scheduler chooses even when a
+  new actor is starting for it, and removes the new one (Ray 2.52,
+  `TuneController._maybe_reuse_cached_actor`). Oldest first, with trials
+  shorter than an actor's start, the sweep ran one trial at a time. The newest
+  pending trial has no actor yet: it takes the cached one.
   """
 
   def choose_trial_to_run(self, tune_controller) -> Optional[Trial]:
@@ -105,16 +91,9 @@ class NewestPendingFirst(FIFOScheduler):
 
 
 class PerOptimizerScheduler(_Pickled, NewestPendingFirst):
-  """One scheduler per optimizer behind Tune's single-scheduler interface.
-
-  Each trial's events go to its optimizer's scheduler, so ASHA's rung cut-offs
-  are computed among that optimizer's trials only, as with a Tuner per
-  optimizer. Which trial starts next is decided here (`NewestPendingFirst`).
-
-  Args:
-    make: Returns a new scheduler (one per optimizer, built here).
-    optimizers: The sweep's optimizers.
-  """
+  """One scheduler per optimizer (`make()` each) behind Tune's one scheduler: a
+  trial's events go to its optimizer's, so ASHA's rung cut-offs are computed
+  among that optimizer's trials only. Which trial starts next is decided here."""
 
   def __init__(self, make: Callable[[], TrialScheduler], optimizers: Sequence[str]):
     super().__init__()
@@ -152,18 +131,10 @@ class PerOptimizerScheduler(_Pickled, NewestPendingFirst):
 
 
 class PerOptimizerSearch(_Pickled, Searcher):
-  """One searcher per optimizer (an Optuna study each) behind Tune's one searcher.
-
-  Trials are asked of the optimizers in turn, each until it has proposed its
-  `trials_per_optimizer`; an optimizer whose searcher has nothing to propose
-  yet is passed over. Each searcher sees only its own trials' results, so a
-  study models one optimizer's space, as it would in a Tuner of its own.
-
-  Args:
-    make: optimizer -> its searcher, built with its space, metric and mode.
-    optimizers: The sweep's optimizers, in the order they are asked.
-    trials_per_optimizer: Each optimizer's budget.
-  """
+  """One searcher per optimizer (`make(optimizer)`, an Optuna study each) behind
+  Tune's one searcher. They are asked in turn, each until it has proposed its
+  `trials_per_optimizer` (one with nothing to propose yet is passed over), and
+  each sees only its own trials' results."""
 
   def __init__(self, make: Callable[[str], Searcher], optimizers: Sequence[str],
                trials_per_optimizer: int):
@@ -211,8 +182,8 @@ class PerOptimizerSearch(_Pickled, Searcher):
 
 class OptimizerResults(Sequence):
   """One optimizer's trials of a joint experiment's `ResultGrid`, with what a
-  `ResultGrid` offers for them: `len`, iteration, indexing, `errors` and
-  `num_terminated` (Tune's status, read from the experiment on disk)."""
+  `ResultGrid` offers for them: a sequence, `errors` and `num_terminated`
+  (Tune's status, read from the experiment on disk)."""
 
   def __init__(self, results: Sequence[Any], statuses: Mapping[str, str]):
     self._results = list(results)
@@ -223,9 +194,6 @@ class OptimizerResults(Sequence):
 
   def __getitem__(self, i):
     return self._results[i]
-
-  def __iter__(self) -> Iterator[Any]:
-    return iter(self._results)
 
   @property
   def errors(self) -> list:

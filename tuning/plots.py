@@ -1,9 +1,5 @@
-"""The sweep export's plots: objective vs each searched hparam (over its whole
-search range) per optimizer, and the learning curves of the best trials.
-
-Drawn with matplotlib's object API (`tff_fedadamom.figures`):
-nothing process-wide changes.
-"""
+"""The sweep export's plots (`tff_fedadamom.figures`): objective vs each searched
+hparam per optimizer, and the learning curves of the best trials."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""The live progress of a sweep: a Tune callback that prints, per optimizer, the
-trials done, running, errored and diverged, the best objective so far and the
-time left."""
+"""The live progress of a sweep: a Tune callback (`SweepProgress`)."""
 
 from __future__ import annotations
 
@@ -40,12 +38,9 @@ class SweepState:
   stream: Any = None
 
 
-# Live state per sweep directory, for the duration of one `run_sweep` call
-# (registered at its start, removed in its `finally`). Callbacks hold only the
-# key: Tune pickles the RunConfig (and its callbacks) into the experiment and,
-# on `Tuner.restore`, which takes no callbacks (Ray 2.52), runs an unpickled
-# copy; this lookup is how that copy reaches the driver's state without
-# reaching into Tune's private objects. It holds nothing outside that call.
+# Live state per sweep directory, during one `run_sweep` call. Callbacks hold the
+# key: Tune pickles them into the experiment and, on `Tuner.restore` (which takes
+# no callbacks, Ray 2.52), runs an unpickled copy, which reaches the state here.
 LIVE: dict[str, SweepState] = {}
 
 
@@ -64,14 +59,10 @@ def _fmt_params(params: Optional[Mapping[str, Any]]) -> str:
 
 
 class SweepProgress(tune.Callback):
-  """A Tune callback that prints the sweep's progress across optimizers.
-
-  Shows per optimizer the trials (done of the budget, running, errored,
-  diverged), the best objective so far with its hparams, the elapsed time and
-  the time left (an estimate from the trials finished so far, and the time
-  budget's remainder). Printed every `interval_s` seconds and when a trial ends.
-  `key` is the sweep directory (`LIVE`).
-  """
+  """Prints, every `interval_s` seconds and when a trial ends, per optimizer the
+  trials done, running, errored and diverged and the best objective so far,
+  and the time elapsed and left (estimated from the finished trials). `key`:
+  see `LIVE`."""
 
   def __init__(self, key: str, interval_s: float):
     self.key, self.interval_s = key, interval_s
@@ -83,7 +74,7 @@ class SweepProgress(tune.Callback):
     for trial in trials:
       by_optimizer.setdefault(joint.optimizer_of(trial), []).append(trial)
     for optimizer, its_trials in by_optimizer.items():
-      _update(state, optimizer, its_trials)
+      _update_optimizer(state, optimizer, its_trials)
     state.max_running = max(state.max_running, sum(
         state.per_optimizer[o].running for o in by_optimizer))
 
@@ -104,7 +95,7 @@ class SweepProgress(tune.Callback):
     self.on_trial_complete(iteration, trials, trial)
 
 
-def _update(state: SweepState, optimizer: str, trials) -> None:
+def _update_optimizer(state: SweepState, optimizer: str, trials) -> None:
   """Refreshes `optimizer`'s line from its `trials`."""
   from tuning import joint
 
@@ -114,7 +105,6 @@ def _update(state: SweepState, optimizer: str, trials) -> None:
   entry.running = sum(t.status == "RUNNING" for t in trials)
   entry.done = sum(t.status == "TERMINATED" for t in trials)
   entry.errored = sum(t.status == "ERROR" for t in trials)
-  state.max_running = max(state.max_running, entry.running)
   entry.diverged = 0
   entry.trial_seconds = []
   best, best_params = None, None

@@ -1,10 +1,8 @@
 """The sweep file: typed schema, safe YAML loading, one error type.
 
-A sweep file says which server optimizers to tune, on which experiment, with
-which budget, search space, search algorithm, early stopping, objective and
-resources. It is validated completely by `load_sweep`, before Ray starts: every
-problem raises a `SweepConfigError` naming the file, the field, the value and
-what is allowed.
+`load_sweep` validates a sweep file completely before Ray starts: every problem
+raises a `SweepConfigError` naming the file, the field, the value and what is
+allowed.
 
     name: fmnist_all_optimizers         # sweep directory name (default: file stem)
     base: ../experiments/fmnist.yaml    # experiment config: path (relative to this
@@ -23,9 +21,8 @@ what is allowed.
                 time_budget_s: null, address: null, storage_path: runs/sweeps,
                 max_failures: 1}
 
-Each optimizer's space is merged from the defaults and these entries as
-`tuning.space` says. A scalar instead of a distribution fixes the value for
-every trial; `null` removes the entry.
+Each optimizer's space is merged from the defaults and these entries
+(`tuning.space`); a scalar fixes the value for every trial, `null` removes it.
 """
 
 from __future__ import annotations
@@ -61,18 +58,14 @@ METRICS = (TEST_ACCURACY, TEST_LOSS, VALIDATION_ACCURACY, VALIDATION_LOSS, TRAIN
 DEFAULT_STORAGE_PATH = "runs/sweeps"
 SWEEP_FILE = "sweep.yaml"  # the validated sweep, kept in its directory
 
-# ------------------------------------------------------------------ the sections
-# Fields are checked by the experiment config's engine (`build_section`); what
-# depends on another section is checked in `parse_sweep`.
-
-
+# The sections' fields are checked by the experiment config's engine
+# (`build_section`); what depends on another section, in `parse_sweep`.
 _EXPLICIT = "the budget must be explicit: it is what makes optimizers comparable"
 
 
 @dataclasses.dataclass(frozen=True)
 class Budget:
-  """Trials per optimizer and rounds per trial: required, the same for every
-  optimizer (it is what makes them comparable)."""
+  """Trials per optimizer and rounds per trial: required, the same for every optimizer."""
 
   trials_per_optimizer: int = checked_field(check=positive, allowed="an integer >= 1",
                                             why=_EXPLICIT)
@@ -134,18 +127,10 @@ class Resources:
 
 @dataclasses.dataclass(frozen=True)
 class Sweep:
-  """A validated sweep.
-
-  Attributes:
-    name: Sweep name; its directory is `<resources.storage_path>/<name>`.
-    source: The file it was read from ('<dict>' for a mapping).
-    base: The validated base experiment (`ExperimentConfig`).
-    optimizers: Server optimizer names, from the optimizer registry.
-    budget: Trials per optimizer and rounds per trial, equal for all optimizers.
-    space: Top-level space entries (dotted path -> entry), as written.
-    space_by_optimizer: Per-optimizer space entries, as written.
-    search, scheduler, metric, resources: As in the file, with defaults filled.
-  """
+  """A validated sweep: the file's sections with defaults filled, `source` the
+  file it was read from ('<dict>' for a mapping), `base` the validated
+  `ExperimentConfig`, and the space entries as written (`space` top-level,
+  `space_by_optimizer` per optimizer)."""
 
   name: str
   source: str
@@ -182,9 +167,6 @@ def read_sweep_yaml(path: Union[str, os.PathLike]) -> Any:
 def _section(cls, raw: Any, source: str, key: str):
   return build_section(cls, raw, source, key + ".", error=SweepConfigError,
                        by_prefix=True, string_numbers=True)[0]
-
-
-# ---------------------------------------------------------- what the engine cannot type
 
 
 def _parse_base(raw: Any, source: str, base_dir: str):
@@ -282,9 +264,6 @@ def _parse_space(raw: Any, source: str, optimizers: tuple):
   return shared, by_optimizer
 
 
-# ---------------------------------------------------------------- cross-field checks
-
-
 def _check_scheduler(scheduler: Scheduler, raw: Any, source: str, budget: Budget
                      ) -> Scheduler:
   if scheduler.kind == "none":
@@ -347,15 +326,8 @@ def parse_sweep(raw: Any, source: str = "<dict>", base_dir: str = "") -> Sweep:
 
 
 def load_sweep(sweep: Union[str, os.PathLike, Mapping, Sweep]) -> Sweep:
-  """Loads and validates a sweep.
-
-  Args:
-    sweep: A YAML path, a plain mapping (a relative `base` path is then relative
-      to the current directory), or a `Sweep` (returned as is).
-
-  Raises:
-    SweepConfigError: naming the file, field, value and what is allowed.
-  """
+  """Loads and validates a sweep: a YAML path, a plain mapping (a relative `base`
+  path is then relative to the current directory), or a `Sweep` (as is)."""
   if isinstance(sweep, Sweep):
     return sweep
   if isinstance(sweep, Mapping):

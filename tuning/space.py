@@ -1,10 +1,7 @@
 """Search spaces: from a sweep and the optimizer registry to Tune's search space.
 
-A space entry is a `Distribution` (read by `parse_distribution`), a fixed value,
-or null. This module sits below the sweep schema (`tuning.schema` imports it,
-never the reverse), so a sweep appears here only in annotations.
-
-Each optimizer's space is the merge, later winning, of
+A space entry is a `Distribution`, a fixed value, or null. Each optimizer's
+space is the merge, later winning, of
 
   1. the optimizer registry's search range for each of the optimizer's tunable
      hparams (`tff_fedadamom.methods.search_ranges`),
@@ -13,12 +10,8 @@ Each optimizer's space is the merge, later winning, of
   4. the sweep's `space.<optimizer>` entries,
 
 keeping a `server.<hparam>` distribution only for the optimizers whose registry
-entry lets a sweep vary `<hparam>` (`tff_fedadamom.methods.sweepable_hparams`:
-the tunable hparams, which have default ranges, and bool switches such as
-`bias_correction`, which a sweep varies only with an explicit
-`{dist: choice, values: [true, false]}`). The registry is the only source of
-which hparams exist; this module never decides that by optimizer name. The
-server ranges' sources are named beside them (`methods._RANGES`).
+entry lets a sweep vary `<hparam>` (`tff_fedadamom.methods.sweepable_hparams`;
+a bool switch such as `bias_correction` only with explicit values).
 """
 
 from __future__ import annotations
@@ -35,9 +28,7 @@ from tff_fedadamom.naming import suggest
 from tff_fedadamom.plain import plain
 from tuning.errors import SweepConfigError
 
-# A `tuning.schema.Sweep`. The schema builds on this module, which therefore
-# reads a sweep's fields without importing it.
-Sweep = Any
+Sweep = Any  # a `tuning.schema.Sweep`: the schema builds on this module
 
 DISTRIBUTIONS = ("loguniform", "uniform", "choice", "grid")
 
@@ -71,9 +62,7 @@ SpaceEntry = Union[Distribution, Any, None]
 
 def parse_distribution(raw: Any, source: str, field: str) -> SpaceEntry:
   """A space entry: mapping with `dist` -> Distribution; scalar -> fixed; None.
-
-  A distribution is a tagged union (its keys depend on `dist`), so it is read
-  here rather than by `build_section`, with the same engine's checks."""
+  A tagged union (the keys depend on `dist`), so not read by `build_section`."""
   if not isinstance(raw, Mapping):
     reject_numeric_string(raw, source, field, SweepConfigError)
     if isinstance(raw, (list, tuple)):
@@ -138,17 +127,10 @@ def registry_space(optimizer: str) -> dict[str, Distribution]:
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerSpace:
-  """The resolved space of one optimizer.
-
-  Attributes:
-    optimizer: Registry name.
-    tuned: Dotted path -> Distribution, the dimensions Tune samples.
-    fixed: Dotted path -> value, set in every trial of this optimizer.
-    integer: Paths whose base value is an integer: uniform/loguniform draw
-      integers there (bounds inclusive).
-    fields: Dotted path -> the sweep field of the entry (for error messages).
-    defaulted: Paths whose entry is one of this module's defaults.
-  """
+  """The resolved space of one optimizer: dotted path -> the Distribution Tune
+  samples (`tuned`) or a value every trial sets (`fixed`); the paths whose base
+  value is an integer, where uniform/loguniform draw integers (bounds
+  inclusive); each entry's sweep field; the paths whose entry is a default."""
 
   optimizer: str
   tuned: Mapping[str, Distribution]
@@ -176,10 +158,11 @@ def hparam_of(path: str) -> Optional[str]:
 
 
 def _get(tree: Mapping, path: str):
+  """The value at dotted `path` in `tree`, None if there is none."""
   node = tree
   for key in path.split("."):
     if not isinstance(node, Mapping) or key not in node:
-      raise KeyError(path)
+      return None
     node = node[key]
   return node
 
@@ -236,10 +219,7 @@ def resolve(sweep: Sweep, optimizer: str) -> OptimizerSpace:
       defaulted.add(path)
     if isinstance(entry, Distribution):
       tuned[path] = entry
-      try:
-        base_value = _get(base, path)
-      except KeyError:
-        base_value = None
+      base_value = _get(base, path)
       if isinstance(base_value, int) and not isinstance(base_value, bool):
         integer.add(path)
     else:
@@ -252,14 +232,10 @@ def experiment_dict(sweep: Sweep, optimizer: str, params: Mapping[str, Any], *,
                     output_dir: str, name: Optional[str] = None,
                     threads: Optional[int] = None,
                     space: Optional[OptimizerSpace] = None) -> dict:
-  """The experiment config (a plain mapping) of one trial.
-
-  The base experiment with: the optimizer switched to `optimizer` (hparams of
-  another base optimizer dropped, so the registry's defaults apply), the budget's
-  rounds, the space's fixed values, the sampled `params` (dotted path -> value),
-  the trial's `output_dir` and `name`, and `threads` if given. `load_config`
-  validates the result.
-  """
+  """The experiment config (a plain mapping) of one trial: the base with the
+  optimizer switched to `optimizer` (another optimizer's hparams dropped), the
+  budget's rounds, the space's fixed values, the sampled `params` (dotted path
+  -> value), `output_dir`, `name`, and `threads` if given."""
   from tff_fedadamom.config import config_to_dict
   from tff_fedadamom.experiment.compare import with_optimizer
 
@@ -304,14 +280,11 @@ def sample_trials(sweep: Sweep, optimizer: str) -> list[dict]:
   """`optimizer`'s trials of a random or grid sweep, each a dotted path -> value.
 
   Random search: `budget.trials_per_optimizer` draws per dimension from Tune's
-  own domains (`tune_space`), each dimension with a numpy generator of its own,
-  seeded by `dimension_seed(search.seed, path)`. So the optimizers that share a
-  dimension draw the same values for it, trial by trial (common random numbers:
-  a comparison of two optimizers is not also a comparison of their luck), the
-  same values whatever else the sweep holds, in any process; dimensions are
-  independent of each other. Grid search: every point of the grid (the sweep
-  checks that there are exactly `trials_per_optimizer`), the last dimension
-  varying fastest.
+  domains (`tune_space`), each dimension with a numpy generator seeded by
+  `dimension_seed(search.seed, path)`. So optimizers that share a dimension draw
+  the same values for it, trial by trial (common random numbers: a comparison
+  of two optimizers is not also one of their luck), whatever else the sweep
+  holds, in any process. Grid search: every point, the last dimension fastest.
   """
   import numpy as np
 

@@ -1,9 +1,7 @@
 """`run_sweep`: every optimizer tuned with the same budget, in one Ray Tune experiment.
 
-One `Tuner` runs every optimizer's trials; `tuning.joint` says how the budget
-stays equal per optimizer. Trials are Tune class trainables
-(`trainable.SweepTrial`) in actors Tune reuses from trial to trial
-(`reuse_actors`), each keeping the parts it built.
+One `Tuner` runs every optimizer's trials (`tuning.joint` says how the budget
+stays equal), as `trainable.SweepTrial`s in actors Tune reuses (`reuse_actors`).
 
 Layout of a sweep directory (`<resources.storage_path>/<name>`):
     sweep.yaml          the validated sweep, base experiment inlined
@@ -45,17 +43,10 @@ __all__ = ["SWEEP_FILE", "SweepError", "SweepProgress", "SweepResult", "asha_mil
 
 @dataclasses.dataclass(frozen=True)
 class SweepResult:
-  """What `run_sweep` returns.
-
-  Attributes:
-    sweep: The sweep that ran (after `--smoke-test` shrinking, if any).
-    sweep_dir: Its directory.
-    results: Optimizer -> its trials' Tune results, its part of the
-      experiment's `ResultGrid` (`tuning.joint.OptimizerResults`: len,
-      iteration, errors, num_terminated).
-    interrupted: True when the sweep stopped early (Ctrl-C; resume with `resume=True`).
-    export: The `tuning.export.ExportResult`, None when interrupted.
-  """
+  """What `run_sweep` returns: the sweep that ran (after `--smoke-test`
+  shrinking), its directory, optimizer -> its `tuning.joint.OptimizerResults`,
+  whether it was interrupted (resume with `resume=True`), and the
+  `tuning.export.ExportResult` (None when interrupted)."""
 
   sweep: Sweep
   sweep_dir: str
@@ -64,11 +55,9 @@ class SweepResult:
   export: Any = None
 
 
-# Warnings a sweep expects, silenced while it runs and only then (a filter on
-# the logger that emits each, removed afterwards; no environment variable, no
-# logger level changed for good): Tune's note that it snapshots its state often
-# (after checkpoints close together, as at ASHA's first rungs), and
-# tensorboardX's note on the NaN metrics of diverged trials.
+# Warnings a sweep expects, filtered on their loggers while it runs only: Tune's
+# note that it snapshots its state often (checkpoints close together, as at
+# ASHA's first rungs), and tensorboardX's on the NaN metrics of diverged trials.
 EXPECTED_WARNINGS = {
     "ray.tune.execution.experiment_state":
         lambda record: "snapshotting has been triggered" not in record.getMessage(),
@@ -113,9 +102,8 @@ def smoke_test_sweep(sweep: Sweep) -> Sweep:
 
 
 def _comparable(raw: Mapping[str, Any]) -> dict:
-  """A sweep's dict without what may change between a run and its resumption:
-  only `resources.address` (resume on another cluster, or locally). Everything
-  else is part of the experiment Tune saved, and is restored as saved."""
+  """A sweep's dict without `resources.address`, which alone may change on resume
+  (another cluster, or locally); the rest is restored as Tune saved it."""
   out = dict(raw)
   out["resources"] = {k: v for k, v in raw["resources"].items() if k != "address"}
   return out
@@ -166,14 +154,10 @@ def _searcher(sweep: Sweep):
 
 
 def asha_milestones(grace_period: int, reduction_factor: float, max_t: int) -> list[float]:
-  """The rung milestones of Ray's `ASHAScheduler` (one bracket), in rounds.
-
-  grace_period * reduction_factor**k for k = 0 .. K-1, where Ray takes
-  K = int(log(max_t / grace_period) / log(reduction_factor) + 1): floor of
-  log_rf(max_t / grace) + 1, in floating point as Ray computes it (np.log, so
-  that a milestone that lands on max_t within rounding is kept or dropped as
-  Ray does). With a non-integer factor the milestones are not whole rounds
-  (1, 1.5, 2.25, ...): ASHA records a trial at its first report at or past one.
+  """The rung milestones of Ray's `ASHAScheduler` (one bracket), in rounds:
+  grace_period * reduction_factor**k for k < int(log(max_t / grace_period) /
+  log(reduction_factor) + 1), in np.log's floating point as Ray computes it.
+  They need not be whole rounds: ASHA records a trial at its first report past one.
   """
   import numpy as np
 
@@ -183,19 +167,10 @@ def asha_milestones(grace_period: int, reduction_factor: float, max_t: int) -> l
 
 def checkpoint_rounds(sweep: Sweep) -> frozenset[int]:
   """The rounds at which a trial of `sweep` hands Tune a checkpoint: the last
-  round (`budget.rounds`), and with ASHA, every evaluation at which ASHA records
-  the trial in a rung, the reports where it may stop it.
-
-  A trial reports at its evaluations (every `base.eval_every` rounds and at the
-  last). At each report Ray's ASHA records the trial in the largest rung it has
-  reached and is not yet recorded in, and compares it there; one rung per
-  report, so a rung passed over (two milestones between two evaluations) is
-  recorded at a later report. Replaying that rule over the evaluation rounds
-  gives the rounds. A trial ASHA stops ends with its checkpoint there; one that
-  diverges checkpoints where it stops (`trainable.eval_result`). Between them
-  a trial reports without one: a restart resumes from the latest checkpoint
-  and runs the rounds after it again, with the same results (rounds are
-  deterministic).
+  round, and with ASHA, every evaluation at which ASHA records the trial in a
+  rung, where it may stop it. At each report ASHA records the trial in the
+  largest rung it has reached and is not yet in, one rung per report; this
+  replays that. A restart reruns the rounds after the latest checkpoint.
   """
   rounds = sweep.budget.rounds
   out = {rounds}
@@ -261,42 +236,31 @@ def new_tuner(sweep: Sweep, sweep_dir: str, callbacks: Sequence[Any] = (),
 
 
 def _saved_statuses(experiment_dir: str) -> dict[str, str]:
-  """Trial path -> status, from the experiment state Tune saved on disk.
-
-  That, not the `ResultGrid`, tells an interrupted experiment: after Ctrl-C
-  Tune stops the running trials, and its in-memory results then show them as
-  terminated, while the saved state (what `Tuner.restore` resumes) keeps them
-  running or pending."""
+  """Trial path -> status, from the experiment state Tune saved on disk: after
+  Ctrl-C the `ResultGrid` shows the stopped trials as terminated, the saved
+  state (what `Tuner.restore` resumes) as running or pending."""
   return {t.path: t.status for t in tune.ExperimentAnalysis(experiment_dir).trials}
 
 
 def run_sweep(sweep, *, resume: bool = False, smoke_test: bool = False,
               callbacks: Sequence[Any] = (), progress_interval_s: float = 30.0,
               export: bool = True, stream=None, reuse_actors: bool = True) -> SweepResult:
-  """Runs (or resumes) a sweep and exports its best configs.
+  """Runs (or resumes) a sweep (a YAML path, mapping, or `Sweep`) and exports it.
 
   Args:
-    sweep: A sweep YAML path, mapping, or `Sweep`.
     resume: Continue the sweep in its directory with `Tuner.restore`: finished
-      trials are kept as they are, unfinished ones continue from their last
-      checkpoint, and the searcher proposes only the trials still missing.
-    smoke_test: Run `smoke_test_sweep(sweep)` instead (a quick end-to-end check).
-    callbacks: Extra Tune callbacks. Tune saves them with the experiment: a
-      resumed experiment runs with the callbacks it started with.
+      trials are kept, unfinished ones continue from their last checkpoint,
+      and the searcher proposes only the trials still missing.
+    smoke_test: Run `smoke_test_sweep(sweep)` instead.
+    callbacks: Extra Tune callbacks; Tune saves them with the experiment, so a
+      resumed experiment runs with those it started with.
     progress_interval_s: Seconds between progress tables (0: every step).
-    export: Export best configs, leaderboard and plots at the end (in a thread,
-      from Tune's files, while the Ray session ends).
-    stream: Where progress goes (default stdout).
-    reuse_actors: Run trial after trial in the same Tune actors, which keep
-      their imports and built parts (`trainable.SweepTrial.reset_config`);
-      False starts an actor per trial. The results are the same either way.
+    export: Export at the end (in a thread, while the Ray session ends).
+    reuse_actors: Run trial after trial in the same actors, which keep their
+      imports and built parts; the results are the same either way.
 
-  Returns:
-    A `SweepResult`.
-
-  Raises:
-    SweepConfigError: the sweep file is invalid (nothing has run).
-    SweepError: the directory holds another sweep, or there is nothing to resume.
+  Raises SweepConfigError for an invalid sweep file (nothing has run), and
+  SweepError if the directory holds another sweep or there is nothing to resume.
   """
   from tff_fedadamom.runtime.ray_session import ray_session
 

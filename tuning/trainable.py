@@ -1,15 +1,10 @@
 """The Tune trainable (`SweepTrial`): one trial = one experiment, stepped one
-evaluation at a time. The run directory is private scratch on the actor's node,
-removed when the trial ends; what outlives a trial is what it reports, and its
-checkpoints.
+evaluation at a time, in a scratch run directory removed when the trial ends.
 
-What each result holds: the evaluation's flat metrics (`test/accuracy`,
-`train/loss`, ...), `round`, `objective` (the sweep's metric averaged over the
-last k evaluations; the one value the TuneConfig optimises), `diverged` (0/1),
-`node_id` and `worker_pid`, the process that ran the rounds. A diverged trial
-reports `objective = worst_objective(mode)`, a finite value no real metric
-reaches, so it can never be chosen as best, and ASHA's cut-offs (which
-interpolate between recorded values) stay finite.
+A result holds the evaluation's flat metrics, `round`, `objective` (the sweep's
+metric averaged over the last k evaluations), `diverged` (0/1), `node_id` and
+`worker_pid`. A diverged trial reports `worst_objective(mode)`, a finite value
+no real metric reaches, so it is never best and ASHA's cut-offs stay finite.
 """
 
 from __future__ import annotations
@@ -39,10 +34,9 @@ def worst_objective(mode: str) -> float:
 
 
 def one_row_per_round(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-  """`rows` (each with a `round`) in round order, one per round, the last row
-  of a round winning. A round appears twice when a run resumed from a
-  checkpoint older than its last row: a restarted trial reports again the
-  rounds after its latest Tune checkpoint, with the same values."""
+  """`rows` (each with a `round`) in round order, the last row of a round
+  winning: a trial restarted from its latest checkpoint reports the rounds
+  after it again, with the same values."""
   by_round = {}
   for row in rows:
     by_round[int(row[ROUND])] = row
@@ -51,15 +45,10 @@ def one_row_per_round(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, An
 
 def objective_from_history(history: Iterable[Mapping[str, Any]], metric: str, last_k: int,
                            upto_round: Optional[int] = None) -> Optional[float]:
-  """Mean of `metric` over the last `last_k` evaluations (fewer if fewer exist).
-
-  `history` holds per-round rows with a `round` key (the pipeline's metrics.csv
-  or a summary's history); only evaluation rows (those with a `test/` metric)
-  count, so that a `train/` metric is averaged over the same rounds as a test
-  one. A round seen twice (a resumed run) counts once, its last row winning.
-  Rows after `upto_round` are ignored. None when no evaluation has the metric;
-  NaN when one of the values is not finite.
-  """
+  """Mean of `metric` over the last `last_k` evaluations (fewer if fewer exist)
+  up to `upto_round`; None when no evaluation has it, NaN when a value is not
+  finite. Only evaluated rows count, so a `train/` metric is averaged over the
+  same rounds as a `test/` one; a round seen twice counts once."""
   rows = one_row_per_round(
       row for row in history
       if evaluated(row) and metric in row and (upto_round is None or row[ROUND] <= upto_round))
@@ -71,15 +60,10 @@ def objective_from_history(history: Iterable[Mapping[str, Any]], metric: str, la
   return sum(values) / len(values)
 
 
-def trial_threads() -> int:
-  """The threads of this trial: from the CPUs Tune gave it (`threads_for_cpus`)."""
-  from tff_fedadamom.experiment.plan import threads_for_cpus
-
-  resources = tune.get_context().get_trial_resources()
-  return threads_for_cpus(resources.required_resources.get("CPU", 1) if resources else 1)
-
-
-def _numbers(metrics: Mapping[str, Any]) -> dict:
+def _result(metrics: Mapping[str, Any], objective: Optional[float], diverged: bool, mode: str,
+            node_id: str) -> dict:
+  """A report: the numbers of `metrics` (a bool as 0/1), and `objective`, or
+  `worst_objective(mode)` for a diverged run or one without a finite objective."""
   out = {}
   for key, value in metrics.items():
     value = plain(value)  # numpy scalars -> Python numbers
@@ -87,40 +71,34 @@ def _numbers(metrics: Mapping[str, Any]) -> dict:
       out[key] = int(value)
     elif isinstance(value, (int, float)):
       out[key] = value
+  diverged = diverged or objective is None or not math.isfinite(objective)
+  out.update({DIVERGED: int(diverged), OBJECTIVE: worst_objective(mode) if diverged else objective,
+              NODE_ID: node_id, WORKER_PID: os.getpid()})
   return out
 
 
 def eval_result(event, *, metric, node_id: str,
                 checkpoint_rounds: Collection[int]) -> tuple[dict, Optional[str]]:
-  """What a trial reports after an evaluation: (result, the run directory to
-  checkpoint or None). Runs where the run runs (the trial's worker).
-
-  The run directory goes to Tune only where a checkpoint is needed: at
-  `checkpoint_rounds` (`tuning.sweep.checkpoint_rounds`: ASHA's rungs and the
-  last round), or where the run stops because it diverged; and only when the
-  pipeline has just saved this round (`checkpoint_saved`), so that the copy
-  resumes exactly here. Each Tune checkpoint costs a copy of the run directory
-  into the trial's storage and a registration by the driver."""
+  """What a trial reports after an evaluation, and the run directory to checkpoint
+  or None. Each checkpoint costs a copy into the trial's storage, so only at
+  `checkpoint_rounds` or where a diverged run stops, and only when the pipeline
+  has just saved this round, so that the copy resumes exactly here."""
   from tff_fedadamom.experiment import outputs
 
   history = outputs.read_metrics(event.output_dir)
   value = objective_from_history(history, metric.name, metric.last_k,
                                  upto_round=event.round_num)
-  diverged = bool(event.diverged) or value is None or not math.isfinite(value)
-  result = _numbers(event.metrics)
-  result.update({ROUND: int(event.round_num), DIVERGED: int(diverged),
-                 OBJECTIVE: worst_objective(metric.mode) if diverged else value,
-                 NODE_ID: node_id, WORKER_PID: os.getpid()})
+  result = _result({**event.metrics, ROUND: int(event.round_num)}, value,
+                   bool(event.diverged), metric.mode, node_id)
   due = event.diverged or int(event.round_num) in checkpoint_rounds
   return result, event.output_dir if event.checkpoint_saved and due else None
 
 
 def trial_environ(threads: int, gpus: bool) -> dict[str, str]:
-  """What a trial's process sets before TensorFlow starts, for itself and TFF's
-  worker_binary, which inherits it: kernels on one thread (the numbers of a run
-  do not depend on the machine's cores, see `tff_fedadamom.session`), clients
-  side by side on `threads`; and, without a GPU, no GPU visible (whatever
-  Ray's default for zero-GPU actors is)."""
+  """What a trial's process (and TFF's worker_binary, which inherits it) sets
+  before TensorFlow starts: kernels on one thread (`tff_fedadamom.session`),
+  clients side by side on `threads`, and without a GPU, no GPU visible
+  (whatever Ray's default for zero-GPU actors is)."""
   env = {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": str(threads),
          "OMP_NUM_THREADS": "1"}
   if not gpus:
@@ -129,44 +107,31 @@ def trial_environ(threads: int, gpus: bool) -> dict[str, str]:
 
 
 class SweepTrial(tune.Trainable):
-  """One trial of a sweep: one experiment, stepped one evaluation at a time.
-
-  Tune's class API, used as Tune documents it:
-    * `setup` makes the actor's process the trial's (its `Session`: threads
-      from the CPUs Tune gave it, kernels on one thread) and starts the run.
-      The actor keeps a `PartsCache`, so that a trial of a structure the actor
-      ran before (same data, model and process; other hparams) starts without
-      building anything.
-    * `step` runs rounds up to the next evaluation and returns its result;
-      `should_checkpoint` is set where Tune must keep the run (ASHA's rungs, the
-      last round, a diverged run's stop: `eval_result`).
-    * `save_checkpoint` / `load_checkpoint` copy the run directory (metrics.csv,
-      config.yaml, TensorBoard events, program state): a restored trial
-      resumes exactly where its checkpoint was taken (rounds are deterministic).
-    * `reset_config` starts the next trial in the same actor
-      (`reuse_actors=True`), keeping the cache.
-
-  Bound by `tune.with_parameters` to `sweep` (the validated `Sweep`) and
-  `checkpoint_rounds` (`sweep.checkpoint_rounds`).
+  """One trial of a sweep, in Tune's class API (bound to `sweep` and
+  `checkpoint_rounds` by `tune.with_parameters`). The actor keeps a
+  `PartsCache` across trials (`reset_config`), so a trial of a structure it ran
+  before builds nothing; a checkpoint is a copy of the run directory, from
+  which a restored trial resumes exactly.
   """
 
   def setup(self, config, *, sweep, checkpoint_rounds: Collection[int] = ()):
     import ray
 
+    from tff_fedadamom.experiment.plan import threads_for_cpus
     from tff_fedadamom.session import Session, startup_imports
 
     self._sweep = sweep
     self._checkpoint_rounds = frozenset(checkpoint_rounds)
-    self._threads = trial_threads()
+    resources = tune.get_context().get_trial_resources()  # the CPUs Tune gave the trial
+    self._threads = threads_for_cpus(
+        resources.required_resources.get("CPU", 1) if resources else 1)
     gpus = bool(ray.get_gpu_ids())
-    # The actor is its process's entry point: its session goes first, before
-    # TensorFlow runs (idempotent when the actor is reused).
+    # The actor is its process's entry point: its session goes first.
     with startup_imports():
       Session(threads=self._threads, environ=trial_environ(self._threads, gpus)).apply()
       from tff_fedadamom.experiment.parts_cache import PartsCache
     self._node_id = ray.get_runtime_context().get_node_id()
-    # The structures of one optimizer recur trial after trial; learning
-    # processes (hparams built in) are one structure a trial.
+    # One structure per optimizer recurs trial after trial.
     self._cache = PartsCache(max_size=max(2, len(sweep.optimizers)))
     self._steps = self._scratch = None
     self._start(config)
@@ -179,8 +144,7 @@ class SweepTrial(tune.Trainable):
     from tuning import joint
     from tuning import space as space_lib
 
-    self._end_run()
-    self._remove_scratch()
+    self.cleanup()  # the previous trial's, when the actor is reused
     optimizer, params = joint.split(config)
     self._scratch = tempfile.mkdtemp(prefix=f"tff-trial-{self.trial_id}-")
     self._output_dir = os.path.join(self._scratch, RUN_SUBDIR)
@@ -214,10 +178,7 @@ class SweepTrial(tune.Trainable):
     metric = self._sweep.metric
     rows = [row for row in outputs.read_metrics(self._output_dir) if evaluated(row)]
     value = objective_from_history(rows, metric.name, metric.last_k)
-    diverged = value is None or not math.isfinite(value)
-    return {**(_numbers(rows[-1]) if rows else {}), DIVERGED: int(diverged),
-            OBJECTIVE: worst_objective(metric.mode) if diverged else value,
-            NODE_ID: self._node_id, WORKER_PID: os.getpid()}
+    return _result(rows[-1] if rows else {}, value, False, metric.mode, self._node_id)
 
   def save_checkpoint(self, checkpoint_dir: str) -> None:
     shutil.copytree(self._output_dir, checkpoint_dir, dirs_exist_ok=True)
@@ -237,11 +198,8 @@ class SweepTrial(tune.Trainable):
       self._steps.close()
       self._steps = None
 
-  def _remove_scratch(self) -> None:
+  def cleanup(self) -> None:
+    self._end_run()
     if self._scratch:
       shutil.rmtree(self._scratch, ignore_errors=True)
       self._scratch = None
-
-  def cleanup(self) -> None:
-    self._end_run()
-    self._remove_scratch()

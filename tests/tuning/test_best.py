@@ -40,19 +40,13 @@ def test_a_complete_trial_beats_a_better_early_stopped_one():
   assert _ids([early, full], mode="max") == ("full", True)
   # No trial ran the whole budget: the best early one, flagged incomplete ...
   assert _ids([early, _trial("e2", 0.3, rounds=2)], mode="max") == ("early", False)
-  # ... unless only complete trials may win.
-  assert _ids([early], mode="max", complete_only=True) == (None, False)
   assert _ids([], mode="max") == (None, False)
 
 
-def test_first_of_equal_trials_wins_and_fields_read_any_trial():
-  trials = [{"id": "x", "objective": 0.5, "rounds": 3, "diverged": False},
-            {"id": "y", "objective": 0.5, "rounds": 3, "diverged": False},
-            {"id": "z", "objective": 0.2, "rounds": None, "diverged": False}]
-  best, complete = choose_best(
-      trials, mode="max", rounds=ROUNDS,
-      fields=lambda t: (t["objective"], t["rounds"], t["diverged"]))
-  assert (best["id"], complete) == ("x", True)
+def test_first_of_equal_trials_wins():
+  trials = [_trial("x", 0.5), _trial("y", 0.5), TrialRecord("fedavg", "z", "ERROR", {}, [])]
+  assert _ids(trials, mode="max") == ("x", True)
+  assert _ids(trials, mode="min") == ("x", True)
 
 
 def test_is_better_names_a_wrong_mode():
