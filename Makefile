@@ -24,7 +24,6 @@ test: setup
 bench: setup
 	@$(PY) -m benchmarks.optimizer_step
 	@$(PY) -m benchmarks.rounds
-	@$(PY) -m benchmarks.faults
 	@$(PY) -m benchmarks.sweeps
 
 clean:

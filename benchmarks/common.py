@@ -34,7 +34,6 @@ that same run. Figures depend on the machine and on what else runs on it.
 |---|---|
 | `benchmarks/optimizer_step.py` | each server optimizer's step against the least memory traffic its state needs |
 | `benchmarks/rounds.py` | a round on each backend (inprocess, ray, tff_cpp) against the same arithmetic in one `tf.function`; memory over a long run |
-| `benchmarks/faults.py` | whether runs killed with SIGKILL resume to bit-identical weights; processes left after SIGINT or SIGTERM |
 | `benchmarks/sweeps.py` | the quickstart sweep, cold and warm, against its trials as separate runs; a shortened fmnist sweep, cold and warm |
 """
 

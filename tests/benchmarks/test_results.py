@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from benchmarks import common, faults, rounds, sweeps
+from benchmarks import common, rounds, sweeps
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TEXT = ("# Title\n\nintro\n\n<!-- begin: a -->\nold a\n<!-- end: a -->\n\nbetween\n\n"
@@ -114,18 +114,6 @@ def test_round_table_marks_configs_not_run():
                       "30.00 | 4.00 | 6.00 | 1.00 | 1.60 |")
   assert all(line.count(common.NOT_MEASURED) == 13 for line in lines[3:])
   assert len(lines) == 2 + len(rounds.CONFIGS)
-
-
-def test_faults_table_counts_each_fault():
-  body = faults.section(5, {"mid_run": 3, "resumed": 5, "identical": 4, "left": 0},
-                        {"SIGINT": 0, "SIGTERM": 2})
-  rows = [line for line in body.splitlines() if line.startswith("| ") and "fault" not in line]
-  assert rows == [
-      "| kill -9 at a random round, then the same command again | 5 | killed before the run's "
-      "end 3/5; resumed 5/5; final weights bit-identical to an uninterrupted run 4/5; child "
-      "processes left 0 (goal 0) |",
-      "| SIGINT mid-run | 1 | child processes left 0 (goal 0) |",
-      "| SIGTERM mid-run | 1 | child processes left 2 (goal 0) |"]
 
 
 def test_sweeps_refuses_a_repo_that_is_no_checkout(tmp_path, capsys):
