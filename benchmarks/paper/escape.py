@@ -38,16 +38,8 @@ OPTIMIZERS = ("fedavgm", "fedadam", "fedadamom")
 VERSION = 1
 
 
-def _root(coeffs, near: float) -> float:
-  roots = np.roots(coeffs)
-  real = roots[np.abs(roots.imag) < 1e-9].real
-  return float(real[np.argmin(np.abs(real - near))])
-
-
-# st'(u) = (4u^3 - 32u + 5) / 2
-U_LOCAL = _root([4.0, 0.0, -32.0, 5.0], 2.75)
-U_BARRIER = _root([4.0, 0.0, -32.0, 5.0], 0.16)
-U_GLOBAL = _root([4.0, 0.0, -32.0, 5.0], -2.9)
+# The three real roots of st'(u) = (4u^3 - 32u + 5) / 2.
+U_GLOBAL, U_BARRIER, U_LOCAL = map(float, np.sort(np.roots([4.0, 0.0, -32.0, 5.0]).real))
 U_ESCAPED = -1.0
 
 

@@ -1,20 +1,16 @@
 """Numerics fingerprints: a short fixed computation per method, rounded and hashed.
 
-A unit's key covers the fingerprint of every method it runs (`units.py`), so a
-fingerprint must change with the method's numbers (its rule, a default hparam,
-a bias-correction convention) and not when code moves, nor from one machine to
-another. Raw float32 bytes fail the last point: TensorFlow's oneDNN kernels
-dispatch on the CPU (AVX2 or AVX-512) and sum in other orders. So:
+A fingerprint must change with a method's numbers and not when code moves, nor
+from one machine to another (benchmarks/paper/README.md). Raw float32 bytes fail
+the last point: oneDNN kernels dispatch on the CPU and sum in other orders. So:
 
-* a server optimizer runs in float64, `STEPS` steps of its own `initialize`/
-  `next` at the registry's defaults on two tensors (so reductions over all
-  parameters, such as FedAdamom's vbar, see more than one), with
-  pseudo-gradients of scale 1e-3 to 1e2 (epsilon-dominated to clipped regimes);
-* a learning process (FedCAda, FAFED: their clients change too) keeps its
-  float32, on a linear model fed one-example batches with one nonzero input, a
-  power of two: every product is exact and no sum has two inexact terms, and
-  the rest (client Adam/STORM steps, the mean over clients, the server step) is
-  elementwise, which every CPU rounds alike.
+* a server optimizer runs in float64, on two tensors (so reductions over all
+  parameters, such as FedAdamom's vbar, see more than one) with pseudo-gradients
+  of scale 1e-3 to 1e2 (epsilon-dominated to clipped regimes);
+* a learning process keeps its float32, on a linear model fed one-example
+  batches with one nonzero input, a power of two: every product is exact, no
+  sum has two inexact terms, and the rest (client Adam/STORM steps, the mean
+  over clients, the server step) is elementwise, which every CPU rounds alike.
 
 Every float or integer leaf of the weights and state is then written with
 `DIGITS[dtype]` significant digits and hashed. float64 keeps 8: a last-bit

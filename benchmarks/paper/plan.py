@@ -59,8 +59,6 @@ ASYNC_JITTER = 0.2
 
 @dataclasses.dataclass(frozen=True)
 class DataBudget:
-  """The budget of one data set's comparison."""
-
   rounds: int
   eval_every: int
   tune_trials: int
@@ -93,7 +91,6 @@ class Budget:
   beta2_grid: tuple = BETA2_GRID
   heterogeneity: tuple = tuple(label for label, _ in HETEROGENEITY)
   shakespeare_methods: tuple = OPTIMIZERS
-
   async_spreads: tuple = ASYNC_SPREADS
   async_methods: tuple = ASYNC_METHODS
 
@@ -136,13 +133,9 @@ QUICK = Budget(
     beta2_seeds=(0,), hetero_seeds=(0,),
     escape=EscapeSetup(ks=(1.0, 2.0, 4.0, 8.0, 16.0), dim=10, particles=48,
                        max_rounds=6000, flat_log_tau=3.5, chunk=3000),
-    partitions=("dir0.3",),
-    fmnist_client={"max_examples": 40},
-    beta2_grid=(0.05, 0.3),
-    heterogeneity=("0.3", "iid"),
-    shakespeare_methods=("fedavg", "fedadamom"),
-    async_spreads=(1.5,),
-    async_methods=("fedavg", "fadas"),
+    partitions=("dir0.3",), fmnist_client={"max_examples": 40}, beta2_grid=(0.05, 0.3),
+    heterogeneity=("0.3", "iid"), shakespeare_methods=("fedavg", "fedadamom"),
+    async_spreads=(1.5,), async_methods=("fedavg", "fadas"),
 )
 
 

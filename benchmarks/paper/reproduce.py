@@ -71,13 +71,6 @@ def write(out: str, doc: Mapping, log) -> int:
   return 0
 
 
-def _why(missing: Mapping[str, str], limit: int = 6) -> list:
-  ordered = collections.Counter(missing.values()).most_common()  # ties: first seen first
-  return [f"{n} unit(s), e.g. {next(u for u, r in missing.items() if r == reason)}: {reason}"
-          for reason, n in ordered[:limit]] + (
-              [f"... and {len(ordered) - limit} other reasons"] if len(ordered) > limit else [])
-
-
 def report_only(ctx: studies.Context, out: str, command: str) -> int:
   """results.json, REPORT.md and plots from the stored units (without any, from
   `<out>/results.json`), keeping the timings no unit holds; nothing is written
@@ -100,8 +93,12 @@ def report_only(ctx: studies.Context, out: str, command: str) -> int:
     ctx.log(f"--report-only: wrote nothing: the stored units give less than {out}/"
             f"{RESULTS_FILE} holds ({len(lost)} cell(s)): " + "; ".join(lost[:8])
             + ("; ..." if len(lost) > 8 else ""))
-    for line in _why(ctx.missing):
-      ctx.log(f"  not stored: {line}")
+    reasons = collections.Counter(ctx.missing.values()).most_common()  # ties: first seen first
+    for reason, n in reasons[:6]:
+      example = next(u for u, r in ctx.missing.items() if r == reason)
+      ctx.log(f"  not stored: {n} unit(s), e.g. {example}: {reason}")
+    if len(reasons) > 6:
+      ctx.log(f"  not stored: ... and {len(reasons) - 6} other reasons")
     return SHRINKS
   return write(out, doc, ctx.log)
 

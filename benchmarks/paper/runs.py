@@ -1,11 +1,8 @@
-"""The worker pool that runs the study's units, and the local cache beside it
-(`<out>/cache/`: an experiment's run directory, the workers' logs).
+"""The worker pool that runs the study's units, and the local cache beside it.
 
-Experiments run in spawned workers, one TensorFlow thread each; a pool of one
-worker is the study's own process. A process that runs units keeps the parts
-(`parts_cache.PartsCache`: built process, data, evaluator) of the last
-`PARTS_PER_PROCESS` structures: the trials of one method share one, their
-hparams living in the state, with the numbers of parts built for the unit.
+A process that runs units keeps the parts (`parts_cache.PartsCache`: built
+process, data, evaluator) of the last `PARTS_PER_PROCESS` structures: the trials
+of one method share one, their hparams living in the state.
 """
 
 from __future__ import annotations
@@ -32,6 +29,7 @@ _worker_parts = None  # a spawned worker's PartsCache, made by its initializer
 
 
 class Cache:
+  """Local, uncommitted state under `<out>/cache/`."""
 
   def __init__(self, out_dir: str):
     self.root = os.path.join(os.path.abspath(out_dir), CACHE_DIR)
@@ -170,14 +168,6 @@ def completed(units: Sequence[Unit], pool: Pool,
   yield from pool.completed(calls) if calls else ()
 
 
-def _done_line(unit: Unit, result: Any) -> str:
-  if isinstance(result, Mapping) and "final_test_accuracy" in result:
-    acc = result.get("final_test_accuracy")
-    return (f"{unit.name}" + (f" final acc {acc:.4f}" if isinstance(acc, (int, float)) else "")
-            + f" ({result.get('status')}, {result.get('total_s', 0):.0f}s)")
-  return unit.name
-
-
 def run_units(units: Sequence[Unit], store: Store, cache: Cache, pool: Pool, *,
               log: Callable[[str], None] = print, label: str = "",
               execute: bool = True) -> dict:
@@ -204,6 +194,10 @@ def run_units(units: Sequence[Unit], store: Store, cache: Cache, pool: Pool, *,
       continue
     store.put(unit, result, seconds)
     results[unit.name] = result
-    log(f"    [{done}/{len(todo)}] {_done_line(unit, result)}; "
-        f"{time.perf_counter() - started:.0f}s elapsed")
+    line = unit.name
+    if isinstance(result, Mapping) and "final_test_accuracy" in result:
+      acc = result["final_test_accuracy"]
+      line += (f" final acc {acc:.4f}" if isinstance(acc, (int, float)) else "") + (
+          f" ({result.get('status')}, {result.get('total_s', 0):.0f}s)")
+    log(f"    [{done}/{len(todo)}] {line}; {time.perf_counter() - started:.0f}s elapsed")
   return results

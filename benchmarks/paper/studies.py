@@ -1,9 +1,7 @@
 """The six studies: which units each runs, and the JSON-able summaries of results.json.
 
-Spreads over seeds are sample standard deviations (ddof = 1). A run that
-completed with a final test accuracy of at most `chance_accuracy` +
-`plan.FAILED_MARGIN` is *failed*: it learnt no more than always predicting the
-most frequent label. Failed runs stay in the means; the tables count them.
+Spreads over seeds are sample standard deviations (ddof = 1). A completed run at
+most `plan.FAILED_MARGIN` above `chance_accuracy` is *failed* (README.md).
 """
 
 from __future__ import annotations
@@ -227,7 +225,7 @@ def collect(ctx: Context) -> dict:
   b = ctx.budget
   ctx.log("tuning (equal budget per optimizer)")
   request = lambda base, db, lr, methods: {
-      "base": base, "trials": db.tune_trials, "rounds": db.tune_rounds,
+      "base": base, "budget": db, "trials": db.tune_trials, "rounds": db.tune_rounds,
       "space": plan.search_space(lr, methods), "optimizers": methods}
   # Shakespeare first: its trials cost the most, and the batch runs in this order.
   requests = {"shakespeare": request(plan.shakespeare_base(b), b.shakespeare,
@@ -244,7 +242,7 @@ def collect(ctx: Context) -> dict:
       version=escape.VERSION)
   tuned = tune_lib.tune(ctx, requests, seed=b.tune_seed, alongside=[escape_unit])
   # "fmnist-dir0.3" is study "fmnist/dir0.3"'s tuning.
-  compared = {name.replace("-", "/", 1): {"tuning": outcome, "base": requests[name]["base"]}
+  compared = {name.replace("-", "/", 1): {"tuning": outcome, **requests[name]}
               for name, outcome in tuned.items() if outcome is not None}
   return _runs(ctx, compared, escape_unit)
 
@@ -253,12 +251,10 @@ def _runs(ctx: Context, comparisons: Mapping, escape_unit) -> dict:
   b = ctx.budget
   ctx.log("runs: best configs x seeds, beta_2 grid, heterogeneity, asynchronous steps, "
           "escape simulation")
-  data = {"shakespeare": b.shakespeare, **{f"fmnist/{p}": b.fmnist for p in b.partitions},
-          **{f"async/{plan.async_label(s)}": b.fmnist for s in b.async_spreads}}
   groups = {study: [_final(ctx, f"{study}/{opt}/seed{seed}", entry, cmp["base"], seed,
-                           data[study].rounds)
+                           cmp["budget"].rounds)
                     for opt, entry in cmp["tuning"]["best"].items()
-                    for seed in data[study].seeds] for study, cmp in comparisons.items()}
+                    for seed in cmp["budget"].seeds] for study, cmp in comparisons.items()}
   fmnist = {p: comparisons[f"fmnist/{p}"] for p in b.partitions if f"fmnist/{p}" in comparisons}
   if len(fmnist) == len(b.partitions):
     groups["beta2"] = [
@@ -274,7 +270,7 @@ def _runs(ctx: Context, comparisons: Mapping, escape_unit) -> dict:
         for seed in b.hetero_seeds]
   unique = {u.name: u for u in [escape_unit] + [u for g in groups.values() for u in g]}
   done = ctx.run(list(unique.values()), "runs")
-  summaries = {study: summarize_comparison(study, cmp, data[study], done, groups[study],
+  summaries = {study: summarize_comparison(study, cmp, cmp["budget"], done, groups[study],
                                            chance_accuracy(cmp["base"]))
                for study, cmp in comparisons.items()}
   # "fmnist/dir0.3" is results["fmnist"]["dir0.3"].

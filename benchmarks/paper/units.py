@@ -1,8 +1,7 @@
-"""The study's units and their stored results: one JSON file per completed unit
-(what a file holds and what a key covers: benchmarks/paper/README.md).
+"""The study's units and their stored results, a JSON file each (README.md).
 
 The store indexes a file by the key its spec and fingerprints give under this
-code, not by the key it holds, so a spec holding a field the config has since
+code, not by the key it holds: a spec holding a field the config has since
 dropped (`RESULT_FREE_RUNTIME`) keeps its unit.
 """
 

@@ -88,10 +88,9 @@ def verify(store: units_lib.Store, k: int, seed: int, cache: runs_lib.Cache,
       failures.append(f"{unit.name}: failed: {type(e).__name__}: {e}")
       continue
     record = todo[unit]
-    exact = record.get("machine") == here
     stored, now = units_lib.comparable(record["result"]), units_lib.comparable(result)
     diff = units_lib.first_difference(stored, now, close=(
-        None if exact else within_tolerance(stored)))
+        None if record.get("machine") == here else within_tolerance(stored)))
     if diff:
       failures.append(f"{unit.name}: {diff[0]}: stored {_short(diff[1])}, now {_short(diff[2])}")
     else:
