@@ -123,8 +123,15 @@ class Pool:
     self.workers, self.log_dir = workers, log_dir
     self._executor = self._parts = None
 
-  def completed(self, calls: Sequence[tuple]) -> Iterator[tuple]:
-    """(tag, done future) of each `(tag, args of timed_unit)` as it completes."""
+  def completed(self, units: Sequence[Unit],
+                run_dir: Callable[[Unit], str]) -> Iterator[tuple]:
+    """(unit, done future) of each unit as it completes, an experiment writing to
+    `run_dir(unit)`."""
+    if not units:
+      return
+    calls = [(unit, (None if unit.config is None else dict(
+        unit.config, output_dir=run_dir(unit), name=unit.name), unit.fn, unit.kwargs))
+             for unit in units]
     if self.workers == 1:
       from tff_fedadamom.experiment.parts_cache import PartsCache
 
@@ -158,16 +165,6 @@ class Pool:
     self._executor = None
 
 
-def completed(units: Sequence[Unit], pool: Pool,
-              run_dir: Callable[[Unit], str]) -> Iterator[tuple]:
-  """(unit, done future) of each unit as it completes, an experiment writing to
-  `run_dir(unit)`."""
-  calls = [(unit, (None if unit.config is None else dict(
-      unit.config, output_dir=run_dir(unit), name=unit.name), unit.fn, unit.kwargs))
-           for unit in units]
-  yield from pool.completed(calls) if calls else ()
-
-
 def run_units(units: Sequence[Unit], store: Store, cache: Cache, pool: Pool, *,
               log: Callable[[str], None] = print, label: str = "",
               execute: bool = True) -> dict:
@@ -185,7 +182,7 @@ def run_units(units: Sequence[Unit], store: Store, cache: Cache, pool: Pool, *,
   log(f"  {label}: {len(todo)} of {len(units)} units to run "
       f"({len(units) - len(todo)} stored)")
   started = time.perf_counter()
-  for done, (unit, future) in enumerate(completed(todo, pool, cache.run_dir), 1):
+  for done, (unit, future) in enumerate(pool.completed(todo, cache.run_dir), 1):
     try:
       result, seconds = future.result()
     except Exception as e:  # noqa: BLE001 - reported, the rest continues
@@ -197,7 +194,8 @@ def run_units(units: Sequence[Unit], store: Store, cache: Cache, pool: Pool, *,
     line = unit.name
     if isinstance(result, Mapping) and "final_test_accuracy" in result:
       acc = result["final_test_accuracy"]
-      line += (f" final acc {acc:.4f}" if isinstance(acc, (int, float)) else "") + (
-          f" ({result.get('status')}, {result.get('total_s', 0):.0f}s)")
+      if isinstance(acc, (int, float)):
+        line += f" final acc {acc:.4f}"
+      line += f" ({result.get('status')}, {result.get('total_s', 0):.0f}s)"
     log(f"    [{done}/{len(todo)}] {line}; {time.perf_counter() - started:.0f}s elapsed")
   return results

@@ -48,14 +48,10 @@ class Context:
     return results
 
 
-def sample_std(values: Sequence[float]) -> Optional[float]:
-  return float(np.std(values, ddof=1)) if len(values) > 1 else None
-
-
 def mean_std(values: Sequence[Optional[float]]) -> dict:
   vals = [float(v) for v in values if v is not None and math.isfinite(float(v))]
-  return {"mean": float(np.mean(vals)) if vals else None, "std": sample_std(vals),
-          "n": len(vals)}
+  return {"mean": float(np.mean(vals)) if vals else None,
+          "std": float(np.std(vals, ddof=1)) if len(vals) > 1 else None, "n": len(vals)}
 
 
 def seed_summary(records: Sequence[Mapping], target: float) -> dict:
@@ -79,9 +75,8 @@ def mean_curve(records: Sequence[Mapping]) -> dict:
       if acc is not None and math.isfinite(acc):
         by_round.setdefault(int(row[ROUND]), []).append(float(acc))
   rounds = sorted(by_round)
-  return {"round": rounds, "mean": [float(np.mean(by_round[k])) for k in rounds],
-          "std": [sample_std(by_round[k]) for k in rounds],
-          "n": [len(by_round[k]) for k in rounds]}
+  stats = [mean_std(by_round[k]) for k in rounds]
+  return {"round": rounds, **{key: [s[key] for s in stats] for key in ("mean", "std", "n")}}
 
 
 def chance_accuracy(base: Mapping) -> float:

@@ -80,8 +80,8 @@ def verify(store: units_lib.Store, k: int, seed: int, cache: runs_lib.Cache,
     else:
       todo[unit] = record
   fresh = tempfile.mkdtemp(prefix="verify-", dir=cache.root)
-  for unit, future in runs_lib.completed(
-      list(todo), pool, run_dir=lambda unit: os.path.join(fresh, f"{unit.name}-{unit.key}")):
+  for unit, future in pool.completed(
+      list(todo), run_dir=lambda unit: os.path.join(fresh, f"{unit.name}-{unit.key}")):
     try:
       result, seconds = future.result()
     except Exception as e:  # noqa: BLE001 - a unit that fails does not verify
