@@ -2,32 +2,25 @@
 
 The paper says that log(mean escape time) from a minimum scales like 1/k for
 FedAvgM and FedAdamom but like 1/sqrt(k) for FedAdam, k being the minimum's
-sharpness. We test it with the registry's own server optimizers, stepped by
-their `next`, on noisy pseudo-gradients of a Styblinski-Tang landscape.
+sharpness. We test it with the registry's server optimizers, stepped by their
+`next`, on noisy pseudo-gradients of a Styblinski-Tang landscape.
 
-Landscape. st(u) = (u^4 - 16 u^2 + 5 u) / 2 has a local minimum at u_a ~ 2.7468
-(st'' = h0 ~ 29.27), a barrier top at u_b ~ 0.1567 and the global minimum at
-u ~ -2.9035, with barrier dL = st(u_b) - st(u_a) ~ 25.23. The test function
-f_k(x) = sum_i st(sqrt(k) x_i), i = 1..dim, has Hessian k h0 I at the local
-minimum and the same barrier for every k: only the sharpness changes, the
-setting of the diffusion theory (Xie et al., ICLR 2021), where
-log(tau) ~ dL / (eta C / 2) with a noise covariance C proportional to the Hessian.
-
-Pseudo-gradients as in FL: the mean over the sampled clients of gradients with
-minibatch noise, whose covariance near a minimum is proportional to the
-Hessian: g = grad f_k(x) + sqrt(s k h0) z, z ~ N(0, I), s the per-round noise
-scale. Every particle starts at the local minimum with zero optimizer state and
-has escaped once a coordinate passes u = -1 (into the global basin). Escape
-times are censored at `max_rounds`; the rate is the exponential maximum-
-likelihood estimate (escapes / rounds observed), tau = 1 / rate.
+st(u) = (u^4 - 16 u^2 + 5 u) / 2 has a local minimum at u_a ~ 2.7468 (st'' =
+h0 ~ 29.27), a barrier top at u_b ~ 0.1567 and the global minimum at u ~
+-2.9035, barrier dL = st(u_b) - st(u_a) ~ 25.23. f_k(x) = sum_i st(sqrt(k) x_i)
+has Hessian k h0 I at the local minimum and the same barrier for every k: the
+setting of the diffusion theory (Xie et al., ICLR 2021), log(tau) ~ dL / (eta C
+/ 2) with a noise covariance C proportional to the Hessian, as minibatch noise
+is near a minimum: g = grad f_k(x) + sqrt(s k h0) z, z ~ N(0, I). Particles
+start at the local minimum with zero optimizer state and escape once a
+coordinate passes u = -1; times are censored at `max_rounds`, and tau = 1 /
+rate, the exponential MLE (escapes / rounds observed).
 
 Step sizes are matched once, at the minimum of the reference sharpness k_ref
-(the geometric middle of the k range): FedAvgM's rate is fixed (eta / (1 -
-momentum) times the sharpest Hessian stays below 1/2), FedAdam's and
-FedAdamom's are set so that their mean |step| per coordinate there equals
-FedAvgM's. The hparams then stay fixed across k, so what differs is the shape
-of log(tau) against k (matching at every k would turn FedAdam into SGD). The
-fits are in `escape_fit`.
+(the geometric middle of the ks): FedAvgM's rate is fixed, FedAdam's and
+FedAdamom's set so that their mean |step| per coordinate there equals
+FedAvgM's. They then stay fixed across k, so what differs is the shape of
+log(tau) against k (matching at every k would turn FedAdam into SGD).
 """
 
 from __future__ import annotations
@@ -40,22 +33,13 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 
 OPTIMIZERS = ("fedavgm", "fedadam", "fedadamom")
-# The version of this simulation's own numerics (landscape, noise, step matching):
-# part of the escape unit's key beside the optimizers' fingerprints. Bump it
-# when a change here changes the study's numbers.
+# Part of the escape unit's key beside the optimizers' fingerprints: bump it when
+# a change here changes the study's numbers.
 VERSION = 1
 
 
-def _root(coeffs, near: float) -> float:
-  roots = np.roots(coeffs)
-  real = roots[np.abs(roots.imag) < 1e-9].real
-  return float(real[np.argmin(np.abs(real - near))])
-
-
-# st'(u) = (4u^3 - 32u + 5) / 2
-U_LOCAL = _root([4.0, 0.0, -32.0, 5.0], 2.75)
-U_BARRIER = _root([4.0, 0.0, -32.0, 5.0], 0.16)
-U_GLOBAL = _root([4.0, 0.0, -32.0, 5.0], -2.9)
+# The three real roots of st'(u) = (4u^3 - 32u + 5) / 2.
+U_GLOBAL, U_BARRIER, U_LOCAL = map(float, np.sort(np.roots([4.0, 0.0, -32.0, 5.0]).real))
 U_ESCAPED = -1.0
 
 
@@ -73,14 +57,11 @@ BARRIER = float(st(U_BARRIER) - st(U_LOCAL))
 
 @dataclasses.dataclass(frozen=True)
 class EscapeSetup:
-  """Everything that decides the outcome of the escape study."""
-
   ks: tuple = (1.0, 1.5, 2.25, 3.4, 5.1, 7.6, 11.4, 17.1)  # sharpness: a decade or more
   dim: int = 10  # coordinates per particle (FedAdamom's vbar is their mean)
   particles: int = 256  # independent particles per (optimizer, k)
   max_rounds: int = 40000  # a particle that has not escaped by then is censored
-  # The SGD-theory exponent dL / T at the flattest k, which sets the noise scale s
-  # (larger: longer escape times).
+  # The SGD-theory exponent dL / T at the flattest k, which sets the noise scale s.
   flat_log_tau: float = 11.0
   sgd_stiffness: float = 0.4  # eta_eff * k_max * h0 for FedAvgM (its stability margin)
   momentum: float = 0.9  # FedAvgM's
@@ -115,13 +96,8 @@ def build_optimizer(name: str, lr: float, setup: EscapeSetup):
 
 
 class BatchedOptimizer:
-  """`optimizer.next` applied to a batch of independent models of `dim` parameters.
-
-  Every model's state is the optimizer's own (hparams included), stacked along
-  a leading batch axis; `tf.vectorized_map` maps `next` over it, so reductions
-  inside `next` (FedAdamom's vbar) stay per model (a test checks the batch
-  against a per-particle loop).
-  """
+  """`optimizer.next` mapped (`tf.vectorized_map`) over a batch of models of `dim`
+  parameters, their states stacked: reductions inside `next` stay per model."""
 
   def __init__(self, optimizer, dim: int):
     import tensorflow as tf
@@ -144,7 +120,7 @@ class BatchedOptimizer:
     new_state, new_weights = tf.vectorized_map(lambda args: self.optimizer.next(*args),
                                                (state, weights, gradients),
                                                fallback_to_while_loop=False)
-    # Keep dtypes and structure of the initial state (vectorized_map returns tensors).
+    # vectorized_map returns tensors: keep the initial state's dtypes.
     return tf.nest.map_structure(lambda old, new: tf.cast(new, old.dtype),
                                  state, new_state), new_weights
 
@@ -155,8 +131,7 @@ def _simulate_fn(batched: BatchedOptimizer, sqrt_k, noise_std, quadratic: bool):
 
   shape = tf.shape(sqrt_k)
 
-  # The loop is written out (no autograph): converting the optimizers' own code,
-  # which needs no conversion, was most of the first trace.
+  # No autograph: converting the optimizers' code was most of the first trace.
   @tf.function(autograph=False)
   def run(state, x, escaped_at, start, rounds, seed, measure_from):
     def body(i, state, x, escaped_at, step_sum, step_count):
@@ -203,10 +178,8 @@ def mean_step_at_minimum(name: str, lr: float, setup: EscapeSetup, *, particles:
                          compiled: Optional[dict] = None) -> float:
   """Mean |step| per coordinate in the harmonic well of the minimum at k_ref.
 
-  `compiled`: where this call keeps its compiled rounds, by optimizer, for later
-  calls with other learning rates. The learning rate lives in the optimizer's
-  state, an argument of the rounds, so one trace serves every rate (tracing
-  `tf.vectorized_map` costs more than the rounds it runs here).
+  `compiled`: the compiled rounds by optimizer, for calls with other learning
+  rates (the rate is in the state, so one costly trace serves every rate).
   """
   import tensorflow as tf
 
@@ -224,11 +197,8 @@ def mean_step_at_minimum(name: str, lr: float, setup: EscapeSetup, *, particles:
 
 def match_learning_rates(setup: EscapeSetup, *, iterations: int = 3,
                          particles: int = 256) -> dict:
-  """Learning rates whose mean |step| at the k_ref minimum equals FedAvgM's.
-
-  The step is close to proportional to the learning rate; a few multiplicative
-  corrections converge. Returns {optimizer: {lr, mean_step}} and the target.
-  """
+  """Learning rates whose mean |step| at the k_ref minimum equals FedAvgM's, by
+  multiplicative corrections (the step is close to proportional to the rate)."""
   compiled: dict = {}
   target = mean_step_at_minimum("fedavgm", setup.sgd_lr, setup, particles=particles)
   out = {"fedavgm": {"lr": setup.sgd_lr, "mean_step": target}}
@@ -281,8 +251,7 @@ def rate_estimate(times: Sequence[int], max_rounds: int) -> dict:
 
 
 def run_study_dict(setup: Mapping) -> dict:
-  """The escape unit's call: matches step sizes and simulates every optimizer of
-  `setup`, an `EscapeSetup` as a plain mapping (what the worker pool passes)."""
+  """The escape unit's call; `setup`: an `EscapeSetup` as a plain mapping."""
   fields = {f.name for f in dataclasses.fields(EscapeSetup)}
   setup = EscapeSetup(**{k: tuple(v) if isinstance(v, list) else v for k, v in setup.items()
                          if k in fields})

@@ -28,37 +28,25 @@ def pearson(x, y) -> Optional[float]:
   return float(np.corrcoef(x, y)[0, 1])
 
 
-def _grid_fit(y, columns, p_grid) -> tuple:
-  """Least squares of y on `columns(p)` (linear in the coefficients) for each p of
-  the grid; returns (sse, p, coefficients) of the best p."""
-  p_grid = np.linspace(0.05, 3.0, 591) if p_grid is None else p_grid
+def fit_exponent(ks, log_tau, p_grid=None, prefactor: bool = False) -> Optional[dict]:
+  """Least-squares fit of log(tau) = a + c * k^-p, with `prefactor` a + b * log(k)
+  + c * k^-p, over a grid of p (the other coefficients linear)."""
+  ks, y = np.asarray(ks, float), np.asarray(log_tau, float)
+  if ks.size < (5 if prefactor else 4):
+    return None
   best = None
-  for p in p_grid:
-    design = np.stack(columns(p), axis=1)
+  for p in np.linspace(0.05, 3.0, 591) if p_grid is None else p_grid:
+    design = np.stack([np.ones_like(ks)] + ([np.log(ks)] if prefactor else []) + [ks ** -p],
+                      axis=1)
     coef, *_ = np.linalg.lstsq(design, y, rcond=None)
     sse = float(np.sum((design @ coef - y) ** 2))
     if best is None or sse < best[0]:
       best = (sse, float(p), [float(c) for c in coef])
-  return best
-
-
-def fit_exponent(ks, log_tau, p_grid=None) -> Optional[dict]:
-  """Least-squares fit of log(tau) = a + c * k^-p over a grid of p (a, c linear)."""
-  ks, y = np.asarray(ks, float), np.asarray(log_tau, float)
-  if ks.size < 4:
-    return None
-  sse, p, (a, c) = _grid_fit(y, lambda p: [np.ones_like(ks), ks ** -p], p_grid)
+  sse, p, coef = best
+  if prefactor:
+    return dict(zip(("p", "a", "b", "c"), [p, *coef]))
   total = float(np.sum((y - y.mean()) ** 2))
-  return {"p": p, "a": a, "c": c, "r2": 1.0 - sse / total if total > 0 else None}
-
-
-def fit_exponent_with_prefactor(ks, log_tau, p_grid=None) -> Optional[dict]:
-  """Least-squares fit of log(tau) = a + b * log(k) + c * k^-p over a grid of p."""
-  ks, y = np.asarray(ks, float), np.asarray(log_tau, float)
-  if ks.size < 5:
-    return None
-  _, p, (a, b, c) = _grid_fit(y, lambda p: [np.ones_like(ks), np.log(ks), ks ** -p], p_grid)
-  return {"p": p, "a": a, "b": b, "c": c}
+  return {"p": p, "a": coef[0], "c": coef[1], "r2": 1.0 - sse / total if total > 0 else None}
 
 
 def analyse(raw: Mapping, *, min_escapes: int = 10, bootstrap: int = 200,
@@ -79,7 +67,7 @@ def analyse(raw: Mapping, *, min_escapes: int = 10, bootstrap: int = 200,
              "r_inv_k": pearson(1.0 / k_used, log_tau),
              "r_inv_sqrt_k": pearson(1.0 / np.sqrt(k_used), log_tau),
              "fit": fit_exponent(k_used, log_tau), "p_interval": None,
-             "fit_prefactor": fit_exponent_with_prefactor(k_used, log_tau),
+             "fit_prefactor": fit_exponent(k_used, log_tau, prefactor=True),
              "p_prefactor_interval": None,
              "k_span": float(k_used.max() / k_used.min()) if keep else None}
     if entry["fit"] is not None and bootstrap:
@@ -91,9 +79,8 @@ def analyse(raw: Mapping, *, min_escapes: int = 10, bootstrap: int = 200,
                  for t in times]
         if all(rates):  # every k still has an escape
           sample = [math.log(1.0 / rate) for rate in rates]
-          for key, fit in (("p_interval", fit_exponent),
-                           ("p_prefactor_interval", fit_exponent_with_prefactor)):
-            found = fit(k_used, sample, p_grid=coarse)
+          for key, prefactor in (("p_interval", False), ("p_prefactor_interval", True)):
+            found = fit_exponent(k_used, sample, p_grid=coarse, prefactor=prefactor)
             if found is not None:
               ps[key].append(found["p"])
       entry.update({key: [float(np.percentile(values, 5)), float(np.percentile(values, 95))]

@@ -1,37 +1,23 @@
 """Numerics fingerprints: a short fixed computation per method, rounded and hashed.
 
-A unit of the study is keyed by its config and by the fingerprint of every
-method it runs (`units.py`). A fingerprint must change when the method's numbers
-change (its update rule, a default hparam, a bias-correction convention) and
-stay the same when code is only moved, and on every machine. Raw float32 bytes
-fail the last point: one TensorFlow binary picks its kernels by the CPU (oneDNN
-dispatches on AVX2 or AVX-512), and kernels that sum in another order round
-differently. So the computation is chosen to round the same everywhere, and
-its values are rounded before they are hashed:
+A fingerprint must change with a method's numbers and not when code moves, nor
+from one machine to another (benchmarks/paper/README.md). Raw float32 bytes fail
+the last point: oneDNN kernels dispatch on the CPU and sum in other orders. So:
 
-* a server optimizer (FedAvg ... FADAS, FedAdamom) runs in float64: built with
-  the registry's defaults, it takes `STEPS` steps of its own `initialize`/`next`
-  on two fixed tensors (a 3x4 matrix and a 5-vector, so that reductions over all
-  parameters, such as FedAdamom's vbar, see more than one tensor) with fixed
-  pseudo-gradients of scale 1e-3 to 1e2 (the small ones reach the
-  epsilon-dominated regime, the large ones the clipped and normalized ones);
-* a learning process (FedCAda, FAFED: their clients change too) keeps the
-  float32 its code is written in, on inputs that make its model exact under any
-  kernel: a linear model fed batches of one example with one nonzero input, a
-  power of two, so that every product of a forward or backward pass is exact
-  and no sum has two inexact terms to reorder. What remains (the clients'
-  Adam/STORM steps, the mean over clients in client order, the server step) is
-  elementwise, which every CPU rounds alike.
+* a server optimizer runs in float64, on two tensors (so reductions over all
+  parameters, such as FedAdamom's vbar, see more than one) with pseudo-gradients
+  of scale 1e-3 to 1e2 (epsilon-dominated to clipped regimes);
+* a learning process keeps its float32, on a linear model fed one-example
+  batches with one nonzero input, a power of two: every product is exact, no
+  sum has two inexact terms, and the rest (client Adam/STORM steps, the mean
+  over clients, the server step) is elementwise, which every CPU rounds alike.
 
-Rounding: every value (the final weights and every float or integer leaf of the
-state, hparams included) is written with `DIGITS[dtype]` significant digits, and
-that text is hashed. float64 keeps 8: a machine difference, if any survives the
-choices above, starts in the last bit (1e-16 relative) and six adaptive steps
-amplify it by far less than the 1e8 that separates it from the 8th digit; a
-change of numerics moves values by much more than 1e-8 (a test scales one
-update by 1.001). float32 keeps 5 of its 7.2 digits: two orders of magnitude
-above a last-bit difference after two rounds. Integers are exact. Nothing here
-knows a method's expected numbers: the fingerprint is what the method computes.
+Every float or integer leaf of the weights and state is then written with
+`DIGITS[dtype]` significant digits and hashed. float64 keeps 8: a last-bit
+machine difference (1e-16) is amplified by far less than 1e8 in six steps,
+while a change of numerics moves values by much more than 1e-8 (a test scales
+one update by 1.001). float32 keeps 5 of its 7.2 digits, two orders above a
+last-bit difference after two rounds. Integers are exact.
 """
 
 from __future__ import annotations
@@ -47,8 +33,7 @@ import numpy as np
 
 STEPS = 6
 ROUNDS = 2
-# The version of this computation: bump it when its inputs or its rounding change
-# (every unit's key changes with it).
+# Bump when the computation's inputs or rounding change (every unit's key changes).
 VERSION = 2
 DIGITS = {np.dtype(np.float64): 8, np.dtype(np.float32): 5}
 _SHAPES = ((3, 4), (5,))
@@ -56,8 +41,7 @@ _SCALES = (1.0, 1e-3, 10.0, 0.3, 1e2, 3e-2)
 
 
 def digest(arrays: Iterable) -> str:
-  """The hash of arrays as text, with their dtypes and shapes, in order: floats
-  with DIGITS significant digits (-0.0 as 0.0), integers exact."""
+  """The hash of arrays as text with their dtypes and shapes (-0.0 as 0.0)."""
   h = hashlib.sha256(f"v{VERSION}".encode())
   for a in map(np.asarray, arrays):
     digits = DIGITS.get(a.dtype, DIGITS[np.dtype(np.float32)])
@@ -77,8 +61,7 @@ def _numeric_leaves(structure) -> list:
 
 
 def server_optimizer_fingerprint(name: str, **hparams) -> str:
-  """The fingerprint of server optimizer `name` (registry defaults, overridden by
-  `hparams`: a test changes one and sees the fingerprint change)."""
+  """Server optimizer `name`'s fingerprint; `hparams` override the defaults."""
   import tensorflow as tf
 
   from tff_fedadamom.methods import build_server_optimizer
@@ -94,8 +77,7 @@ def server_optimizer_fingerprint(name: str, **hparams) -> str:
   return digest(_numeric_leaves(weights) + _numeric_leaves(state))
 
 
-# y = x W + b (2 inputs, 2 outputs); three clients of 1-3 examples, each example
-# with one nonzero input, a power of two (see the module docstring).
+# y = x W + b; three clients of 1-3 examples, each with one nonzero input, a power of two.
 _W0 = np.array([[0.5, -0.25], [0.125, 1.0]], np.float32)
 _CLIENTS = (
     ([[1.0, 0.0], [0.0, -2.0]], [[2.0, 0.0], [1.0, 1.0]]),
@@ -119,10 +101,8 @@ def _linear_model_fn():
 
 def learning_process_fingerprint(name: str, client_learning_rate: float = 0.05,
                                  **hparams) -> str:
-  """The fingerprint of learning process `name` (FedCAda, FAFED): `ROUNDS` rounds
-  of the registry's process, defaults overridden by `hparams`. The rounds run in
-  this Python process, as the study's experiments run them
-  (`runtime.inprocess`, one client at a time)."""
+  """Learning process `name`'s fingerprint: `ROUNDS` rounds run in process, one
+  client at a time, as the study's experiments run them."""
   import tensorflow as tf
 
   from tff_fedadamom.methods import get_spec, resolve_hparams
@@ -148,10 +128,9 @@ def _compute(name: str) -> str:
           else server_optimizer_fingerprint)(name)
 
 
-# Computed fingerprints are kept per machine beside the compiled learning
-# processes (`runtime.process_cache`), in one file, under a key of everything
-# they are a function of: the package's source, this file, TensorFlow, TFF and
-# NumPy. A learning process's fingerprint costs seconds, a memo hit nothing.
+# Computed fingerprints are memoized beside the compiled learning processes
+# (`runtime.process_cache`), keyed by the package's source, this file, TensorFlow,
+# TFF and NumPy: a learning process's fingerprint costs seconds.
 MEMO_FILE = "fingerprints.json"
 
 
@@ -167,7 +146,6 @@ def _memo_key() -> str:
 
 
 def _read_memo(path: str) -> dict:
-  """The entries of the memo file at `path` made under this `_memo_key`."""
   try:
     with open(path) as f:
       memo = json.load(f)
@@ -179,9 +157,8 @@ def _read_memo(path: str) -> dict:
 
 @functools.lru_cache(maxsize=None)
 def fingerprint(name: str) -> str:
-  """The fingerprint of registry method `name` at its defaults: the memo's, or
-  computed and added to it (a whole-file atomic replace: a concurrent writer may
-  drop an entry, which is then computed again)."""
+  """Registry method `name`'s fingerprint, from the memo or computed and added
+  (an atomic replace: an entry a concurrent writer drops is computed again)."""
   from tff_fedadamom.atomic_io import atomic_write_bytes
   from tff_fedadamom.runtime import process_cache
 
@@ -198,13 +175,11 @@ def fingerprint(name: str) -> str:
 
 
 def fingerprints(names: Iterable[str]) -> dict:
-  """{name: fingerprint} for every method in `names`, sorted by name."""
   return {n: fingerprint(n) for n in sorted(set(names))}
 
 
 def main() -> None:
-  """Prints every registered method's fingerprint (`python -m
-  benchmarks.paper.fingerprint`): compare across machines or commits."""
+  """Prints every registered method's fingerprint, to compare machines or commits."""
   from tff_fedadamom.methods import list_optimizers
 
   for name, value in fingerprints(list_optimizers()).items():

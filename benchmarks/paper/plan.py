@@ -1,9 +1,4 @@
-"""What the reproduction runs: budgets (full and quick), base experiments, search spaces.
-
-Every number in REPORT.md comes from runs set up here. The full budget tunes
-and runs every method of `OPTIMIZERS` with the same budget; the quick budget
-runs every study and every method end to end on the smallest units, for CI.
-"""
+"""What the reproduction runs: budgets (full and quick), base experiments, search spaces."""
 
 from __future__ import annotations
 
@@ -13,14 +8,12 @@ from typing import Any, Optional
 
 from benchmarks.paper.escape import EscapeSetup
 
-# Every method of the equal-budget comparison (registry names). FedCAda and FAFED
-# are whole learning processes (their clients run Adam / STORM steps), the others
-# server optimizers inside FedAvg.
+# The methods of the equal-budget comparison. FedCAda and FAFED are whole learning
+# processes (their clients run Adam / STORM steps), the others server optimizers.
 OPTIMIZERS = ("fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad", "fedamsgrad",
               "fadas", "fedcada", "fafed", "fedadamom")
 
-# The paper's numbers and claims we compare with (FEDADAMOM.md, restated from the
-# paper). report.py prints no paper number that is not here.
+# The paper's numbers and claims (FEDADAMOM.md); the report prints no other paper number.
 PAPER = {
     # The setting of every headline and beta_2 number.
     "setup": "ResNet-18, 1000 rounds",
@@ -40,8 +33,7 @@ PAPER = {
     "escape": {"fedavgm": "1/k", "fedadam": "1/sqrt(k)", "fedadamom": "1/k"},
 }
 
-# A completed run whose final test accuracy is at most the chance accuracy (always
-# the test set's most frequent label) plus this has failed (`studies`).
+# Above chance accuracy, the margin of a failed run (`studies`).
 FAILED_MARGIN = 0.01
 
 BETA2_GRID = (0.01, 0.05, 0.1, 0.2, 0.3)
@@ -52,18 +44,14 @@ HETEROGENEITY = (("0.1", {"kind": "dirichlet", "alpha": 0.1}),
                  ("iid", {"kind": "iid"}))
 
 # Study 6: study 1's Dirichlet(0.3) experiment under buffered asynchronous steps
-# (FedBuff; `tff_fedadamom.asynchrony`). The server optimizers that run that
-# way (FedCAda's and FAFED's clients keep state, which asynchronous steps do
-# not support); FedAvg's server under buffered steps is FedBuff itself.
+# (FedBuff, `tff_fedadamom.asynchrony`), with the server optimizers (FedCAda's and
+# FAFED's clients keep state, which asynchronous steps do not support).
 ASYNC_METHODS = ("fedavg", "fedavgm", "fedadam", "fadas", "fedadamom")
-# The sigmas of the per-client lognormal speeds, one tuning and table each: a
-# mild and a wide spread of client durations (sigma 1.5: the slowest tenth of
-# the clients take about 7 times the median client's time).
+# Sigmas of the lognormal client speeds, one tuning and table each (sigma 1.5: the
+# slowest tenth of the clients take about 7 times the median client's time).
 ASYNC_SPREADS = (0.5, 1.5)
-# Twice as many clients in flight as the server averages per step (the base's
-# clients_per_round, 5), FedBuff's polynomial staleness weight (1 + tau)^-0.5,
-# a per-task jitter on top of each client's speed, updates staler than 10 steps
-# dropped.
+# Twice as many clients in flight as the server averages per step, FedBuff's
+# staleness weight (1 + tau)^-0.5, updates staler than 10 steps dropped.
 ASYNC_SETTINGS = {"concurrency": 10, "buffer_size": 5,
                   "staleness": {"kind": "polynomial", "a": 0.5}, "max_staleness": 10}
 ASYNC_JITTER = 0.2
@@ -71,8 +59,6 @@ ASYNC_JITTER = 0.2
 
 @dataclasses.dataclass(frozen=True)
 class DataBudget:
-  """The budget of one data set's comparison."""
-
   rounds: int
   eval_every: int
   tune_trials: int
@@ -84,13 +70,9 @@ class DataBudget:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Budget:
-  """Everything the run depends on besides the code. `fmnist` also gives studies 3
-  and 5 their rounds; `tune_seed` seeds every search (the same for all methods:
-  common random numbers) and the tuning runs; `heterogeneity` holds labels of
-  HETEROGENEITY; study 1 always compares every method of OPTIMIZERS; study 6
-  (asynchronous steps) takes `fmnist`'s budget for each of `async_spreads`
-  (sigmas, ASYNC_SPREADS) and compares `async_methods`. `workers`: experiments
-  run in parallel, one CPU thread each."""
+  """Everything the run depends on besides the code. `fmnist` also budgets studies
+  3, 5 and 6; `tune_seed` seeds every search (the same for all methods) and the
+  tuning runs; `heterogeneity` holds labels of HETEROGENEITY."""
 
   mode: str
   workers: int = 2
@@ -109,7 +91,6 @@ class Budget:
   beta2_grid: tuple = BETA2_GRID
   heterogeneity: tuple = tuple(label for label, _ in HETEROGENEITY)
   shakespeare_methods: tuple = OPTIMIZERS
-
   async_spreads: tuple = ASYNC_SPREADS
   async_methods: tuple = ASYNC_METHODS
 
@@ -126,10 +107,8 @@ FULL = Budget(
                            seeds=(1, 2, 3), target=0.3, targets=(0.25, 0.3, 0.35)),
     shakespeare_options={"max_clients": 100, "seq_length": 20},
     shakespeare_model={"name": "char_lstm", "options": {"embedding_dim": 8, "lstm_units": 64}},
-    # The char-LSTM first sits on the unigram plateau (always the most frequent
-    # character) for hundreds of SGD steps. Small batches and two local epochs
-    # give about 40 client steps a round (200 examples / 10 x 2), enough to leave
-    # it within the tuning rounds; batch 20 and one epoch give a quarter of that.
+    # The char-LSTM first sits on the unigram plateau for hundreds of SGD steps;
+    # 40 client steps a round (200 examples / 10 x 2) leave it within the tuning rounds.
     shakespeare_client={"batch_size": 10, "max_examples": 200, "local_epochs": 2,
                         "clip_norm": 10.0},
     beta2_seeds=(1, 2), hetero_seeds=(1, 2, 3),
@@ -138,13 +117,9 @@ FULL = Budget(
                        chunk=5000),
 )
 
-# The fewest and smallest units that still run every study and every method:
-# one partition, one trial of one round per method, whose config is also the
-# final run's (same seed 0 and rounds: one unit), small clients, two beta_2
-# values and two heterogeneity levels (Dir(0.3), shared with study 1, and
-# i.i.d.). Building a char-LSTM process is most of a Shakespeare unit, so
-# study 2 compares the paper's baseline and its method only; study 6 runs its
-# wider spread with FedBuff (FedAvg) and FADAS only.
+# The fewest and smallest units that run every study and method: one trial of one
+# round per method, also the final run (same seed and rounds: one unit). Building a
+# char-LSTM is most of a Shakespeare unit, so study 2 compares FedAvg and FedAdamom.
 QUICK = Budget(
     mode="quick",
     fmnist=DataBudget(rounds=1, eval_every=1, tune_trials=1, tune_rounds=1,
@@ -158,13 +133,9 @@ QUICK = Budget(
     beta2_seeds=(0,), hetero_seeds=(0,),
     escape=EscapeSetup(ks=(1.0, 2.0, 4.0, 8.0, 16.0), dim=10, particles=48,
                        max_rounds=6000, flat_log_tau=3.5, chunk=3000),
-    partitions=("dir0.3",),
-    fmnist_client={"max_examples": 40},
-    beta2_grid=(0.05, 0.3),
-    heterogeneity=("0.3", "iid"),
-    shakespeare_methods=("fedavg", "fedadamom"),
-    async_spreads=(1.5,),
-    async_methods=("fedavg", "fadas"),
+    partitions=("dir0.3",), fmnist_client={"max_examples": 40}, beta2_grid=(0.05, 0.3),
+    heterogeneity=("0.3", "iid"), shakespeare_methods=("fedavg", "fedadamom"),
+    async_spreads=(1.5,), async_methods=("fedavg", "fadas"),
 )
 
 
@@ -173,16 +144,13 @@ def budget(mode: str, workers: Optional[int] = None) -> Budget:
   return chosen if workers is None else dataclasses.replace(chosen, workers=max(1, int(workers)))
 
 
-# The share of each training client's examples held out as the validation set
-# that tuning selects on (`tune.METRIC`); the test set only reports.
+# The share of each client's examples held out for tuning to select on (`tune.METRIC`).
 VALIDATION_FRACTION = 0.1
 
 
 def _base(name: str, db: DataBudget, data: dict, model: dict, client: dict) -> dict:
-  """A base experiment: seed 0, 5 clients per round, uniform averaging of the
-  clients' updates, VALIDATION_FRACTION of each client's examples held out; the
-  tuning stage fills in the server optimizer's hparams. The final runs keep the
-  split, so they train on the data their hparams were chosen with."""
+  """A base experiment, whose server tuning fills in. The final runs keep the
+  validation split: they train on the data their hparams were chosen with."""
   return {"name": name, "seed": 0, "rounds": db.rounds, "clients_per_round": 5,
           "eval_every": db.eval_every, "checkpoint_every": db.eval_every * 2,
           "output_dir": "unused", "targets": list(db.targets), "telemetry": False,
@@ -193,8 +161,6 @@ def _base(name: str, db: DataBudget, data: dict, model: dict, client: dict) -> d
 
 
 def fmnist_base(b: Budget, partition: dict) -> dict:
-  """Fashion-MNIST over 100 clients, the small model; clients run one epoch of SGD
-  over their examples (batch 20)."""
   return _base("fmnist", b.fmnist, {"name": "fashion_mnist", "num_clients": 100, "seed": 0,
                                     "partition": dict(partition), "eval_batch_size": 5000},
                b.fmnist_model, {"learning_rate": 0.1, "batch_size": 20, "local_epochs": 1,
@@ -202,14 +168,11 @@ def fmnist_base(b: Budget, partition: dict) -> dict:
 
 
 def async_label(sigma: float) -> str:
-  """A study 6 spread's name in unit names and results.json: 'sigma1.5'."""
   return f"sigma{sigma:g}"
 
 
 def async_base(b: Budget, sigma: float) -> dict:
-  """Study 6's base experiment: study 1's Dirichlet(0.3) one, each round a
-  buffered asynchronous server step (ASYNC_SETTINGS) with lognormal client
-  speeds of spread `sigma`."""
+  """Study 1's Dirichlet(0.3) base under buffered asynchronous steps."""
   base = fmnist_base(b, PARTITIONS["dir0.3"])
   base["asynchronous"] = {**copy.deepcopy(ASYNC_SETTINGS), "durations": {
       "kind": "lognormal", "sigma": float(sigma), "jitter": ASYNC_JITTER}}
@@ -217,51 +180,38 @@ def async_base(b: Budget, sigma: float) -> dict:
 
 
 def shakespeare_base(b: Budget) -> dict:
-  """Shakespeare's speaking roles as clients (a seeded subset), a small char-LSTM."""
   return _base("shakespeare", b.shakespeare,
                {"name": "shakespeare", "seed": 0, "options": dict(b.shakespeare_options),
                 "eval_batch_size": 1000}, b.shakespeare_model,
                {"learning_rate": 1.0, "local_epochs": 1, **b.shakespeare_client})
 
 
-# Server learning-rate ranges per server optimizer: each around the values the
-# literature reports as best (FedAvg/FedAdamom ~1, FedAdam/FedYogi ~1e-2, FedAdagrad
-# ~1e-1; Reddi et al. 2021, the FedAdamom paper), one decade or more wide.
-# FedAMSGrad takes FedAdam's range (the same normalized step); FADAS' reaches down
-# to its authors' settings (1e-4 and 1e-3, Wang et al. 2024). FedCAda and FAFED
-# average the clients' models (server eta fixed at the registry's 1, as in their
-# papers), so they have no entry.
-# FedAvg's, FedAdamom's, FedAvgM's and FedAdagrad's reach a decade below the
-# values tuning first chose at their low ends (report_fidelity flags an edge).
+# Server learning-rate ranges, each a decade or more around the best values reported
+# (FedAvg/FedAdamom ~1, FedAdam/FedYogi ~1e-2, FedAdagrad ~1e-1; Reddi et al. 2021,
+# the FedAdamom paper); FADAS' reaches its authors' 1e-4 (Wang et al. 2024). FedCAda
+# and FAFED average the clients' models (server eta 1, as in their papers). Some low
+# ends reach a decade below values tuning first chose at an edge.
 SERVER_LR = {"fedavg": (0.03, 3.0), "fedavgm": (0.01, 1.5), "fedadam": (1e-3, 0.3),
              "fedyogi": (1e-3, 0.3), "fedadagrad": (1e-3, 1.0), "fedamsgrad": (1e-3, 0.3),
              "fadas": (1e-4, 0.3), "fedadamom": (0.03, 3.0)}
 
-# Client step sizes of the methods whose clients take normalized (Adam-like)
-# steps, lr * m / (sqrt(v) + eps): FedCAda (client Adam) and FAFED (u / (sqrt(v) +
-# rho)). Their step does not scale with the gradient, so the SGD clients' range
-# does not apply; this one spans Adam's usual 1e-3 to 1e-1.
+# FedCAda's and FAFED's clients take normalized steps, lr * m / (sqrt(v) + eps),
+# which do not scale with the gradient: Adam's usual range, not the SGD clients'.
 ADAPTIVE_CLIENTS = ("fedcada", "fafed")
 ADAPTIVE_CLIENT_LR = (1e-3, 0.1)
 
-# The FedAdamom authors' code (Tenshawn/FedAdamom, models/distributed_training_utils.py),
-# whose runs gave the paper's numbers, steps FedAdam and FedYogi without bias
-# correction (v starts at 0, epsilon outside the root). The registry follows Reddi
-# et al.'s code (corrected); the study follows the paper's authors. Both are TFF's
-# Adam/Yogi rules, so only the switch differs.
+# The FedAdamom authors' code (Tenshawn/FedAdamom, models/distributed_training_utils.py)
+# steps FedAdam and FedYogi without bias correction; the registry follows Reddi et
+# al.'s (corrected). The study follows the paper's authors.
 AUTHORS_UNCORRECTED = ("fedadam", "fedyogi")
 
 
 def search_space(client_lr: tuple, methods: tuple = OPTIMIZERS) -> dict:
-  """The search space (`tune.method_space` reads it) of a comparison of `methods`,
-  the same for every data set but for the client learning-rate range.
+  """The search space of a comparison of `methods` (`tune.method_space` reads it).
 
-  Shared: the client learning rate and (for those with it) epsilon on 1e-4..1e-1.
-  Per optimizer: the server learning rate (SERVER_LR); FedAvgM's momentum;
-  beta_2 and FAFED's alpha keep the registry's ranges. FedAdamom's epsilon is
-  its clip margin, not an adaptivity constant: it stays at the reference 1e-3.
-  FedCAda's epsilon is Adam's on the clients: the registry's range, up to 0.1;
-  FAFED's is its rho, tuned up to 1.
+  beta_2 and FAFED's alpha keep the registry's ranges. FedAdamom's epsilon is its
+  clip margin, not an adaptivity constant: it stays at the reference 1e-3.
+  FedCAda's epsilon is its clients' Adam's (the registry's range, up to 0.1).
   """
   from tff_fedadamom.methods import search_ranges
 
@@ -277,7 +227,7 @@ def search_space(client_lr: tuple, methods: tuple = OPTIMIZERS) -> dict:
     per_opt.setdefault(opt, {})["client.learning_rate"] = loguniform(*ADAPTIVE_CLIENT_LR)
   dist, low, high = search_ranges("fedcada")["epsilon"]
   per_opt["fedcada"]["server.epsilon"] = {"dist": dist, "low": low, "high": 0.1}
-  # FAFED's epsilon is its rho, u / (sqrt(v) + rho): beyond its default 0.1.
+  # FAFED's epsilon is its rho, u / (sqrt(v) + rho): tuned beyond its default 0.1.
   per_opt["fafed"]["server.epsilon"] = loguniform(1e-4, 1.0)
   space.update({opt: entries for opt, entries in per_opt.items() if opt in methods})
   return space

@@ -1,9 +1,7 @@
 """Reproduce the FedAdamom paper's claims at laptop scale and write REPORT.md
 (the commands, their options and exit statuses: benchmarks/paper/README.md).
 
-The studies (`studies.collect`) store every unit as it completes (`units.py`);
-results.json holds every number of the report, REPORT.md and plots/ are
-rendered from it.
+results.json holds every number of the report; REPORT.md and plots/ are rendered from it.
 """
 
 from __future__ import annotations
@@ -36,12 +34,10 @@ def log(line: str) -> None:
 
 
 def minutes(seconds: float) -> str:
-  """The report's one way of writing a duration."""
   return f"{seconds / 60:.1f} min"
 
 
 def stored_timings(store: units_lib.Store) -> dict:
-  """The compute of every stored unit, and the commits they were computed from."""
   records = store.records()
   counts = collections.Counter((r.get("source_commit") or "unknown")[:10] + (
       " (uncommitted changes)" if r.get("source_dirty") else "") for r in records)
@@ -52,8 +48,8 @@ def stored_timings(store: units_lib.Store) -> dict:
 
 
 def document(ctx: studies.Context, command: str, results: Mapping, timings: Mapping) -> dict:
-  """results.json: the results, and the compared methods in the report's order with
-  their communication cost per round relative to FedAvg (the registry's)."""
+  """results.json: the results, and the methods with their communication cost per
+  round relative to FedAvg."""
   from tff_fedadamom.methods import get_spec
 
   methods = [{"name": m, "communication": get_spec(m).communication} for m in plan.OPTIMIZERS]
@@ -75,19 +71,10 @@ def write(out: str, doc: Mapping, log) -> int:
   return 0
 
 
-def _why(missing: Mapping[str, str], limit: int = 6) -> list:
-  """The reasons units are not stored, each with its count and an example unit."""
-  ordered = collections.Counter(missing.values()).most_common()  # ties: first seen first
-  return [f"{n} unit(s), e.g. {next(u for u, r in missing.items() if r == reason)}: {reason}"
-          for reason, n in ordered[:limit]] + (
-              [f"... and {len(ordered) - limit} other reasons"] if len(ordered) > limit else [])
-
-
 def report_only(ctx: studies.Context, out: str, command: str) -> int:
-  """results.json, REPORT.md and plots from the stored units, running nothing;
-  without unit files, REPORT.md and plots from `<out>/results.json` as it is.
-  The timings no unit holds (wall time, machine) are kept from results.json.
-  When the stored units give less than results.json holds, nothing is written."""
+  """results.json, REPORT.md and plots from the stored units (without any, from
+  `<out>/results.json`), keeping the timings no unit holds; nothing is written
+  when the stored units give less than results.json holds."""
   try:
     with open(os.path.join(out, RESULTS_FILE)) as f:
       previous = json.load(f)
@@ -106,14 +93,17 @@ def report_only(ctx: studies.Context, out: str, command: str) -> int:
     ctx.log(f"--report-only: wrote nothing: the stored units give less than {out}/"
             f"{RESULTS_FILE} holds ({len(lost)} cell(s)): " + "; ".join(lost[:8])
             + ("; ..." if len(lost) > 8 else ""))
-    for line in _why(ctx.missing):
-      ctx.log(f"  not stored: {line}")
+    reasons = collections.Counter(ctx.missing.values()).most_common()  # ties: first seen first
+    for reason, n in reasons[:6]:
+      example = next(u for u, r in ctx.missing.items() if r == reason)
+      ctx.log(f"  not stored: {n} unit(s), e.g. {example}: {reason}")
+    if len(reasons) > 6:
+      ctx.log(f"  not stored: ... and {len(reasons) - 6} other reasons")
     return SHRINKS
   return write(out, doc, ctx.log)
 
 
 def run(ctx: studies.Context, out: str, command: str) -> int:
-  """The studies, results.json and the report."""
   b = ctx.budget
   started = time.perf_counter()
   ctx.log(f"reproduce ({b.mode}, {b.workers} workers) -> {out}; units in {ctx.store.root}"
@@ -167,8 +157,7 @@ def main(argv=None) -> int:
   args = parse_args(argv)
   mode = "quick" if args.quick else "full"
   b = plan.budget(mode, args.workers)
-  # This command is its process's entry point; with one worker its units run here,
-  # in a worker's session and with a worker's logging.
+  # With one worker the units run in this process, in a worker's session.
   with startup_imports():
     if b.workers == 1:
       runs_lib.become_unit_process()
@@ -200,8 +189,7 @@ def main(argv=None) -> int:
     return 130
   finally:
     pool.shutdown()
-    # Ends multiprocessing's resource tracker (the spawn pool's start made it) and
-    # reaps it; left alone, it would outlive the command by a moment.
+    # Ends and reaps the spawn pool's resource tracker, which would outlive the command.
     from multiprocessing import resource_tracker
 
     stop = getattr(resource_tracker._resource_tracker, "_stop", None)  # noqa: SLF001

@@ -1,12 +1,8 @@
-"""The worker pool that runs the study's units, and the local cache beside it
-(`<out>/cache/`: an experiment's run directory, the workers' logs).
+"""The worker pool that runs the study's units, and the local cache beside it.
 
-Experiments run in spawned workers, one TensorFlow thread each. A pool of one
-worker is the study's own process, which then imports TensorFlow and TFF only
-once. A process that runs units keeps the parts of the last
-`PARTS_PER_PROCESS` structures (`parts_cache.PartsCache`: built process, data,
-evaluator), which give the numbers parts of a unit's own give: the trials of
-one method share a structure, their hparams living in the state.
+A process that runs units keeps the parts (`parts_cache.PartsCache`: built
+process, data, evaluator) of the last `PARTS_PER_PROCESS` structures: the trials
+of one method share one, their hparams living in the state.
 """
 
 from __future__ import annotations
@@ -25,32 +21,27 @@ from tff_fedadamom.metric_names import (DROPPED, ELAPSED_S, MAX_STALENESS, MEAN_
 from benchmarks.paper.units import Store, Unit
 
 CACHE_DIR = "cache"
-# The columns of an asynchronous run's server steps a unit keeps, every row
-# (the summary's history keeps evaluated rounds, and only their accuracies and
-# losses): the report states the staleness its final runs saw.
+# The columns of every server step of an asynchronous run a unit keeps (its history
+# keeps only evaluated rounds): the report states the staleness its runs saw.
 ASYNC_COLUMNS = (VIRTUAL_TIME, MEAN_STALENESS, MAX_STALENESS, DROPPED)
 PARTS_PER_PROCESS = 2
 _worker_parts = None  # a spawned worker's PartsCache, made by its initializer
 
 
 class Cache:
-  """Local, uncommitted state of a run under `<out>/cache/`."""
+  """Local, uncommitted state under `<out>/cache/`."""
 
   def __init__(self, out_dir: str):
     self.root = os.path.join(os.path.abspath(out_dir), CACHE_DIR)
     os.makedirs(self.root, exist_ok=True)
 
   def run_dir(self, unit: Unit) -> str:
-    """Where an experiment unit keeps its checkpoints and metrics."""
     return os.path.join(self.root, "runs", f"{unit.name}-{unit.key}")
 
 
 def become_unit_process(**session_kwargs) -> None:
-  """Makes this process one that runs units (a worker, or the study's own with
-  one worker): one thread per kernel (units run side by side, one per worker),
-  no GPU, TensorFlow's Python logger at errors only (its notes on tracing are
-  for whoever writes the traced code). For an entry point only: all are the
-  process's."""
+  """Makes this process (an entry point's) one that runs units: one thread per
+  kernel, no GPU, TensorFlow's Python logger at errors only."""
   import logging
 
   from tff_fedadamom.session import Session
@@ -60,9 +51,8 @@ def become_unit_process(**session_kwargs) -> None:
 
 
 def _init_worker(log_dir: str) -> None:
-  """Runs in each spawned worker before TensorFlow is imported there: quiet
-  TensorFlow, stderr to a log file, the unit session; the worker ends with the
-  study, even one killed with SIGKILL."""
+  """Runs in each spawned worker before TensorFlow is imported there: stderr to a
+  log file, the unit session; the worker ends with the study, even on SIGKILL."""
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
   os.makedirs(log_dir, exist_ok=True)
   log = open(os.path.join(log_dir, f"worker-{os.getpid()}.log"), "a", buffering=1)
@@ -82,10 +72,8 @@ def _init_worker(log_dir: str) -> None:
 def run_experiment_unit(config: Mapping[str, Any], parts_cache=None) -> dict:
   """One experiment in this process; returns what the report needs from it.
 
-  With `parts_cache`, an in-process run takes its parts from it. Parts of
-  another backend are built for the unit and dropped with it: a `tff_cpp`
-  process kept beyond the unit would keep TFF's executor service, and its
-  `worker_binary`, alive until interpreter exit."""
+  Only an in-process run takes its parts from `parts_cache`: a kept `tff_cpp`
+  process would keep TFF's executor service alive until interpreter exit."""
   from tff_fedadamom.config.schema import INPROCESS
   from tff_fedadamom.experiment import outputs, run_experiment
   from tff_fedadamom.experiment.parts import make_plan
@@ -111,15 +99,13 @@ def run_experiment_unit(config: Mapping[str, Any], parts_cache=None) -> dict:
       "client_learning_rate": config["client"]["learning_rate"],
       "round_seconds": [round(b - a, 4) for a, b in zip([0.0] + elapsed, elapsed)],
       "eval_rounds": [int(r[ROUND]) for r in rows if TEST_ACCURACY in r],
-      # Only an asynchronous run has it: a synchronous unit's result is as before.
       **({"async_history": steps} if steps else {}),
   }
 
 
 def timed_unit(config, fn, kwargs, parts_cache=None) -> tuple:
-  """Runs one unit (an experiment `config`, or `fn`, "module:function", with
-  `kwargs`): (its result, its wall seconds). `parts_cache`: the running
-  process's (a worker's own by default)."""
+  """(result, wall seconds) of an experiment `config`, or of `fn`
+  ("module:function") called with `kwargs`."""
   started = time.perf_counter()
   if config is not None:
     result = run_experiment_unit(config, _worker_parts if parts_cache is None else parts_cache)
@@ -130,17 +116,22 @@ def timed_unit(config, fn, kwargs, parts_cache=None) -> tuple:
 
 
 class Pool:
-  """A lazily started pool of spawned workers, shared by every study; with one
-  worker, the calling process itself, which must then have become a unit
-  process (`become_unit_process`)."""
+  """A lazily started pool of spawned workers; with one worker, the calling
+  process itself, which must then have become a unit process."""
 
   def __init__(self, workers: int, log_dir: str):
     self.workers, self.log_dir = workers, log_dir
     self._executor = self._parts = None
 
-  def completed(self, calls: Sequence[tuple]) -> Iterator[tuple]:
-    """(tag, done future) of each `(tag, args of timed_unit)` as it completes;
-    with one worker, each runs here when the previous one has been handled."""
+  def completed(self, units: Sequence[Unit],
+                run_dir: Callable[[Unit], str]) -> Iterator[tuple]:
+    """(unit, done future) of each unit as it completes, an experiment writing to
+    `run_dir(unit)`."""
+    if not units:
+      return
+    calls = [(unit, (None if unit.config is None else dict(
+        unit.config, output_dir=run_dir(unit), name=unit.name), unit.fn, unit.kwargs))
+             for unit in units]
     if self.workers == 1:
       from tff_fedadamom.experiment.parts_cache import PartsCache
 
@@ -163,8 +154,7 @@ class Pool:
       yield pending[future], future
 
   def shutdown(self, cancel: bool = False) -> None:
-    """Waits for the workers to finish; with `cancel`, ends them now (SIGTERM:
-    each ends its TFF worker and exits; completed units are already stored)."""
+    """Waits for the workers; with `cancel`, ends them now (SIGTERM)."""
     if self._executor is None:
       return
     if cancel:
@@ -175,32 +165,12 @@ class Pool:
     self._executor = None
 
 
-def completed(units: Sequence[Unit], pool: Pool,
-              run_dir: Callable[[Unit], str]) -> Iterator[tuple]:
-  """Runs every unit in the pool, an experiment writing to `run_dir(unit)`, and
-  yields (unit, its done future) as each completes."""
-  calls = [(unit, (None if unit.config is None else dict(
-      unit.config, output_dir=run_dir(unit), name=unit.name), unit.fn, unit.kwargs))
-           for unit in units]
-  yield from pool.completed(calls) if calls else ()
-
-
-def _done_line(unit: Unit, result: Any) -> str:
-  if isinstance(result, Mapping) and "final_test_accuracy" in result:
-    acc = result.get("final_test_accuracy")
-    return (f"{unit.name}" + (f" final acc {acc:.4f}" if isinstance(acc, (int, float)) else "")
-            + f" ({result.get('status')}, {result.get('total_s', 0):.0f}s)")
-  return unit.name
-
-
 def run_units(units: Sequence[Unit], store: Store, cache: Cache, pool: Pool, *,
               log: Callable[[str], None] = print, label: str = "",
               execute: bool = True) -> dict:
-  """{name: result} of `units`: those with a file in `store` loaded, the others
-  run in parallel, each stored as it completes; with `execute` False only the
-  stored ones. A unit that raises is logged and left out (the studies count the
-  seeds they got, the report marks the cells short of their plan, `reproduce`
-  exits non-zero); a rerun tries it again."""
+  """{name: result} of `units`: the stored ones loaded, the others (with
+  `execute`) run and stored as each completes. A unit that raises is logged and
+  left out (the report marks the cells short of their plan)."""
   stored = {unit.name: store.get(unit) for unit in units}
   results = {name: result for name, result in stored.items() if result is not None}
   todo = [unit for unit in units if stored[unit.name] is None]
@@ -212,7 +182,7 @@ def run_units(units: Sequence[Unit], store: Store, cache: Cache, pool: Pool, *,
   log(f"  {label}: {len(todo)} of {len(units)} units to run "
       f"({len(units) - len(todo)} stored)")
   started = time.perf_counter()
-  for done, (unit, future) in enumerate(completed(todo, pool, cache.run_dir), 1):
+  for done, (unit, future) in enumerate(pool.completed(todo, cache.run_dir), 1):
     try:
       result, seconds = future.result()
     except Exception as e:  # noqa: BLE001 - reported, the rest continues
@@ -221,6 +191,11 @@ def run_units(units: Sequence[Unit], store: Store, cache: Cache, pool: Pool, *,
       continue
     store.put(unit, result, seconds)
     results[unit.name] = result
-    log(f"    [{done}/{len(todo)}] {_done_line(unit, result)}; "
-        f"{time.perf_counter() - started:.0f}s elapsed")
+    line = unit.name
+    if isinstance(result, Mapping) and "final_test_accuracy" in result:
+      acc = result["final_test_accuracy"]
+      if isinstance(acc, (int, float)):
+        line += f" final acc {acc:.4f}"
+      line += f" ({result.get('status')}, {result.get('total_s', 0):.0f}s)"
+    log(f"    [{done}/{len(todo)}] {line}; {time.perf_counter() - started:.0f}s elapsed")
   return results

@@ -1,13 +1,7 @@
-"""The six studies: which units each runs, and the numbers each hands to the report.
+"""The six studies: which units each runs, and the JSON-able summaries of results.json.
 
-Every summary is plain JSON-able data (results.json holds it). Spreads over
-seeds are sample standard deviations (ddof = 1), the report's one convention.
-
-A comparison's run (final run or tuning trial) that completed but ends at
-chance level, a final test accuracy of at most `chance_accuracy` +
-`plan.FAILED_MARGIN`, is *failed*: it has learnt no more than always
-predicting the test set's most frequent label. Diverged runs (not completed)
-are counted apart. Failed runs stay in the means; the tables count them.
+Spreads over seeds are sample standard deviations (ddof = 1). A completed run at
+most `plan.FAILED_MARGIN` above `chance_accuracy` is *failed* (README.md).
 """
 
 from __future__ import annotations
@@ -32,10 +26,8 @@ _chance_memo: dict = {}  # the data and model sections (JSON) -> chance_accuracy
 
 
 class Context:
-  """What every study needs: budget, unit store, local cache, pool, log, whether
-  to run units (or only read the stored ones), and the units already planned
-  (identical experiments share one name and one run). `missing`: the units not
-  stored when nothing runs, each with the reason (`Store.why_missing`)."""
+  """What every study needs. Identical experiments share one name and one run;
+  `missing`: the units not stored when nothing runs, each with the reason."""
 
   def __init__(self, budget: plan.Budget, store: units_lib.Store, cache: runs_lib.Cache,
                pool: runs_lib.Pool, log: Callable[[str], None] = print,
@@ -49,7 +41,6 @@ class Context:
     return unit
 
   def run(self, units: Sequence[units_lib.Unit], label: str) -> dict:
-    """{name: result} of `units`, stored ones loaded and the others run."""
     results = runs_lib.run_units(units, self.store, self.cache, self.pool, log=self.log,
                                  label=label, execute=self.execute)
     self.missing.update({u.name: self.store.why_missing(u) for u in units
@@ -57,19 +48,13 @@ class Context:
     return results
 
 
-def sample_std(values: Sequence[float]) -> Optional[float]:
-  """The sample standard deviation (ddof = 1); None for fewer than two values."""
-  return float(np.std(values, ddof=1)) if len(values) > 1 else None
-
-
 def mean_std(values: Sequence[Optional[float]]) -> dict:
   vals = [float(v) for v in values if v is not None and math.isfinite(float(v))]
-  return {"mean": float(np.mean(vals)) if vals else None, "std": sample_std(vals),
-          "n": len(vals)}
+  return {"mean": float(np.mean(vals)) if vals else None,
+          "std": float(np.std(vals, ddof=1)) if len(vals) > 1 else None, "n": len(vals)}
 
 
 def seed_summary(records: Sequence[Mapping], target: float) -> dict:
-  """Mean +- std over seeds of final/best accuracy; rounds to `target`."""
   key = f"{target:g}"
   reached = [r["rounds_to_target"][key] for r in records
              if (r.get("rounds_to_target") or {}).get(key) is not None]
@@ -83,7 +68,6 @@ def seed_summary(records: Sequence[Mapping], target: float) -> dict:
 
 
 def mean_curve(records: Sequence[Mapping]) -> dict:
-  """Test accuracy per evaluated round over seeds: mean, sample std, count."""
   by_round: dict[int, list] = {}
   for r in records:
     for row in r.get("history") or []:
@@ -91,16 +75,13 @@ def mean_curve(records: Sequence[Mapping]) -> dict:
       if acc is not None and math.isfinite(acc):
         by_round.setdefault(int(row[ROUND]), []).append(float(acc))
   rounds = sorted(by_round)
-  return {"round": rounds, "mean": [float(np.mean(by_round[k])) for k in rounds],
-          "std": [sample_std(by_round[k]) for k in rounds],
-          "n": [len(by_round[k]) for k in rounds]}
+  stats = [mean_std(by_round[k]) for k in rounds]
+  return {"round": rounds, **{key: [s[key] for s in stats] for key in ("mean", "std", "n")}}
 
 
 def chance_accuracy(base: Mapping) -> float:
-  """The test accuracy of always predicting the most frequent label of the test
-  set of `base` (an experiment config), as its evaluation counts: a next-character
-  task's padding positions (`models.losses.PAD_ID`) do not count. Loaded through
-  the library's data loaders, once per data section."""
+  """The test accuracy of always predicting the most frequent test label of `base`
+  (an experiment config), padding positions aside, memoized per data section."""
   from tff_fedadamom.config import load_config
   from tff_fedadamom.experiment.process import load_data
   from tff_fedadamom.models import losses
@@ -118,8 +99,7 @@ def chance_accuracy(base: Mapping) -> float:
 
 
 def count_failed(finals: Sequence[tuple], chance: Optional[float]) -> Optional[int]:
-  """How many (status is completed, final test accuracy) pairs are at chance
-  level (module docstring); None when chance is not known."""
+  """How many (completed, final test accuracy) pairs failed; None without chance."""
   if chance is None:
     return None
   return sum(done and acc is not None and acc <= chance + plan.FAILED_MARGIN
@@ -127,9 +107,7 @@ def count_failed(finals: Sequence[tuple], chance: Optional[float]) -> Optional[i
 
 
 def staleness_summary(records: Sequence[Mapping]) -> Optional[dict]:
-  """The staleness asynchronous runs saw, over every server step of every run:
-  the mean of the steps' mean staleness, the largest staleness, the updates
-  dropped as too stale per run; None without asynchronous steps."""
+  """The staleness asynchronous runs saw over all their server steps; None without."""
   steps = [row for r in records for row in r.get("async_history") or []]
   if not steps:
     return None
@@ -142,9 +120,8 @@ def staleness_summary(records: Sequence[Mapping]) -> Optional[dict]:
 
 def _final(ctx: Context, name: str, entry: Mapping, base: Mapping, seed: int,
            rounds: int, **sections) -> units_lib.Unit:
-  """The unit of a tuned config run with `seed` for `rounds` (`sections`: keys to
-  replace in the config's sections). A final run with the trial's seed and
-  rounds is the trial's unit: the rest of the config stays the trial's."""
+  """The unit of a tuned config run with `seed` for `rounds`, `sections` updating
+  its sections; with the trial's seed and rounds, it is the trial's unit."""
   config = copy.deepcopy(dict(entry["config"]))
   config.update(seed=seed, rounds=rounds, eval_every=base["eval_every"],
                 checkpoint_every=base["checkpoint_every"], targets=list(base["targets"]),
@@ -156,8 +133,7 @@ def _final(ctx: Context, name: str, entry: Mapping, base: Mapping, seed: int,
 
 
 def hparams(entry: Mapping) -> dict:
-  """The client learning rate, then the server's hparams, of a tuned config, to
-  `units.SPEC_DIGITS` (a drawn value's last bits are the CPU's)."""
+  """A tuned config's client learning rate and server hparams, to `units.SPEC_DIGITS`."""
   config = entry["config"]
   return units_lib.canonical({
       "client.learning_rate": config["client"]["learning_rate"],
@@ -168,9 +144,7 @@ def hparams(entry: Mapping) -> dict:
 def summarize_comparison(name: str, comparison: Mapping, budget: plan.DataBudget,
                          results: Mapping, units: Sequence,
                          chance: Optional[float] = None) -> dict:
-  """Studies 1, 2 and 6: a table row per method, and the setup the report
-  prints; `chance`: the test set's `chance_accuracy` (None: not known, and no
-  run is counted failed)."""
+  """Studies 1, 2 and 6: a table row per method, and the setup the report prints."""
   tuning, base = comparison["tuning"], comparison["base"]
   table, records_of = {}, {}
   for opt, entry in tuning["best"].items():
@@ -215,7 +189,7 @@ def summarize_beta2(b: plan.Budget, fmnist: Mapping, results: Mapping, units) ->
 
 
 def summarize_hetero(b: plan.Budget, results: Mapping, units) -> dict:
-  """Study 5: FedAdam and FedAdamom per partition, and their difference paired by seed."""
+  """Study 5: FedAdam and FedAdamom per partition, their difference paired by seed."""
   rows = []
   for label, partition in b.heterogeneity_items():
     per_opt = {opt: {str(u.config["seed"]): results[u.name] for u in units
@@ -242,21 +216,18 @@ def summarize_escape(raw: Mapping, bootstrap: int) -> dict:
 
 
 def collect(ctx: Context) -> dict:
-  """Tunes, runs (or, without ctx.execute, reads the stored units) and
-  summarizes every study whose units are there."""
+  """Tunes, runs (or only reads) and summarizes every study whose units are there."""
   b = ctx.budget
   ctx.log("tuning (equal budget per optimizer)")
   request = lambda base, db, lr, methods: {
-      "base": base, "trials": db.tune_trials, "rounds": db.tune_rounds,
+      "base": base, "budget": db, "trials": db.tune_trials, "rounds": db.tune_rounds,
       "space": plan.search_space(lr, methods), "optimizers": methods}
-  # Shakespeare first: its trials cost the most, and the batch runs in this
-  # order. The escape simulation needs no tuning: it runs in the same batch.
+  # Shakespeare first: its trials cost the most, and the batch runs in this order.
   requests = {"shakespeare": request(plan.shakespeare_base(b), b.shakespeare,
                                      plan.SHAKESPEARE_CLIENT_LR, b.shakespeare_methods)}
   requests.update({f"fmnist-{p}": request(plan.fmnist_base(b, plan.PARTITIONS[p]), b.fmnist,
                                           plan.FMNIST_CLIENT_LR, plan.OPTIMIZERS)
                    for p in b.partitions})
-  # Study 6: a tuning per spread, with study 1's budget and search space.
   requests.update({f"async-{plan.async_label(sigma)}": request(
       plan.async_base(b, sigma), b.fmnist, plan.FMNIST_CLIENT_LR, b.async_methods)
                    for sigma in b.async_spreads})
@@ -265,9 +236,8 @@ def collect(ctx: Context) -> dict:
       kwargs={"setup": dataclasses.asdict(b.escape)}, methods=escape.OPTIMIZERS,
       version=escape.VERSION)
   tuned = tune_lib.tune(ctx, requests, seed=b.tune_seed, alongside=[escape_unit])
-  # By study: "fmnist/dir0.3" is the tuning of "fmnist-dir0.3", "async/sigma0.5"
-  # of "async-sigma0.5".
-  compared = {name.replace("-", "/", 1): {"tuning": outcome, "base": requests[name]["base"]}
+  # "fmnist-dir0.3" is study "fmnist/dir0.3"'s tuning.
+  compared = {name.replace("-", "/", 1): {"tuning": outcome, **requests[name]}
               for name, outcome in tuned.items() if outcome is not None}
   return _runs(ctx, compared, escape_unit)
 
@@ -276,12 +246,10 @@ def _runs(ctx: Context, comparisons: Mapping, escape_unit) -> dict:
   b = ctx.budget
   ctx.log("runs: best configs x seeds, beta_2 grid, heterogeneity, asynchronous steps, "
           "escape simulation")
-  data = {"shakespeare": b.shakespeare, **{f"fmnist/{p}": b.fmnist for p in b.partitions},
-          **{f"async/{plan.async_label(s)}": b.fmnist for s in b.async_spreads}}
   groups = {study: [_final(ctx, f"{study}/{opt}/seed{seed}", entry, cmp["base"], seed,
-                           data[study].rounds)
+                           cmp["budget"].rounds)
                     for opt, entry in cmp["tuning"]["best"].items()
-                    for seed in data[study].seeds] for study, cmp in comparisons.items()}
+                    for seed in cmp["budget"].seeds] for study, cmp in comparisons.items()}
   fmnist = {p: comparisons[f"fmnist/{p}"] for p in b.partitions if f"fmnist/{p}" in comparisons}
   if len(fmnist) == len(b.partitions):
     groups["beta2"] = [
@@ -297,28 +265,19 @@ def _runs(ctx: Context, comparisons: Mapping, escape_unit) -> dict:
         for seed in b.hetero_seeds]
   unique = {u.name: u for u in [escape_unit] + [u for g in groups.values() for u in g]}
   done = ctx.run(list(unique.values()), "runs")
-  return _summaries(b, comparisons, groups, done, escape_unit)
-
-
-def _summaries(b: plan.Budget, comparisons: Mapping, groups: Mapping, done: Mapping,
-               escape_unit) -> dict:
-  """Every study's summary from the results `done` of the units `groups` planned."""
-  chance = {study: chance_accuracy(cmp["base"]) for study, cmp in comparisons.items()}
-  compare = lambda study, db: summarize_comparison(study, comparisons[study], db, done,
-                                                   groups[study], chance[study])
+  summaries = {study: summarize_comparison(study, cmp, cmp["budget"], done, groups[study],
+                                           chance_accuracy(cmp["base"]))
+               for study, cmp in comparisons.items()}
+  # "fmnist/dir0.3" is results["fmnist"]["dir0.3"].
   results: dict[str, Any] = {}
-  fmnist = [p for p in b.partitions if f"fmnist/{p}" in comparisons]
-  if fmnist:
-    results["fmnist"] = {p: compare(f"fmnist/{p}", b.fmnist) for p in fmnist}
-  if "shakespeare" in comparisons:
-    results["shakespeare"] = compare("shakespeare", b.shakespeare)
-  spreads = [plan.async_label(s) for s in b.async_spreads
-             if f"async/{plan.async_label(s)}" in comparisons]
-  if spreads:
-    results["async"] = {label: compare(f"async/{label}", b.fmnist) for label in spreads}
+  for group in ("fmnist", "shakespeare", "async"):
+    for study, summary in summaries.items():
+      if study == group:
+        results[group] = summary
+      elif study.startswith(group + "/"):
+        results.setdefault(group, {})[study.split("/", 1)[1]] = summary
   if "beta2" in groups:
-    results["beta2"] = summarize_beta2(b, {p: comparisons[f"fmnist/{p}"] for p in fmnist},
-                                       done, groups["beta2"])
+    results["beta2"] = summarize_beta2(b, fmnist, done, groups["beta2"])
   if "hetero" in groups:
     results["hetero"] = summarize_hetero(b, done, groups["hetero"])
   if escape_unit.name in done:

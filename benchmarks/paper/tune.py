@@ -1,25 +1,20 @@
 """Equal-budget tuning of every method of a comparison, every trial a unit.
 
-Random search with the same budget for every method (trials, rounds, seed).
-A method's space merges, later winning: the registry's search range of each of
-its tunable hparams (`methods.search_ranges`), the client learning rate's
-default range, the plan's shared entries, the plan's entries for the method
-(`plan.search_space`); a `server.<hparam>` entry applies only to the methods
-that have that hparam (a range to those that may tune it, `sweepable_hparams`).
+A method's space merges, later winning: the registry's search ranges of its
+hparams, the client learning rate's default range, the plan's shared entries,
+the plan's entries for the method; a `server.<hparam>` entry applies only to
+the methods that have that hparam (a range to those that may tune it).
 
 Trial i of a method takes, in each dimension, the i-th draw of that
 dimension's own generator (`numpy.random.RandomState`, seeded by
 crc32("<seed>:<path>")): methods that share a dimension get the same values in
-it, trial by trial (common random numbers: a comparison of two methods is not
-also one of their luck). A `loguniform` [a, b] draw is exp(U(log a, log b)), a
-`uniform` one U(a, b), as Ray Tune's domains draw them: the stored trials were
-drawn that way, and a test checks that this code plans every one of them.
+it (common random numbers: a comparison of two methods is not also one of
+their luck). Draws are as Ray Tune's domains make them, exp(U(log a, log b))
+and U(a, b): the stored trials were drawn that way.
 
-The best trial of a method has the best objective, validation accuracy (on the
-examples held out from the training clients, `METRIC`) averaged over its last
-`LAST_K` evaluations, among those that completed the budget's rounds
-and did not diverge (the first of equal ones); none, and the method's final
-runs take the registry's defaults.
+A method's best trial has the best mean `METRIC` over its last `LAST_K`
+evaluations among those that completed the rounds without diverging (the first
+of equal ones); without one, its final runs take the registry's defaults.
 """
 
 from __future__ import annotations
@@ -36,8 +31,7 @@ from tff_fedadamom.metric_names import ROUND, VALIDATION_ACCURACY, evaluated
 from benchmarks.paper import units as units_lib
 
 LAST_K = 3
-# What tuning selects on: accuracy on the examples the base holds out from the
-# training clients (`plan.VALIDATION_FRACTION`), never the test set's.
+# Tuning selects on the examples held out from the training clients, never the test set.
 METRIC = VALIDATION_ACCURACY
 BACKEND = "inprocess"
 # The client learning rate's default range (Reddi et al. 2021, grid 1e-3..1e1).
@@ -69,8 +63,6 @@ def method_space(optimizer: str, space: Mapping[str, Any]) -> tuple:
 
 
 def draws(tuned: Mapping[str, Mapping], trials: int, seed: int) -> list:
-  """`trials` points of the space `tuned`, each dimension drawn by its own
-  generator (module docstring)."""
   columns = {}
   for path, dist in tuned.items():
     rng = np.random.RandomState(zlib.crc32(f"{int(seed)}:{path}".encode()))
@@ -86,8 +78,8 @@ def draws(tuned: Mapping[str, Mapping], trials: int, seed: int) -> list:
 
 
 def trial_config(base: Mapping, optimizer: str, rounds: int, values: Mapping) -> dict:
-  """The resolved base experiment run with `optimizer` (its registry defaults
-  but for `values`: dotted path -> value) for `rounds`."""
+  """The resolved base run with `optimizer` for `rounds`, `values` (dotted path ->
+  value) replacing its registry defaults."""
   from tff_fedadamom.experiment.compare import with_optimizer
 
   tree = with_optimizer(copy.deepcopy(dict(base)), optimizer)
@@ -100,7 +92,7 @@ def trial_config(base: Mapping, optimizer: str, rounds: int, values: Mapping) ->
 
 
 def objective(history: Sequence[Mapping], last_k: int) -> float:
-  """Mean `METRIC` (validation accuracy) of the last `last_k` evaluated rounds (a round's last row
+  """Mean `METRIC` of the last `last_k` evaluated rounds (a round's last row
   counts), NaN if one is not finite, None without an evaluation."""
   rows = {int(r[ROUND]): r for r in history if evaluated(r) and METRIC in r}
   values = [float(rows[k][METRIC]) for k in sorted(rows)][-last_k:]
@@ -110,9 +102,8 @@ def objective(history: Sequence[Mapping], last_k: int) -> float:
 
 
 def plan_sweep(name: str, request: Mapping, seed: int) -> dict:
-  """The trials (units `tune/<name>/<optimizer>/trial<i>`) and bookkeeping of one
-  comparison's tuning: `request` holds its base, optimizers, trials, rounds, space.
-  The base is resolved by the config layer (every default filled in)."""
+  """The trials (units `tune/<name>/<optimizer>/trial<i>`) of one comparison's
+  tuning; `request` holds its base, optimizers, trials, rounds and space."""
   from tff_fedadamom.config import config_to_dict, load_config
 
   base, rounds = config_to_dict(load_config(dict(request["base"]))), request["rounds"]
@@ -130,8 +121,8 @@ def plan_sweep(name: str, request: Mapping, seed: int) -> dict:
 
 
 def outcome(sweep: Mapping, results: Mapping) -> dict:
-  """The tuning outcome of a sweep from the stored trials: per method its best
-  params, objective, trial list and the experiment config of its best trial."""
+  """A sweep's outcome from the stored trials: per method its best trial's params,
+  objective and config, and the trial list."""
   best = {}
   for optimizer, planned in sweep["methods"].items():
     trials, chosen = [], None
@@ -160,12 +151,10 @@ def outcome(sweep: Mapping, results: Mapping) -> dict:
 
 def tune(ctx, requests: Mapping[str, Mapping[str, Any]], seed: int,
          alongside: Sequence = ()) -> dict:
-  """{name: outcome, or None for a sweep of which no trial is stored} of each
-  requested comparison (`plan_sweep`'s request), all trials run as one batch in
-  `ctx`'s pool, stored as each completes (a rerun runs only those not stored),
-  in `requests`' order (the costliest first, so the pool's last minutes are
-  not one long trial). `alongside`: units that need no tuning (the escape
-  simulation), submitted first so that they fill the pool beside the trials."""
+  """{name: outcome, or None without a stored trial} of each requested comparison,
+  all trials one batch in `requests`' order (the costliest first, so the pool's
+  last minutes are not one long trial). `alongside`: units that need no tuning,
+  submitted first so that they fill the pool beside the trials."""
   sweeps = {name: plan_sweep(name, r, seed) for name, r in requests.items()}
   trials = [u for s in sweeps.values() for m in s["methods"].values() for _, u in m["trials"]]
   results = ctx.run(list(alongside) + trials, "tuning " + ", ".join(sweeps)

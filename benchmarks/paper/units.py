@@ -1,8 +1,7 @@
-"""The study's units and their stored results: one JSON file per completed unit
-(what a file holds and what a key covers: benchmarks/paper/README.md).
+"""The study's units and their stored results, a JSON file each (README.md).
 
 The store indexes a file by the key its spec and fingerprints give under this
-code, not by the key it holds, so a spec holding a field the config has since
+code, not by the key it holds: a spec holding a field the config has since
 dropped (`RESULT_FREE_RUNTIME`) keeps its unit.
 """
 
@@ -24,15 +23,12 @@ from benchmarks.common import cpuinfo, git
 RESULTS_DIR = "results"
 # Result fields that measure time, not numerics: stored, never compared.
 TIMING_KEYS = frozenset({"total_s", "wall_time_s", "round_seconds", "seconds"})
-# Runtime settings that change no result, left out of a unit's spec: whether
-# and where compiled processes are cached, how rounds are batched into calls,
-# and settings since removed from the config (`fuse_after_rounds`).
+# Runtime settings that change no result, left out of a unit's spec (with settings
+# since removed from the config, `fuse_after_rounds`).
 RESULT_FREE_RUNTIME = ("cache", "cache_dir", "fuse_after_rounds", "unroll_max_batches")
 
 
 def spec_of_config(config: Mapping[str, Any]) -> dict:
-  """The part of an experiment config a unit's key covers (not where it writes,
-  nor `RESULT_FREE_RUNTIME`)."""
   spec = {k: v for k, v in config.items() if k not in ("output_dir", "name")}
   if isinstance(spec.get("runtime"), Mapping):
     spec["runtime"] = {k: v for k, v in spec["runtime"].items()
@@ -41,16 +37,13 @@ def spec_of_config(config: Mapping[str, Any]) -> dict:
 
 
 # Significant digits of a spec's floats in its hash. A drawn hparam is
-# exp(U(log a, log b)) (`tune.draws`), and libm's exp and log round their last
-# bit differently from CPU to CPU (glibc picks its FMA or SSE2 code at run
-# time), so a spec's floats are one machine's within an ulp: the hash sees
-# them to 10 digits, where CPUs agree.
+# exp(U(log a, log b)) (`tune.draws`), whose last bit depends on the CPU (glibc
+# picks FMA or SSE2 code for exp and log at run time); to 10 digits, CPUs agree.
 SPEC_DIGITS = 10
 
 
 def canonical(spec: Any) -> Any:
-  """`spec` with every float rounded to SPEC_DIGITS significant digits: what
-  its hash covers, and what two specs compare by."""
+  """`spec` with every float rounded to SPEC_DIGITS significant digits."""
   if isinstance(spec, Mapping):
     return {k: canonical(v) for k, v in spec.items()}
   if isinstance(spec, (list, tuple)):
@@ -61,20 +54,18 @@ def canonical(spec: Any) -> Any:
 
 
 def spec_hash(spec: Any) -> str:
-  """A short stable hash of a JSON-able value (its floats `canonical`)."""
   text = json.dumps(canonical(spec), sort_keys=True, default=str)
   return hashlib.sha1(text.encode()).hexdigest()[:12]
 
 
 def unit_key(spec: Any, fingerprints: Mapping[str, str]) -> str:
-  """The key of a unit: its spec and the fingerprints of the methods it runs."""
   return spec_hash({"spec": spec, "fingerprints": dict(sorted(fingerprints.items()))})
 
 
 @functools.lru_cache(maxsize=1)
 def machine() -> str:
-  """This machine as unit files record it: architecture, CPU model and its widest
-  vector instructions (they decide which kernels TensorFlow runs), CPUs, Python."""
+  """This machine as unit files record it, with its widest vector instructions
+  (they decide which kernels TensorFlow runs)."""
   info = cpuinfo()
   flags = set(info.get("flags", "").split())
   isa = next((i for i in ("avx512f", "avx2", "avx", "asimd") if i in flags), "-")
@@ -85,10 +76,9 @@ def machine() -> str:
 class Unit:
   """One unit of work: an experiment config, or a function with keyword args.
 
-  `name` is where the unit lives (`<study>/.../<label>`); `methods` are the
-  registry methods whose fingerprints enter its key (an experiment: its server
-  optimizer); `version` is bumped by hand when a call unit's own simulation code
-  changes its numbers (the escape study's rule is not a registry method).
+  `methods`: whose fingerprints enter its key (by default an experiment's server
+  optimizer); `version`: bumped by hand when a call unit's own code changes its
+  numbers (the escape study's rule is not a registry method).
   """
 
   def __init__(self, name: str, *, config: Optional[dict] = None, fn: Optional[str] = None,
@@ -107,7 +97,6 @@ class Unit:
 
   @functools.cached_property
   def fingerprints(self) -> dict:
-    """{method: fingerprint} under this code (`fingerprint.fingerprints`)."""
     from benchmarks.paper import fingerprint as fingerprint_lib
 
     compute = self._fingerprints or fingerprint_lib.fingerprints
@@ -119,7 +108,6 @@ class Unit:
 
   @classmethod
   def from_record(cls, record: Mapping[str, Any]) -> "Unit":
-    """The unit a stored file describes (to run it again)."""
     spec, methods = record["spec"], record.get("methods") or ()
     if record["kind"] == "experiment":
       return cls(record["name"], config=dict(spec), methods=methods)
@@ -128,12 +116,10 @@ class Unit:
 
 
 def record_spec(record: Mapping[str, Any]) -> Any:
-  """A stored unit's spec as this code writes it (`spec_of_config`)."""
   return spec_of_config(record["spec"]) if record["kind"] == "experiment" else record["spec"]
 
 
 def record_key(record: Mapping[str, Any]) -> str:
-  """The key of a stored unit under this code: its spec and stored fingerprints."""
   return unit_key(record_spec(record), record.get("fingerprints") or {})
 
 
@@ -145,9 +131,8 @@ def in_work_tree(path: str) -> bool:
 
 
 def source_commit(path: str, exclude: Optional[str] = None) -> dict:
-  """HEAD of the git work tree holding `path`, and whether its tracked files
-  differ from HEAD (the directory `exclude`, the unit files, aside): the code a
-  unit computed with."""
+  """HEAD of the git work tree holding `path`, and whether tracked files outside
+  `exclude` differ from it."""
   if not in_work_tree(path):
     return {"commit": None, "dirty": None}
   top = git(path, "rev-parse", "--show-toplevel").stdout.strip()
@@ -158,9 +143,8 @@ def source_commit(path: str, exclude: Optional[str] = None) -> dict:
 
 
 class Store:
-  """The unit files under `root`. `commit`: commit each file `put` writes
-  (ValueError when `root` is not in a git work tree); `source`: this run's
-  `source_commit`, recorded in each."""
+  """The unit files under `root`. `commit`: git-commit each file `put` writes;
+  `source`: this run's `source_commit`, recorded in each."""
 
   def __init__(self, root: str, *, commit: bool = False, source: Optional[dict] = None):
     self.root = os.path.abspath(root)
@@ -172,12 +156,11 @@ class Store:
     self.source = dict(source or {"commit": None, "dirty": None})
 
   def records(self) -> list:
-    """Every readable unit file, by name."""
     return sorted(self._index.values(), key=lambda r: r["name"])
 
   @functools.cached_property
   def _index(self) -> dict:
-    """`record_key` -> record of every readable unit file (read once, kept up to date)."""
+    """`record_key` -> record of every readable unit file."""
     index = {}
     for folder, _, files in os.walk(self.root):
       for file in sorted(f for f in files if f.endswith(".json") and f[0] != "."):
@@ -192,21 +175,19 @@ class Store:
 
   @functools.cached_property
   def _by_spec(self) -> dict:
-    """spec hash -> the stored records of that spec."""
     out: dict = {}
     for record in self._index.values():
       out.setdefault(spec_hash(record_spec(record)), []).append(record)
     return out
 
   def get(self, unit: Unit) -> Optional[Any]:
-    """The stored result of a unit with `unit.key` (under any name), or None.
-    Fingerprints are computed only when a file holds the unit's spec."""
+    """The stored result of a unit with `unit.key` (under any name), or None;
+    fingerprints are computed only when a file holds the unit's spec."""
     record = self._index.get(unit.key) if unit.spec_hash in self._by_spec else None
     return None if record is None else record["result"]
 
   def why_missing(self, unit: Unit) -> str:
-    """Why `get(unit)` finds nothing: which stored fingerprints differ from this
-    code's, or which spec field differs from the file of that name."""
+    """Why `get(unit)` finds nothing: which fingerprints or spec field differ."""
     for record in self._by_spec.get(unit.spec_hash, []):
       stored = record.get("fingerprints") or {}
       changed = [f"{m} (stored {stored.get(m)}, this code {fp})"
@@ -219,7 +200,6 @@ class Store:
     return f"its file holds another spec ({where[0]}: {where[1]!r}, now {where[2]!r})"
 
   def put(self, unit: Unit, result: Any, wall_time_s: float) -> str:
-    """Writes (and with `commit`, commits) the unit's file; returns its path."""
     record = {
         "name": unit.name, "key": unit.key,
         "kind": "call" if unit.config is None else "experiment", "spec": unit.spec,
@@ -246,7 +226,7 @@ class Store:
 
 
 def comparable(result: Any) -> Any:
-  """`result` as JSON stores it, without its timing fields (TIMING_KEYS) at any depth."""
+  """`result` as JSON stores it, without TIMING_KEYS at any depth."""
   return json.loads(json.dumps(result), object_hook=lambda record: {
       k: v for k, v in record.items() if k not in TIMING_KEYS})
 
@@ -259,8 +239,8 @@ def first_difference(stored: Any, now: Any, path: str = "result",
                      close: Optional[Callable[[str, float, float], bool]] = None
                      ) -> Optional[tuple]:
   """(path, stored value, new value) of the first field where two results differ,
-  or None. Numbers compare exactly, or, with `close`, where `close(path, stored,
-  now)` says they differ; NaN equals NaN; a missing field is None."""
+  or None. Numbers compare exactly, or by `close(path, stored, now)`; NaN equals
+  NaN; a missing field is None."""
   if isinstance(stored, dict) and isinstance(now, dict):
     found = ((f"{path}.{k}", stored.get(k), now.get(k)) if k not in stored or k not in now
              else first_difference(stored[k], now[k], f"{path}.{k}", close)

@@ -1,18 +1,14 @@
 """`reproduce --verify K`: run K stored units again and compare their results.
 
-The check for everything a unit's key does not cover: the data pipeline, the
-models, the round loop, the platform's floating point. A unit stored on this
-machine (`units.machine`) must reproduce exactly, timing fields aside; one
-stored on another machine within `TOLERANCE`, since float32 kernels may round
-differently on another CPU (oneDNN picks AVX2 or AVX-512 code), and tens of
-rounds of non-convex training can carry a last-bit difference into the
-accuracies. Half a point of accuracy (absolute) lies below the seed-to-seed
-spread of almost every cell of the report, so a re-run within it cannot be told
-from the stored one at the report's resolution, while a changed data pipeline,
-model or round loop moves accuracies by more; losses and other floats, whose
-scales differ, get 2% (relative). A round index derived from accuracies
-(`best_round`, `rounds_to_target`) may move to a neighbouring evaluation; other
-integers compare exactly.
+The check for what a unit's key does not cover: data pipeline, models, round
+loop, the platform's floating point. A unit stored on this machine must
+reproduce exactly, timing fields aside; one stored on another within
+`TOLERANCE`, since float32 kernels round differently on another CPU and tens of
+rounds of non-convex training carry a last-bit difference into the accuracies.
+Half a point of accuracy (absolute) lies below the seed-to-seed spread of
+almost every cell of the report, while a changed pipeline, model or round loop
+moves accuracies by more; other floats, of other scales, get 2% (relative). A
+round index derived from accuracies may move to a neighbouring evaluation.
 """
 
 from __future__ import annotations
@@ -30,14 +26,12 @@ ROUND_KEYS = ("best_round", "rounds_to_target")
 
 
 def choose(records: Sequence[dict], k: int, seed: int) -> list:
-  """K records (all if fewer), drawn by `seed` from the records sorted by name."""
   ordered = sorted(records, key=lambda r: r["name"])
   return random.Random(seed).sample(ordered, min(k, len(ordered)))
 
 
 def within_tolerance(stored: Mapping) -> Callable[[str, float, float], bool]:
-  """`close(path, stored, now)` for `units.first_difference` under TOLERANCE; a
-  round index may move by the largest gap between `stored`'s evaluations."""
+  """`close(path, stored, now)` for `units.first_difference` under TOLERANCE."""
   evals = (stored.get("eval_rounds") or []) if isinstance(stored, Mapping) else []
   step = max((b - a for a, b in zip(evals, evals[1:])), default=0)
   acc, rel = TOLERANCE.values()
@@ -61,8 +55,8 @@ def _short(value) -> str:
 
 def verify(store: units_lib.Store, k: int, seed: int, cache: runs_lib.Cache,
            pool: runs_lib.Pool, log: Callable[[str], None] = print) -> int:
-  """0 when all K chosen units reproduce, 1 otherwise (a unit whose fingerprints
-  no longer match this code cannot be verified), 2 without units."""
+  """0 when all K chosen units reproduce, 1 otherwise (also for a unit whose
+  fingerprints no longer match), 2 without units."""
   records = store.records()
   if not records:
     log(f"--verify: no stored units under {store.root}")
@@ -86,18 +80,17 @@ def verify(store: units_lib.Store, k: int, seed: int, cache: runs_lib.Cache,
     else:
       todo[unit] = record
   fresh = tempfile.mkdtemp(prefix="verify-", dir=cache.root)
-  for unit, future in runs_lib.completed(
-      list(todo), pool, run_dir=lambda unit: os.path.join(fresh, f"{unit.name}-{unit.key}")):
+  for unit, future in pool.completed(
+      list(todo), run_dir=lambda unit: os.path.join(fresh, f"{unit.name}-{unit.key}")):
     try:
       result, seconds = future.result()
     except Exception as e:  # noqa: BLE001 - a unit that fails does not verify
       failures.append(f"{unit.name}: failed: {type(e).__name__}: {e}")
       continue
     record = todo[unit]
-    exact = record.get("machine") == here
     stored, now = units_lib.comparable(record["result"]), units_lib.comparable(result)
     diff = units_lib.first_difference(stored, now, close=(
-        None if exact else within_tolerance(stored)))
+        None if record.get("machine") == here else within_tolerance(stored)))
     if diff:
       failures.append(f"{unit.name}: {diff[0]}: stored {_short(diff[1])}, now {_short(diff[2])}")
     else:

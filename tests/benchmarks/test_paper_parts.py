@@ -77,7 +77,7 @@ def test_fits_recover_the_exponent(p):
   fit = escape_fit.fit_exponent(ks, y)
   assert fit["p"] == pytest.approx(p, abs=0.01)
   y3 = y - 0.7 * np.log(ks)
-  fit3 = escape_fit.fit_exponent_with_prefactor(ks, y3)
+  fit3 = escape_fit.fit_exponent(ks, y3, prefactor=True)
   assert fit3["p"] == pytest.approx(p, abs=0.02)
   assert fit3["b"] == pytest.approx(-0.7, abs=0.05)
   r1 = escape_fit.pearson(1 / ks, y)
