@@ -137,11 +137,8 @@ def _moment_stats(x: np.ndarray, name: str) -> dict[str, float]:
   if not x.size:
     return {}
   mean = float(np.mean(x, dtype=np.float64))
-  if np.isnan(mean):
-    p01 = p50 = p99 = float('nan')
-  else:
-    p01, p50, p99 = _percentiles(x, (1.0, 50.0, 99.0))
-  return dict(zip(moment_stats(name), (mean, float(p50), float(p01), float(p99))))
+  p01, p50, p99 = [float('nan')] * 3 if np.isnan(mean) else _percentiles(x, (1.0, 50.0, 99.0))
+  return dict(zip(moment_stats(name), (mean, p50, p01, p99)))
 
 
 def optimizer_state_stats(state: Any, *, previous_weights: Any = None, weights: Any = None,
