@@ -1,8 +1,7 @@
 """The TFF pipeline: config -> learning process -> rounds, checkpoints and outputs.
 
-Names are imported lazily (`tff_fedadamom.lazy`), like the root package's:
-importing a light module of the pipeline (`outputs`, `loop`) does not
-import TensorFlow.
+Names are imported lazily (`tff_fedadamom.lazy`): importing a light module of the
+pipeline (`outputs`, `loop`) does not import TensorFlow.
 """
 
 from tff_fedadamom.lazy import lazy_exports

@@ -13,12 +13,9 @@ from tff_fedadamom.experiment import outputs
 
 def with_optimizer(raw: Mapping[str, Any], optimizer: str) -> dict:
   """The experiment mapping `raw` (as `config_to_dict` writes it) run with another
-  server optimizer: the one home of "the same experiment, another optimizer".
-
-  The config's own optimizer keeps its hparams; another optimizer gets the
-  registry's defaults (hparams of one optimizer mean nothing to another), with
-  the other server fields (schedule, client weighting) kept. The other sections
-  are shared with `raw`, not copied.
+  server optimizer. Another optimizer gets the registry's default hparams (those
+  of one optimizer mean nothing to another) and keeps the other server fields;
+  the other sections are shared with `raw`, not copied.
   """
   raw = dict(raw)
   server = raw["server"]
@@ -39,11 +36,9 @@ def optimizer_variant(config, optimizer: str):
 
 
 def compare(config_path, optimizers: Sequence[str], *, overrides=(), progress=True) -> str:
-  """Runs the same experiment once per optimizer; writes a plot and a table.
-
-  Outputs go to `<output_dir>/<optimizer>/` per run and `<output_dir>/compare.*`.
-  Returns the Markdown table.
-  """
+  """Runs the same experiment once per optimizer, in `<output_dir>/<optimizer>/`;
+  writes `<output_dir>/compare.*` (a plot and a table) and returns the Markdown
+  table."""
   from tff_fedadamom.methods import get_spec
   from tff_fedadamom.experiment.runner import run_experiment
 
@@ -63,7 +58,9 @@ def compare(config_path, optimizers: Sequence[str], *, overrides=(), progress=Tr
                  "communication_x_fedavg": get_spec(config.server.optimizer).communication,
                  "hparams": " ".join(f"{k}={_hparam(v)}"
                                      for k, v in config.server.hparams.items())})
-  table = _markdown(rows)
+  fields = outputs.columns(rows)
+  cell = lambda v: "n/a" if v is None else (f"{v:.4f}" if isinstance(v, float) else str(v))
+  table = outputs.markdown_table(fields, ([row.get(f) for f in fields] for row in rows), cell)
   atomic_write_text(os.path.join(base.output_dir, "compare.md"), table)
   atomic_write_text(os.path.join(base.output_dir, "compare.csv"), outputs.csv_table(rows))
   plot_runs([c.output_dir for c in variants], out=base.output_dir, prefix="compare")
@@ -75,12 +72,6 @@ def _hparam(value) -> str:
   return str(value).lower() if isinstance(value, bool) else f"{value:g}"
 
 
-def _markdown(rows) -> str:
-  fields = outputs.columns(rows)
-  cell = lambda v: "n/a" if v is None else (f"{v:.4f}" if isinstance(v, float) else str(v))
-  return outputs.markdown_table(fields, ([row.get(f) for f in fields] for row in rows), cell)
-
-
 def plot_runs(run_dirs: Iterable[str], *, out: Optional[str] = None,
               prefix: str = "runs") -> list[str]:
   """Learning curves of several runs in one figure, plus their optimizer telemetry."""
@@ -90,7 +81,8 @@ def plot_runs(run_dirs: Iterable[str], *, out: Optional[str] = None,
     history = outputs.read_metrics(run_dir)
     if not history:
       raise FileNotFoundError(f"no {outputs.METRICS_FILE} in {run_dir!r}: not a run directory")
-    runs[_label(run_dir, runs)] = history
+    label = os.path.basename(os.path.normpath(run_dir))
+    runs[label if label not in runs else os.path.normpath(run_dir)] = history
   out = out or run_dirs[0]
   os.makedirs(out, exist_ok=True)
   written = [os.path.join(out, f"{prefix}_curves.png")]
@@ -99,8 +91,3 @@ def plot_runs(run_dirs: Iterable[str], *, out: Optional[str] = None,
   if outputs.plot_telemetry(runs, telemetry_path):
     written.append(telemetry_path)
   return written
-
-
-def _label(run_dir: str, taken) -> str:
-  label = os.path.basename(os.path.normpath(run_dir))
-  return label if label not in taken else os.path.normpath(run_dir)

@@ -34,40 +34,28 @@ def _combine(contributions) -> np.float32:
 
 
 class Evaluator:
-  """Test loss and accuracy of a learning process's global model.
-
-  The model is compiled and the test set batched when first needed (the first
-  evaluation, or `compiled_model`), not before a run's first round.
-
-  Args:
-    config: The run's config (model section and `data.eval_batch_size`).
-    data: Its `FederatedData` (the test split).
-    keras_model: The model the global weights are assigned to.
+  """Test (and validation) loss and accuracy of a learning process's global
+  model, assigned to `keras_model`. The model is compiled and the splits batched
+  when first needed, not before a run's first round.
   """
 
   def __init__(self, config, data, keras_model):
     self._config, self._data = config, data
-    self._model = keras_model
+    self.keras_model = keras_model  # parts sharing this evaluator save their models with it
     self._compiled = False
     self._batches = None
     self._predict = None
 
-  @property
-  def keras_model(self):
-    """The model evaluated (not compiled here): parts that share this evaluator
-    save their runs' models with it too."""
-    return self._model
-
   def compiled_model(self):
     """The Keras model, compiled with the task's loss and metrics (`_compile`)."""
     if not self._compiled:
-      self._compile(self._model)
+      self._compile(self.keras_model)
       self._compiled = True
-    return self._model
+    return self.keras_model
 
   def model_to_save(self):
-    """The compiled model, with the weights last assigned to it, as `model.keras`
-    holds it: loadable with plain Keras (`models._common.with_keras_dropout`)."""
+    """The compiled model, with the weights last assigned to it, loadable with
+    plain Keras (a seeded dropout saved as Keras' own: `with_keras_dropout`)."""
     from tff_fedadamom.models._common import with_keras_dropout
 
     model = self.compiled_model()
@@ -82,17 +70,16 @@ class Evaluator:
 
     loss_factory, self._metric_factories = models.loss_and_metrics(
         models.MODELS[self._config.model.name].task)
-    # Nothing here trains with the Keras optimizer, but model.keras is saved with
-    # it, for a user to go on training: plain SGD, built, so that the file holds
-    # its variables and a load does not warn that it skipped the ones it expected.
+    # model.keras is saved with an optimizer, for a user to go on training: plain
+    # SGD, built, so that a load does not warn it skipped the variables it expected.
     model.compile(optimizer="sgd", loss=loss_factory(),
                   metrics=[m() for m in self._metric_factories])
     model.optimizer.build(model.trainable_variables)
 
   def _forward(self):
-    """The forward pass of `evaluate`'s step, traced once for any batch size (a
-    last batch may be partial), before the batches run side by side (concurrent
-    first calls would each trace it)."""
+    """The forward pass of `evaluate`'s step, traced once for any batch size,
+    before the batches run side by side (concurrent first calls would each
+    trace it)."""
     import tensorflow as tf
 
     if self._predict is None:
@@ -104,8 +91,8 @@ class Evaluator:
     return self._predict
 
   def _splits(self) -> dict:
-    """{(loss name, accuracy name): the split as (x, y) tensors, one pair per
-    batch}: the test set, and the validation set when there is one; made once."""
+    """{(loss name, accuracy name): the split's batches as (x, y) tensors}, for
+    the test set and the validation set when there is one; made once."""
     from tff_fedadamom.data import test_dataset
 
     if self._batches is None:
@@ -122,11 +109,12 @@ class Evaluator:
     import tensorflow as tf
 
     y_pred = predict(x)
+    model = self.keras_model
     # Keras' loss tracker: the batch's mean loss, weighted by its size. (The
     # container also updates the model's own tracker, which nothing here reads.)
     loss = tf.keras.metrics.Mean()
-    loss.update_state(self._model.compiled_loss(y, y_pred, regularization_losses=self._model.losses),
-                      sample_weight=tf.shape(y)[0])
+    batch_loss = model.compiled_loss(y, y_pred, regularization_losses=model.losses)
+    loss.update_state(batch_loss, sample_weight=tf.shape(y)[0])
     out = [loss]
     for factory in self._metric_factories:
       metric = factory()

@@ -1,7 +1,5 @@
-"""The round hooks a run is made of (see `loop.iter_rounds`).
-
-`runner.run_experiment` passes them in this order, which is the order each
-needs the others' work in:
+"""The round hooks a run is made of (`loop.iter_rounds`), in the order the runner
+passes them, which is the order each needs the others' work in:
 
   Telemetry    optimizer-state statistics and histograms (`telemetry`)
   Divergence   marks the round diverged: the run ends with it
@@ -13,7 +11,7 @@ needs the others' work in:
                final round (so a finished or diverged run can be resumed)
   Progress     the progress bar
   OnRound, OnEval   the caller's callbacks; a caller's own hooks come last,
-               when metrics.csv and the checkpoint of the round are on disk.
+               when the round's metrics and checkpoint are on disk.
 """
 
 from __future__ import annotations
@@ -29,12 +27,6 @@ import numpy as np
 from tff_fedadamom.metric_names import ELAPSED_S, NONFINITE_UPDATES, ROUND, TELEMETRY_S
 from tff_fedadamom.metric_names import TEST_ACCURACY, TRAIN_LOSS
 from tff_fedadamom.experiment.loop import EvalEvent, RoundEnd, RoundHook
-
-
-def _all_finite(structure) -> bool:
-  import tensorflow as tf
-
-  return all(np.all(np.isfinite(np.asarray(x))) for x in tf.nest.flatten(structure))
 
 
 class Telemetry(RoundHook):
@@ -80,8 +72,11 @@ class Divergence(RoundHook):
     self._rejected_streak = 0
 
   def end_round(self, end: RoundEnd) -> None:
+    import tensorflow as tf
+
     self._rejected_streak = self._rejected_streak + 1 if end.metrics[NONFINITE_UPDATES] else 0
-    end.diverged = (not _all_finite(end.weights) or not math.isfinite(end.metrics[TRAIN_LOSS])
+    finite = all(np.all(np.isfinite(np.asarray(x))) for x in tf.nest.flatten(end.weights))
+    end.diverged = (not finite or not math.isfinite(end.metrics[TRAIN_LOSS])
                     or self._rejected_streak >= self._patience)
 
 
@@ -115,11 +110,8 @@ class ElapsedTime(RoundHook):
 
 
 class _CallingThread(concurrent.futures.ThreadPoolExecutor):
-  """An executor that runs each call at once, in the thread that submits it.
-
-  asyncio accepts only a `ThreadPoolExecutor` as a loop's default executor; this
-  one never starts a thread.
-  """
+  """A `ThreadPoolExecutor` (all asyncio accepts as a loop's default executor)
+  that never starts a thread: it runs each call at once, in the submitting one."""
 
   def __init__(self):
     super().__init__(max_workers=1)
@@ -136,15 +128,12 @@ class _CallingThread(concurrent.futures.ThreadPoolExecutor):
 class EventLoop:
   """One asyncio loop, with no executor thread, for a run's TFF program calls.
 
-  TFF's release and program-state managers are coroutines that do their file
-  work in the loop's default executor. `asyncio.run` per call started a new loop
-  and a new thread every round, and a long run's memory grew with them
-  (`benchmarks/rounds.py` measures a run's memory over rounds). One executor
-  thread for the run still left most of the growth: glibc gives each thread
-  that allocates its own malloc arena, and what TensorFlow keeps of a save
-  pinned pages of the executor's arena. The round loop
-  waits for every call anyway, so the file work runs in the calling thread
-  (`_CallingThread`), in the arena the rest of the run uses.
+  TFF's release and program-state managers do their file work in the loop's
+  default executor. A loop and a thread per round (`asyncio.run`) made a long
+  run's memory grow (`benchmarks/rounds.py`), as did one executor thread per
+  run: glibc gives each allocating thread its own malloc arena, and what
+  TensorFlow keeps of a save pinned pages of it. The round loop waits for every
+  call anyway, so the file work runs in the calling thread (`_CallingThread`).
   """
 
   def __init__(self):
@@ -162,8 +151,7 @@ class EventLoop:
 
 class Release(RoundHook):
   """Releases each round's metrics (without `round`, the key) to TFF release
-  managers (`tff.program.CSVFileReleaseManager`, `tensorboard_events.ReleaseManager`),
-  through `run_async` (the run's `EventLoop`; default `asyncio.run`)."""
+  managers, through `run_async` (the run's `EventLoop`; default `asyncio.run`)."""
 
   def __init__(self, managers: Sequence, run_async: Callable = asyncio.run):
     self._managers = list(managers)
@@ -176,16 +164,9 @@ class Release(RoundHook):
 
 
 class Checkpoint(RoundHook):
-  """Saves the state every `every` rounds, or at the rounds of `rounds` when
-  given, and on the final one (`resume.save_state`, through `run_async`), and
-  sets `checkpoint_saved`.
-
-  `rounds` is for a run whose checkpoints only a caller keeps (a sweep trial's:
-  Tune takes them at `tuning.sweep.checkpoint_rounds`, and the run directory
-  ends with the trial): every other save would be written for nothing. A
-  save writes one `.npz` file (`resume.ArrayStateManager` says why not a
-  SavedModel).
-  """
+  """Saves the state every `every` rounds, or at the rounds of `rounds` (those a
+  caller keeps, `tuning.sweep.checkpoint_rounds`), and on the final one
+  (`resume.save_state`), and sets `checkpoint_saved`."""
 
   def __init__(self, manager, every: int, run_async: Callable = asyncio.run,
                rounds: Optional[Collection[int]] = None):

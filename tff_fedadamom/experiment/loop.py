@@ -1,17 +1,12 @@
 """The round loop: sample clients, run a round, hand the round's end to the hooks.
 
-Shaped like TFF's `tff.simulation.run_training_process` and FedJAX's
-`run_federated_experiment`: the loop knows the process, the rounds to run and
-how clients are sampled; everything a run does around a round (telemetry,
-divergence, evaluation, releasing metrics, checkpoints, the progress bar, Ray
-Tune's report) is a `RoundHook` handed in, as TFF hands in its release and
-program-state managers. The hooks run in the order given, and each sees what
-the earlier ones added: the divergence hook decides whether this round is the
-run's last, so the evaluation and checkpoint hooks that follow it know to
-evaluate and save it.
-
-The loop itself keeps nothing between rounds but the state: a hook that needs
-history (a divergence streak, a progress bar) keeps its own.
+Shaped like TFF's `tff.simulation.run_training_process`: everything a run does
+around a round (telemetry, divergence, evaluation, metrics, checkpoints, the
+progress bar, Tune's report) is a `RoundHook` handed in, as TFF hands in its
+release and program-state managers. The hooks run in the order given, each
+seeing what the earlier ones added (the divergence hook decides whether the
+round is the run's last, so evaluation and checkpoint know to do it). The loop
+keeps nothing between rounds but the state; a hook that needs history keeps it.
 """
 
 from __future__ import annotations
@@ -22,24 +17,19 @@ import logging
 import math
 from typing import Any, Callable, Generator, Iterable, Mapping, Optional, Sequence
 
-from tff_fedadamom.metric_names import ASYNC_PREFIX, NONFINITE_UPDATES, ROUND, TEST_ACCURACY, TRAIN_ACCURACY
-from tff_fedadamom.metric_names import LOSS, NUM_EXAMPLES, TRAIN_LOSS, TRAIN_NUM_EXAMPLES
+from tff_fedadamom.metric_names import (ASYNC_PREFIX, LOSS, NONFINITE_UPDATES, NUM_EXAMPLES,
+                                        ROUND, TEST_ACCURACY, TRAIN_ACCURACY, TRAIN_LOSS,
+                                        TRAIN_NUM_EXAMPLES)
 
 logger = logging.getLogger("tff_fedadamom")
 
 
 @dataclasses.dataclass(frozen=True)
 class EvalEvent:
-  """What a callback sees after each evaluation.
-
-  Attributes:
-    round_num: Rounds completed so far.
-    metrics: Flat metrics of this round (`train/loss`, `test/accuracy`, ...).
-    diverged: True when the run stops here because it diverged.
-    output_dir: The run directory; with `checkpoint_saved`, copying it back
-      lets a later run resume from this round.
-    checkpoint_saved: Whether a checkpoint of this round was just written.
-  """
+  """What a callback sees after each evaluation: the rounds completed, the
+  round's flat metrics, whether the run stops here because it diverged, and the
+  run directory; with `checkpoint_saved` (a checkpoint of this round was just
+  written), copying it back lets a later run resume from this round."""
 
   round_num: int
   metrics: Mapping[str, float]
@@ -50,18 +40,10 @@ class EvalEvent:
 
 @dataclasses.dataclass
 class RoundEnd:
-  """A round as the hooks see it; they add to `metrics` and set the flags.
-
-  Attributes:
-    round_num: The round just run (rounds count from 1).
-    state: The process state after it.
-    metrics: The round's flat metrics, `round` first (`flatten_round_metrics`).
-    clients: The clients that trained in it.
-    last: Whether it is the last round the loop was asked to run.
-    process: The process that ran it.
-    diverged: Set by a hook: the run stops after this round.
-    checkpoint_saved: Set by a hook that saved this round's state.
-  """
+  """A round as the hooks see it: rounds count from 1, `metrics` are flat
+  (`round` first), `last` marks the last round the loop was asked to run. Hooks
+  add to `metrics` and set `diverged` (the run stops after this round) and
+  `checkpoint_saved`."""
 
   round_num: int
   state: Any
@@ -93,11 +75,8 @@ class RoundEnd:
 
 
 class RoundHook:
-  """Something a run does around each round; every method is optional.
-
-  `start_round` sees the state before the round, `end_round` the `RoundEnd`
-  after it, and `close` runs once when the loop ends, however it ends.
-  """
+  """Something a run does around each round; every method is optional. `close`
+  runs once when the loop ends, however it ends."""
 
   def start_round(self, round_num: int, state) -> None:
     del round_num, state
@@ -128,20 +107,16 @@ def flatten_round_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
       TRAIN_LOSS: float(train.get(LOSS, math.nan)),
       TRAIN_ACCURACY: float(train.get(ACCURACY_METRIC, math.nan)),
       TRAIN_NUM_EXAMPLES: float(train.get(NUM_EXAMPLES, 0)),
+      NONFINITE_UPDATES: float(metrics.get("finalizer", {}).get("update_non_finite", 0)),
   }
-  finalizer = metrics.get("finalizer", {})
-  out[NONFINITE_UPDATES] = float(finalizer.get("update_non_finite", 0))
   step = metrics.get("asynchronous")  # `runtime.buffered`'s server steps
   if step is not None:
     out.update({ASYNC_PREFIX + key: float(value) for key, value in step.items()})
   return out
 
 
-def run_rounds(process, state, rounds: Iterable[int], sampler: Callable[[int], list],
-               hooks: Sequence[RoundHook] = ()) -> LoopResult:
-  """Runs `rounds` of `process` from `state`, calling `hooks` around each
-  (`iter_rounds`, run to its end)."""
-  steps = iter_rounds(process, state, rounds, sampler, hooks)
+def drain(steps: Generator):
+  """Runs the generator `steps` to its end and returns its value."""
   while True:
     try:
       next(steps)
@@ -149,24 +124,21 @@ def run_rounds(process, state, rounds: Iterable[int], sampler: Callable[[int], l
       return done.value
 
 
+def run_rounds(process, state, rounds: Iterable[int], sampler: Callable[[int], list],
+               hooks: Sequence[RoundHook] = ()) -> LoopResult:
+  """`iter_rounds`, run to its end."""
+  return drain(iter_rounds(process, state, rounds, sampler, hooks))
+
+
 def iter_rounds(process, state, rounds: Iterable[int], sampler: Callable[[int], list],
                 hooks: Sequence[RoundHook] = ()) -> Generator[RoundEnd, None, LoopResult]:
-  """Runs `rounds` of `process` from `state`, calling `hooks` around each, and
-  yields each round's `RoundEnd` once its hooks have run: a generator, so that
-  a caller (a Tune trainable's `step`) can run a run a few rounds at a time.
-  Closing it early ends the loop there (the hooks' `close` runs).
-
-  Args:
-    process: The run's backend (`backends.Backend`): each round is
-      `process.next_for_clients(state, clients, round_num)`, whichever backend
-      it is; the hooks read `get_model_weights`.
-    state: The state to start from (initial, or restored by `resume`).
-    rounds: The round numbers to run, in order (`range(start + 1, total + 1)`).
-    sampler: `round_num -> clients` (`data.sampling.UniformSampler`).
-    hooks: `RoundHook`s, called in this order.
-
-  Returns (as the generator's value):
-    A `LoopResult`. The loop stops early after a round a hook marks diverged.
+  """Runs `rounds` (round numbers, in order) of `process` (a `backends.Backend`:
+  `next_for_clients(state, clients, round_num)`) from `state`, with the clients
+  of `sampler(round_num)`, calling `hooks` around each in order. Yields each
+  round's `RoundEnd` once its hooks have run, so that a caller (a Tune
+  trainable's `step`) can run a few rounds at a time; closing it early ends the
+  loop there. Its value is a `LoopResult`: the loop stops early after a round a
+  hook marks diverged.
   """
   rounds = list(rounds)
   rounds_run = 0

@@ -5,14 +5,13 @@
     tensorboard/         TensorBoard event files (`tensorboard_events`: the round's
                          metrics, plus histograms of the optimizer state)
     checkpoints/         program state (`resume.ArrayStateManager`: round_<n>/arrays.npz)
-    model.keras          the final global model, compiled (the task's loss and metrics,
-                         plain SGD), loadable with plain Keras (a seeded CNN's dropout
-                         saved as Keras' own: `models._common.with_keras_dropout`)
+    model.keras          the final global model, compiled, loadable with plain Keras
+                         (`evaluation.Evaluator.model_to_save`)
     curves.png           train loss and test accuracy vs round
     summary.json         final/best accuracy, rounds to targets, timing, status
 
 Every file this module writes is written atomically. Its CSV and Markdown table
-writers (which return the text) also serve `compare` and the sweep exports.
+writers also serve `compare` and the sweep exports.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ import math
 import os
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
-from tff_fedadamom.atomic_io import atomic_write_json, atomic_write_text
+from tff_fedadamom.atomic_io import atomic_write_text
 from tff_fedadamom.figures import margins_in_inches, new_figure, save_figure
 from tff_fedadamom.metric_names import (BETA1_MEAN, FRAC_BETA1_AT_0, FRAC_BETA1_AT_MAX,
                                         NONFINITE_UPDATES, ROUND, TEST_ACCURACY, TEST_LOSS,
@@ -37,8 +36,7 @@ MODEL_FILE = "model.keras"
 CURVES_FILE = "curves.png"
 CHECKPOINT_DIR = "checkpoints"
 TENSORBOARD_DIR = "tensorboard"
-# The csv module's own line ending: metrics.csv (TFF's CSVFileReleaseManager)
-# and `compare.csv` use it; sweep tables end lines with "\n".
+# The csv module's own line ending (metrics.csv, `compare.csv`); sweep tables use "\n".
 CRLF = "\r\n"
 
 
@@ -105,13 +103,11 @@ def read_metrics(output_dir: str) -> list[dict[str, Any]]:
 
 
 def repair_metrics(output_dir: str, last_round: int) -> int:
-  """Makes metrics.csv agree with the checkpoint a run resumes from.
-
-  Keeps the leading rows 1, 2, ... up to `last_round` that parse completely and
-  drops the rest (rows written after the checkpoint, or a row cut short by a
-  kill), rewriting the file atomically. Returns the last round kept: when it is
-  below `last_round`, the caller must resume from an older checkpoint. A file
-  whose header cannot be read is moved aside to `metrics.csv.corrupt`.
+  """Makes metrics.csv agree with the checkpoint a run resumes from: keeps the
+  leading rows 1, 2, ... up to `last_round` that parse completely and drops the
+  rest (rows after the checkpoint, a row cut short by a kill). Returns the last
+  round kept (below `last_round`: resume from an older checkpoint). A file whose
+  header cannot be read is moved aside to `metrics.csv.corrupt`.
   """
   path = os.path.join(output_dir, METRICS_FILE)
   if not os.path.exists(path):
@@ -128,31 +124,27 @@ def repair_metrics(output_dir: str, last_round: int) -> int:
     logging.getLogger("tff_fedadamom").warning(
         "%s was unreadable (%s); moved to %s.corrupt", path, e, path)
     return 0
-  kept, dropped = [], []
+  kept = []
   for row in rows:
     try:
       round_num = int(row[0])
       ok = len(row) == len(header) and 1 <= round_num <= last_round
     except (ValueError, IndexError):
-      round_num, ok = -1, False
-    (kept if ok and round_num == len(kept) + 1 else dropped).append(
-        row if ok else round_num)
-  if dropped:
+      ok = False
+    if ok and round_num == len(kept) + 1:
+      kept.append(row)
+  if len(kept) < len(rows):
     atomic_write_text(path, csv_rows(header, kept))
     logging.getLogger("tff_fedadamom").warning(
         "metrics.csv: dropped %d row(s) not covered by the checkpoint of round %d",
-        len(dropped), last_round)
+        len(rows) - len(kept), last_round)
   return len(kept)
 
 
 def rounds_to_targets(history: Iterable[Mapping[str, Any]], targets: Iterable[float],
                       key: str = TEST_ACCURACY) -> dict[str, Optional[int]]:
-  """The first round whose evaluation reaches each target (None if never).
-
-  `history` holds one mapping per round or per report (metrics.csv rows, Ray
-  Tune's results): rows without a `round` or without a value of `key` are skipped.
-  Returns `{f"{target:g}": round or None}`.
-  """
+  """`{f"{target:g}": the first round whose `key` reaches it, or None}`, from
+  metrics.csv rows or Tune's results (rows without `round` or `key` skipped)."""
   evals = [(int(row[ROUND]), row[key]) for row in history
            if row.get(key) is not None and ROUND in row]
   return {f"{target:g}": next((r for r, acc in evals if acc >= target), None)
@@ -186,10 +178,6 @@ def summarize(history: list[Mapping[str, Any]], *, targets, status: str,
   }
   summary.update(extra or {})
   return summary
-
-
-def write_summary(output_dir: str, summary: Mapping[str, Any]) -> None:
-  atomic_write_json(os.path.join(output_dir, SUMMARY_FILE), dict(summary))
 
 
 def plot_curves(runs: Mapping[str, list[Mapping[str, Any]]], path: str,

@@ -1,46 +1,60 @@
 """`PartsCache`: the parts (`parts.ExperimentParts`) of the last few structures
-a process ran, and the pieces several structures share.
-
-A sweep's trial actor runs trial after trial of a dozen structures, and a
-process running the paper study's units runs unit after unit; each structure's
-parts are costly to build and the same for every config of the structure
-(`parts.structure_key`), and what structures share is made once (`PartsCache`).
+a process ran (a sweep's trial actor, a paper-study worker), and the pieces
+several structures share, each made once.
 """
 
 from __future__ import annotations
 
 import collections
 import json
-from typing import Any
+from typing import Any, Collection
 
 from tff_fedadamom.config import ExperimentConfig, config_to_dict
-from tff_fedadamom.experiment import lru
 from tff_fedadamom.experiment.evaluation import Evaluator
 from tff_fedadamom.experiment.parts import ExperimentParts, build_parts, make_plan
 
 
+def lru_get(entries: collections.OrderedDict, key: str):
+  """`entries[key]`, now the most recently used (the order of `entries` is their
+  use, oldest first), or None."""
+  if key not in entries:
+    return None
+  entries.move_to_end(key)
+  return entries[key]
+
+
+def lru_put(entries: collections.OrderedDict, key: str, value, max_size: int,
+            keep: Collection[str] = ()) -> None:
+  """Sets `entries[key]`, the most recently used, keeping `max_size` entries:
+  out goes the least recently used one not in `keep`, else the least recently
+  used (`key` itself only when it is the one entry left)."""
+  entries[key] = value
+  entries.move_to_end(key)
+  while len(entries) > max_size:
+    out = next((k for k in entries if k not in keep and k != key), next(iter(entries)))
+    del entries[out]
+
+
 def _data(tree: dict) -> dict:
-  """What `process.load_data` reads of a config's mapping: `data`, `validation`."""
+  """What `process.load_data` reads of a config's mapping."""
   return {"data": tree["data"], "validation": tree.get("validation")}
 
 
 def data_key(config: ExperimentConfig) -> str:
-  """What `process.load_data` depends on: the `data` and `validation` sections."""
+  """What `process.load_data` depends on."""
   return json.dumps(_data(config_to_dict(config)), sort_keys=True, default=repr)
 
 
 def evaluator_key(config: ExperimentConfig) -> str:
-  """What an `Evaluator` and its Keras model depend on: the data (the test and
-  validation splits, the evaluation batch size) and the `model` section. Not the
-  seed: the model's initial weights are never read (a run's own weights are
-  assigned before each evaluation and before the model is saved)."""
+  """What an `Evaluator` and its Keras model depend on: the data and the `model`
+  section. Not the seed: the model's initial weights are never read (a run's
+  own are assigned before each evaluation and before the model is saved)."""
   tree = config_to_dict(config)
   return json.dumps({**_data(tree), "model": tree["model"]}, sort_keys=True, default=repr)
 
 
 def client_tensors_key(config: ExperimentConfig) -> str:
-  """What a run's `ClientTensors` depends on (`process.make_client_tensors`):
-  the data and `process.client_tensors_options`."""
+  """What a run's `ClientTensors` depends on (`process.make_client_tensors`)."""
   from tff_fedadamom.experiment import process as process_lib
 
   return json.dumps({**_data(config_to_dict(config)),
@@ -49,24 +63,16 @@ def client_tensors_key(config: ExperimentConfig) -> str:
 
 
 class PartsCache:
-  """The parts of at most `max_size` structure keys; out goes the least recently
-  used of those not got again since they were built, else the least recently used.
-  Why: a sweep's FedCAda and FAFED trials are a structure each (their sampled
-  hparams are built into the process), used once between the trials of the
-  structures that recur, which least recently used alone evicted.
+  """The parts of at most `max_size` (>= 1) structure keys; out goes the least
+  recently used of those not got again since they were built, else the least
+  recently used. Why: a sweep's FedCAda and FAFED trials are a structure each
+  (their sampled hparams are built into the process), used once between the
+  trials of the structures that recur, which least recently used alone evicted.
 
-  Data is cached apart from the rest, by `data_key`, so that configs with the
-  same data but another model or optimizer load it once; so is the `Evaluator`
-  (with its Keras model), by `evaluator_key`, so that configs with the same data
-  and model but another optimizer trace its forward pass once; and so are the
-  clients' tensors, by `client_tensors_key`, so that the processes of configs
-  with the same data and clients but another server optimizer share their
-  clients' computations, imported and compiled once (`tf_computation`). A
-  cache serves one run at a time: the runs of its parts share their Keras model.
-
-  Args:
-    max_size: How many `ExperimentParts` to keep (>= 1). Each holds a built
-      learning process and a Keras model; on a small machine keep it small.
+  The data, the `Evaluator` (with its Keras model) and the clients' tensors are
+  cached apart (`data_key`, ...), so that configs sharing them load, trace and
+  compile them once. A cache serves one run at a time: the runs of its parts
+  share their Keras model.
   """
 
   def __init__(self, max_size: int = 2):
@@ -84,18 +90,16 @@ class PartsCache:
   def __len__(self) -> int:
     return len(self._parts)
 
-  def __contains__(self, key: str) -> bool:
-    """Whether the parts of structure key `key` (a `RunPlan.key`) are kept."""
+  def __contains__(self, key: str) -> bool:  # a `RunPlan.key`
     return key in self._parts
 
   def get(self, config) -> ExperimentParts:
-    """The parts for `config` (a `RunPlan`, or a config planned here), built
-    (and cached) on a miss."""
+    """The parts for `config` (a `RunPlan`, or a config), built on a miss."""
     from tff_fedadamom.experiment import process as process_lib
 
     plan = make_plan(config)
     key = plan.key
-    parts = lru.get(self._parts, key)
+    parts = lru_get(self._parts, key)
     if parts is not None:
       self.hits += 1
       self._reused.add(key)
@@ -105,17 +109,17 @@ class PartsCache:
     data = self._kept(self._data, data_key(config), lambda: process_lib.load_data(config))
     tensors = self._kept(self._client_tensors, client_tensors_key(config),
                          lambda: process_lib.make_client_tensors(config, data))
-    parts = build_parts(plan, data=data, evaluator=lru.get(self._evaluators, model_key),
+    parts = build_parts(plan, data=data, evaluator=lru_get(self._evaluators, model_key),
                         client_tensors=tensors)
-    lru.put(self._parts, key, parts, self.max_size, keep=self._reused)
+    lru_put(self._parts, key, parts, self.max_size, keep=self._reused)
     self._reused &= self._parts.keys()
-    lru.put(self._evaluators, model_key, parts.evaluator, self.max_size)
+    lru_put(self._evaluators, model_key, parts.evaluator, self.max_size)
     return parts
 
   def _kept(self, store: collections.OrderedDict, key: str, make):
     """`store[key]`, or `make()` kept there (least recently used out)."""
-    value = lru.get(store, key)
+    value = lru_get(store, key)
     if value is None:
       value = make()
-      lru.put(store, key, value, self.max_size)
+      lru_put(store, key, value, self.max_size)
     return value

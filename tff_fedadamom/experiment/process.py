@@ -1,10 +1,7 @@
-"""Config -> `tff.learning.templates.LearningProcess`.
-
-`build_process` is the one place where a config becomes TFF objects: the Keras
-model through the model registry, the server optimizer through the optimizer
-registry (wrapped in its learning-rate schedule), the client optimizer, and the
-client weighting; or, for registry entries that are whole learning processes
-(FedCAda, FAFED), that process with the client options it supports.
+"""Config -> `tff.learning.templates.LearningProcess`: `build_process` is the one
+place where a config becomes TFF objects (the Keras model, the server optimizer
+in its learning-rate schedule, the client optimizer and weighting, or a whole
+learning process from the registry).
 """
 
 from __future__ import annotations
@@ -63,28 +60,22 @@ def make_client_tensors(config: ExperimentConfig, data: FederatedData):
 
 def client_datasets(config: ExperimentConfig, data: FederatedData, client_ids,
                     round_num: int) -> list[tf.data.Dataset]:
-  """The batched datasets of `client_ids` for round `round_num`.
-
-  The shuffle order is a function of (seed, round, client), so that a resumed
-  run feeds exactly the batches an uninterrupted one would.
-  """
+  """The batched datasets of `client_ids` for round `round_num`, shuffled as a
+  function of (seed, round, client): a resumed run feeds the same batches."""
   return make_client_tensors(config, data).datasets(client_ids, round_num)
 
 
 def input_spec(config: ExperimentConfig, data: FederatedData):
   """The batched element spec TFF's model wrapper needs."""
-  cid = data.train.client_ids[0]
-  return client_datasets(config, data, [cid], 0)[0].element_spec
+  return client_datasets(config, data, [data.train.client_ids[0]], 0)[0].element_spec
 
 
 def data_signature(config: ExperimentConfig, data: FederatedData, spec=None,
                    unroll_steps: Optional[int] = None) -> dict:
-  """What a learning process built by `build_process` sees of `data`: the
-  batched element spec of its clients' datasets (TFF's input spec, `spec` if
-  the caller has it), the model's input shape and class count, and with
-  `unroll_steps` (`unrolled_steps`) the batch size of its clients' stacked
-  batches (their number does not enter the computation: it loops over them).
-  Nothing else of the data enters a traced computation: examples reach the
+  """All a learning process built by `build_process` sees of `data`: TFF's input
+  spec (`spec`, if the caller has it), the model's input shape and class count,
+  and with `unroll_steps` the batch size of the stacked batches (their number
+  does not enter the computation: it loops over them). Examples reach the
   process as its clients' datasets."""
   spec = spec if spec is not None else input_spec(config, data)
   signature = {"input_spec": repr(spec), "input_shape": list(data.input_shape),
@@ -97,14 +88,10 @@ def data_signature(config: ExperimentConfig, data: FederatedData, spec=None,
 def unrolled_steps(config: ExperimentConfig, backend: str, client_tensors) -> Optional[int]:
   """The most batches a client has (its last, shorter one included) where its
   client work takes them stacked (`algorithms.unrolled`), or None: TFF's loop
-  over the client's dataset. The numbers are the same bits either way.
-
-  As `runtime.unroll_max_batches` says (`schema.RuntimeConfig`), and only where
-  every client's batch count is known (array client data), on the in-process
-  and ray backends (TFF's runtime is given datasets), for the FedAvg processes
-  this project composes (`_weighted_fed_avg`: no learning-process entry, no
-  decaying client rate), without augmentation (its batches are not a gather).
-  """
+  over its dataset (the same bits either way). As `runtime.unroll_max_batches`
+  says, where every client's batch count is known, off `tff_cpp` (TFF's runtime
+  is given datasets), for the processes `_weighted_fed_avg` composes, without
+  augmentation (its batches are not a gather)."""
   from tff_fedadamom.config.schema import TFF_CPP, UNROLL_MIN_BATCHES
 
   limit = config.runtime.unroll_max_batches
@@ -154,11 +141,9 @@ def build_server_optimizer(config: ExperimentConfig) -> tff.learning.optimizers.
 
 
 class _UniformMean(tff.aggregators.WeightedAggregationFactory):
-  """A weighted-aggregation factory that ignores the weights: the plain mean.
-
-  `build_weighted_fed_avg_with_optimizer_schedule` always weights clients by
-  their number of examples; the paper averages uniformly.
-  """
+  """A weighted-aggregation factory that ignores the weights: the plain mean
+  (`build_weighted_fed_avg_with_optimizer_schedule` always weights clients by
+  their number of examples; the paper averages uniformly)."""
 
   def create(self, value_type, weight_type):
     inner = tff.aggregators.UnweightedMeanFactory().create(value_type)
@@ -175,13 +160,10 @@ class _UniformMean(tff.aggregators.WeightedAggregationFactory):
 
 
 def client_lr_in_state(config: ExperimentConfig) -> bool:
-  """Whether the process keeps the client learning rate in its state.
-
+  """Whether the process keeps the client learning rate in its state:
   `build_weighted_fed_avg` does (`client_work=<learning_rate=...>`); the
-  optimizer-schedule variant, used when the rate decays per round, closes over
-  it in a Python function instead. Whole learning processes from the registry
-  (FedCAda, FAFED) are counted as not keeping it.
-  """
+  optimizer-schedule variant (a decaying rate) closes over it, and whole
+  learning processes (FedCAda, FAFED) count as not keeping it."""
   return config.client.lr_decay == 1.0 and not methods.is_learning_process(
       config.server.optimizer)
 
@@ -189,23 +171,15 @@ def client_lr_in_state(config: ExperimentConfig) -> bool:
 def build_process(config: ExperimentConfig, data: Optional[FederatedData] = None,
                   loop_implementation=None, server_optimizer=None,
                   unroll_steps: Optional[int] = None) -> tff.learning.templates.LearningProcess:
-  """Builds the TFF learning process an experiment config describes.
+  """Builds the TFF learning process a validated config describes: TFF's
+  `build_weighted_fed_avg` (`_weighted_fed_avg`), its optimizer-schedule variant
+  when the client learning rate decays, or for a `LEARNING_PROCESS` entry
+  (FedCAda, FAFED) the process its builder makes.
 
-  Args:
-    config: A validated `ExperimentConfig`.
-    data: The loaded data, if the caller has it (else loaded from the config).
-    loop_implementation: TFF's loop over a client's data; default: the one for
-      the config's devices (`plan.training_loop`).
-    server_optimizer: `build_server_optimizer(config)`, if the caller has it
-      (TFF's optimizers hold no state, so one serves any number of processes).
-    unroll_steps: `unrolled_steps(...)`: with a number, the clients' data are
-      stacked batches and their steps a loop over them (`algorithms.unrolled`).
-
-  Returns:
-    TFF's `build_weighted_fed_avg` process (`_weighted_fed_avg`: its client work
-    shared by the server optimizers of one model and client options), TFF's
-    optimizer-schedule variant when the client learning rate decays, or for a
-    `LEARNING_PROCESS` entry (FedCAda, FAFED) the process its builder makes.
+  `data` and `server_optimizer` are the caller's, if it has them (TFF's
+  optimizers hold no state, so one serves any number of processes). With
+  `unroll_steps` (`unrolled_steps`), the clients' data are stacked batches and
+  their steps a loop over them (`algorithms.unrolled`).
   """
   from tff_fedadamom.experiment.plan import training_loop
 
@@ -264,8 +238,7 @@ _CLIENT_WORKS_LOCK = threading.Lock()
 def _client_work_key(config: ExperimentConfig, signature: dict, weighting,
                      loop_implementation) -> str:
   """What `build_model_delta_client_work` depends on: the model (its section,
-  the seed it is initialized and its dropout seeded with, the data signature it
-  is built for), the client options, the weighting and TFF's loop."""
+  seed and data signature), the client options, the weighting and TFF's loop."""
   raw = config_to_dict(config)
   return json.dumps({"model": raw["model"], "seed": config.seed, "client": raw["client"],
                      "data": signature, "weighting": weighting.name,
@@ -289,21 +262,12 @@ def _shared_client_work(key: str, build: Callable[[], tff.learning.templates.Cli
 def _weighted_fed_avg(model_fn, client_optimizer, server_optimizer, weighting,
                       loop_implementation, client_work_key: str,
                       stacked_batch_size: Optional[int] = None):
-  """`tff.learning.algorithms.build_weighted_fed_avg(model_fn, client_optimizer,
-  server_optimizer, client_weighting=weighting, loop_implementation=...)`, made
-  of the same TFF pieces composed the same way (TFF 0.87's
-  `learning/algorithms/fed_avg.py`), with one change: the client work comes
-  from `_shared_client_work`.
-
-  Why: tracing the client work is most of building a process, and it is the
-  same for every server optimizer of one model, data signature and client
-  options; a study or sweep running several optimizers in one process traces
-  it once. The process is the builder's: same type signatures and results
-  (tests/experiment/test_process.py).
-
-  `stacked_batch_size`: the batch size of the clients' stacked batches, for
-  the client work of `algorithms.unrolled` (TFF's update looping over them;
-  the same results), or None for TFF's.
+  """TFF's `build_weighted_fed_avg(model_fn, client_optimizer, server_optimizer,
+  client_weighting=weighting, loop_implementation=...)`, the same pieces composed
+  the same way (TFF 0.87's `learning/algorithms/fed_avg.py`), but for the client
+  work, from `_shared_client_work`: tracing it is most of building a process, and
+  it is the same for every server optimizer of one model, data signature and
+  client options. `stacked_batch_size`: for `algorithms.unrolled`'s client work.
   """
 
   @tff.tensorflow.computation()

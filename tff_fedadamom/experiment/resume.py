@@ -1,29 +1,22 @@
 """Resuming a run: which saved run it is, the state to go on from, repairs.
 
 A run directory holds the saved config, the program state of the last few
-rounds (`checkpoints/round_<n>/arrays.npz`, `ArrayStateManager`) and the
-metrics rows of every round run. A run killed at any instant leaves them
-consistent enough to go on from:
-
-  * the newest checkpoint that loads is the one resumed; an unreadable one
-    (killed mid-write, damaged on disk) is moved to `checkpoints_corrupt/` and
-    an older one tried;
-  * metrics rows after that checkpoint's round are dropped (those rounds run
-    again), and when rows the checkpoint covers were lost, the run goes back to
-    the newest checkpoint whose rounds all have their rows, dropping the newer
-    checkpoints, or starts over.
-
-Since client sampling and every client's shuffle are functions of (seed, round),
-the rounds run again give what the lost ones gave.
+rounds and the metrics rows of every round run. A run killed at any instant
+leaves them consistent enough to go on from: the newest checkpoint that loads
+is resumed (an unreadable one is moved to `checkpoints_corrupt/`); metrics rows
+after its round are dropped, and when rows it covers were lost, the run goes
+back to the newest checkpoint whose rounds all have their rows, or starts over.
+Client sampling and shuffles are functions of (seed, round), so the rounds run
+again give what the lost ones gave.
 
 A checkpoint is a short list of arrays (`pack_leaves`: one per dtype), so
 `ArrayStateManager` is TFF's `FileProgramStateManager` (its versions, paths and
 retention) writing each version with NumPy instead of as a SavedModel, whose
-save traces new graphs for every version and leaves cyclic garbage holding
-native memory. Version `v` is `<root_dir>/<prefix><v>/arrays.npz` (`np.savez`
-of the values in order), written into a hidden directory beside it and renamed
-into place, so a process killed mid-write leaves no version that lists; the
-next save removes what it left. Versions in TFF's SavedModel format still load.
+save traces new graphs for every version, takes time that grows with the number
+of arrays, and leaves cyclic garbage holding native memory. Version `v` is
+`<root_dir>/<prefix><v>/arrays.npz`, written into a hidden directory and renamed
+into place, so a process killed mid-write leaves no version that lists.
+Versions in TFF's SavedModel format still load.
 """
 
 from __future__ import annotations
@@ -55,20 +48,11 @@ PARTIAL_PREFIX = ".partial-"
 
 class ArrayStateManager(tff.program.FileProgramStateManager):
   """`tff.program.FileProgramStateManager` for program states that are flat
-  sequences of arrays, each version one `.npz` file (see the module doc).
-
-  `save` takes a list or tuple of values NumPy converts to arrays (numbers,
-  arrays, eager tensors, `tff.program.MaterializableValueReference`s); `load`
-  gives back a list of NumPy arrays, as many as `structure` has items.
-  """
+  sequences of arrays, each version one `.npz` file (see the module doc)."""
 
   async def save(self, program_state: Sequence, version: int) -> None:
-    """Saves `program_state` as `version`, then drops versions beyond retention.
-
-    Raises:
-      TypeError: `program_state` is not a list or tuple.
-      tff.program.ProgramStateExistsError: `version` is already saved.
-    """
+    """Saves `program_state` (a list or tuple of values NumPy converts to
+    arrays, materialized first) as `version`, then applies the retention."""
     if not isinstance(program_state, (list, tuple)):
       raise TypeError("program_state must be a list or tuple of arrays, got "
                       f"{type(program_state).__name__}")
@@ -90,13 +74,9 @@ class ArrayStateManager(tff.program.FileProgramStateManager):
     await self._remove_old_program_state()
 
   async def load(self, version: int, structure: Sequence) -> list:
-    """The arrays of `version`, one per item of `structure`.
-
-    Raises:
-      tff.program.ProgramStateNotFoundError: `version` is not saved.
-      ValueError: the version holds another number of arrays, or is damaged
-        (as are `OSError` and the errors of NumPy's and zipfile's readers).
-    """
+    """The arrays of `version`, one per item of `structure`; ValueError (or the
+    errors of NumPy's and zipfile's readers) when it holds another number or is
+    damaged."""
     path = self._get_path_for_version(version)
     arrays_path = os.path.join(path, ARRAYS_FILE)
     if not os.path.exists(arrays_path):
@@ -127,9 +107,8 @@ def check_resumable(config: ExperimentConfig, output_dir: str) -> bool:
     saved.pop(section, None)
     current.pop(section, None)
   if saved != current:
-    diff = first_difference(saved, current)
     raise ConfigError(
-        str(saved_path), diff,
+        str(saved_path), first_difference(saved, current),
         "output_dir already holds a run of a different config; use another "
         "output_dir or delete this one",
         allowed="the same config as the saved run (only rounds, runtime and name may change)")
@@ -144,12 +123,7 @@ def state_manager(output_dir: str):
 
 def pack_leaves(leaves) -> list:
   """The leaves as one 1-D array per dtype, in the order each dtype first
-  appears, each leaf raveled in turn: what a checkpoint holds (`save_state`).
-
-  Packed because TFF's SavedModel saver, which wrote the checkpoints before
-  `ArrayStateManager`, took time that grew with the number of arrays, and a
-  state has tens of leaves (hundreds for ResNet-18); such checkpoints still load.
-  """
+  appears, each leaf raveled in turn: what a checkpoint holds (`save_state`)."""
   groups: dict = {}
   for leaf in leaves:
     value = np.asarray(leaf)
@@ -158,13 +132,9 @@ def pack_leaves(leaves) -> list:
 
 
 def unpack_leaves(packed, like) -> list:
-  """The leaves `pack_leaves` packed, with the shapes and dtypes of `like`
-  (the initial state's leaves). A checkpoint written with one array per leaf
-  (before packing) is returned as it is.
-
-  Raises:
-    ValueError: `packed` holds neither layout of `like`'s leaves.
-  """
+  """The leaves `pack_leaves` packed, with the shapes and dtypes of `like` (the
+  initial state's leaves); one array per leaf (written before packing) is
+  returned as it is. ValueError when `packed` holds neither layout."""
   like = [np.asarray(leaf) for leaf in like]
   packed = [np.asarray(value) for value in packed]
   if len(packed) == len(like) and all(p.shape == l.shape and p.dtype == l.dtype
@@ -186,12 +156,9 @@ def unpack_leaves(packed, like) -> list:
 
 
 def save_state(manager, state, round_num: int, run_async=asyncio.run) -> None:
-  """Saves `state` as round `round_num`'s checkpoint (the coroutine run by
-  `run_async`: a run passes its `hooks.EventLoop`).
-
-  The state is saved flat and packed (`pack_leaves`): the initial state gives
-  the structure, shapes and dtypes back.
-  """
+  """Saves `state` flat and packed (`pack_leaves`) as round `round_num`'s
+  checkpoint, through `run_async` (a run's `hooks.EventLoop`); the initial state
+  gives the structure, shapes and dtypes back."""
   import tensorflow as tf
 
   run_async(manager.save(pack_leaves(tf.nest.flatten(state)), version=round_num))
@@ -199,8 +166,7 @@ def save_state(manager, state, round_num: int, run_async=asyncio.run) -> None:
 
 def _load_leaves(manager, version: int, like, layouts) -> list:
   """The leaves of checkpoint `version`, shaped as `like`, read with each of
-  `layouts` in turn (TFF's loader wants the saved layout: packed, or one array
-  per leaf as written before packing)."""
+  `layouts` in turn (TFF's loader wants the saved layout)."""
   error = None
   for layout in layouts:
     try:
@@ -237,19 +203,11 @@ def load_checkpoint(manager, like, root_dir: str, at_most: Optional[int] = None)
   return None, 0
 
 
-def drop_checkpoints_after(manager, round_num: int) -> None:
-  """Deletes checkpoints newer than `round_num`: the run redoes those rounds."""
-  for version in asyncio.run(manager.get_versions()) or []:
-    if version > round_num:
-      shutil.rmtree(manager._get_path_for_version(version))  # noqa: SLF001
-
-
 def _restored(manager, initial, root_dir: str, at_most: Optional[int] = None):
   """(state, round) of the newest loadable checkpoint, or (initial, 0)."""
   import tensorflow as tf
 
-  leaves = tf.nest.flatten(initial)
-  flat, round_num = load_checkpoint(manager, leaves, root_dir, at_most)
+  flat, round_num = load_checkpoint(manager, tf.nest.flatten(initial), root_dir, at_most)
   if flat is None:
     return initial, 0
   return tf.nest.pack_sequence_as(initial, flat), round_num
@@ -263,11 +221,12 @@ def restore(manager, initial, output_dir: str) -> tuple[Any, int]:
   state, start_round = _restored(manager, initial, root_dir)
   complete = outputs.repair_metrics(output_dir, start_round)
   if complete < start_round:
-    # Metrics rows the checkpoint covers were lost (a kill mid-write): go back to
-    # the newest checkpoint whose rounds all have their rows, or start over.
+    # Rows the checkpoint covers were lost: back to one whose rows are all kept.
     state, start_round = _restored(manager, initial, root_dir, at_most=complete)
     outputs.repair_metrics(output_dir, start_round)
-    drop_checkpoints_after(manager, start_round)
+    for version in asyncio.run(manager.get_versions()) or []:
+      if version > start_round:  # the run redoes those rounds
+        shutil.rmtree(manager._get_path_for_version(version))  # noqa: SLF001
   return state, start_round
 
 

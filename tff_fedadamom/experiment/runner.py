@@ -1,8 +1,5 @@
-"""Runs an experiment: rounds, client sampling, evaluation, checkpoints, outputs.
-
-The one training loop of the project (`loop.iter_rounds`), put together from its
-hooks (`hooks`); a Ray Tune trial steps it one evaluation at a time. Resuming
-and repairing a run directory is `resume`'s.
+"""Runs an experiment: the project's one training loop (`loop.iter_rounds`) put
+together from its `hooks`; resuming and repairing a run directory is `resume`'s.
 
 Reproducibility: the partition depends on `data.seed` only, client sampling on
 (seed, round), each client's shuffle on (seed, round, client), and the model's
@@ -18,10 +15,12 @@ import time
 from typing import Any, Callable, Collection, Generator, Mapping, Optional, Sequence
 
 from tff_fedadamom import session
+from tff_fedadamom.atomic_io import atomic_write_json
 from tff_fedadamom.config import ConfigError, dump_config, load_config
 from tff_fedadamom.experiment import hooks as hooks_lib
 from tff_fedadamom.experiment import outputs, resume, tensorboard_events
-from tff_fedadamom.experiment.loop import ROUND, EvalEvent, RoundEnd, RoundHook, iter_rounds
+from tff_fedadamom.experiment.loop import (ROUND, EvalEvent, RoundEnd, RoundHook, drain,
+                                          iter_rounds)
 from tff_fedadamom.experiment.plan import RunPlan
 
 __all__ = ["EvalEvent", "RunResult", "iter_experiment", "run_experiment"]
@@ -33,40 +32,12 @@ class RunResult:
   summary: Mapping[str, Any]
 
 
-def _device_label(devices) -> str:
-  """'GPU:0,GPU:1' for the progress line."""
-  return ",".join(d.split("device:")[-1] for d in devices)
-
-
 def _progress_bar(config, start_round: int, devices):
   from tqdm import tqdm
 
+  device_label = ",".join(d.split("device:")[-1] for d in devices)  # 'GPU:0,GPU:1'
   return tqdm(total=config.rounds, initial=start_round, unit="round", dynamic_ncols=True,
-              desc=f"{config.name or config.server.optimizer} [{_device_label(devices)}]",
-              leave=True)
-
-
-def _round_hooks(config, parts, process, *, started, state_manager, release_managers, histogram_writer,
-                 bar, on_round, on_eval, run_async, checkpoint_rounds) -> list[RoundHook]:
-  """The hooks of a run, in the order `hooks` documents."""
-  hooks = []
-  if config.telemetry:
-    hooks.append(hooks_lib.Telemetry(
-        process, parts.layer_names, config.server.hparams.get("epsilon"),
-        config.histogram_every, histogram_writer))
-  hooks += [hooks_lib.Divergence(config.diverge_patience),
-            hooks_lib.Evaluate(parts.evaluator, config.eval_every),
-            hooks_lib.ElapsedTime(started),
-            hooks_lib.Release(release_managers, run_async),
-            hooks_lib.Checkpoint(state_manager, config.checkpoint_every, run_async,
-                                 rounds=checkpoint_rounds)]
-  if bar is not None:
-    hooks.append(hooks_lib.Progress(bar))
-  if on_round is not None:
-    hooks.append(hooks_lib.OnRound(on_round))
-  if on_eval is not None:
-    hooks.append(hooks_lib.OnEval(on_eval, config.output_dir))
-  return hooks
+              desc=f"{config.name or config.server.optimizer} [{device_label}]", leave=True)
 
 
 def run_experiment(config, *, overrides=(),
@@ -77,14 +48,10 @@ def run_experiment(config, *, overrides=(),
                    checkpoint_rounds: Optional[Collection[int]] = None) -> RunResult:
   """Runs (or resumes) the experiment a config describes and returns its
   `RunResult`: `iter_experiment` (which documents the arguments) to its end."""
-  steps = iter_experiment(config, overrides=overrides, on_eval=on_eval, on_round=on_round,
-                          progress=progress, parts=parts, hooks=hooks,
-                          model_and_plot=model_and_plot, checkpoint_rounds=checkpoint_rounds)
-  while True:
-    try:
-      next(steps)
-    except StopIteration as done:
-      return done.value
+  return drain(iter_experiment(
+      config, overrides=overrides, on_eval=on_eval, on_round=on_round, progress=progress,
+      parts=parts, hooks=hooks, model_and_plot=model_and_plot,
+      checkpoint_rounds=checkpoint_rounds))
 
 
 def iter_experiment(config, *, overrides=(),
@@ -94,36 +61,27 @@ def iter_experiment(config, *, overrides=(),
                     hooks: Sequence[RoundHook] = (), model_and_plot: bool = True,
                     checkpoint_rounds: Optional[Collection[int]] = None
                     ) -> Generator[RoundEnd, None, RunResult]:
-  """Runs (or resumes) the experiment a config describes, round by round: a
-  generator of each round's `loop.RoundEnd` (after the run's hooks, so its
-  metrics row and checkpoint are written), whose value is the `RunResult`.
-  A Ray Tune trainable steps it one evaluation at a time; closing it early
-  ends the run where it stands (a later run resumes from its checkpoints).
+  """Runs (or resumes) the experiment a config describes: a generator of each
+  round's `loop.RoundEnd` once its metrics row and checkpoint are written, whose
+  value is the `RunResult` (the output directory and the summary written
+  there). Closing it early ends the run where it stands (a later run resumes).
 
   Args:
     config: A `plan.RunPlan` (`parts.make_plan`), an `ExperimentConfig`, a YAML
       path or a mapping. Anything but a plan is planned here, once.
     overrides: Dotted `key=value` overrides, applied before validation.
-    on_eval: Called after every evaluation with an `EvalEvent`.
-    on_round: Called after every round with (round, flat metrics).
+    on_eval, on_round: Called with an `EvalEvent` after every evaluation, with
+      (round, flat metrics) after every round.
     progress: Show a progress bar on stderr.
-    parts: `parts.ExperimentParts` to run with (from `PartsCache.get(plan)`)
-      instead of building them: built for any config of the same
-      `structure_key`, they give the same results as parts built for this one.
-    hooks: More `loop.RoundHook`s, called after the run's own (and after
-      `on_round` and `on_eval`), when the round's metrics and checkpoint are
-      written.
-    model_and_plot: Write the final model (`model.keras`) and the curves plot
-      (`curves.png`) at the end; `summary.json` is written either way. A sweep
-      trial's run directory is scratch that ends with the trial, after its last
-      Tune checkpoint, so its trials do without them (on a small model they
-      cost about as much as the trial's rounds).
+    parts: `parts.ExperimentParts` to run with (`PartsCache.get(plan)`): parts
+      built for any config of the same `structure_key` give the same results.
+    hooks: More `loop.RoundHook`s, called last, when the round's metrics and
+      checkpoint are written.
+    model_and_plot: Write `model.keras` and `curves.png` at the end
+      (`summary.json` is written either way). A sweep trial's directory ends
+      with the trial, and on a small model these cost about its rounds.
     checkpoint_rounds: Save the state at these rounds (and the final one)
-      instead of every `checkpoint_every` rounds: for a caller that keeps only
-      those checkpoints (a sweep trial, `tuning.sweep.checkpoint_rounds`).
-
-  Returns (as the generator's value):
-    A `RunResult` with the output directory and the summary written there.
+      instead of every `checkpoint_every` rounds (`hooks.Checkpoint`).
   """
   from tff_fedadamom.experiment import parts as parts_lib
 
@@ -135,7 +93,10 @@ def iter_experiment(config, *, overrides=(),
   resuming = resume.check_resumable(plan.config, plan.config.output_dir)
   session.release_tff_at_exit()
   session.kernel_threads()  # warns once when the numbers may depend on the cores
-  parts_lib.check_parts(plan, parts)
+  if parts is not None and parts.key != plan.key:
+    raise ValueError("run_experiment `parts` were built for a config of another "
+                     "structure (model, data, client set-up, ...); build them with "
+                     "build_parts(config) or PartsCache.get(config)")
   own_parts = parts is None  # parts given by the caller outlive this run
   parts = parts if parts is not None else parts_lib.build_parts(plan)
   try:
@@ -154,20 +115,12 @@ def _run(plan, parts, *, resuming, on_eval, on_round, progress, hooks,
   """The rounds of `iter_experiment` on `parts`, and its results."""
   import tensorflow_federated as tff
 
-  from tff_fedadamom.data.sampling import UniformSampler
   from tff_fedadamom.experiment import parts as parts_lib
 
   config, devices = plan.config, list(plan.devices)
   output_dir = config.output_dir
   data, process = parts.data, parts.process
-  if config.clients_per_round > len(data.train.client_ids):
-    raise ConfigError(
-        "<config>", "clients_per_round", f"more than the {len(data.train.client_ids)} "
-        f"clients of data set {config.data.name!r}", value=config.clients_per_round,
-        allowed=f"an integer in [1, {len(data.train.client_ids)}]")
-  sampler = UniformSampler(data.train.client_ids, config.clients_per_round, config.seed)
-  if config.asynchronous is not None:
-    process, sampler = _buffered(config, process, data.train.client_ids)
+  process, sampler = _process_and_sampler(config, process, data.train.client_ids)
   if not resuming:
     dump_config(config, os.path.join(output_dir, outputs.CONFIG_FILE))
 
@@ -188,13 +141,24 @@ def _run(plan, parts, *, resuming, on_eval, on_round, progress, hooks,
   started = time.perf_counter()
   run_async = hooks_lib.EventLoop()
   try:
-    result = yield from iter_rounds(
-        process, state, range(start_round + 1, config.rounds + 1), sampler,
-        _round_hooks(config, parts, process, started=started, state_manager=state_manager,
-                     release_managers=[csv_manager, tb_manager],
-                     histogram_writer=histogram_writer, bar=bar, on_round=on_round,
-                     on_eval=on_eval, run_async=run_async,
-                     checkpoint_rounds=checkpoint_rounds) + list(hooks))
+    # The run's hooks, in the order `hooks` documents; the caller's come last.
+    round_hooks = [hooks_lib.Telemetry(
+        process, parts.layer_names, config.server.hparams.get("epsilon"),
+        config.histogram_every, histogram_writer)] if config.telemetry else []
+    round_hooks += [hooks_lib.Divergence(config.diverge_patience),
+                    hooks_lib.Evaluate(parts.evaluator, config.eval_every),
+                    hooks_lib.ElapsedTime(started),
+                    hooks_lib.Release([csv_manager, tb_manager], run_async),
+                    hooks_lib.Checkpoint(state_manager, config.checkpoint_every, run_async,
+                                         rounds=checkpoint_rounds)]
+    if bar is not None:
+      round_hooks.append(hooks_lib.Progress(bar))
+    if on_round is not None:
+      round_hooks.append(hooks_lib.OnRound(on_round))
+    if on_eval is not None:
+      round_hooks.append(hooks_lib.OnEval(on_eval, output_dir))
+    result = yield from iter_rounds(process, state, range(start_round + 1, config.rounds + 1),
+                                    sampler, round_hooks + list(hooks))
   finally:
     run_async.close()
     tb_manager.close()
@@ -205,17 +169,29 @@ def _run(plan, parts, *, resuming, on_eval, on_round, progress, hooks,
   return RunResult(output_dir, summary)
 
 
-def _buffered(config, process, client_ids):
-  """(The backend's rounds as asynchronous server steps, their sampler)."""
+def _process_and_sampler(config, process, client_ids):
+  """The backend and its uniform sampler, or with `asynchronous` its rounds as
+  asynchronous server steps (`runtime.buffered`) and their sampler."""
+  from tff_fedadamom.data.sampling import UniformSampler
+
+  _check_clients(config, "clients_per_round", config.clients_per_round, len(client_ids))
+  sampler = UniformSampler(client_ids, config.clients_per_round, config.seed)
+  if config.asynchronous is None:
+    return process, sampler
   from tff_fedadamom.runtime.buffered import buffered_process
 
-  if config.asynchronous.concurrency > len(client_ids):
-    raise ConfigError(
-        "<config>", "asynchronous.concurrency", f"more than the {len(client_ids)} clients of "
-        f"data set {config.data.name!r}", value=config.asynchronous.concurrency,
-        allowed=f"an integer in [1, {len(client_ids)}]")
+  _check_clients(config, "asynchronous.concurrency", config.asynchronous.concurrency,
+                 len(client_ids))
   buffered = buffered_process(process, config, client_ids)
   return buffered, buffered.step_clients
+
+
+def _check_clients(config, field: str, value: int, clients: int) -> None:
+  """ConfigError when `field` asks for more than the data set's `clients` clients."""
+  if value > clients:
+    raise ConfigError(
+        "<config>", field, f"more than the {clients} clients of data set {config.data.name!r}",
+        value=value, allowed=f"an integer in [1, {clients}]")
 
 
 def _write_results(plan, evaluator, process, result, *, wall: float,
@@ -229,9 +205,9 @@ def _write_results(plan, evaluator, process, result, *, wall: float,
   if evaluator is not None:
     process.get_model_weights(result.state).assign_weights_to(evaluator.compiled_model())
     if status == "completed":
-      evaluator.model_to_save().save(os.path.join(output_dir, outputs.MODEL_FILE) + ".tmp.keras")
-      os.replace(os.path.join(output_dir, outputs.MODEL_FILE) + ".tmp.keras",
-                 os.path.join(output_dir, outputs.MODEL_FILE))
+      model_path = os.path.join(output_dir, outputs.MODEL_FILE)
+      evaluator.model_to_save().save(model_path + ".tmp.keras")
+      os.replace(model_path + ".tmp.keras", model_path)
     outputs.plot_curves({config.server.optimizer: history},
                         os.path.join(output_dir, outputs.CURVES_FILE),
                         title=config.name or os.path.basename(output_dir.rstrip("/")))
@@ -241,5 +217,5 @@ def _write_results(plan, evaluator, process, result, *, wall: float,
       extra={"optimizer": config.server.optimizer, "seed": config.seed,
              "backend": plan.backend, "kernel_threads": session.kernel_threads(),
              "resumed_from_round": start_round or None})
-  outputs.write_summary(output_dir, summary)
+  atomic_write_json(os.path.join(output_dir, outputs.SUMMARY_FILE), summary)
   return summary

@@ -1,15 +1,11 @@
-"""Per-round statistics of the server optimizer's state, in vectorised numpy.
-
-After each round the runner passes the learning process state (numpy arrays)
-here, which finds the server optimizer's in it (`unwrap_optimizer_state`);
-nothing in the TFF computation changes.
+"""Per-round statistics of the server optimizer's state, in vectorised numpy,
+read from the learning process state after each round (nothing in the TFF
+computation changes).
 
 A statistic is reported where the state has its key (the vocabulary of
-`optimizers.state`: `preconditioner` v, `max_preconditioner` v_hat,
-`accumulator` m, `learning_rate`); which optimizer a state belongs to is the
-registry's answer (`methods.optimizers_of_state`), whose `momentum_coefficient`
-(FedAdamom's beta1_t) gives the `beta1` statistics. Each statistic is computed
-once over the concatenation of every leaf: a few passes over the parameters.
+`optimizers.state`); the registry's `momentum_coefficient` of the state's
+optimizer (FedAdamom's beta1_t) gives the `beta1` statistics. Each statistic is
+computed once over the concatenation of every leaf.
 """
 
 from __future__ import annotations
@@ -27,18 +23,11 @@ from tff_fedadamom.optimizers.state import (ACCUMULATOR_KEY, EPSILON_KEY, LEARNI
                                             MAX_PRECONDITIONER_KEY, PRECONDITIONER_KEY,
                                             process_moments)
 
-# The percentiles of `moment_stats`: its p01, median and p99.
-_PERCENTILES = (1.0, 50.0, 99.0)
-
-
 def unwrap_optimizer_state(state: Any) -> Mapping[str, Any]:
-  """The inner optimizer state of `state`.
-
-  Accepts a server optimizer state, one wrapped by
-  `tff.learning.optimizers.schedule_learning_rate` (`{round_num, optimizer}`,
-  possibly more than once), or a learning process state (its `finalizer`; for
-  the processes of `tff_fedadamom.algorithms`, also the first and second
-  moments their global state carries beside the model).
+  """The inner optimizer state of a server optimizer state, one wrapped (once or
+  more) by `schedule_learning_rate` (`{round_num, optimizer}`), or a learning
+  process state (its `finalizer`, with the moments the global state of an
+  `algorithms` process carries beside the model).
   """
   if hasattr(state, 'finalizer'):
     moments = process_moments(getattr(state, 'global_model_weights', None))
@@ -68,11 +57,9 @@ def _concat(leaves: Sequence[np.ndarray]) -> np.ndarray:
 
 
 def _sq_norm(leaves: Iterable[np.ndarray]) -> float:
-  """The squared global L2 norm: squares in the leaf dtype, sums in float64.
-
-  A square beyond the dtype's range is inf, which is the norm's value in that
-  dtype (a diverging run records it); numpy's overflow warning, printed once per
-  process, would say nothing more."""
+  """The squared global L2 norm: squares in the leaf dtype, sums in float64. A
+  square beyond the dtype's range is inf, the norm's value in that dtype (a
+  diverging run records it), so numpy's overflow warning is silenced."""
   total = 0.0
   with np.errstate(over="ignore"):
     for x in leaves:
@@ -81,22 +68,16 @@ def _sq_norm(leaves: Iterable[np.ndarray]) -> float:
   return total
 
 
-_SAME_ORDER_INT = {np.dtype(np.float32): np.int32, np.dtype(np.float64): np.int64}
-
-
 def _percentiles(x: np.ndarray, percents: Sequence[float]) -> list[float]:
-  """`np.percentile(x, percents)` (linear interpolation) by one partition.
-
-  The same values as `np.percentile`, with only the order statistics the
-  interpolation needs. When no element has its sign bit set (a second moment
-  is never negative), IEEE floats order exactly like their bit patterns read as
-  integers, whose partition is faster. The caller handles NaN.
-  """
+  """`np.percentile(x, percents)` (linear interpolation), by one partition for
+  the order statistics it needs. Without sign bits set (a second moment), IEEE
+  floats order exactly like their bits read as integers, whose partition is
+  faster. The caller handles NaN."""
   n = x.size
   positions = [p / 100.0 * (n - 1) for p in percents]
   lows = [int(np.floor(q)) for q in positions]
   kth = sorted({k for low in lows for k in (low, min(low + 1, n - 1))})
-  int_type = _SAME_ORDER_INT.get(x.dtype)
+  int_type = {np.dtype(np.float32): np.int32, np.dtype(np.float64): np.int64}.get(x.dtype)
   if int_type is not None and not np.signbit(x).any():
     part = np.partition(x.view(int_type), kth).view(x.dtype)
   else:
@@ -156,27 +137,23 @@ def _moment_stats(x: np.ndarray, name: str) -> dict[str, float]:
   if not x.size:
     return {}
   mean = float(np.mean(x, dtype=np.float64))
-  if np.isnan(mean):
-    p01 = p50 = p99 = float('nan')
-  else:
-    p01, p50, p99 = _percentiles(x, _PERCENTILES)
-  return dict(zip(moment_stats(name), (mean, float(p50), float(p01), float(p99))))
+  p01, p50, p99 = [float('nan')] * 3 if np.isnan(mean) else _percentiles(x, (1.0, 50.0, 99.0))
+  return dict(zip(moment_stats(name), (mean, p50, p01, p99)))
 
 
 def optimizer_state_stats(state: Any, *, previous_weights: Any = None, weights: Any = None,
                           layer_names: Sequence[str] | None = None,
                           epsilon: float | None = None) -> dict[str, float]:
-  """Statistics of a server optimizer state, as Python floats keyed under `opt/`.
-
-  Keys present depend on the state (see the module docstring):
+  """Statistics of a server optimizer state (or one `unwrap_optimizer_state`
+  unwraps), as Python floats keyed under `opt/`; `epsilon` defaults to the
+  state's. The keys present depend on the state:
 
   - `opt/learning_rate`: the rate the state holds (under a schedule, the NEXT
     round's: `schedule_learning_rate` stores `schedule(round_num)` after it).
-  - With a second moment `v`: `opt/v_mean`, `_median`, `_p01`, `_p99` (the
-    values of `np.percentile`); with AMSGrad's `v_hat`, the same as `opt/vhat_*`.
+  - With a second moment `v`: `opt/v_mean`, `_median`, `_p01`, `_p99`; with
+    AMSGrad's `v_hat`, the same as `opt/vhat_*`.
   - With a momentum `m`: `opt/momentum_norm`, its global L2 norm.
-  - With `weights` and `previous_weights`: `opt/update_norm`, the global L2
-    norm of the update the round applied.
+  - With `weights` and `previous_weights`: `opt/update_norm`, the round's.
   - Where the registry gives the optimizer a `momentum_coefficient`
     (FedAdamom): `opt/beta1_mean`, `opt/frac_beta1_at_0` and
     `opt/frac_beta1_at_max` (beta1_t == 1 - epsilon), beta1_t recomputed from v.
@@ -184,11 +161,7 @@ def optimizer_state_stats(state: Any, *, previous_weights: Any = None, weights: 
     of one name pooled): `opt/layer/<name>/v_mean` and, for FedAdamom,
     `.../beta1_mean`, `.../frac_at_0`, `.../frac_at_max`.
 
-  `state` may be wrapped by `schedule_learning_rate`, or a learning process
-  state; `epsilon` defaults to the state's.
-
-  Raises:
-    ValueError: If `layer_names` or the weights do not match the state.
+  Raises ValueError when `layer_names` or the weights do not match the state.
   """
   state = unwrap_optimizer_state(state)
   stats: dict[str, float] = {}
@@ -215,30 +188,24 @@ def optimizer_state_stats(state: Any, *, previous_weights: Any = None, weights: 
 
   if MAX_PRECONDITIONER_KEY in state:
     # AMSGrad's v_hat, the running maximum of v that divides the step.
-    stats.update(_moment_stats(_concat(_leaves(state[MAX_PRECONDITIONER_KEY])),
-                               'vhat'))
+    stats.update(_moment_stats(_concat(_leaves(state[MAX_PRECONDITIONER_KEY])), 'vhat'))
 
   if ACCUMULATOR_KEY in state:
-    stats[MOMENTUM_NORM] = float(
-        np.sqrt(_sq_norm(_leaves(state[ACCUMULATOR_KEY]))))
+    stats[MOMENTUM_NORM] = float(np.sqrt(_sq_norm(_leaves(state[ACCUMULATOR_KEY]))))
 
   if weights is not None and previous_weights is not None:
     new, old = _leaves(weights), _leaves(previous_weights)
     if len(new) != len(old) or any(a.shape != b.shape for a, b in zip(new, old)):
       raise ValueError('`weights` and `previous_weights` differ in structure: shapes '
                        f'{[a.shape for a in new]} vs {[b.shape for b in old]}.')
-    stats[UPDATE_NORM] = float(
-        np.sqrt(_sq_norm(np.subtract(a, b) for a, b in zip(new, old))))
+    stats[UPDATE_NORM] = float(np.sqrt(_sq_norm(np.subtract(a, b) for a, b in zip(new, old))))
   return stats
 
 
 def state_histograms(state: Any, *, epsilon: float | None = None) -> dict[str, np.ndarray]:
-  """Flat arrays for TensorBoard histograms, keyed under `opt/`.
-
-  `opt/v`: the second moment / preconditioner of every leaf, concatenated;
-  `opt/vhat`: AMSGrad's running maximum of it, where the state has one;
-  `opt/beta1`: FedAdamom's beta1_t (`fedadamom.momentum_coefficient_numpy`). Empty for a state
-  without a preconditioner.
+  """Flat arrays for TensorBoard histograms: `opt/v` (every leaf of the second
+  moment, concatenated), `opt/vhat` (AMSGrad's running maximum of it) and
+  `opt/beta1` (FedAdamom's beta1_t), where the state has them.
   """
   state = unwrap_optimizer_state(state)
   out: dict[str, np.ndarray] = {}

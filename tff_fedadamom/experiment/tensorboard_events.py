@@ -1,13 +1,12 @@
-"""TensorBoard event files of a run, written without TensorFlow ops.
+"""TensorBoard event files of a run (each round's scalars, the optimizer state's
+histograms), written without TensorFlow ops.
 
-A run writes each round's metrics as TensorBoard scalars and, every
-`histogram_every` rounds, histograms of the server optimizer's state. TFF's
-`TensorBoardReleaseManager` and `tf.summary` build every value as eager tensors
-(tag, step, value, metadata), and in TensorFlow 2.14 on Python 3.11 each eager
-tensor leaves a block behind for good (`runtime.eager_release`), so a long run's
-memory grew with its rounds. Here the summaries are the protos TensorBoard's
-own `scalar_pb` and `histogram_pb` build in numpy (the same tags, metadata and
-float32 values as `tf.summary.scalar`), written by TensorBoard's event writer.
+TFF's `TensorBoardReleaseManager` and `tf.summary` build every value as eager
+tensors, and in TensorFlow 2.14 on Python 3.11 each eager tensor leaves a block
+behind for good (`runtime.eager_release`), so a long run's memory grew with its
+rounds. Here the summaries are the protos TensorBoard's own `scalar_pb` and
+`histogram_pb` build in numpy (the same tags, metadata and float32 values as
+`tf.summary.scalar`), written by TensorBoard's event writer.
 """
 
 from __future__ import annotations
@@ -20,16 +19,12 @@ import tensorflow_federated as tff
 
 
 def histogram_pb(tag: str, data):
-  """TensorBoard's `histogram_pb(tag, data)` (its default bucket count): the
-  same summary proto, with the buckets counted by `np.bincount`.
-
-  Why not TensorBoard's own: it counts by comparing every value with every
-  bucket, an N x buckets boolean matrix, which for ResNet-18's 11 million
-  parameters alone is hundreds of MB. Everything else is TensorBoard's: the
-  values as float64, the edges (`linspace` from the minimum to the maximum), a
-  value's bucket floor((value - min) / width) clamped to the last, and values
-  that land nowhere (NaN, or all when the range is infinite) counted nowhere.
-  Empty data and data of one value go to TensorBoard's function itself.
+  """TensorBoard's `histogram_pb(tag, data)`, the same proto, with the buckets
+  counted by `np.bincount`: TensorBoard's own compares every value with every
+  bucket, hundreds of MB for ResNet-18's 11 million parameters. The rest is
+  TensorBoard's (float64 values, `linspace` edges from min to max, bucket
+  floor((value - min) / width) clamped to the last, NaN counted nowhere); empty
+  and one-valued data go to TensorBoard's function itself.
   """
   from tensorboard.compat.proto import summary_pb2
   from tensorboard.plugins.histogram import metadata, summary_v2
