@@ -1,6 +1,6 @@
 """The sweep benchmark: a sweep through Ray Tune against its trials as separate runs.
 
-    python -m benchmarks.sweeps [--repo PATH] [--only quickstart|fmnist] [--out DIR]
+    python -m benchmarks.sweeps [--only quickstart|fmnist] [--out DIR]
 
 Every figure is the wall time of whole commands as a user types them, each in a
 fresh storage directory, with this run's own process cache
@@ -10,10 +10,6 @@ compiled) and warm (on the cache the cold sweep filled); the quickstart sweep's
 trials then run as separate `python -m tff_fedadamom run` commands, as many at a
 time as the sweep runs trials: separate / warm is what the sweep saves over a
 shell loop.
-
-`--repo` times another checkout (its code first on `PYTHONPATH`, its configs),
-to compare two designs on one machine; its own `tuning` writes the sweep files,
-in a child process that imports none of this checkout's project code.
 """
 
 from __future__ import annotations
@@ -31,7 +27,9 @@ from typing import Mapping, Optional, Sequence
 
 import yaml
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchmarks import common
+from benchmarks.common import NOT_MEASURED, fmt, goal, ratio
+
 GOAL = 2.5
 QUICKSTART = "configs/sweeps/quickstart.yaml"
 FMNIST = "configs/sweeps/fmnist_all_optimizers.yaml"
@@ -59,25 +57,24 @@ def set_path(tree: dict, path: str, value) -> None:
   tree[leaf] = value
 
 
-def prepare(spec: Mapping) -> dict:
-  """Run in the measured checkout: writes sweep `spec["sweep"]` with the dotted
-  values of `spec["set"]` applied, checked and inlined, as `<label>.yaml` of
-  `spec["scratch"]` for each of LABELS (storing its trials in `<label>/`); with
-  `spec["separate"]`, each trial's experiment config in `runs/` there."""
+def prepare(sweep_file: str, values: Mapping, scratch: str, separate: bool) -> dict:
+  """Writes sweep `sweep_file` with the dotted `values` applied, checked and
+  inlined, as `<label>.yaml` of `scratch` for each of LABELS (storing its trials
+  in `<label>/`); with `separate`, each trial's experiment config in `runs/` there."""
   from tuning import joint, schema, space
 
-  raw = schema.sweep_to_dict(schema.load_sweep(spec["sweep"]))
+  raw = schema.sweep_to_dict(schema.load_sweep(sweep_file))
   for label in LABELS:
     variant = json.loads(json.dumps(raw))
-    storage = {"resources.storage_path": os.path.join(spec["scratch"], label)}
-    for path, value in {**spec["set"], **storage}.items():
+    storage = {"resources.storage_path": os.path.join(scratch, label)}
+    for path, value in {**values, **storage}.items():
       set_path(variant, path, value)
     sweep = schema.parse_sweep(variant)
-    schema.dump_sweep(sweep, os.path.join(spec["scratch"], f"{label}.yaml"))
-  runs_dir, runs = os.path.join(spec["scratch"], "runs"), []
-  if spec["separate"]:
+    schema.dump_sweep(sweep, os.path.join(scratch, f"{label}.yaml"))
+  runs_dir, runs = os.path.join(scratch, "runs"), []
+  if separate:
     os.makedirs(runs_dir)
-  for i, trial in enumerate(joint.trial_configs(sweep) if spec["separate"] else ()):
+  for i, trial in enumerate(joint.trial_configs(sweep) if separate else ()):
     params = dict(trial)
     optimizer = params.pop("optimizer")
     name = f"{optimizer}_{i}"
@@ -91,7 +88,7 @@ def prepare(spec: Mapping) -> dict:
           "rounds": sweep.budget.rounds}
 
 
-def run_commands(commands: Sequence[Sequence[str]], repo: str, env: dict, logs: str,
+def run_commands(commands: Sequence[Sequence[str]], env: dict, logs: str,
                  concurrent: int) -> float:
   """Wall seconds of `commands`, `concurrent` at a time, each logged in `logs`;
   raises naming the first that failed and its log."""
@@ -104,7 +101,7 @@ def run_commands(commands: Sequence[Sequence[str]], repo: str, env: dict, logs: 
         time.sleep(0.05)
       paths.append(os.path.join(logs, f"{len(procs)}.log"))
       with open(paths[-1], "w") as log:
-        procs.append(subprocess.Popen(command, cwd=repo, env=env, stdout=log,
+        procs.append(subprocess.Popen(command, cwd=common.ROOT, env=env, stdout=log,
                                       stderr=subprocess.STDOUT, start_new_session=True))
     codes = [p.wait() for p in procs]
   finally:  # ends the process groups still running (each command started its own)
@@ -126,39 +123,33 @@ def run_commands(commands: Sequence[Sequence[str]], repo: str, env: dict, logs: 
   return wall
 
 
-def measure(repo: str, name: str, scratch: str) -> dict:
+def measure(name: str, scratch: str) -> dict:
   """Cold and warm sweep seconds of sweep `name` (of SWEEPS) in a new directory
   `scratch`; for quickstart, also the seconds of its trials as separate runs."""
   (sweep_file, values), separate = SWEEPS[name], name == "quickstart"
   os.makedirs(scratch)
   cache = os.path.join(scratch, "process-cache")
-  # Every command's environment: `repo`'s code first, this run's cache.
-  env = {**os.environ, "PYTHONPATH": repo, "TFF_FEDADAMOM_CACHE_DIR": cache,
+  # Every command's environment: this checkout's code first, this run's cache.
+  env = {**os.environ, "PYTHONPATH": common.ROOT, "TFF_FEDADAMOM_CACHE_DIR": cache,
          "TF_CPP_MIN_LOG_LEVEL": "3"}
-  spec = {"sweep": os.path.join(repo, sweep_file), "scratch": scratch, "separate": separate,
-          "set": {**values, "base.runtime.cache_dir": cache}}
-  done = subprocess.run([sys.executable, os.path.abspath(__file__), "--prepare",
-                         json.dumps(spec)], cwd=repo, env=env, capture_output=True, text=True)
-  if done.returncode:
-    raise RuntimeError(f"preparing {sweep_file} in {repo} failed:\n{done.stderr[-3000:]}")
-  info = json.loads(done.stdout.strip().splitlines()[-1])
+  info = prepare(os.path.join(common.ROOT, sweep_file),
+                 {**values, "base.runtime.cache_dir": cache}, scratch, separate)
   figures = {k: info[k] for k in ("trials", "rounds", "concurrent")}
   for label in LABELS:
     tune = [sys.executable, "-m", "tff_fedadamom", "tune", os.path.join(scratch, f"{label}.yaml")]
-    figures[label] = run_commands([tune], repo, env, os.path.join(scratch, f"logs-{label}"), 1)
+    figures[label] = run_commands([tune], env, os.path.join(scratch, f"logs-{label}"), 1)
     print(f"  {sweep_file}: {label} sweep {figures[label]:.1f} s", flush=True)
   if separate:
     figures["separate"] = run_commands(
         [[sys.executable, "-m", "tff_fedadamom", "run", p, "--quiet"] for p in info["runs"]],
-        repo, env, os.path.join(scratch, "logs-runs"), info["concurrent"])
+        env, os.path.join(scratch, "logs-runs"), info["concurrent"])
     print(f"  {sweep_file}: {len(info['runs'])} separate runs, {info['concurrent']} at a "
           f"time, {figures['separate']:.1f} s", flush=True)
   return figures
 
 
-def section(results: Mapping[str, Optional[dict]], repo: str) -> str:
+def section(results: Mapping[str, Optional[dict]]) -> str:
   """The Markdown body from `results`: name -> figures, or None for a sweep not run."""
-  from benchmarks.common import NOT_MEASURED, fmt, goal, ratio
   from tff_fedadamom.experiment.outputs import markdown_table
 
   rows = []
@@ -173,7 +164,7 @@ def section(results: Mapping[str, Optional[dict]], repo: str) -> str:
                  f"{fmt(speedup)} ({goal(speedup, GOAL)})" if m.get("separate") else
                  NOT_MEASURED])
   shortened = ", ".join(f"{k} {v}" for k, v in FMNIST_SHORT.items())
-  return (f"Commands against `{repo}`: `python -m tff_fedadamom tune` (cold: empty process "
+  return ("Commands: `python -m tff_fedadamom tune` (cold: empty process "
           "cache; warm: the cache the cold sweep filled) and the same trials as separate "
           "`python -m tff_fedadamom run` commands on the warm cache, wall seconds. Goal: "
           f"separate / warm sweep >= {GOAL:g}x. Shortened fmnist: {shortened}.\n\n"
@@ -182,37 +173,26 @@ def section(results: Mapping[str, Optional[dict]], repo: str) -> str:
 
 
 def main(argv=None) -> int:
-  argv = sys.argv[1:] if argv is None else argv
-  if argv[:1] == ["--prepare"]:  # the child of `measure`, in the measured checkout
-    print(json.dumps(prepare(json.loads(argv[1]))))
-    return 0
-  from benchmarks import common
-
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--repo", default=ROOT, help="the checkout whose commands are timed")
   parser.add_argument("--only", choices=tuple(SWEEPS), default=None)
   parser.add_argument("--out", default=None, help="keep scratch files (logs, sweeps) here")
   parser.add_argument("--results", default=common.RESULTS, help="the results file to update")
   args = parser.parse_args(argv)
-  repo = os.path.abspath(args.repo)
-  for path in (QUICKSTART, FMNIST, "tff_fedadamom"):
-    if not os.path.exists(os.path.join(repo, path)):
-      parser.error(f"--repo {repo}: no {path} there; allowed: a checkout of this project")
   if args.out:
     os.makedirs(args.out, exist_ok=True)
   scratch = tempfile.mkdtemp(prefix="sweeps-", dir=args.out)
-  print(f"sweeps of {repo} ({common.commit(repo)}), scratch {scratch}; load average "
+  print(f"sweeps of {common.ROOT} ({common.commit()}), scratch {scratch}; load average "
         f"{os.getloadavg()[0]:.2f}", flush=True)
   results = {}
   try:
     for name in SWEEPS:
       if args.only in (None, name):
-        results[name] = measure(repo, name, os.path.join(scratch, name))
+        results[name] = measure(name, os.path.join(scratch, name))
   finally:
     if not args.out:
       shutil.rmtree(scratch, ignore_errors=True)
   print(common.write_section("sweeps", "Sweeps: Ray Tune against separate runs",
-                             section(results, repo), args.results, repo))
+                             section(results), args.results))
   return 0
 
 

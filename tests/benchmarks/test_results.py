@@ -91,8 +91,7 @@ def test_set_path_makes_missing_mappings():
 
 def test_sweep_table_ratio_and_what_was_not_measured():
   body = sweeps.section({"quickstart": {"trials": 20, "rounds": 6, "concurrent": 2,
-                                        "cold": 90.0, "warm": 40.0, "separate": 120.0}},
-                        "/repo")
+                                        "cold": 90.0, "warm": 40.0, "separate": 120.0}})
   quick = next(line for line in body.splitlines() if line.startswith("| `configs/sweeps/quick"))
   cells = [c.strip() for c in quick.strip("|").split("|")]
   assert cells[1:] == ["20 trials x 6 rounds, 2 at a time", "90.0", "40.0", "120.0", "2.25",
@@ -100,7 +99,7 @@ def test_sweep_table_ratio_and_what_was_not_measured():
   fmnist = next(line for line in body.splitlines() if line.startswith("| `configs/sweeps/fmn"))
   assert fmnist.count(common.NOT_MEASURED) == 6
   slow = sweeps.section({"quickstart": {"trials": 20, "rounds": 6, "concurrent": 2,
-                                        "cold": 90.0, "warm": 60.0, "separate": 120.0}}, "/r")
+                                        "cold": 90.0, "warm": 60.0, "separate": 120.0}})
   assert "2.00 (NOT met)" in slow
 
 
@@ -114,23 +113,3 @@ def test_round_table_marks_configs_not_run():
                       "30.00 | 4.00 | 6.00 | 1.00 | 1.60 |")
   assert all(line.count(common.NOT_MEASURED) == 13 for line in lines[3:])
   assert len(lines) == 2 + len(rounds.CONFIGS)
-
-
-def test_sweeps_refuses_a_repo_that_is_no_checkout(tmp_path, capsys):
-  with pytest.raises(SystemExit) as done:
-    sweeps.main(["--repo", str(tmp_path)])
-  assert done.value.code == 2
-  assert f"--repo {tmp_path}: no {sweeps.QUICKSTART} there" in capsys.readouterr().err
-
-
-def test_make_bench_runs_every_script_and_results_has_their_sections():
-  scripts = sorted(f[:-3] for f in os.listdir(os.path.join(REPO, "benchmarks"))
-                   if f.endswith(".py") and f not in ("__init__.py", "common.py"))
-  assert len(scripts) <= 5  # with common.py, at most 6 modules beside paper/
-  with open(os.path.join(REPO, "Makefile")) as f:
-    bench = f.read().split("\nbench:")[1].split("\n\n")[0]
-  assert sorted(re.findall(r"-m benchmarks\.(\w+)", bench)) == scripts
-  with open(common.RESULTS) as f:
-    results = f.read()
-  for name in scripts:
-    assert results.count(f"<!-- begin: {name} -->") == 1, name
