@@ -59,12 +59,10 @@ def update_leaves(compiled) -> slice:
   """Which leaves of `work`'s output are the client's weighted model delta.
 
   A process of `tff.learning.algorithms.build_weighted_fed_avg` sums, per
-  client, (metrics, weight * delta, weight) (TFF's `MeanFactory`); the delta is
-  the middle part, shaped as the model's trainable weights.
+  client, (metrics, weight * delta, weight) (TFF's `MeanFactory`).
 
   Raises:
-    ValueError: the process sums something else (a learning process of its own
-      design, such as FedCAda's or FAFED's).
+    ValueError: the process sums something else (such as FedCAda's or FAFED's).
   """
   summed = compiled.computation("work").type_signature.result[0]
   weights = type_leaves(compiled.result_types["get_model_weights"].trainable)
@@ -75,14 +73,6 @@ def update_leaves(compiled) -> slice:
                      "tff.learning.algorithms.build_weighted_fed_avg does (a server "
                      f"optimizer); this one's clients sum {summed}")
   return slice(len(parts[0]), len(parts[0]) + len(parts[1]))
-
-
-def _max_delay_path(hparams: Mapping) -> tuple | None:
-  """(component, key) of FADAS' `max_delay` in the process's hparams, or None."""
-  for component, values in hparams.items():
-    if isinstance(values, Mapping) and MAX_DELAY_KEY in values:
-      return component, MAX_DELAY_KEY
-  return None
 
 
 class BufferedProcess:
@@ -101,9 +91,7 @@ class BufferedProcess:
     self._kind = options.pop("kind", "constant")
     self._staleness = options
     self._update = update_leaves(backend.compiled)
-    self._max_delay = None
-
-  # ---- the server-only calls, on the learning process's state
+    self._max_delay = None  # the hparams component holding FADAS' `max_delay` ("": none)
 
   def initialize(self) -> AsyncState:
     prepared = self.backend.compiled.computation("prepare").type_signature.result
@@ -125,8 +113,6 @@ class BufferedProcess:
 
   def close(self) -> None:
     self.backend.close()
-
-  # ---- a server step
 
   def next_for_clients(self, state: AsyncState, client_ids, round_num: int):
     """Server step `round_num` (the loop's round): its updates' clients are
@@ -163,14 +149,15 @@ class BufferedProcess:
   def _set_max_delay(self, server, max_staleness: int):
     """`server` with FADAS' `max_delay` set to the step's largest staleness."""
     if self._max_delay is None:
-      self._max_delay = _max_delay_path(self.backend.get_hparams(server)) or ()
+      self._max_delay = next((component for component, values in
+                              self.backend.get_hparams(server).items()
+                              if isinstance(values, Mapping) and MAX_DELAY_KEY in values), "")
     if not self._max_delay:
       return server
     hparams = self.backend.get_hparams(server)
-    component, key = self._max_delay
-    if float(hparams[component][key]) == max_staleness:
+    if float(hparams[self._max_delay][MAX_DELAY_KEY]) == max_staleness:
       return server
-    hparams[component][key] = max_staleness
+    hparams[self._max_delay][MAX_DELAY_KEY] = max_staleness
     return self.backend.set_hparams(server, hparams)
 
   def _kept(self, server, version: int, previous: AsyncState, broadcast) -> AsyncState:

@@ -7,8 +7,8 @@ compiler turns it into its MapReduceForm (`compiled`), each computation of
 which is a plain TensorFlow graph, imported into a `tf.compat.v1.wrap_function`
 (`tf_computation`) so that TensorFlow places its ops on a GPU when one is
 visible; a round is the form's semantics spelled out in Python
-(`get_computation_for_map_reduce_form` is the reference): `prepare`, `work` per
-client, `zero`/`accumulate` in client order, `report`, `update`.
+(`get_computation_for_map_reduce_form` is the reference; `server` gives the
+round's lines).
 
 Results do not depend on timing: each call runs on fresh variables private to
 its slot (`tf_computation`), and clients that run concurrently are accumulated
@@ -19,7 +19,7 @@ takes fresh datasets.
 from __future__ import annotations
 
 import concurrent.futures
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import tensorflow as tf
 
@@ -40,7 +40,7 @@ def visible_devices() -> list[str]:
 
 
 def _short(name: str) -> str:
-  return name.split("device:")[-1].upper()
+  return name.split("device:")[-1].upper().lstrip("/")
 
 
 def visible_names() -> list[str]:
@@ -57,12 +57,10 @@ def resolve_devices(devices: Optional[Sequence[str]]) -> list[str]:
   if not devices:
     return visible_devices()
   known = {_short(d.name): d.name for d in tf.config.list_logical_devices()}
-  out = []
   for device in devices:
-    if _short(str(device)).lstrip("/") not in known:
+    if _short(str(device)) not in known:
       raise ValueError(f"device {device!r} is not visible to TensorFlow")
-    out.append(known[_short(str(device)).lstrip("/")])
-  return out
+  return [known[_short(str(device))] for device in devices]
 
 
 def cpu_threads() -> int:
@@ -101,34 +99,15 @@ class ClientFold:
     self._accumulate = TFComputation(accumulate, devices[:1])
     self._pool = concurrent.futures.ThreadPoolExecutor(
         self.max_concurrent_clients, thread_name_prefix="tff-client")
-    self.feed = feed  # what `work` takes in place of its dataset (None: a dataset)
 
-  def __call__(self, client_args: Sequence[Sequence[Any]], broadcast: Sequence[Any]) -> list:
-    """The accumulator (flat tensors) of the clients whose leading `work`
-    arguments are `client_args` (see `client_leaves`), given the broadcast's
-    flat leaves."""
-    futures = self._submit(client_args, [broadcast] * len(client_args))
-    return self.fold(future.result() for future in futures)  # accumulates as they finish
-
-  def fold_updates(self, client_args: Sequence[Sequence[Any]],
-                   broadcasts: Sequence[Sequence[Any]], scales: Sequence[float],
-                   update: slice) -> list:
-    """The accumulator of clients that each train from their own broadcast,
-    each one's model update (the `update` leaves of its output) scaled by its
-    entry of `scales` (`scale_update`): an asynchronous server step's buffer."""
-    futures = self._submit(client_args, broadcasts)
-    return self.fold(scale_update(future.result(), scale, update)
-                     for future, scale in zip(futures, scales))
-
-  def _submit(self, client_args, broadcasts):
-    return [self._pool.submit(self.work.call_flat_leaves, [*args, *broadcast], i)
-            for i, (args, broadcast) in enumerate(zip(client_args, broadcasts))]
-
-  def work_outputs(self, client_args: Sequence[Sequence[Any]],
-                   broadcasts: Sequence[Sequence[Any]]) -> list:
-    """`work`'s flat outputs per client, in client order (run concurrently),
-    client i trained from `broadcasts[i]`."""
-    return [future.result() for future in self._submit(client_args, broadcasts)]
+  def outputs(self, client_args: Sequence[Sequence[Any]],
+              broadcasts: Sequence[Sequence[Any]]) -> Iterator[list]:
+    """`work`'s flat outputs per client, in client order, client i given its
+    leading arguments `client_args[i]` and the flat leaves `broadcasts[i]`:
+    all submitted at once, each yielded when done."""
+    futures = [self._pool.submit(self.work.call_flat_leaves, [*args, *broadcast], i)
+               for i, (args, broadcast) in enumerate(zip(client_args, broadcasts))]
+    return (future.result() for future in futures)
 
   def fold(self, outputs, accumulator: Optional[Sequence[Any]] = None) -> list:
     """`accumulator` (default: `zero`) with `outputs` accumulated onto it, in order.
@@ -194,20 +173,14 @@ class InProcessLearningProcess(ServerCalls):
   containers TFF's own context returns. The server's computations are a
   `server.ServerComputations` on the first device; the clients', a `ClientFold`.
 
-    process = InProcessLearningProcess(tff.learning.algorithms.build_weighted_fed_avg(...))
-    state = process.initialize()
-    for datasets in rounds:                       # fresh tf.data.Datasets each round
-      state, metrics = process.next(state, datasets)
-
   Args:
     process: Any learning process whose `next` TFF compiles to MapReduceForm,
       or its `compiled.CompiledProcess`.
     devices, max_concurrent_clients: As `ClientFold`'s (default devices:
       every visible GPU, else the CPU).
     client_tensors: The training set's `ClientTensors`: it is then the
-      `inprocess` backend (`base.Backend`), whose rounds are
-      `next_for_clients(state, client_ids, round_num)`, each client's data
-      built inside its `work` call from its example tensors and round seed.
+      `inprocess` backend (`base.Backend`), each client's data built inside its
+      `work` call from its example tensors and round seed.
   """
 
   def __init__(self, process, devices: Optional[Sequence[str]] = None,
@@ -231,8 +204,7 @@ class InProcessLearningProcess(ServerCalls):
     return self._process
 
   def next(self, state, client_data: Sequence[Any]):
-    """One round: `prepare`, `work` per client (concurrently), `accumulate` in
-    client order, `report`, `update`."""
+    """One round over fresh `tf.data.Dataset`s, one per client."""
     if self._client_tensors is not None:
       raise TypeError("this process builds client datasets itself: call "
                       "next_for_clients(state, client_ids, round_num)")
@@ -242,8 +214,7 @@ class InProcessLearningProcess(ServerCalls):
     """One round over `client_ids`, their datasets built in their `work` calls."""
     if self._client_tensors is None:
       raise TypeError("next_for_clients needs client_tensors=...; call next(state, datasets)")
-    tensors = self._client_tensors
-    client_args = [tensors.args(cid, round_num) for cid in client_ids]
+    client_args = [self._client_tensors.args(cid, round_num) for cid in client_ids]
     output = self._round(state, client_args)
     release(args[-1] for args in client_args)  # the round seeds; the examples stay
     return output
@@ -261,13 +232,17 @@ class InProcessLearningProcess(ServerCalls):
         tensors[id(broadcast)] = [b if tf.is_tensor(b) else tf.convert_to_tensor(b)
                                   for b in broadcast]
         created += [t for t, b in zip(tensors[id(broadcast)], broadcast) if t is not b]
-    accumulator = self._clients.fold_updates(
-        client_args, [tensors[id(b)] for b in broadcasts], scales, update)
+    outputs = self._clients.outputs(client_args, [tensors[id(b)] for b in broadcasts])
+    accumulator = self._clients.fold(
+        scale_update(output, scale, update) for output, scale in zip(outputs, scales))
     release([*(args[-1] for args in client_args), *created])
     return accumulator
 
   def _round(self, state, client_args):
-    return self.server.round(state, lambda broadcast: self._clients(client_args, broadcast))
+    def fold(broadcast):
+      return self._clients.fold(self._clients.outputs(client_args, [broadcast] * len(client_args)))
+
+    return self.server.round(state, fold)
 
   def close(self) -> None:
     """Stops the client threads (also done when the object is collected)."""

@@ -19,13 +19,10 @@ then closes the pipe: nothing is left to kill but a straggler.
 Usage: ray_reaper.py PID:START_TIME ...   (the package's process_table reads /proc)
 """
 
+import contextlib
 import os
 import signal
 import sys
-
-
-def _identities(argv: list) -> list:
-  return [tuple(int(part) for part in arg.split(":")) for arg in argv]
 
 
 def kill(targets) -> None:
@@ -36,15 +33,13 @@ def kill(targets) -> None:
 
   for pid, start_time in targets:
     if identity(pid) == (pid, start_time):
-      try:
+      with contextlib.suppress(OSError):  # ended meanwhile
         os.kill(pid, signal.SIGKILL)
-      except OSError:
-        pass  # ended meanwhile
 
 
 def main() -> None:
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-  targets = _identities(sys.argv[1:])
+  targets = [tuple(int(part) for part in arg.split(":")) for arg in sys.argv[1:]]
   # A Ctrl-C in the driver's terminal reaches this process group too: the driver
   # decides when Ray ends, through the pipe.
   signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -1,16 +1,13 @@
 """The server side of a compiled process's rounds, run in this Python process.
 
-A MapReduceForm round (see `inprocess` for how the form's computations run):
+A MapReduceForm round:
 
     broadcast   = prepare(state)                      server
     accumulator = zero, accumulate(out_c) per client   clients: the client fold
     state', out = update(state, report(accumulator))   server
 
-The in-process and ray backends differ only in the middle line: in-process, a
-`inprocess.ClientFold` on this process's devices; ray, the same fold on each
-actor, passed from actor to actor. Both hold a `ServerComputations` for the
-rest and hand their client fold to its `round`; `ServerCalls` gives both the
-calls of `base.Backend` that involve no client.
+The in-process, ray and buffered rounds differ only in the middle line, the
+client fold each hands to `ServerComputations.round`.
 """
 
 from __future__ import annotations
@@ -24,13 +21,8 @@ from tff_fedadamom.runtime.tf_computation import TFComputation
 
 class ServerComputations:
   """`initialize`, `prepare`, `report`, `update` and the process's
-  `get_model_weights`/`get_hparams`/`set_hparams`, on one device.
-
-  Args:
-    compiled: The `compiled.CompiledProcess`.
-    device: The full TensorFlow name of the device they run on (None: TensorFlow's
-      choice).
-  """
+  `get_model_weights`/`get_hparams`/`set_hparams` of a `compiled.CompiledProcess`,
+  on one device (a full TensorFlow name; None: TensorFlow's choice)."""
 
   def __init__(self, compiled, device):
     self.compiled = compiled
@@ -82,9 +74,8 @@ class ServerComputations:
 
 
 class ServerCalls:
-  """The calls of `base.Backend` that run on the server alone (`initialize`,
-  `get_model_weights`, `get_hparams`, `set_hparams`), for a backend whose
-  `ServerComputations` is its `server` attribute."""
+  """The calls of `base.Backend` that run on the server alone, for a backend
+  whose `ServerComputations` is its `server` attribute."""
 
   server: ServerComputations
 

@@ -14,10 +14,10 @@ imported side by side would collide on function-library names, which are
 suffixed per import too.
 
 The `TFComputation`s of one computation (`graph_defs.digest`) on the same
-devices and feed share their slots (`_SlotPool`): a slot serves any caller, and
-first calls are where a new process spends its time. Processes of one model,
-data and clients share `work`, `zero`, `accumulate` and `report`, so a worker
-meeting a sweep's next optimizer imports only its server computations.
+devices and feed share their slots (`_SlotPool`): imports are where a new
+process spends its time, and processes of one model, data and clients share
+`work`, `zero`, `accumulate` and `report`, so a worker meeting a sweep's next
+optimizer imports only its server computations.
 
 With a `Feed`, a slot takes a client's example tensors and round seed in place
 of the dataset its `work` takes (`data.client_tensors` says why) and builds the
@@ -26,9 +26,11 @@ data in the same graph: a client's round is one TensorFlow call.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import queue
 import threading
+import types
 import weakref
 from typing import Any, Callable, Optional, Sequence
 
@@ -43,6 +45,7 @@ from tff_fedadamom.runtime import graph_defs
 from tff_fedadamom.runtime.eager_release import release
 from tff_fedadamom.runtime.py_containers import flatten_value, to_python, type_leaves
 
+
 class Feed:
   """What turns a slot's own arguments into the computation's leading parameters.
 
@@ -55,9 +58,8 @@ class Feed:
       `(*feed_args) -> that element's flat tensors`, which the slot takes in
       place of a lone `DatasetToSingleElement` op reading the sequence, so no
       dataset is built and read back (`algorithms.unrolled`'s stacked batches).
-    source: What the feed's ops are built from (the run's `ClientTensors`):
-      slots of one computation fed from one source and kind are shared
-      (`_slot_pool`). None: this feed alone.
+    source: What the feed's ops are built from (the run's `ClientTensors`),
+      by which slots are shared (`_slot_pool`). None: this feed alone.
   """
 
   def __init__(self, signature: Sequence[tf.TensorSpec], replaces: int, to_params,
@@ -75,16 +77,18 @@ class Feed:
     named `sequence`: a function `(feed args) -> (input map entries, the
     replaced parameters' tensors)`, called while the slot's graph is built.
 
-    With `to_element` and a lone `DatasetToSingleElement` reading `sequence`,
-    that op is removed from `graph_def`, so it cannot run: the input map gives
-    its outputs, what waited for it (TFF's compiler adds control edges) waits
-    for the element instead, and the parameter is an empty dataset that
-    nothing reads.
+    With `to_element` and a lone `DatasetToSingleElement` op that alone reads
+    `sequence`, that op is removed from `graph_def`, so it cannot run: the input
+    map gives its outputs, what waited for it (TFF's compiler adds control
+    edges) waits for the element instead, and the parameter is an empty
+    dataset that nothing reads.
     """
-    reader = _single_element_reader(graph_def, sequence) if self.to_element else None
-    if reader is None:
+    op = sequence.split(":")[0]
+    readers = [node for node in graph_def.node if self.to_element
+               and any(i.split(":")[0].lstrip("^") == op for i in node.input)]
+    if len(readers) != 1 or readers[0].op != "DatasetToSingleElement":
       return lambda args: ({}, list(self.to_params(*args)))
-    name, outputs = reader
+    name, outputs = readers[0].name, len(readers[0].attr["output_types"].list.type)
     kept = [node for node in graph_def.node if node.name != name]
     del graph_def.node[:]
     graph_def.node.extend(kept)
@@ -101,24 +105,8 @@ class Feed:
     return element_inputs
 
 
-def _single_element_reader(graph_def, sequence: str) -> Optional[tuple[str, int]]:
-  """(name, outputs) of the one `DatasetToSingleElement` op that reads the
-  tensor named `sequence` when nothing else reads it, else None."""
-  op = sequence.split(":")[0]
-  readers = [node for node in graph_def.node
-             if any(i.split(":")[0].lstrip("^") == op for i in node.input)]
-  if len(readers) != 1 or readers[0].op != "DatasetToSingleElement":
-    return None
-  return readers[0].name, len(readers[0].attr["output_types"].list.type)
-
-
 _IMPORTS = itertools.count()
 _IMPORT_LOCK = threading.Lock()
-
-
-def _unique_suffix() -> str:
-  with _IMPORT_LOCK:
-    return f"ip{next(_IMPORTS)}"
 
 
 def _flat_call(function, args) -> list:
@@ -138,7 +126,8 @@ class _Slot:
 
   def __init__(self, proto, param_leaves, device: Optional[str], feed: Optional[Feed] = None):
     tf_proto = proto.tensorflow
-    suffix = _unique_suffix()
+    with _IMPORT_LOCK:
+      suffix = f"ip{next(_IMPORTS)}"
     graph_def = serialization_utils.unpack_graph_def(tf_proto.graph_def)
     graph_def = graph_defs.rename_functions(graph_def, suffix)
     graph_def = tensorflow_utils._uniquify_shared_names_with_suffix(  # noqa: SLF001
@@ -169,9 +158,8 @@ class _Slot:
         wanted = [name for _, name in out_names] + ([init_name] if init_name else [])
         imported = tf.graph_util.import_graph_def(
             graph_def, input_map=input_map, return_elements=wanted, name=suffix)
-      traced["outputs"] = list(imported[:len(out_names)])
       traced["init"] = imported[len(out_names)] if init_name else None
-      return traced["outputs"]
+      return list(imported[:len(out_names)])
 
     wrapped = tf.compat.v1.wrap_function(body, signature)
     self._init = (wrapped.prune(feeds=[], fetches=traced["init"])
@@ -189,23 +177,17 @@ class _Slot:
     return _flat_call(self._call, list(flat_args))
 
 
-class _Serialized:
-  """What `TFComputation` reads of a TFF computation (its proto and type),
-  rebuilt from the proto's bytes: no TFF tracing, no user Python."""
-
-  def __init__(self, serialized: bytes):
-    self._computation_proto = computation_pb2.Computation.FromString(serialized)
-    self.type_signature = type_serialization.deserialize_type(self._computation_proto.type)
-
-
 def serialize(computation) -> bytes:
   """The bytes of a TFF TensorFlow computation's proto (see `deserialize`)."""
   return computation._computation_proto.SerializeToString()  # noqa: SLF001
 
 
-def deserialize(serialized: bytes) -> _Serialized:
-  """A computation `TFComputation` accepts, from `serialize`'s bytes."""
-  return _Serialized(serialized)
+def deserialize(serialized: bytes) -> types.SimpleNamespace:
+  """What `TFComputation` reads of a TFF computation (its proto and type),
+  rebuilt from `serialize`'s bytes: no TFF tracing, no user Python."""
+  proto = computation_pb2.Computation.FromString(serialized)
+  return types.SimpleNamespace(_computation_proto=proto,
+                               type_signature=type_serialization.deserialize_type(proto.type))
 
 
 class _SlotPool:
@@ -239,10 +221,8 @@ class _SlotPool:
   def take(self, index: int) -> _Slot:
     """An idle slot of device `index`: a new one while fewer than the holders'
     limit exist, else the next one a caller gives back."""
-    try:
+    with contextlib.suppress(queue.Empty):
       return self._idle[index].get_nowait()
-    except queue.Empty:
-      pass
     with self._lock:  # one import at a time, as when they were all made up front
       if self._made[index] < self._limit:
         slot = self.new_slot(index)

@@ -6,11 +6,9 @@ socket (`tff_cpp_relay`), so nothing is reachable over TCP from outside.
 
 `Runtime` is that worker as a TFF sync context, mirroring TFF's
 `create_sync_local_cpp_execution_context` with `local_cpp_executor_factory`
-(its compiler, transforms, client count and message limits; only the launch
-and the channel's address are this module's). `TffCppProcess` wraps a learning
-process: each call runs with its `Runtime` installed on the calling thread's
-(thread-local) context stack, for that call only; TFF's default context is
-left as it was.
+(only the launch and the channel's address differ). `TffCppProcess` wraps a
+learning process: each call runs with its `Runtime` installed on the calling
+thread's context stack, for that call only.
 
 Lifetime: the worker_binary starts on the first invocation and ends with
 `close()` (SIGTERM to its process group, SIGKILL after `STOP_TIMEOUT_S`), when
@@ -20,6 +18,7 @@ ends when its stdin, a pipe from this process, closes).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import select
@@ -145,33 +144,25 @@ class WorkerBinary:
 def _stop(relay: subprocess.Popen, directory: str, worker_binaries: list[tuple[int, int]],
           timeout_s: float) -> None:
   """SIGTERM to the relay's process group (relay and worker_binary), SIGKILL
-  after `timeout_s`; then waits for `worker_binaries` (`process_table.identity`s)
-  to end."""
+  after `timeout_s`; then waits for `worker_binaries` (`process_table.identity`s)."""
   for pipe in (relay.stdin, relay.stdout):
-    try:
+    with contextlib.suppress(OSError):
       pipe.close()
-    except OSError:
-      pass
   for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, None)):
-    try:
+    with contextlib.suppress(OSError):  # the group is gone
       os.killpg(relay.pid, sig)
-    except OSError:  # the group is gone
-      pass
     try:
       relay.wait(timeout=wait_s)
       break
     except subprocess.TimeoutExpired:
       continue
-  # The worker_binary's parent death signal ends it with the relay; it is gone once
-  # ended, even if nobody reaps it (a zombie counts as ended).
+  # The worker_binary's parent death signal ends it with the relay (a zombie counts as ended).
   deadline = time.monotonic() + timeout_s
   for worker in worker_binaries:
     while process_table.identity(worker[0]) == worker:
       if time.monotonic() > deadline:
-        try:
+        with contextlib.suppress(OSError):
           os.kill(worker[0], signal.SIGKILL)
-        except OSError:
-          pass
         break
       time.sleep(0.02)
   shutil.rmtree(directory, ignore_errors=True)
@@ -180,14 +171,12 @@ def _stop(relay: subprocess.Popen, directory: str, worker_binaries: list[tuple[i
 def _close_channel(channel, timeout_s: float = 1.0) -> None:
   """`channel.close()`, once the channel's connectivity poller has stopped.
 
-  TFF's executor stub subscribes to the channel's connectivity, so gRPC runs a
-  poller thread that calls the channel every 0.2 s. gRPC's `close()` drops the
-  subscriptions and closes the channel at once; a poller then between two of
-  its calls raises "Cannot invoke RPC: Channel closed!" in its thread, which
-  Python prints to stderr. Here the subscriptions are dropped first (gRPC's
-  own `_unsubscribe_all`, the first step of its `close()`) and the poller,
-  which stops once it sees none, is waited for (at most `timeout_s`). Both are
-  gRPC's private parts; a gRPC without them is closed at once.
+  TFF's executor stub subscribes to the channel's connectivity, so gRPC polls
+  it from a thread, which raises "Cannot invoke RPC: Channel closed!" (printed
+  to stderr) if the channel closes between two polls. So the subscriptions are
+  dropped first (gRPC's private `_unsubscribe_all`) and the poller, which then
+  stops, waited for (at most `timeout_s`); a gRPC without those parts is closed
+  at once.
   """
   state = getattr(channel, "_connectivity_state", None)
   unsubscribe_all = getattr(channel, "_unsubscribe_all", None)
@@ -200,8 +189,7 @@ def _close_channel(channel, timeout_s: float = 1.0) -> None:
 
 
 def execution_context(worker: WorkerBinary):
-  """A TFF sync execution context whose executors run on `worker` (see the module
-  docstring for what it mirrors), and its gRPC channel."""
+  """A TFF sync execution context whose executors run on `worker`, and its gRPC channel."""
   import grpc
   from tensorflow_federated.python.core.backends.native import compiler
   from tensorflow_federated.python.core.environments.tensorflow_frontend import (
@@ -231,8 +219,7 @@ def execution_context(worker: WorkerBinary):
 
 
 class Runtime(context_base.SyncContext):
-  """TFF's C++ runtime as a TFF sync context, to install around calls
-  (`context_stack.install(runtime)`, as `TffCppProcess` does).
+  """TFF's C++ runtime as a TFF sync context, to install around calls.
 
   Args:
     max_concurrent_calls: TFF's `max_concurrent_computation_calls`; None: no limit.
@@ -280,7 +267,7 @@ class Runtime(context_base.SyncContext):
 
 class _InContext:
   """A computation of the wrapped process, called under the wrapper's runtime;
-  its other attributes (`type_signature`, ...) are the computation's."""
+  its other attributes are the computation's."""
 
   def __init__(self, owner: "TffCppProcess", computation):
     self._owner, self._computation = owner, computation
@@ -309,8 +296,7 @@ class TffCppProcess:
     ConfigError: naming `runtime.backend` if the worker_binary cannot be confined.
   """
 
-  # The calls of `base.Backend`, spelled out; any other attribute of the
-  # process is reached through `__getattr__`.
+  # The calls of `base.Backend`; any other attribute is reached through `__getattr__`.
   initialize = _in_runtime("initialize")
   get_model_weights = _in_runtime("get_model_weights")
   get_hparams = _in_runtime("get_hparams")
@@ -330,8 +316,7 @@ class TffCppProcess:
       return computation(*args, **kwargs)
 
   def next_for_clients(self, state, client_ids: Sequence, round_num: int):
-    """One round of TFF's `next` over the datasets of `client_ids` in round
-    `round_num`, built here from the run's `client_tensors`."""
+    """One round of TFF's `next` over the datasets of `client_ids` in round `round_num`."""
     if self._client_tensors is None:
       raise TypeError("next_for_clients needs client_tensors=...; call next(state, datasets)")
     return self.call(self._process.next, state,

@@ -27,6 +27,7 @@ Usage: tff_cpp_relay.py --probe
        tff_cpp_relay.py SOCKET_PATH WORKER_BINARY MAX_CONCURRENT_CALLS
 """
 
+import contextlib
 import ctypes
 import fcntl
 import os
@@ -109,20 +110,12 @@ def _wait_listening(worker: subprocess.Popen, port: int, timeout_s: float = 120.
 
 def _pump(source: socket.socket, sink: socket.socket) -> None:
   """Copies `source` to `sink` until end of file, then ends `sink`'s writing side."""
-  try:
-    while True:
-      data = source.recv(_CHUNK)
-      if not data:
-        break
+  with contextlib.suppress(OSError):
+    while data := source.recv(_CHUNK):
       sink.sendall(data)
-  except OSError:
-    pass
-  finally:
-    for end, how in ((sink, socket.SHUT_WR), (source, socket.SHUT_RD)):
-      try:
-        end.shutdown(how)
-      except OSError:
-        pass
+  for end, how in ((sink, socket.SHUT_WR), (source, socket.SHUT_RD)):
+    with contextlib.suppress(OSError):
+      end.shutdown(how)
 
 
 def _relay(client: socket.socket, port: int) -> None:
@@ -162,10 +155,8 @@ def _end(worker: subprocess.Popen, status: int, path: str) -> None:
   # Each apart: the socket may be missing (not bound yet, or removed by the
   # parent), and its directory must go all the same.
   for remove, target in ((os.unlink, path), (os.rmdir, os.path.dirname(path))):
-    try:
+    with contextlib.suppress(OSError):
       remove(target)
-    except OSError:
-      pass
   os._exit(status)
 
 
