@@ -15,11 +15,8 @@ from tff_fedadamom.config.schema import RAY, TFF_CPP
 
 @runtime_checkable
 class Backend(Protocol):
-  """What runs a learning process's computations: the calls a run makes.
-
-  States, metrics and weights are the Python containers TFF's own context
-  returns (`LearningAlgorithmState`, `ModelWeights`, OrderedDicts).
-  """
+  """What runs a learning process's computations: the calls a run makes, on
+  the Python containers TFF's own context returns."""
 
   def initialize(self) -> Any:
     """The process's initial state."""
@@ -84,11 +81,9 @@ def round_devices(backend: str, runtime_config, ray: Optional[dict] = None,
 def build_backend(plan, process, client_tensors=None) -> Backend:
   """The backend `plan` names (`plan.RunPlan.backend`), running `process`.
 
-  Args:
-    plan: The run's `plan.RunPlan`.
-    process: TFF's process for `tff_cpp`, its `CompiledProcess` for the others.
-    client_tensors: The run's `ClientTensors`, from which `inprocess` and
-      `tff_cpp` build each round's client data (the ray actors load their own).
+  `process`: TFF's process for `tff_cpp`, its `CompiledProcess` for the
+  others. `client_tensors`: the run's `ClientTensors`, from which `inprocess`
+  and `tff_cpp` build each round's client data (the ray actors load their own).
   """
   runtime_config = plan.config.runtime
   concurrent: Optional[int] = runtime_config.max_concurrent_clients

@@ -14,9 +14,8 @@ Each update trains from the broadcast of the version its client started from
 its staleness weight (`asynchrony.staleness_weight`), which leaves TFF's
 weighted mean as sum_i s_i w_i Delta_i / sum_i w_i. A client's work is a
 function of its data and its broadcast, so computing it when its step comes
-gives what computing it when it started would, and the backends (the in-process
-`ClientFold`, or the ray actors) run a step's updates at once. A FADAS server
-gets the step's largest staleness as its `max_delay` hparam before `update`.
+gives what computing it when it started would, and a step's updates run at
+once. A FADAS server gets the step's largest staleness as its `max_delay`.
 
 The state is the learning process's plus the broadcasts of the earlier versions
 still to be trained from (`Timeline.live_versions`), in `Timeline.capacity`
@@ -45,7 +44,7 @@ class AsyncState(NamedTuple):
   slot_versions: np.ndarray
   slots: tuple
 
-  # The learning process state's parts, for code that reads them (telemetry).
+  # The learning process state's parts that telemetry reads.
   @property
   def global_model_weights(self):
     return self.server.global_model_weights
@@ -76,13 +75,9 @@ def update_leaves(compiled) -> slice:
 
 
 class BufferedProcess:
-  """A backend (`base.Backend`) whose rounds are asynchronous server steps.
-
-  Args:
-    backend: The in-process or ray backend of the learning process.
-    timeline: The run's `asynchrony.Timeline`.
-    staleness: `{kind: ..., <its options>}` of `asynchrony.STALENESS`.
-  """
+  """A backend (`base.Backend`) whose rounds are asynchronous server steps of
+  the in-process or ray `backend`, along `timeline`; `staleness`: `{kind: ...,
+  <its options>}` of `asynchrony.STALENESS`."""
 
   def __init__(self, backend, timeline: asynchrony.Timeline, staleness: Mapping[str, Any]):
     self.backend = backend
@@ -129,10 +124,11 @@ class BufferedProcess:
 
     def fold(broadcast):  # the round's `prepare` of the current version
       made.append(broadcast)
-      broadcasts = [broadcast if task.version == current else state.slots[slot_of[task.version]]
-                    for task in step.tasks]
+      versions = list(dict.fromkeys(task.version for task in step.tasks))
+      broadcasts = [broadcast if v == current else state.slots[slot_of[v]] for v in versions]
       return self.backend.fold_tasks([(task.client, task.launch) for task in step.tasks],
-                                     broadcasts, scales, self._update)
+                                     broadcasts, [versions.index(t.version) for t in step.tasks],
+                                     scales, self._update)
 
     server = self._set_max_delay(state.server, step.max_staleness)
     output = self.backend.server.round(server, fold)
@@ -161,10 +157,9 @@ class BufferedProcess:
     return self.backend.set_hparams(server, hparams)
 
   def _kept(self, server, version: int, previous: AsyncState, broadcast) -> AsyncState:
-    """The state after step `version`: `server`, and the broadcasts of the
-    versions before it that later steps still train from: those of `previous`'s
-    slots, and `broadcast` (of version - 1) when it is one of them. The current
-    version's is `prepare(server)`, made at the next step."""
+    """The state after step `version`: `server`, and the broadcasts of earlier
+    versions that later steps still train from: of `previous`'s slots, and
+    `broadcast` (of version - 1)."""
     live = self.timeline.live_versions(version)
     versions = np.where(np.isin(previous.slot_versions, list(live)), previous.slot_versions, -1)
     slots = list(previous.slots)

@@ -8,7 +8,6 @@ tensor per output of every computation).
 
 Deleting a tensor's `__dict__` frees that storage and any attribute cached
 there (a tensor recomputes its shape on demand); the tensor keeps working.
-Tensors TensorFlow or Keras create inside their own calls are out of reach.
 """
 
 from __future__ import annotations

@@ -71,11 +71,8 @@ def _attr_functions(attrs) -> list:
 
 
 def _referenced_functions(nodes, names) -> set[str]:
-  """Library functions that `nodes` call, except through a tf.data op.
-
-  A tf.data op (`ReduceDataset`, `MapDataset`, ...) instantiates its functions
-  anew each time it runs, so their random kernels restart by themselves.
-  """
+  """Library functions that `nodes` call, except through a tf.data op, which
+  instantiates its functions anew each run (their random kernels restart)."""
   found = set()
   for node in nodes:
     if node.op.endswith("Dataset") or node.op.endswith("DatasetV2"):

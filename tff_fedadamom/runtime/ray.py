@@ -7,13 +7,12 @@ The middle line of a MapReduceForm round (`server`) runs on the actors:
                                                             actor 0, then 1, ...: each
                                                             continues the previous one's
 
-Each actor is started once per run: it rebuilds `work`, `zero` and
-`accumulate` from their serialized protos (no user Python re-runs), loads the
-experiment's data itself, and per round receives only the broadcast (put into
-Ray's object store once) and its clients' ids, whose datasets it builds as the
-driver would. All actors run their clients' `work` at once; then the
-accumulator goes from actor to actor through the object store, each folding
-its clients onto it in client order (`inprocess.ClientFold`).
+Each actor is started once per run: it rebuilds its computations from their
+serialized protos, loads the experiment's data itself, and per round receives
+only the broadcast (put into Ray's object store once) and its clients' ids.
+All actors run their clients' `work` at once; then the accumulator goes from
+actor to actor through the object store, each folding its clients onto it in
+client order (`inprocess.ClientFold`).
 
 Why one fold across the actors, not a fold per actor combined with the form's
 `merge`: float32 addition is not associative, so (u1 + u2) + (u3 + u4) differs
@@ -22,14 +21,10 @@ optimizer amplifies. Folding in client order gives the in-process sums exactly,
 for one model-sized transfer per actor, when both use the same TensorFlow
 threads per client (`runtime.threads`, default: each actor's whole CPUs).
 
-Assignment: one contiguous block of the round's clients per actor, by position
-(`assign_clients`), so a resumed run assigns as an uninterrupted one.
-
 Failure: an actor that dies during a round (`RayActorError`) is replaced, and
 the new one re-runs that actor's clients of the round; `work` is a function of
 (dataset, broadcast), so the result is the same. Each actor also ends itself
-when its node's raylet is gone (`Session(exit_with_parent=True)`), so none
-outlives a killed driver.
+when its node's raylet is gone (`Session(exit_with_parent=True)`).
 """
 
 from __future__ import annotations
@@ -70,7 +65,8 @@ def actor_labels(settings: Mapping[str, Any]) -> list[str]:
 
 def assign_clients(client_ids: Sequence[Any], actors: int) -> list[list]:
   """The clients of each actor: `actors` contiguous blocks of `client_ids`, in
-  order, whose sizes differ by at most one (the first ones are the larger)."""
+  order, whose sizes differ by at most one (the first ones are the larger), so
+  a resumed run assigns as an uninterrupted one."""
   if actors < 1:
     raise ValueError(f"actors must be an integer >= 1, found {actors!r}")
   base, extra = divmod(len(client_ids), actors)
@@ -86,15 +82,12 @@ class RayLearningProcess(ServerCalls):
     process: The TFF learning process, or its `compiled.CompiledProcess`.
     experiment: The `ExperimentConfig` whose data the actors load.
     actors, cpus_per_actor, gpus_per_actor: The actors, and each one's Ray resources.
-    address: None (a new local Ray on 127.0.0.1, no dashboard), 'auto' or
-      host:port. An already connected Ray is used as it is and left running.
-    threads: TensorFlow threads per actor (default: `plan.threads_for_cpus`
-      of its CPUs).
+    address: As `ray_session.connect`'s.
+    threads: TensorFlow threads per actor (default: `plan.threads_for_cpus`).
     max_concurrent_clients: Clients run at once within each actor. Default:
-      with a GPU, one; else the actor's `ClientFold` default, all of its
-      block of clients, interleaved on its `threads` (so an actor keeps busy
-      the CPUs Ray gave it and no more).
-    actor_class: The actors' class (`ClientActor` or a subclass).
+      with a GPU, one; else `ClientFold`'s, on the actor's `threads` (so an
+      actor keeps busy the CPUs Ray gave it and no more).
+    actor_class: `ClientActor` or a subclass.
   """
 
   def __init__(self, process, experiment, *, actors: int = RAY_WORKERS,
@@ -143,26 +136,18 @@ class RayLearningProcess(ServerCalls):
     return self.server.round(state, fold)
 
   def fold_tasks(self, tasks: Sequence[tuple], broadcasts: Sequence[Sequence[Any]],
-                 scales: Sequence[float], update: slice) -> list:
-    """`inprocess.InProcessLearningProcess.fold_tasks` on the actors: each
-    distinct broadcast goes into the object store once."""
+                 which: Sequence[int], scales: Sequence[float], update: slice) -> list:
+    """`inprocess.InProcessLearningProcess.fold_tasks` on the actors."""
     import ray
 
-    refs, which = {}, []
-    for broadcast in broadcasts:
-      key = id(broadcast)
-      if key not in refs:
-        refs[key] = (len(refs), ray.put([np.asarray(b) for b in broadcast]))
-      which.append(refs[key][0])
-    return self._fold_on_actors([cid for cid, _ in tasks], [r for _, r in tasks], which,
-                                [ref for _, ref in refs.values()], tasks[0][1],
-                                scales=list(scales), update=update)
+    refs = [ray.put([np.asarray(b) for b in broadcast]) for broadcast in broadcasts]
+    return self._fold_on_actors([cid for cid, _ in tasks], [r for _, r in tasks], list(which),
+                                refs, tasks[0][1], scales=list(scales), update=update)
 
   def _fold_on_actors(self, client_ids: list, rounds: list, which: list, refs: list,
                       round_num: int, **scaling) -> list:
-    """The accumulator (flat tensors) of the clients: client i's data of
-    `rounds[i]`, trained from the broadcast `refs[which[i]]`; `scaling` as
-    `ClientActor.work`'s."""
+    """The accumulator (flat tensors) of client i's data of `rounds[i]`, trained
+    from the broadcast `refs[which[i]]`; `scaling` as `ClientActor.work`'s."""
     blocks = assign_clients(list(range(len(client_ids))), self.num_actors)
     active = [k for k, block in enumerate(blocks) if block]
 
@@ -184,11 +169,9 @@ class RayLearningProcess(ServerCalls):
     """The accumulator folded across the `active` actors in actor order.
 
     Each actor's fold takes the previous one's result as an object reference,
-    so the accumulator goes from actor to actor through Ray's object store and
-    reaches the driver once. If an actor died meanwhile, the fold is redone
-    actor by actor, replacing the dead one (its clients' `work` re-runs first;
-    the others keep their outputs, and a fold is a function of them and the
-    accumulator it is given).
+    so the accumulator reaches the driver once. If an actor died meanwhile,
+    the fold is redone actor by actor, the dead one replaced and its clients'
+    `work` re-run first (the others keep their outputs).
     """
     import ray
 

@@ -1,9 +1,8 @@
 """The ray backend's actor (`runtime.ray`): one actor's data and client computations.
 
-Its own module, whose top imports nothing heavy: Ray starts an actor by
-importing its class's module in a new worker process, so the actor imports
-TensorFlow, TFF and the pipeline in its `__init__` instead, as its process's
-entry point, with the garbage collector off (`session.startup_imports`).
+Ray starts an actor by importing its class's module in a new worker process, so
+this module imports nothing heavy at its top: the actor imports TensorFlow, TFF
+and the pipeline in its `__init__` (`session.startup_imports`).
 """
 
 from __future__ import annotations

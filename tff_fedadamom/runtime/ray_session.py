@@ -1,8 +1,7 @@
 """Connecting to Ray: a local instance on loopback, or an existing cluster.
 
-Shared by the sweeps (`tuning.sweep`) and the `ray` backend of a single
-experiment (`runtime.ray`). Ray is imported only when a session starts, so
-`import tff_fedadamom` never pulls it in.
+Ray is imported only when a session starts, so `import tff_fedadamom` never
+pulls it in.
 """
 
 from __future__ import annotations
@@ -21,19 +20,10 @@ from tff_fedadamom.runtime import ray_reaper
 
 LOG = logging.getLogger(__name__)
 
-_LOOPBACK = ("127.0.0.1", "localhost")
 REAPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ray_reaper.py")
 # The reaper of the local Ray this process started (`ray_reaper`), while it runs.
 # Ray's own state is per process too: one local instance at a time.
 _reaper: Optional[subprocess.Popen] = None
-
-
-def is_loopback(address: Optional[str]) -> bool:
-  """Whether a Ray address (None: a new local instance) is on this machine's loopback."""
-  if address is None:
-    return True
-  host = address.split("://")[-1].rsplit(":", 1)[0].strip("[]")
-  return host in _LOOPBACK
 
 
 def _init_kwargs(address: Optional[str], resources: Optional[dict]) -> dict[str, Any]:
@@ -52,7 +42,8 @@ def _init_kwargs(address: Optional[str], resources: Optional[dict]) -> dict[str,
     # A cluster's workers have the cluster's environment: the job sets the log level.
     env = {"TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
     kwargs.update(address=address, runtime_env={"env_vars": env})
-    if address != "auto" and is_loopback(address):
+    host = address.split("://")[-1].rsplit(":", 1)[0].strip("[]")
+    if host in ("127.0.0.1", "localhost"):
       kwargs["_node_ip_address"] = "127.0.0.1"
     kwargs.pop("include_dashboard")  # the cluster's own setting applies
   return kwargs
@@ -123,9 +114,8 @@ def connect(address: Optional[str], resources: Optional[dict] = None) -> bool:
   `None` starts a new local Ray bound to 127.0.0.1 with the dashboard off, and a
   reaper (`ray_reaper`) that ends its processes if this one ends without
   `disconnect`; `auto` or host:port joins a cluster. An already initialised Ray
-  is used as it is, and False returned: the caller must not shut it down.
-  `resources` (a new local instance only), e.g. `{"num_cpus": 1}`, replace what
-  Ray would detect.
+  is used as it is (False: the caller must not shut it down). `resources` (a
+  new local instance only), e.g. `{"num_cpus": 1}`, replace what Ray detects.
   """
   global _reaper
   import ray
@@ -154,33 +144,28 @@ def connect(address: Optional[str], resources: Optional[dict] = None) -> bool:
   return True
 
 
-def _end_autoscaler_monitor() -> None:
-  """Kills the autoscaler monitor of the local Ray this process started, if any.
-
-  Why before `ray.shutdown()`: that ends the GCS server, then sends the monitor
-  SIGTERM, whose handler reports to the gone GCS while Ray waits a second,
-  nearly all of a local shutdown. A local monitor holds nothing to save.
-  """
-  from ray._private import ray_constants
-  from ray._private import worker
-
-  node = getattr(worker, "_global_node", None)  # None unless this process started a node
-  for info in (node.all_processes.get(ray_constants.PROCESS_TYPE_MONITOR, ())
-               if node is not None else ()):
-    if info.process.poll() is None:
-      info.process.kill()
-      info.process.wait()
-
-
 def disconnect() -> None:
   """Shuts down the Ray `connect` started, then ends its reaper (which ends any
-  of that Ray's processes still running)."""
+  of that Ray's processes still running).
+
+  A local Ray's autoscaler monitor, which holds nothing to save, is killed
+  first: `ray.shutdown()` would SIGTERM it after ending the GCS, and wait a
+  second for its report to the gone GCS, nearly all of a local shutdown.
+  """
   global _reaper
   import ray
 
   reaper, _reaper = _reaper, None
   try:
-    _end_autoscaler_monitor()
+    from ray._private import ray_constants
+    from ray._private import worker
+
+    node = getattr(worker, "_global_node", None)  # None unless this process started a node
+    for info in (node.all_processes.get(ray_constants.PROCESS_TYPE_MONITOR, ())
+                 if node is not None else ()):
+      if info.process.poll() is None:
+        info.process.kill()
+        info.process.wait()
     ray.shutdown()
   finally:
     if reaper is not None:

@@ -27,24 +27,16 @@ class ServerComputations:
   def __init__(self, compiled, device):
     self.compiled = compiled
     self._device = [device]
-    types = compiled.result_types
-    self._initialize = TFComputation(compiled.computation("initialize"), self._device,
-                                     result_type=types["initialize"])
     self._prepare = TFComputation(compiled.computation("prepare"), self._device)
     self._report = TFComputation(compiled.computation("report"), self._device)
     self.update = TFComputation(compiled.computation("update"), self._device,
-                                result_type=types["next"])
+                                result_type=compiled.result_types["next"])
     self.state_type = compiled.state_type
     self._extra: dict[str, TFComputation] = {}
 
-  def initialize(self):
-    return self._initialize()
-
   def round(self, state, client_fold: Callable[[list], Sequence[Any]]):
-    """One round from `state`: `prepare`, then `client_fold(broadcast leaves)`
-    (the round's accumulator, flat), then `report` and `update`. Every tensor
-    it makes is released once used (`eager_release`: each would otherwise
-    leave a block behind for good)."""
+    """One round from `state`: `prepare`, `client_fold(broadcast leaves)` (the
+    flat accumulator), `report`, `update`; each tensor made released once used."""
     created = []
     state_leaves = flatten_value(state, self.state_type, created)
     broadcast = self._prepare.call_flat_leaves(state_leaves)
@@ -57,20 +49,12 @@ class ServerComputations:
     release([*created, *accumulator, *report, *result])
     return output
 
-  def _computation(self, name: str) -> TFComputation:
+  def computation(self, name: str) -> TFComputation:
+    """`initialize` or one of `compiled.EXTRAS`, imported on first use."""
     if name not in self._extra:
       self._extra[name] = TFComputation(self.compiled.computation(name), self._device,
                                         result_type=self.compiled.result_types[name])
     return self._extra[name]
-
-  def get_model_weights(self, state):
-    return self._computation("get_model_weights")(state)
-
-  def get_hparams(self, state):
-    return self._computation("get_hparams")(state)
-
-  def set_hparams(self, state, hparams):
-    return self._computation("set_hparams")([state, hparams])
 
 
 class ServerCalls:
@@ -85,13 +69,13 @@ class ServerCalls:
     return self.server.compiled
 
   def initialize(self):
-    return self.server.initialize()
+    return self.server.computation("initialize")()
 
   def get_model_weights(self, state):
-    return self.server.get_model_weights(state)
+    return self.server.computation("get_model_weights")(state)
 
   def get_hparams(self, state):
-    return self.server.get_hparams(state)
+    return self.server.computation("get_hparams")(state)
 
   def set_hparams(self, state, hparams):
-    return self.server.set_hparams(state, hparams)
+    return self.server.computation("set_hparams")([state, hparams])

@@ -1,8 +1,7 @@
 """The `tff_cpp` backend: TFF's own C++ runtime, kept as the reference.
 
-TFF 0.87 runs it only in a separate `worker_binary`, which serves gRPC on every
-network interface; here that runs in a private network namespace behind a Unix
-socket (`tff_cpp_relay`), so nothing is reachable over TCP from outside.
+TFF 0.87 runs it only in a separate `worker_binary`; here that runs in a
+private network namespace behind a Unix socket (`tff_cpp_relay` says why).
 
 `Runtime` is that worker as a TFF sync context, mirroring TFF's
 `create_sync_local_cpp_execution_context` with `local_cpp_executor_factory`
@@ -51,16 +50,6 @@ _GRPC_OPTIONS = [("grpc.max_message_length", _GRPC_MAX_MESSAGE_BYTES),
                  ("grpc.max_send_message_length", _GRPC_MAX_MESSAGE_BYTES)]
 
 
-def worker_binary_path() -> str:
-  """The path of TFF's worker_binary (where TFF's own factory looks for it)."""
-  import tensorflow_federated
-
-  path = os.path.join(os.path.dirname(tensorflow_federated.__file__), "data", "worker_binary")
-  if not os.path.isfile(path):
-    raise RuntimeError(f"TFF's worker_binary is not at {path}: the {TFF_CPP} backend needs it")
-  return path
-
-
 def _relay_command(*args: str) -> list[str]:
   # -I: the relay needs the standard library only, not this environment's path.
   return [sys.executable, "-I", RELAY, *args]
@@ -81,35 +70,22 @@ def namespace_problem() -> Optional[str]:
           or f"exit status {probe.returncode}")
 
 
-def check_available() -> None:
-  """Raises a ConfigError naming `runtime.backend` if the worker_binary cannot be confined."""
-  problem = namespace_problem()
-  if problem is None:
-    return
-  from tff_fedadamom.config import ConfigError
-
-  raise ConfigError(
-      "<config>", "runtime.backend",
-      f"the {TFF_CPP} backend runs TFF's worker_binary, which listens on every network "
-      "interface and has no option to choose one, so it is run only inside a private "
-      f"network namespace, and this process cannot create one ({problem})",
-      value=TFF_CPP, allowed=f"{INPROCESS!r} or {RAY!r} (or a kernel that allows "
-      "unprivileged user namespaces: user.max_user_namespaces > 0)")
-
-
 class WorkerBinary:
-  """TFF's worker_binary in its namespace behind the relay, and the Unix socket to it.
-
-  Args:
-    max_concurrent_calls: TFF's `max_concurrent_computation_calls`; <= 0: no limit.
-  """
+  """TFF's worker_binary in its namespace behind the relay, and the Unix socket
+  to it. `max_concurrent_calls`: TFF's `max_concurrent_computation_calls` (<= 0: no limit)."""
 
   def __init__(self, max_concurrent_calls: int = -1):
+    import tensorflow_federated
+
+    # Where TFF's own factory looks for it.
+    binary = os.path.join(os.path.dirname(tensorflow_federated.__file__), "data", "worker_binary")
+    if not os.path.isfile(binary):
+      raise RuntimeError(f"TFF's worker_binary is not at {binary}: the {TFF_CPP} backend needs it")
     self._dir = tempfile.mkdtemp(prefix="tff-cpp-")  # mode 0700: this user's alone
     self.path = os.path.join(self._dir, "worker.sock")
     self.pid: Optional[int] = None  # the worker_binary's, once it runs
     self._relay = subprocess.Popen(
-        _relay_command(self.path, worker_binary_path(), str(max_concurrent_calls)),
+        _relay_command(self.path, binary, str(max_concurrent_calls)),
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
     self._started: list[tuple[int, int]] = []  # the worker_binary's identity, once it runs
     # Not at interpreter exit: the relay ends by itself when this process does.
@@ -117,7 +93,13 @@ class WorkerBinary:
                                        STOP_TIMEOUT_S)
     self._finalizer.atexit = False
     try:
-      self._wait_ready()
+      ready, _, _ = select.select([self._relay.stdout], [], [], START_TIMEOUT_S)
+      line = self._relay.stdout.readline().decode(errors="replace").strip() if ready else ""
+      if not line.startswith("ready "):
+        raise RuntimeError(f"TFF's worker_binary did not start in its network namespace: "
+                           f"{line or 'no answer in %.0f s' % START_TIMEOUT_S}")
+      self.pid = int(line.split()[1])
+      self._started.extend(filter(None, [process_table.identity(self.pid)]))
     except BaseException:
       self.close()
       raise
@@ -126,15 +108,6 @@ class WorkerBinary:
   def relay_pid(self) -> int:
     """The relay's pid; it leads the process group of itself and the worker_binary."""
     return self._relay.pid
-
-  def _wait_ready(self) -> None:
-    ready, _, _ = select.select([self._relay.stdout], [], [], START_TIMEOUT_S)
-    line = self._relay.stdout.readline().decode(errors="replace").strip() if ready else ""
-    if not line.startswith("ready "):
-      raise RuntimeError(f"TFF's worker_binary did not start in its network namespace: "
-                         f"{line or 'no answer in %.0f s' % START_TIMEOUT_S}")
-    self.pid = int(line.split()[1])
-    self._started.extend(filter(None, [process_table.identity(self.pid)]))
 
   def close(self) -> None:
     """Stops the relay and the worker_binary (idempotent)."""
@@ -151,11 +124,9 @@ def _stop(relay: subprocess.Popen, directory: str, worker_binaries: list[tuple[i
   for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, None)):
     with contextlib.suppress(OSError):  # the group is gone
       os.killpg(relay.pid, sig)
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
       relay.wait(timeout=wait_s)
       break
-    except subprocess.TimeoutExpired:
-      continue
   # The worker_binary's parent death signal ends it with the relay (a zombie counts as ended).
   deadline = time.monotonic() + timeout_s
   for worker in worker_binaries:
@@ -172,11 +143,9 @@ def _close_channel(channel, timeout_s: float = 1.0) -> None:
   """`channel.close()`, once the channel's connectivity poller has stopped.
 
   TFF's executor stub subscribes to the channel's connectivity, so gRPC polls
-  it from a thread, which raises "Cannot invoke RPC: Channel closed!" (printed
-  to stderr) if the channel closes between two polls. So the subscriptions are
-  dropped first (gRPC's private `_unsubscribe_all`) and the poller, which then
-  stops, waited for (at most `timeout_s`); a gRPC without those parts is closed
-  at once.
+  it from a thread, which prints "Cannot invoke RPC: Channel closed!" if the
+  channel closes between two polls. So the subscriptions go first (gRPC's
+  private `_unsubscribe_all`) and the poller is waited for (at most `timeout_s`).
   """
   state = getattr(channel, "_connectivity_state", None)
   unsubscribe_all = getattr(channel, "_unsubscribe_all", None)
@@ -220,16 +189,24 @@ def execution_context(worker: WorkerBinary):
 
 class Runtime(context_base.SyncContext):
   """TFF's C++ runtime as a TFF sync context, to install around calls.
-
-  Args:
-    max_concurrent_calls: TFF's `max_concurrent_computation_calls`; None: no limit.
+  `max_concurrent_calls`: TFF's `max_concurrent_computation_calls` (None: no limit).
 
   Raises:
     ConfigError: naming `runtime.backend` if the worker_binary cannot be confined.
   """
 
   def __init__(self, max_concurrent_calls: Optional[int] = None):
-    check_available()
+    problem = namespace_problem()
+    if problem is not None:
+      from tff_fedadamom.config import ConfigError
+
+      raise ConfigError(
+          "<config>", "runtime.backend",
+          f"the {TFF_CPP} backend runs TFF's worker_binary, which listens on every network "
+          "interface and has no option to choose one, so it is run only inside a private "
+          f"network namespace, and this process cannot create one ({problem})",
+          value=TFF_CPP, allowed=f"{INPROCESS!r} or {RAY!r} (or a kernel that allows "
+          "unprivileged user namespaces: user.max_user_namespaces > 0)")
     self._max_calls = max_concurrent_calls or -1
     self._lock = threading.Lock()
     self._worker_binary: Optional[WorkerBinary] = None
@@ -287,10 +264,8 @@ def _in_runtime(name: str) -> property:
 
 class TffCppProcess:
   """The `tff_cpp` backend (`base.Backend`): a TFF learning process every
-  callable attribute of which is called with this wrapper's `Runtime` installed.
-
-  With the run's `client_tensors`, rounds take client ids (`next_for_clients`);
-  `max_concurrent_clients` is the `Runtime`'s `max_concurrent_calls`.
+  callable attribute of which is called with this wrapper's `Runtime`
+  (`max_concurrent_calls=max_concurrent_clients`) installed.
 
   Raises:
     ConfigError: naming `runtime.backend` if the worker_binary cannot be confined.
