@@ -159,7 +159,7 @@ class BufferedProcess:
   def _kept(self, server, version: int, previous: AsyncState, broadcast) -> AsyncState:
     """The state after step `version`: `server`, and the broadcasts of earlier
     versions that later steps still train from: of `previous`'s slots, and
-    `broadcast` (of version - 1)."""
+    `broadcast` (of version - 1) if it is one."""
     live = self.timeline.live_versions(version)
     versions = np.where(np.isin(previous.slot_versions, list(live)), previous.slot_versions, -1)
     slots = list(previous.slots)
