@@ -36,8 +36,6 @@ MAGIC = b"tff-fedadamom compiled process\n"
 DEFAULT_MAX_BYTES = 2 * 1024 ** 3
 # Temporary files of writers that were killed are removed after this long.
 STALE_TMP_S = 3600.0
-
-
 # The environment variable that moves the default directory (e.g. for a test session).
 DIRECTORY_ENV = "TFF_FEDADAMOM_CACHE_DIR"
 

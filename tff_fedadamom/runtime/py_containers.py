@@ -77,8 +77,7 @@ def flatten_value(value, type_spec, created: Optional[list] = None) -> list:
 
 
 def pack(leaves, type_spec):
-  """`structure.Struct`s following `type_spec`, filled from the iterator `leaves`
-  (the inverse of `_flatten`)."""
+  """`structure.Struct`s following `type_spec`, filled from the iterator `leaves`."""
   if isinstance(type_spec, computation_types.FederatedType):
     return pack(leaves, type_spec.member)
   if isinstance(type_spec, computation_types.StructType):
@@ -127,8 +126,7 @@ def _builder(template) -> Optional[Callable[[Sequence], Any]]:
 
 
 def walk(leaves: Sequence, type_spec):
-  """TFF's own conversion of flat leaves to its Python containers (a walk of
-  the type on every call)."""
+  """TFF's own conversion of flat leaves to its Python containers."""
   return type_conversions.type_to_py_container(pack(iter(leaves), type_spec), type_spec)
 
 
