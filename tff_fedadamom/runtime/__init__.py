@@ -1,6 +1,4 @@
-"""The execution backends: `inprocess`, `tff_cpp` and `ray`, one module each,
-behind one small protocol (`base.Backend`), built once per run from its plan
-(`base.build_backend`).
+"""The execution backends (`base` says which), behind one protocol.
 
 Names are imported lazily (`tff_fedadamom.lazy`): importing the package imports
 no backend.

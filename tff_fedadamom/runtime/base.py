@@ -1,13 +1,9 @@
 """Where rounds run: the `Backend` protocol, and the one choice of a backend.
 
 Three backends (`runtime.backend`, described in `schema.RuntimeConfig`), one
-module each, whose docstring says how it runs a round: `inprocess` (what `auto`
-means: no child process, no open port), `tff_cpp` and `ray`.
-
-The runner, the loop and the hooks make only the calls of `Backend`; a round is
-`next_for_clients(state, client_ids, round_num)` on all three. `build_backend`
-is the one place that reads `plan.RunPlan.backend`; `round_devices` the one
-that names each backend's devices.
+module each: `inprocess` (what `auto` means: no child process, no open port),
+`tff_cpp` and `ray`. The runner, the loop and the hooks make only the calls of
+`Backend`. `build_backend` is the one place that reads `plan.RunPlan.backend`.
 """
 
 from __future__ import annotations
@@ -19,18 +15,15 @@ from tff_fedadamom.config.schema import RAY, TFF_CPP
 
 @runtime_checkable
 class Backend(Protocol):
-  """What runs a learning process's computations: the calls a run makes.
-
-  States, metrics and weights are the Python containers TFF's own context
-  returns (`LearningAlgorithmState`, `ModelWeights`, OrderedDicts).
-  """
+  """What runs a learning process's computations: the calls a run makes, on
+  the Python containers TFF's own context returns."""
 
   def initialize(self) -> Any:
     """The process's initial state."""
 
   def next_for_clients(self, state, client_ids: Sequence[Any], round_num: int) -> Any:
-    """One round over `client_ids` (their datasets built by the backend, a
-    function of (seed, round, client)): TFF's `LearningProcessOutput`."""
+    """One round over `client_ids`, their datasets a function of (seed, round,
+    client): TFF's `LearningProcessOutput`."""
 
   def get_model_weights(self, state) -> Any:
     """The global model's `ModelWeights` in `state`."""
@@ -42,13 +35,12 @@ class Backend(Protocol):
     """`state` with `hparams` put in."""
 
   def close(self) -> None:
-    """Ends what the backend started (threads, a worker_binary, Ray actors);
-    idempotent."""
+    """Ends what the backend started (threads, a worker_binary, Ray actors); idempotent."""
 
 
 def ray_settings(backend: str, runtime_config) -> Optional[dict]:
-  """The ray backend's settings, nulls resolved (`ray.ray_actors`), for
-  `plan.RunPlan.ray`; None when `backend` (resolved) is another."""
+  """The ray backend's settings (`ray.ray_actors`), for `plan.RunPlan.ray`;
+  None when `backend` (resolved) is another."""
   if backend != RAY:
     return None
   from tff_fedadamom.runtime.ray import ray_actors
@@ -58,11 +50,9 @@ def ray_settings(backend: str, runtime_config) -> Optional[dict]:
 
 def round_devices(backend: str, runtime_config, ray: Optional[dict] = None,
                   source: str = "<config>") -> list[str]:
-  """The devices the rounds of `backend` (resolved: `plan.RunPlan.backend`) run
-  on, as summary.json names them: tff_cpp, the worker_binary's CPU; ray, one
-  label per actor of `ray` (`ray_settings`: 'ray actor K (CPU|GPU)');
-  inprocess, TensorFlow's full names of `runtime.devices` (default: every
-  visible GPU, else the CPU).
+  """The devices the rounds of `backend` (resolved) run on, as summary.json
+  names them: tff_cpp, the worker_binary's CPU; ray, one label per actor of
+  `ray` (`ray_settings`); inprocess, TensorFlow's full names of `runtime.devices`.
 
   Raises:
     ConfigError: naming `runtime.devices` when TensorFlow does not see one of them.
@@ -91,13 +81,9 @@ def round_devices(backend: str, runtime_config, ray: Optional[dict] = None,
 def build_backend(plan, process, client_tensors=None) -> Backend:
   """The backend `plan` names (`plan.RunPlan.backend`), running `process`.
 
-  Args:
-    plan: The run's `plan.RunPlan`: its backend, devices and config.
-    process: What `parts.learning_process` builds for the plan: TFF's process
-      for `tff_cpp`, its `CompiledProcess` for the others.
-    client_tensors: The run's `ClientTensors` (`process.make_client_tensors`),
-      from which `inprocess` and `tff_cpp` build each round's client data (the
-      ray actors load their own). Without them, `next_for_clients` refuses.
+  `process`: TFF's process for `tff_cpp`, its `CompiledProcess` for the
+  others. `client_tensors`: the run's `ClientTensors`, from which `inprocess`
+  and `tff_cpp` build each round's client data (the ray actors load their own).
   """
   runtime_config = plan.config.runtime
   concurrent: Optional[int] = runtime_config.max_concurrent_clients

@@ -14,9 +14,8 @@ Each update trains from the broadcast of the version its client started from
 its staleness weight (`asynchrony.staleness_weight`), which leaves TFF's
 weighted mean as sum_i s_i w_i Delta_i / sum_i w_i. A client's work is a
 function of its data and its broadcast, so computing it when its step comes
-gives what computing it when it started would, and the backends (the in-process
-`ClientFold`, or the ray actors) run a step's updates at once. A FADAS server
-gets the step's largest staleness as its `max_delay` hparam before `update`.
+gives what computing it when it started would, and a step's updates run at
+once. A FADAS server gets the step's largest staleness as its `max_delay`.
 
 The state is the learning process's plus the broadcasts of the earlier versions
 still to be trained from (`Timeline.live_versions`), in `Timeline.capacity`
@@ -45,7 +44,7 @@ class AsyncState(NamedTuple):
   slot_versions: np.ndarray
   slots: tuple
 
-  # The learning process state's parts, for code that reads them (telemetry).
+  # The learning process state's parts that telemetry reads.
   @property
   def global_model_weights(self):
     return self.server.global_model_weights
@@ -59,12 +58,10 @@ def update_leaves(compiled) -> slice:
   """Which leaves of `work`'s output are the client's weighted model delta.
 
   A process of `tff.learning.algorithms.build_weighted_fed_avg` sums, per
-  client, (metrics, weight * delta, weight) (TFF's `MeanFactory`); the delta is
-  the middle part, shaped as the model's trainable weights.
+  client, (metrics, weight * delta, weight) (TFF's `MeanFactory`).
 
   Raises:
-    ValueError: the process sums something else (a learning process of its own
-      design, such as FedCAda's or FAFED's).
+    ValueError: the process sums something else (such as FedCAda's or FAFED's).
   """
   summed = compiled.computation("work").type_signature.result[0]
   weights = type_leaves(compiled.result_types["get_model_weights"].trainable)
@@ -77,22 +74,10 @@ def update_leaves(compiled) -> slice:
   return slice(len(parts[0]), len(parts[0]) + len(parts[1]))
 
 
-def _max_delay_path(hparams: Mapping) -> tuple | None:
-  """(component, key) of FADAS' `max_delay` in the process's hparams, or None."""
-  for component, values in hparams.items():
-    if isinstance(values, Mapping) and MAX_DELAY_KEY in values:
-      return component, MAX_DELAY_KEY
-  return None
-
-
 class BufferedProcess:
-  """A backend (`base.Backend`) whose rounds are asynchronous server steps.
-
-  Args:
-    backend: The in-process or ray backend of the learning process.
-    timeline: The run's `asynchrony.Timeline`.
-    staleness: `{kind: ..., <its options>}` of `asynchrony.STALENESS`.
-  """
+  """A backend (`base.Backend`) whose rounds are asynchronous server steps of
+  the in-process or ray `backend`, along `timeline`; `staleness`: `{kind: ...,
+  <its options>}` of `asynchrony.STALENESS`."""
 
   def __init__(self, backend, timeline: asynchrony.Timeline, staleness: Mapping[str, Any]):
     self.backend = backend
@@ -101,9 +86,7 @@ class BufferedProcess:
     self._kind = options.pop("kind", "constant")
     self._staleness = options
     self._update = update_leaves(backend.compiled)
-    self._max_delay = None
-
-  # ---- the server-only calls, on the learning process's state
+    self._max_delay = None  # the hparams component holding FADAS' `max_delay` ("": none)
 
   def initialize(self) -> AsyncState:
     prepared = self.backend.compiled.computation("prepare").type_signature.result
@@ -126,8 +109,6 @@ class BufferedProcess:
   def close(self) -> None:
     self.backend.close()
 
-  # ---- a server step
-
   def next_for_clients(self, state: AsyncState, client_ids, round_num: int):
     """Server step `round_num` (the loop's round): its updates' clients are
     `client_ids`, as `step_clients` gave them."""
@@ -143,10 +124,11 @@ class BufferedProcess:
 
     def fold(broadcast):  # the round's `prepare` of the current version
       made.append(broadcast)
-      broadcasts = [broadcast if task.version == current else state.slots[slot_of[task.version]]
-                    for task in step.tasks]
+      versions = list(dict.fromkeys(task.version for task in step.tasks))
+      broadcasts = [broadcast if v == current else state.slots[slot_of[v]] for v in versions]
       return self.backend.fold_tasks([(task.client, task.launch) for task in step.tasks],
-                                     broadcasts, scales, self._update)
+                                     broadcasts, [versions.index(t.version) for t in step.tasks],
+                                     scales, self._update)
 
     server = self._set_max_delay(state.server, step.max_staleness)
     output = self.backend.server.round(server, fold)
@@ -163,21 +145,21 @@ class BufferedProcess:
   def _set_max_delay(self, server, max_staleness: int):
     """`server` with FADAS' `max_delay` set to the step's largest staleness."""
     if self._max_delay is None:
-      self._max_delay = _max_delay_path(self.backend.get_hparams(server)) or ()
+      self._max_delay = next((component for component, values in
+                              self.backend.get_hparams(server).items()
+                              if isinstance(values, Mapping) and MAX_DELAY_KEY in values), "")
     if not self._max_delay:
       return server
     hparams = self.backend.get_hparams(server)
-    component, key = self._max_delay
-    if float(hparams[component][key]) == max_staleness:
+    if float(hparams[self._max_delay][MAX_DELAY_KEY]) == max_staleness:
       return server
-    hparams[component][key] = max_staleness
+    hparams[self._max_delay][MAX_DELAY_KEY] = max_staleness
     return self.backend.set_hparams(server, hparams)
 
   def _kept(self, server, version: int, previous: AsyncState, broadcast) -> AsyncState:
-    """The state after step `version`: `server`, and the broadcasts of the
-    versions before it that later steps still train from: those of `previous`'s
-    slots, and `broadcast` (of version - 1) when it is one of them. The current
-    version's is `prepare(server)`, made at the next step."""
+    """The state after step `version`: `server`, and the broadcasts of earlier
+    versions that later steps still train from: of `previous`'s slots, and
+    `broadcast` (of version - 1) if it is one."""
     live = self.timeline.live_versions(version)
     versions = np.where(np.isin(previous.slot_versions, list(live)), previous.slot_versions, -1)
     slots = list(previous.slots)

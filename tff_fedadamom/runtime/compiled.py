@@ -3,24 +3,21 @@ and ray backends run, and what the process cache (`process_cache`) stores.
 
 Building a TFF learning process traces its Python and compiling it to
 MapReduceForm runs TFF's compiler, the same work in every worker and run of
-one structure. What the backends run afterwards is only TensorFlow graphs: the
-form's `prepare`, `work`, `zero`, `accumulate`, `report`, `update`;
-`initialize` as one TensorFlow computation; and the process's own
-`get_model_weights`, `get_hparams` and `set_hparams`.
+one structure. What the backends run afterwards is only TensorFlow graphs
+(`FORM_COMPUTATIONS`, `INITIALIZE`, `EXTRAS`).
 
-`compile_process` keeps each one's serialized proto (the bytes TFF ships to its
-executors). A proto's type keeps the structure but not the Python containers
-TFF's contexts return (`LearningAlgorithmState`, `ModelWeights`, OrderedDicts),
-which callers rely on, so those are kept beside it as a tree of importable
-class names (`container_tree`) and put back on load (`with_containers`).
+`compile_process` keeps each one's serialized proto. A proto's type keeps the
+structure but not the Python containers TFF's contexts return
+(`LearningAlgorithmState`, `ModelWeights`, ...), so those are kept beside it as
+a tree of importable class names (`container_tree`) and put back on load.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import io
 import json
+import pkgutil
 import zipfile
 from typing import Any, Mapping, Optional
 
@@ -34,20 +31,14 @@ _SECURE = ("secure_sum_bitwidth", "secure_sum_max_input", "secure_modular_sum_mo
 FORMAT = 1
 
 
-class NotSerializable(ValueError):
-  """A result container that cannot be named by import (a class defined in a function)."""
-
-
 @dataclasses.dataclass(frozen=True)
 class CompiledProcess:
   """A learning process as serialized TensorFlow computations.
 
   Attributes:
-    computations: name -> serialized TFF computation proto (`FORM_COMPUTATIONS`,
-      `INITIALIZE`, and those of `EXTRAS` the process has).
+    computations: name -> serialized TFF computation proto.
     result_types: name -> the result type with its Python containers, for
-      `INITIALIZE`, `next` (the `update` computation's result as
-      `process.next`'s) and `EXTRAS`.
+      `INITIALIZE`, `next` (`update`'s result as `process.next`'s) and `EXTRAS`.
   """
 
   computations: Mapping[str, bytes]
@@ -67,8 +58,8 @@ class CompiledProcess:
     return self.result_types[INITIALIZE]
 
   def to_bytes(self) -> bytes:
-    """One zip archive: `manifest.json` (the container trees), a proto per
-    computation under `parts/` and a result type per name under `types/`."""
+    """A zip archive: `manifest.json` (the container trees), `parts/` (the
+    computations) and `types/` (the result types)."""
     from tensorflow_federated.python.core.impl.types import type_serialization
 
     buffer = io.BytesIO()
@@ -106,7 +97,7 @@ class CompiledProcess:
 
 def compile_process(process) -> CompiledProcess:
   """A TFF learning process's computations as a `CompiledProcess` (one already
-  compiled is returned as it is, so the backends take either).
+  compiled is returned as it is).
 
   Raises:
     NotImplementedError: the process uses secure aggregation (`tff_cpp` runs it).
@@ -137,29 +128,14 @@ def compile_process(process) -> CompiledProcess:
   return CompiledProcess(computations, types)
 
 
-# ------------------------------------------------------------------ result containers
-
-
-def _class_path(cls: type) -> str:
-  if "<locals>" in cls.__qualname__:
-    raise NotSerializable(f"container {cls.__qualname__} is defined inside a function")
-  return f"{cls.__module__}:{cls.__qualname__}"
-
-
-def _import_class(path: str) -> type:
-  module, _, qualname = path.partition(":")
-  value: Any = importlib.import_module(module)
-  for name in qualname.split("."):
-    value = getattr(value, name)
-  if not isinstance(value, type):
-    raise ValueError(f"container {path} is not a class")
-  return value
-
-
 def container_tree(type_spec) -> Optional[dict]:
   """The Python containers of `type_spec`, as JSON: `{"f": member}` for a
   federated type, `{"e": [elements], "c": "module:Class"}` for a struct (no "c"
-  for a plain one), None for a leaf."""
+  for a plain one), None for a leaf.
+
+  Raises:
+    ValueError: a container cannot be named by import (a class defined in a function).
+  """
   from tensorflow_federated.python.common_libs import structure
   from tensorflow_federated.python.core.impl.types import computation_types as ct
 
@@ -170,7 +146,10 @@ def container_tree(type_spec) -> Optional[dict]:
   tree: dict[str, Any] = {"e": [container_tree(t) for _, t in
                                 structure.iter_elements(type_spec)]}
   if isinstance(type_spec, ct.StructWithPythonType):
-    tree["c"] = _class_path(type_spec.python_container)
+    cls = type_spec.python_container
+    if "<locals>" in cls.__qualname__:
+      raise ValueError(f"container {cls.__qualname__} is defined inside a function")
+    tree["c"] = f"{cls.__module__}:{cls.__qualname__}"
   return tree
 
 
@@ -188,4 +167,7 @@ def with_containers(type_spec, tree: Optional[dict]):
               zip(structure.iter_elements(type_spec), tree["e"])]
   if "c" not in tree:
     return ct.StructType(elements)
-  return ct.StructWithPythonType(elements, _import_class(tree["c"]))
+  container = pkgutil.resolve_name(tree["c"])
+  if not isinstance(container, type):
+    raise ValueError(f"container {tree['c']} is not a class")
+  return ct.StructWithPythonType(elements, container)

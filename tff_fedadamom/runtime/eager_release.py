@@ -3,15 +3,11 @@
 On Python 3.11 every `EagerTensor` is created with storage for its instance
 attributes (CPython's managed `__dict__`), and TensorFlow 2.14's deallocator
 frees the object but never that storage: each eager tensor leaves one small
-block behind for good (`sys.getallocatedblocks()` grows by one per tensor). A
-round run part by part creates a tensor per output of every computation, so
-over a long run those blocks were most of its memory growth
-(`benchmarks/rounds.py`, memory).
+block behind for good, most of a long run's memory growth (a round creates a
+tensor per output of every computation).
 
 Deleting a tensor's `__dict__` frees that storage and any attribute cached
-there (a tensor recomputes its shape on demand); the tensor keeps working and
-its deallocator then leaves nothing behind. Tensors TensorFlow or Keras create
-inside their own calls (a checkpoint's save, an evaluation) are out of reach.
+there (a tensor recomputes its shape on demand); the tensor keeps working.
 """
 
 from __future__ import annotations
@@ -22,12 +18,8 @@ from tensorflow.python.framework import ops
 
 
 def release(tensors: Iterable) -> None:
-  """Frees the attribute storage of each eager tensor among `tensors`.
-
-  Anything else (numpy arrays, graph tensors, None) is left alone. Only for
-  tensors the caller created (a call's outputs, its own conversions) and is
-  done with: the tensor stays valid, but loses what was cached on it.
-  """
+  """Frees the attribute storage of each eager tensor among `tensors` (anything
+  else is left alone). Only for tensors the caller created and is done with."""
   for tensor in tensors:
     if isinstance(tensor, ops.EagerTensor):
       del tensor.__dict__

@@ -31,27 +31,20 @@ def rename_functions(graph_def, suffix: str):
   if not names:
     return graph_def
 
-  def fix_attr(attr):
-    if attr.HasField("func") and attr.func.name in names:
-      attr.func.name = names[attr.func.name]
-    if attr.HasField("list"):
-      for func in attr.list.func:
-        if func.name in names:
-          func.name = names[func.name]
+  def fix_attrs(attrs):
+    for func in _attr_functions(attrs):
+      func.name = names.get(func.name, func.name)
 
   def fix_nodes(nodes):
     for node in nodes:
-      if node.op in names:
-        node.op = names[node.op]
-      for attr in node.attr.values():
-        fix_attr(attr)
+      node.op = names.get(node.op, node.op)
+      fix_attrs(node.attr)
 
   fix_nodes(graph_def.node)
   for function in graph_def.library.function:
     function.signature.name = names[function.signature.name]
     fix_nodes(function.node_def)
-    for attr in function.attr.values():
-      fix_attr(attr)
+    fix_attrs(function.attr)
   for gradient in graph_def.library.gradient:
     gradient.function_name = names.get(gradient.function_name, gradient.function_name)
     gradient.gradient_func = names.get(gradient.gradient_func, gradient.gradient_func)
@@ -66,23 +59,26 @@ _STATEFUL_RANDOM_OPS = frozenset({
     "RandomShuffle", "Multinomial"})
 
 
-def _referenced_functions(nodes, names) -> set[str]:
-  """Library functions that `nodes` call, except through a tf.data op.
+def _attr_functions(attrs) -> list:
+  """The function references (`NameAttrList`s) among an attr map's values."""
+  out = []
+  for attr in attrs.values():
+    if attr.HasField("func"):
+      out.append(attr.func)
+    if attr.HasField("list"):
+      out.extend(attr.list.func)
+  return out
 
-  A tf.data op (`ReduceDataset`, `MapDataset`, ...) instantiates its functions
-  anew each time it runs, so their random kernels restart by themselves.
-  """
+
+def _referenced_functions(nodes, names) -> set[str]:
+  """Library functions that `nodes` call, except through a tf.data op, which
+  instantiates its functions anew each run (their random kernels restart)."""
   found = set()
   for node in nodes:
     if node.op.endswith("Dataset") or node.op.endswith("DatasetV2"):
       continue
-    if node.op in names:
-      found.add(node.op)
-    for attr in node.attr.values():
-      if attr.HasField("func"):
-        found.add(attr.func.name)
-      if attr.HasField("list"):
-        found.update(f.name for f in attr.list.func)
+    found.add(node.op)
+    found.update(func.name for func in _attr_functions(node.attr))
   return found & names
 
 
@@ -97,13 +93,11 @@ def needs_fresh_kernels(graph_def) -> bool:
   seen = set()
   while pending:
     name = pending.pop()
-    if name in seen:
-      continue
     seen.add(name)
     body = functions[name].node_def
     if any(node.op in _STATEFUL_RANDOM_OPS for node in body):
       return True
-    pending |= _referenced_functions(body, names)
+    pending |= _referenced_functions(body, names) - seen
   return False
 
 

@@ -2,13 +2,11 @@
 
 TFF 0.87's local execution context runs every TensorFlow computation in a
 `worker_binary` child built without CUDA that serves unauthenticated gRPC on
-all interfaces. This module runs the same, unchanged process without it: TFF's
-compiler turns it into its MapReduceForm (`compiled`), each computation of
-which is a plain TensorFlow graph, imported into a `tf.compat.v1.wrap_function`
-(`tf_computation`) so that TensorFlow places its ops on a GPU when one is
-visible; a round is the form's semantics spelled out in Python
-(`get_computation_for_map_reduce_form` is the reference): `prepare`, `work` per
-client, `zero`/`accumulate` in client order, `report`, `update`.
+all interfaces. This module runs the same, unchanged process without it: its
+MapReduceForm (`compiled`) is plain TensorFlow graphs (`tf_computation`), which
+TensorFlow places on a GPU when one is visible, and a round is the form's
+semantics spelled out in Python (`server`; TFF's reference is
+`get_computation_for_map_reduce_form`).
 
 Results do not depend on timing: each call runs on fresh variables private to
 its slot (`tf_computation`), and clients that run concurrently are accumulated
@@ -19,7 +17,7 @@ takes fresh datasets.
 from __future__ import annotations
 
 import concurrent.futures
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import tensorflow as tf
 
@@ -40,7 +38,7 @@ def visible_devices() -> list[str]:
 
 
 def _short(name: str) -> str:
-  return name.split("device:")[-1].upper()
+  return name.split("device:")[-1].upper().lstrip("/")
 
 
 def visible_names() -> list[str]:
@@ -57,12 +55,10 @@ def resolve_devices(devices: Optional[Sequence[str]]) -> list[str]:
   if not devices:
     return visible_devices()
   known = {_short(d.name): d.name for d in tf.config.list_logical_devices()}
-  out = []
   for device in devices:
-    if _short(str(device)).lstrip("/") not in known:
+    if _short(str(device)) not in known:
       raise ValueError(f"device {device!r} is not visible to TensorFlow")
-    out.append(known[_short(str(device)).lstrip("/")])
-  return out
+  return [known[_short(str(device))] for device in devices]
 
 
 def cpu_threads() -> int:
@@ -76,13 +72,10 @@ class ClientFold:
   """`work` on each client, concurrently, folded by `zero`/`accumulate` in client
   order: the in-process backend's one fold of a round's clients, or one actor's.
 
-  Args:
-    work, zero, accumulate: The form's computations (TFF's, or `deserialize`d).
-    devices: Full TensorFlow device names; client i runs on
-      `devices[i % len(devices)]`, `zero`/`accumulate` on the first.
-    max_concurrent_clients: How many clients run at once (at least one per
-      device). Default: one per device; on a lone CPU, TensorFlow's inter-op threads.
-    feed: The `tf_computation.Feed` `work` takes in place of its dataset, or None.
+  Client i runs on `devices[i % len(devices)]` (full TensorFlow names),
+  `zero`/`accumulate` on the first; `max_concurrent_clients` at once (at least
+  one per device; default: one per device, on a lone CPU TensorFlow's inter-op
+  threads). `feed`: the `tf_computation.Feed` `work` takes for its dataset.
   """
 
   def __init__(self, work, zero, accumulate, devices: Sequence[str],
@@ -101,42 +94,18 @@ class ClientFold:
     self._accumulate = TFComputation(accumulate, devices[:1])
     self._pool = concurrent.futures.ThreadPoolExecutor(
         self.max_concurrent_clients, thread_name_prefix="tff-client")
-    self.feed = feed  # what `work` takes in place of its dataset (None: a dataset)
 
-  def __call__(self, client_args: Sequence[Sequence[Any]], broadcast: Sequence[Any]) -> list:
-    """The accumulator (flat tensors) of the clients whose leading `work`
-    arguments are `client_args` (see `client_leaves`), given the broadcast's
-    flat leaves."""
-    futures = self._submit(client_args, [broadcast] * len(client_args))
-    return self.fold(future.result() for future in futures)  # accumulates as they finish
-
-  def fold_updates(self, client_args: Sequence[Sequence[Any]],
-                   broadcasts: Sequence[Sequence[Any]], scales: Sequence[float],
-                   update: slice) -> list:
-    """The accumulator of clients that each train from their own broadcast,
-    each one's model update (the `update` leaves of its output) scaled by its
-    entry of `scales` (`scale_update`): an asynchronous server step's buffer."""
-    futures = self._submit(client_args, broadcasts)
-    return self.fold(scale_update(future.result(), scale, update)
-                     for future, scale in zip(futures, scales))
-
-  def _submit(self, client_args, broadcasts):
-    return [self._pool.submit(self.work.call_flat_leaves, [*args, *broadcast], i)
-            for i, (args, broadcast) in enumerate(zip(client_args, broadcasts))]
-
-  def work_outputs(self, client_args: Sequence[Sequence[Any]],
-                   broadcasts: Sequence[Sequence[Any]]) -> list:
-    """`work`'s flat outputs per client, in client order (run concurrently),
-    client i trained from `broadcasts[i]`."""
-    return [future.result() for future in self._submit(client_args, broadcasts)]
+  def outputs(self, client_args: Sequence[Sequence[Any]],
+              broadcasts: Sequence[Sequence[Any]]) -> Iterator[list]:
+    """`work`'s flat outputs on `client_args[i]` and `broadcasts[i]` (flat
+    leaves) per client i, in client order: all submitted at once."""
+    futures = [self._pool.submit(self.work.call_flat_leaves, [*args, *broadcast], i)
+               for i, (args, broadcast) in enumerate(zip(client_args, broadcasts))]
+    return (future.result() for future in futures)
 
   def fold(self, outputs, accumulator: Optional[Sequence[Any]] = None) -> list:
-    """`accumulator` (default: `zero`) with `outputs` accumulated onto it, in order.
-
-    Each output, and each accumulator but the result, is released
-    (`eager_release`) once accumulated: they may be folded again, but keep
-    nothing cached.
-    """
+    """`accumulator` (default: `zero`) with `outputs` accumulated onto it, in
+    order, each output and each accumulator but the result released once used."""
     if accumulator is None:
       accumulator = self._zero.call_flat_leaves([])
     for output in outputs:
@@ -187,27 +156,13 @@ def client_feed(client_tensors, work) -> Optional[Feed]:
 
 
 class InProcessLearningProcess(ServerCalls):
-  """A `tff.learning.templates.LearningProcess`, run in this Python process.
+  """A `tff.learning.templates.LearningProcess`, run in this Python process:
+  the same calls, returning the Python containers TFF's own context returns.
 
-  Same calls as the process it wraps (`initialize`, `next(state, datasets)`,
-  `get_model_weights`, `get_hparams`/`set_hparams`), returning the Python
-  containers TFF's own context returns. The server's computations are a
-  `server.ServerComputations` on the first device; the clients', a `ClientFold`.
-
-    process = InProcessLearningProcess(tff.learning.algorithms.build_weighted_fed_avg(...))
-    state = process.initialize()
-    for datasets in rounds:                       # fresh tf.data.Datasets each round
-      state, metrics = process.next(state, datasets)
-
-  Args:
-    process: Any learning process whose `next` TFF compiles to MapReduceForm,
-      or its `compiled.CompiledProcess`.
-    devices, max_concurrent_clients: As `ClientFold`'s (default devices:
-      every visible GPU, else the CPU).
-    client_tensors: The training set's `ClientTensors`: it is then the
-      `inprocess` backend (`base.Backend`), whose rounds are
-      `next_for_clients(state, client_ids, round_num)`, each client's data
-      built inside its `work` call from its example tensors and round seed.
+  `process`: any learning process whose `next` TFF compiles to MapReduceForm,
+  or its `compiled.CompiledProcess`; `devices` (default: `visible_devices`) and
+  `max_concurrent_clients` as `ClientFold`'s. With the training set's
+  `client_tensors`, it is the `inprocess` backend (`base.Backend`).
   """
 
   def __init__(self, process, devices: Optional[Sequence[str]] = None,
@@ -231,8 +186,7 @@ class InProcessLearningProcess(ServerCalls):
     return self._process
 
   def next(self, state, client_data: Sequence[Any]):
-    """One round: `prepare`, `work` per client (concurrently), `accumulate` in
-    client order, `report`, `update`."""
+    """One round over fresh `tf.data.Dataset`s, one per client."""
     if self._client_tensors is not None:
       raise TypeError("this process builds client datasets itself: call "
                       "next_for_clients(state, client_ids, round_num)")
@@ -242,32 +196,33 @@ class InProcessLearningProcess(ServerCalls):
     """One round over `client_ids`, their datasets built in their `work` calls."""
     if self._client_tensors is None:
       raise TypeError("next_for_clients needs client_tensors=...; call next(state, datasets)")
-    tensors = self._client_tensors
-    client_args = [tensors.args(cid, round_num) for cid in client_ids]
+    client_args = [self._client_tensors.args(cid, round_num) for cid in client_ids]
     output = self._round(state, client_args)
     release(args[-1] for args in client_args)  # the round seeds; the examples stay
     return output
 
   def fold_tasks(self, tasks: Sequence[tuple], broadcasts: Sequence[Sequence[Any]],
-                 scales: Sequence[float], update: slice) -> list:
+                 which: Sequence[int], scales: Sequence[float], update: slice) -> list:
     """An asynchronous step's accumulator (`runtime.buffered`): task i is
-    (client id, the round its data is drawn for), trained from `broadcasts[i]`
-    (flat leaves: arrays, or tensors the caller releases), its update scaled
-    by `scales[i]`, folded in task order."""
+    (client id, the round its data is drawn for), trained from
+    `broadcasts[which[i]]` (flat leaves: arrays, or tensors the caller
+    releases), its update scaled by `scales[i]`, folded in task order."""
     client_args = [self._client_tensors.args(cid, round_num) for cid, round_num in tasks]
-    tensors, created = {}, []
-    for broadcast in broadcasts:  # each distinct one converted once (tensors as they are)
-      if id(broadcast) not in tensors:
-        tensors[id(broadcast)] = [b if tf.is_tensor(b) else tf.convert_to_tensor(b)
-                                  for b in broadcast]
-        created += [t for t, b in zip(tensors[id(broadcast)], broadcast) if t is not b]
-    accumulator = self._clients.fold_updates(
-        client_args, [tensors[id(b)] for b in broadcasts], scales, update)
+    tensors = [[b if tf.is_tensor(b) else tf.convert_to_tensor(b) for b in broadcast]
+               for broadcast in broadcasts]
+    outputs = self._clients.outputs(client_args, [tensors[w] for w in which])
+    accumulator = self._clients.fold(
+        scale_update(output, scale, update) for output, scale in zip(outputs, scales))
+    created = [t for leaves, broadcast in zip(tensors, broadcasts)
+               for t, b in zip(leaves, broadcast) if t is not b]
     release([*(args[-1] for args in client_args), *created])
     return accumulator
 
   def _round(self, state, client_args):
-    return self.server.round(state, lambda broadcast: self._clients(client_args, broadcast))
+    def fold(broadcast):
+      return self._clients.fold(self._clients.outputs(client_args, [broadcast] * len(client_args)))
+
+    return self.server.round(state, fold)
 
   def close(self) -> None:
     """Stops the client threads (also done when the object is collected)."""

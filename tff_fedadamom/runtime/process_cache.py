@@ -1,20 +1,16 @@
 """A persistent, machine-wide cache of compiled learning processes.
 
-Building and compiling a learning process gives the same graphs for every
-config of one structure, in every worker, trial and run; this cache keeps each
-structure's `compiled.CompiledProcess` as one file, built once per machine.
-
-Key: the experiment's `parts.process_structure` (what the compiled computations
-depend on), plus the versions of TensorFlow, TFF and this package's source
-(`versions`): an entry never outlives the code that compiled it.
+Compiling a learning process gives the same graphs for every config of one
+structure; this cache keeps each structure's `compiled.CompiledProcess` as one
+file, built once per machine. Key: the experiment's `parts.process_structure`
+plus the versions of TensorFlow, TFF and this package's source (`versions`).
 
 Files: `<directory>/<key>.tffproc`, `CompiledProcess.to_bytes` after a header
-naming the key, the versions and the bytes' SHA-256, written to a temporary
-file renamed into place (a killed writer's temporary file never loads and is
-removed once `STALE_TMP_S` old). Concurrent builders of one key wait on a lock
-file (`fcntl.flock`): the first builds, the others load. An entry failing a
-check is rebuilt, with a warning. After each write the least recently used
-entries (modification time; a load touches it) go until the directory fits.
+naming the key, the versions and the bytes' SHA-256, written atomically (a
+killed writer's temporary file is removed once `STALE_TMP_S` old). Concurrent
+builders of one key wait on a lock file: the first builds, the others load. An
+entry failing a check is rebuilt, with a warning. After each write the least
+recently used entries (a load touches one) go until the directory fits.
 """
 
 from __future__ import annotations
@@ -40,8 +36,6 @@ MAGIC = b"tff-fedadamom compiled process\n"
 DEFAULT_MAX_BYTES = 2 * 1024 ** 3
 # Temporary files of writers that were killed are removed after this long.
 STALE_TMP_S = 3600.0
-
-
 # The environment variable that moves the default directory (e.g. for a test session).
 DIRECTORY_ENV = "TFF_FEDADAMOM_CACHE_DIR"
 
@@ -80,14 +74,8 @@ def process_key(structure: str) -> str:
 
 
 class ProcessCache:
-  """Compiled learning processes on disk, one file per key.
-
-  Args:
-    directory: Where the entries live (created on first write); default
-      `default_directory()`.
-    max_bytes: The directory's size bound; least recently used entries go
-      first once a write exceeds it.
-  """
+  """Compiled learning processes on disk, one file per key, in `directory`
+  (default `default_directory()`), at most `max_bytes` in all."""
 
   def __init__(self, directory: Optional[str] = None, max_bytes: int = DEFAULT_MAX_BYTES):
     if not isinstance(max_bytes, int) or max_bytes < 1:
@@ -99,10 +87,8 @@ class ProcessCache:
     return os.path.join(self.directory, key + SUFFIX)
 
   def get_or_build(self, key: str, build: Callable[[], CompiledProcess]) -> CompiledProcess:
-    """The entry of `key`, or `build()`'s result, stored under `key` first.
-
-    While one process builds a key, others asking for it wait, then load.
-    """
+    """The entry of `key`, or `build()`'s result, stored under `key` first
+    (while one process builds a key, others asking for it wait, then load)."""
     compiled = self.load(key)
     if compiled is not None:
       return compiled
@@ -118,8 +104,7 @@ class ProcessCache:
 
   def load(self, key: str, quiet: bool = False) -> Optional[CompiledProcess]:
     """The entry of `key`, or None when there is none or it fails a check (a
-    warning says which, unless `quiet`; the entry is then rebuilt by its next
-    `get_or_build`)."""
+    warning says which, unless `quiet`)."""
     path = self.path(key)
     try:
       with open(path, "rb") as f:
@@ -153,19 +138,17 @@ class ProcessCache:
     return sorted(out, key=lambda e: e[2])
 
   def evict(self) -> list[str]:
-    """Removes the least recently used entries until the directory fits
-    `max_bytes`, and writers' temporary files older than `STALE_TMP_S`;
-    returns the entries removed."""
+    """Removes (and returns) the least recently used entries until the directory
+    fits `max_bytes`, and writers' temporary files older than `STALE_TMP_S`."""
     entries = self.entries()
     total = sum(size for _, size, _ in entries)
     removed = []
     for path, size, _ in entries:
       if total <= self.max_bytes:
         break
-      with contextlib.suppress(FileNotFoundError):
-        os.remove(path)
-      with contextlib.suppress(FileNotFoundError):
-        os.remove(path[:-len(SUFFIX)] + ".lock")
+      for doomed in (path, path[:-len(SUFFIX)] + ".lock"):
+        with contextlib.suppress(FileNotFoundError):
+          os.remove(doomed)
       total -= size
       removed.append(path)
     now = time.time()
@@ -183,11 +166,8 @@ class ProcessCache:
     import fcntl
 
     with open(os.path.join(self.directory, key + ".lock"), "a") as lock:
-      fcntl.flock(lock, fcntl.LOCK_EX)
-      try:
-        yield
-      finally:
-        fcntl.flock(lock, fcntl.LOCK_UN)
+      fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+      yield
 
 
 def _encode(compiled: CompiledProcess, key: str) -> bytes:

@@ -7,12 +7,10 @@ computation's flat results back into the Python containers TFF's own contexts
 return.
 
 TFF's `type_conversions.type_to_py_container` walks the result type on every
-call (names checked, container classes looked up, protocol `isinstance` checks
-per struct), a sizeable part of a small model's round. The containers depend
-on the type alone, so here the walk is done once per type: TFF's own function
-converts a struct of numbered marks, and that template becomes a function that
-copies it with each mark's leaf (`_builder`: namedtuples, attrs classes such as
-`ModelWeights`, dicts in key order, lists, tuples; any other container keeps
+call, a sizeable part of a small model's round. The containers depend on the
+type alone, so here the walk is done once per type: TFF's own function converts
+a struct of numbered marks, and that template becomes a function that copies
+it with each mark's leaf (`_builder`; any container it does not know keeps
 TFF's walk). `tf.nest.pack_sequence_as` would copy too, but kept a block or two
 of memory per call for good (`tests/experiment/test_round_memory.py`).
 """
@@ -66,8 +64,7 @@ def _flatten(value, type_spec) -> list:
 
 def flatten_value(value, type_spec, created: Optional[list] = None) -> list:
   """The leaves of `value` as a TensorFlow computation takes them: tensors, and
-  a dataset's variant tensor (as TFF feeds a sequence). Tensors converted here
-  are appended to `created`, for `eager_release.release` after the call."""
+  a dataset's variant tensor. Tensors converted here are appended to `created`."""
   out = []
   for leaf, leaf_type in zip(_flatten(value, type_spec), type_leaves(type_spec)):
     if isinstance(leaf_type, computation_types.SequenceType):
@@ -80,8 +77,7 @@ def flatten_value(value, type_spec, created: Optional[list] = None) -> list:
 
 
 def pack(leaves, type_spec):
-  """`structure.Struct`s following `type_spec`, filled from the iterator `leaves`
-  (the inverse of `_flatten`)."""
+  """`structure.Struct`s following `type_spec`, filled from the iterator `leaves`."""
   if isinstance(type_spec, computation_types.FederatedType):
     return pack(leaves, type_spec.member)
   if isinstance(type_spec, computation_types.StructType):
@@ -130,16 +126,13 @@ def _builder(template) -> Optional[Callable[[Sequence], Any]]:
 
 
 def walk(leaves: Sequence, type_spec):
-  """TFF's own conversion of flat leaves to its Python containers (a walk of
-  the type on every call)."""
+  """TFF's own conversion of flat leaves to its Python containers."""
   return type_conversions.type_to_py_container(pack(iter(leaves), type_spec), type_spec)
 
 
 @functools.lru_cache(maxsize=512)
 def _layout(type_spec) -> Optional[Callable[[Sequence], Any]]:
-  """The builder of `type_spec`'s containers from its flat leaves (TFF's
-  containers for it, holding marks, copied with leaves for marks); None if
-  `_builder` does not know one of them."""
+  """`_builder` of TFF's containers for `type_spec`, holding marks."""
   return _builder(walk([_Mark(i) for i in range(len(type_leaves(type_spec)))], type_spec))
 
 

@@ -1,24 +1,18 @@
 """Runs one experiment's clients on Ray actors (`runtime.backend: ray`).
 
-TFF's MapReduceForm is the shape a cluster needs (`inprocess` says how the
-form is compiled and run):
+The middle line of a MapReduceForm round (`server`) runs on the actors:
 
-    broadcast   = prepare(state)                           driver
     out_c       = work(d_c, broadcast)                      actor k, for its clients c
     acc         = accumulate(...accumulate(zero, out_1)..., out_n)
                                                             actor 0, then 1, ...: each
                                                             continues the previous one's
-    state', out = update(state, report(acc))               driver
 
-Each actor is started once per run: it rebuilds `work`, `zero` and
-`accumulate` from their serialized protos (no user Python re-runs), loads the
-experiment's data itself, and per round receives only the broadcast (put into
-Ray's object store once) and its clients' ids, whose datasets it builds as the
-driver would (a function of (seed, round, client)). All actors run their
-clients' `work` at once; then the accumulator goes from actor to actor in
-actor order through the object store, each folding its clients onto it in
-client order with the in-process backend's `inprocess.ClientFold`. The server's
-computations run on the driver (`server.ServerComputations`).
+Each actor is started once per run: it rebuilds its computations from their
+serialized protos, loads the experiment's data itself, and per round receives
+only the broadcast (put into Ray's object store once) and its clients' ids.
+All actors run their clients' `work` at once; then the accumulator goes from
+actor to actor through the object store, each folding its clients onto it in
+client order (`inprocess.ClientFold`).
 
 Why one fold across the actors, not a fold per actor combined with the form's
 `merge`: float32 addition is not associative, so (u1 + u2) + (u3 + u4) differs
@@ -27,16 +21,10 @@ optimizer amplifies. Folding in client order gives the in-process sums exactly,
 for one model-sized transfer per actor, when both use the same TensorFlow
 threads per client (`runtime.threads`, default: each actor's whole CPUs).
 
-Assignment: the round's sampled clients are cut into one contiguous block per
-actor, by position (`assign_clients`), so a resumed run assigns as an
-uninterrupted one.
-
 Failure: an actor that dies during a round (`RayActorError`) is replaced, and
 the new one re-runs that actor's clients of the round; `work` is a function of
-(dataset, broadcast), so the result is the same. `close()` stops the actors and
-a local Ray started here. Each actor also ends itself when its parent (its
-node's raylet) is gone (`Session(exit_with_parent=True)`), so none outlives a
-killed driver.
+(dataset, broadcast), so the result is the same. Each actor also ends itself
+when its node's raylet is gone (`Session(exit_with_parent=True)`).
 """
 
 from __future__ import annotations
@@ -59,10 +47,8 @@ MAX_REPLACEMENTS = 3
 
 
 def ray_actors(runtime_config) -> dict:
-  """The ray backend's settings (`RayLearningProcess`'s keyword arguments),
-  nulls resolved, from the config's `runtime` fields: `workers` actors, each
-  with `cpus_per_worker` CPUs and `gpus_per_worker` GPUs, at `address`, with
-  `threads` TensorFlow threads and `max_concurrent_clients` clients at once."""
+  """The ray backend's settings (`RayLearningProcess`'s keyword arguments) from
+  the config's `runtime` fields, nulls resolved."""
   cpus = runtime_config.cpus_per_worker or RAY_CPUS_PER_WORKER
   return dict(actors=runtime_config.workers or RAY_WORKERS, cpus_per_actor=cpus,
               gpus_per_actor=runtime_config.gpus_per_worker or RAY_GPUS_PER_WORKER,
@@ -79,41 +65,29 @@ def actor_labels(settings: Mapping[str, Any]) -> list[str]:
 
 def assign_clients(client_ids: Sequence[Any], actors: int) -> list[list]:
   """The clients of each actor: `actors` contiguous blocks of `client_ids`, in
-  order, whose sizes differ by at most one (the first ones are the larger).
-
-  A function of the round's client list and `actors` alone; the list itself
-  is a function of (seed, round) (`data.sampling.sample_clients`).
-  """
+  order, whose sizes differ by at most one (the first ones are the larger), so
+  a resumed run assigns as an uninterrupted one."""
   if actors < 1:
     raise ValueError(f"actors must be an integer >= 1, found {actors!r}")
   base, extra = divmod(len(client_ids), actors)
-  blocks, start = [], 0
-  for k in range(actors):
-    size = base + (1 if k < extra else 0)
-    blocks.append(list(client_ids[start:start + size]))
-    start += size
-  return blocks
+  bounds = [k * base + min(k, extra) for k in range(actors + 1)]
+  return [list(client_ids[start:stop]) for start, stop in zip(bounds, bounds[1:])]
 
 
 class RayLearningProcess(ServerCalls):
   """The `ray` backend (`base.Backend`): a learning process whose clients run on
-  Ray actors (`_fold_on_actors`, handed to the server's `round`), the rest
-  in-process, on this process's first device.
+  Ray actors, the rest in-process, on this process's first device.
 
   Args:
     process: The TFF learning process, or its `compiled.CompiledProcess`.
     experiment: The `ExperimentConfig` whose data the actors load.
-    actors: Number of actors (the config's `runtime.workers`).
-    cpus_per_actor, gpus_per_actor: Ray resources of each actor.
-    address: None (a new local Ray on 127.0.0.1, no dashboard), 'auto' or
-      host:port. An already connected Ray is used as it is and left running.
-    threads: TensorFlow threads per actor (default: `plan.threads_for_cpus`
-      of its CPUs).
+    actors, cpus_per_actor, gpus_per_actor: The actors, and each one's Ray resources.
+    address: As `ray_session.connect`'s.
+    threads: TensorFlow threads per actor (default: `plan.threads_for_cpus`).
     max_concurrent_clients: Clients run at once within each actor. Default:
-      with a GPU, one; else the actor's `ClientFold` default, all of its
-      block of clients, interleaved on its `threads` (so an actor keeps busy
-      the CPUs Ray gave it and no more).
-    actor_class: The actors' class (`ClientActor` or a subclass).
+      with a GPU, one; else `ClientFold`'s, on the actor's `threads` (so an
+      actor keeps busy the CPUs Ray gave it and no more).
+    actor_class: `ClientActor` or a subclass.
   """
 
   def __init__(self, process, experiment, *, actors: int = RAY_WORKERS,
@@ -152,8 +126,6 @@ class RayLearningProcess(ServerCalls):
     return list(self._actors)
 
   def next_for_clients(self, state, client_ids: Sequence[Any], round_num: int):
-    """One round over `client_ids`: broadcast, every actor's `work`, one fold
-    across the actors in actor order, `report`, `update`."""
     import ray
 
     def fold(broadcast):
@@ -164,26 +136,18 @@ class RayLearningProcess(ServerCalls):
     return self.server.round(state, fold)
 
   def fold_tasks(self, tasks: Sequence[tuple], broadcasts: Sequence[Sequence[Any]],
-                 scales: Sequence[float], update: slice) -> list:
-    """`inprocess.InProcessLearningProcess.fold_tasks` on the actors: each
-    distinct broadcast goes into the object store once."""
+                 which: Sequence[int], scales: Sequence[float], update: slice) -> list:
+    """`inprocess.InProcessLearningProcess.fold_tasks` on the actors."""
     import ray
 
-    refs, which = {}, []
-    for broadcast in broadcasts:
-      key = id(broadcast)
-      if key not in refs:
-        refs[key] = (len(refs), ray.put([np.asarray(b) for b in broadcast]))
-      which.append(refs[key][0])
-    return self._fold_on_actors([cid for cid, _ in tasks], [r for _, r in tasks], which,
-                                [ref for _, ref in refs.values()], tasks[0][1],
-                                scales=list(scales), update=update)
+    refs = [ray.put([np.asarray(b) for b in broadcast]) for broadcast in broadcasts]
+    return self._fold_on_actors([cid for cid, _ in tasks], [r for _, r in tasks], list(which),
+                                refs, tasks[0][1], scales=list(scales), update=update)
 
   def _fold_on_actors(self, client_ids: list, rounds: list, which: list, refs: list,
                       round_num: int, **scaling) -> list:
-    """The accumulator (flat tensors) of the clients: client i's data of
-    `rounds[i]`, trained from the broadcast `refs[which[i]]`; `scaling` as
-    `ClientActor.work`'s."""
+    """The accumulator (flat tensors) of client i's data of `rounds[i]`, trained
+    from the broadcast `refs[which[i]]`; `scaling` as `ClientActor.work`'s."""
     blocks = assign_clients(list(range(len(client_ids))), self.num_actors)
     active = [k for k, block in enumerate(blocks) if block]
 
@@ -205,11 +169,9 @@ class RayLearningProcess(ServerCalls):
     """The accumulator folded across the `active` actors in actor order.
 
     Each actor's fold takes the previous one's result as an object reference,
-    so the accumulator goes from actor to actor through Ray's object store and
-    reaches the driver once. If an actor died meanwhile, the fold is redone
-    actor by actor, replacing the dead one (its clients' `work` re-runs first;
-    the others keep their outputs, and a fold is a function of them and the
-    accumulator it is given).
+    so the accumulator reaches the driver once. If an actor died meanwhile,
+    the fold is redone actor by actor, the dead one replaced and its clients'
+    `work` re-run first (the others keep their outputs).
     """
     import ray
 

@@ -1,9 +1,8 @@
 """The ray backend's actor (`runtime.ray`): one actor's data and client computations.
 
-Its own module, whose top imports nothing heavy: Ray starts an actor by
-importing its class's module in a new worker process, so the actor imports
-TensorFlow, TFF and the pipeline in its `__init__` instead, as its process's
-entry point, with the garbage collector off (`session.startup_imports`).
+Ray starts an actor by importing its class's module in a new worker process, so
+this module imports nothing heavy at its top: the actor imports TensorFlow, TFF
+and the pipeline in its `__init__` (`session.startup_imports`).
 """
 
 from __future__ import annotations
@@ -18,8 +17,7 @@ class ClientActor:
   Args:
     experiment: The validated config (pickled, it keeps its validated mark).
     computations: `serialize`d bytes of the form's `CLIENT_COMPUTATIONS`.
-    threads: TensorFlow's intra-op threads in this actor.
-    max_concurrent_clients: Clients run at once in this actor (see `ClientFold`).
+    threads, max_concurrent_clients: This actor's TensorFlow threads, and `ClientFold`'s.
   """
 
   def __init__(self, experiment, computations: Mapping[str, bytes], threads: int,
@@ -55,7 +53,7 @@ class ClientActor:
 
     client_args = [self._client_tensors.args(cid, r) for cid, r in zip(client_ids, rounds)]
     tensors = [[tf.convert_to_tensor(b) for b in leaves] for leaves in broadcasts]
-    outputs = self._fold.work_outputs(client_args, [tensors[w] for w in which])
+    outputs = list(self._fold.outputs(client_args, [tensors[w] for w in which]))
     if scales is not None:
       outputs = [scale_update(o, s, update) for o, s in zip(outputs, scales)]
     self._outputs = outputs

@@ -1,8 +1,7 @@
 """Connecting to Ray: a local instance on loopback, or an existing cluster.
 
-Shared by the sweeps (`tuning.sweep`) and the `ray` backend of a single
-experiment (`runtime.ray`). Ray is imported only when a session starts, so
-`import tff_fedadamom` never pulls it in.
+Ray is imported only when a session starts, so `import tff_fedadamom` never
+pulls it in.
 """
 
 from __future__ import annotations
@@ -21,40 +20,30 @@ from tff_fedadamom.runtime import ray_reaper
 
 LOG = logging.getLogger(__name__)
 
-_LOOPBACK = ("127.0.0.1", "localhost")
 REAPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ray_reaper.py")
 # The reaper of the local Ray this process started (`ray_reaper`), while it runs.
 # Ray's own state is per process too: one local instance at a time.
 _reaper: Optional[subprocess.Popen] = None
 
 
-def is_loopback(address: Optional[str]) -> bool:
-  """Whether a Ray address (None: a new local instance) is on this machine's loopback."""
-  if address is None:
-    return True
-  host = address.split("://")[-1].rsplit(":", 1)[0].strip("[]")
-  return host in _LOOPBACK
-
-
 def _init_kwargs(address: Optional[str], resources: Optional[dict]) -> dict[str, Any]:
   """`ray.init`'s arguments for `connect(address, resources)`."""
-  # configure_logging=False: Ray leaves this process' loggers alone (its own
-  # would get a handler and a level for good); its warnings still reach stderr
-  # through Python's last-resort handler, or through the caller's logging set-up.
+  # configure_logging=False: Ray leaves this process' loggers alone (its
+  # warnings still reach stderr through Python's last-resort handler).
   kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False,
                                 configure_logging=False)
   if address is None:
     # "local": a new instance even if RAY_ADDRESS is set or a `ray start`
-    # cluster runs on this machine (ray.init() would silently join those).
-    # Its processes inherit this one's environment, TensorFlow's log level
-    # included, so the job needs no runtime environment (with one, Ray starts
-    # every worker anew instead of using those it started with the instance).
+    # cluster runs on this machine. Its processes inherit this one's
+    # environment, so the job needs no runtime environment (with one, Ray
+    # starts every worker anew instead of using those it started).
     kwargs.update(address="local", _node_ip_address="127.0.0.1", **(resources or {}))
   else:
     # A cluster's workers have the cluster's environment: the job sets the log level.
     env = {"TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
     kwargs.update(address=address, runtime_env={"env_vars": env})
-    if address != "auto" and is_loopback(address):
+    host = address.split("://")[-1].rsplit(":", 1)[0].strip("[]")
+    if host in ("127.0.0.1", "localhost"):
       kwargs["_node_ip_address"] = "127.0.0.1"
     kwargs.pop("include_dashboard")  # the cluster's own setting applies
   return kwargs
@@ -63,17 +52,15 @@ def _init_kwargs(address: Optional[str], resources: Optional[dict]) -> dict[str,
 # A local start is tried up to three times: now and then the GCS server of a new
 # local Ray ends before writing its log, and `ray.init` fails with
 # FileNotFoundError on the missing log, cause unknown. The warning says how each
-# process a failed try left had ended (exit code or signal, from Ray's handle on
-# it or its zombie), so that an occurrence names it; what the try left running
-# is ended, and each try waits longer than the one before.
+# process a failed try left had ended, so that an occurrence names it; what the
+# try left running is ended, and each try waits longer than the one before.
 _LOCAL_TRIES = 3
 _PAUSE_BEFORE_TRY_S = (0.0, 2.0, 10.0)
 
 
 def _init(ray, kwargs: dict, tries: int, left_by) -> None:
   """`ray.init(**kwargs)`, tried `tries` times; `left_by()` lists the pids the
-  tries may have left (each failed try's are described in its warning, then
-  killed)."""
+  tries may have left (each failed try's are described, then killed)."""
   told: set[int] = set()
   for attempt in range(tries):
     time.sleep(_PAUSE_BEFORE_TRY_S[attempt])
@@ -104,9 +91,9 @@ def _init(ray, kwargs: dict, tries: int, left_by) -> None:
 
 def _started_by_ray(error: BaseException) -> dict[int, str]:
   """pid -> 'gcs_server 123 (exited with code 1)' for each process a failed
-  `ray.init` had started, from Ray's `Node` among the error's frames
-  (`Node.all_processes`). Ray waits on a GCS server it finds ended, so the
-  kernel no longer has its exit status: Ray's handle does."""
+  `ray.init` had started, from Ray's `Node.all_processes` among the error's
+  frames: Ray has reaped a GCS server it found ended, so only its handle has
+  the exit status."""
   found: dict[int, str] = {}
   frame = error.__traceback__
   while frame is not None:
@@ -127,9 +114,8 @@ def connect(address: Optional[str], resources: Optional[dict] = None) -> bool:
   `None` starts a new local Ray bound to 127.0.0.1 with the dashboard off, and a
   reaper (`ray_reaper`) that ends its processes if this one ends without
   `disconnect`; `auto` or host:port joins a cluster. An already initialised Ray
-  is used as it is, and False returned: the caller must not shut it down.
-  `resources` (a new local instance only), e.g. `{"num_cpus": 1}`, replace what
-  Ray would detect. The process' logging is left as it is.
+  is used as it is (False: the caller must not shut it down). `resources` (a
+  new local instance only), e.g. `{"num_cpus": 1}`, replace what Ray detects.
   """
   global _reaper
   import ray
@@ -143,8 +129,7 @@ def connect(address: Optional[str], resources: Optional[dict] = None) -> bool:
   # The processes ray.init starts are this process' new descendants.
   before = set(process_table.descendants(os.getpid())) if address is None else None
 
-  def new_pids() -> list[int]:
-    """The processes started since `before` (ended ones included)."""
+  def new_pids() -> list[int]:  # ended ones included
     return [pid for pid in process_table.descendants(os.getpid()) if pid not in before]
 
   _init(ray, kwargs, tries=_LOCAL_TRIES if address is None else 1,
@@ -159,35 +144,28 @@ def connect(address: Optional[str], resources: Optional[dict] = None) -> bool:
   return True
 
 
-def _end_autoscaler_monitor() -> None:
-  """Kills the autoscaler monitor of the local Ray this process started, if any.
-
-  Why first: `ray.shutdown()` ends the raylet and the GCS server, then sends
-  the monitor SIGTERM, whose handler reports to the GCS it can no longer reach;
-  Ray waits a second for it, nearly all of a local shutdown. Killed first, the
-  monitor reports nothing, and the shutdown skips it. A local instance's
-  monitor holds nothing to save: it only watches the node.
-  """
-  from ray._private import ray_constants
-  from ray._private import worker
-
-  node = getattr(worker, "_global_node", None)  # None unless this process started a node
-  for info in (node.all_processes.get(ray_constants.PROCESS_TYPE_MONITOR, ())
-               if node is not None else ()):
-    if info.process.poll() is None:
-      info.process.kill()
-      info.process.wait()
-
-
 def disconnect() -> None:
   """Shuts down the Ray `connect` started, then ends its reaper (which ends any
-  of that Ray's processes still running)."""
+  of that Ray's processes still running).
+
+  A local Ray's autoscaler monitor, which holds nothing to save, is killed
+  first: `ray.shutdown()` would SIGTERM it after ending the GCS, and wait a
+  second for its report to the gone GCS, nearly all of a local shutdown.
+  """
   global _reaper
   import ray
 
   reaper, _reaper = _reaper, None
   try:
-    _end_autoscaler_monitor()
+    from ray._private import ray_constants
+    from ray._private import worker
+
+    node = getattr(worker, "_global_node", None)  # None unless this process started a node
+    for info in (node.all_processes.get(ray_constants.PROCESS_TYPE_MONITOR, ())
+                 if node is not None else ()):
+      if info.process.poll() is None:
+        info.process.kill()
+        info.process.wait()
     ray.shutdown()
   finally:
     if reaper is not None:

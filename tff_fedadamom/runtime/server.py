@@ -1,16 +1,13 @@
 """The server side of a compiled process's rounds, run in this Python process.
 
-A MapReduceForm round (see `inprocess` for how the form's computations run):
+A MapReduceForm round:
 
     broadcast   = prepare(state)                      server
     accumulator = zero, accumulate(out_c) per client   clients: the client fold
     state', out = update(state, report(accumulator))   server
 
-The in-process and ray backends differ only in the middle line: in-process, a
-`inprocess.ClientFold` on this process's devices; ray, the same fold on each
-actor, passed from actor to actor. Both hold a `ServerComputations` for the
-rest and hand their client fold to its `round`; `ServerCalls` gives both the
-calls of `base.Backend` that involve no client.
+The in-process, ray and buffered rounds differ only in the middle line, the
+client fold each hands to `ServerComputations.round`.
 """
 
 from __future__ import annotations
@@ -24,35 +21,22 @@ from tff_fedadamom.runtime.tf_computation import TFComputation
 
 class ServerComputations:
   """`initialize`, `prepare`, `report`, `update` and the process's
-  `get_model_weights`/`get_hparams`/`set_hparams`, on one device.
-
-  Args:
-    compiled: The `compiled.CompiledProcess`.
-    device: The full TensorFlow name of the device they run on (None: TensorFlow's
-      choice).
-  """
+  `get_model_weights`/`get_hparams`/`set_hparams` of a `compiled.CompiledProcess`,
+  on one device (a full TensorFlow name; None: TensorFlow's choice)."""
 
   def __init__(self, compiled, device):
     self.compiled = compiled
     self._device = [device]
-    types = compiled.result_types
-    self._initialize = TFComputation(compiled.computation("initialize"), self._device,
-                                     result_type=types["initialize"])
     self._prepare = TFComputation(compiled.computation("prepare"), self._device)
     self._report = TFComputation(compiled.computation("report"), self._device)
     self.update = TFComputation(compiled.computation("update"), self._device,
-                                result_type=types["next"])
+                                result_type=compiled.result_types["next"])
     self.state_type = compiled.state_type
     self._extra: dict[str, TFComputation] = {}
 
-  def initialize(self):
-    return self._initialize()
-
   def round(self, state, client_fold: Callable[[list], Sequence[Any]]):
-    """One round from `state`: `prepare`, then `client_fold(broadcast leaves)`
-    (the round's accumulator, flat), then `report` and `update`. Every tensor
-    it makes is released once used (`eager_release`: each would otherwise
-    leave a block behind for good)."""
+    """One round from `state`: `prepare`, `client_fold(broadcast leaves)` (the
+    flat accumulator), `report`, `update`; each tensor made released once used."""
     created = []
     state_leaves = flatten_value(state, self.state_type, created)
     broadcast = self._prepare.call_flat_leaves(state_leaves)
@@ -65,26 +49,17 @@ class ServerComputations:
     release([*created, *accumulator, *report, *result])
     return output
 
-  def _computation(self, name: str) -> TFComputation:
+  def computation(self, name: str) -> TFComputation:
+    """`initialize` or one of `compiled.EXTRAS`, imported on first use."""
     if name not in self._extra:
       self._extra[name] = TFComputation(self.compiled.computation(name), self._device,
                                         result_type=self.compiled.result_types[name])
     return self._extra[name]
 
-  def get_model_weights(self, state):
-    return self._computation("get_model_weights")(state)
-
-  def get_hparams(self, state):
-    return self._computation("get_hparams")(state)
-
-  def set_hparams(self, state, hparams):
-    return self._computation("set_hparams")([state, hparams])
-
 
 class ServerCalls:
-  """The calls of `base.Backend` that run on the server alone (`initialize`,
-  `get_model_weights`, `get_hparams`, `set_hparams`), for a backend whose
-  `ServerComputations` is its `server` attribute."""
+  """The calls of `base.Backend` that run on the server alone, for a backend
+  whose `ServerComputations` is its `server` attribute."""
 
   server: ServerComputations
 
@@ -94,13 +69,13 @@ class ServerCalls:
     return self.server.compiled
 
   def initialize(self):
-    return self.server.initialize()
+    return self.server.computation("initialize")()
 
   def get_model_weights(self, state):
-    return self.server.get_model_weights(state)
+    return self.server.computation("get_model_weights")(state)
 
   def get_hparams(self, state):
-    return self.server.get_hparams(state)
+    return self.server.computation("get_hparams")(state)
 
   def set_hparams(self, state, hparams):
-    return self.server.set_hparams(state, hparams)
+    return self.server.computation("set_hparams")([state, hparams])

@@ -3,21 +3,19 @@
 TFF serializes a TensorFlow computation as a GraphDef with bindings that name
 its parameter and result tensors, and an `initialize_op` that creates its
 variables. `TFComputation` imports the graph into a `tf.compat.v1.wrap_function`
-(the import TFF's own `tensorflow_utils.deserialize_and_call_tf_computation`
-does), once per slot, and calls it like any concrete function, so TensorFlow
-places the ops on the device the slot was imported on.
+(as TFF's `tensorflow_utils.deserialize_and_call_tf_computation` does), once
+per slot, on the device the slot is for.
 
 Every call first runs the graph's initializer and then its body, on variables
-private to the slot (their shared names carry the slot's suffix), so a call is
-a function of its arguments alone and slots can run concurrently. Graphs
-imported side by side would collide on function-library names, which are
-suffixed per import too.
+private to the slot (their shared names, and function-library names, carry
+the import's suffix), so a call is a function of its arguments alone and slots
+can run concurrently.
 
 The `TFComputation`s of one computation (`graph_defs.digest`) on the same
-devices and feed share their slots (`_SlotPool`): a slot serves any caller, and
-first calls are where a new process spends its time. Processes of one model,
-data and clients share `work`, `zero`, `accumulate` and `report`, so a worker
-meeting a sweep's next optimizer imports only its server computations.
+devices and feed share their slots (`_SlotPool`): imports are where a new
+process spends its time, and processes of one model, data and clients share
+`work`, `zero`, `accumulate` and `report`, so a worker meeting a sweep's next
+optimizer imports only its server computations.
 
 With a `Feed`, a slot takes a client's example tensors and round seed in place
 of the dataset its `work` takes (`data.client_tensors` says why) and builds the
@@ -26,9 +24,11 @@ data in the same graph: a client's round is one TensorFlow call.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import queue
 import threading
+import types
 import weakref
 from typing import Any, Callable, Optional, Sequence
 
@@ -43,21 +43,19 @@ from tff_fedadamom.runtime import graph_defs
 from tff_fedadamom.runtime.eager_release import release
 from tff_fedadamom.runtime.py_containers import flatten_value, to_python, type_leaves
 
+
 class Feed:
   """What turns a slot's own arguments into the computation's leading parameters.
 
   Attributes:
     signature: `tf.TensorSpec`s of the arguments that replace the parameters.
     replaces: How many leading parameter leaves they replace.
-    to_params: `(*feed_args) -> list` of those parameter tensors, called once,
-      while the slot's graph is built.
-    to_element: Optional, for a lone sequence parameter of one element:
-      `(*feed_args) -> that element's flat tensors`, which the slot takes in
-      place of a lone `DatasetToSingleElement` op reading the sequence, so no
-      dataset is built and read back (`algorithms.unrolled`'s stacked batches).
-    source: What the feed's ops are built from (the run's `ClientTensors`):
-      slots of one computation fed from one source and kind are shared
-      (`_slot_pool`). None: this feed alone.
+    to_params: `(*feed_args) -> list` of those parameter tensors (graph-building).
+    to_element: Optional, for a lone sequence parameter of one element (the
+      stacked batches of `algorithms.unrolled`): `(*feed_args) -> its flat
+      tensors`, so no dataset is built and read back (`inputs`).
+    source: What the feed's ops are built from (the run's `ClientTensors`),
+      by which slots are shared (`_slot_pool`). None: this feed alone.
   """
 
   def __init__(self, signature: Sequence[tf.TensorSpec], replaces: int, to_params,
@@ -75,16 +73,16 @@ class Feed:
     named `sequence`: a function `(feed args) -> (input map entries, the
     replaced parameters' tensors)`, called while the slot's graph is built.
 
-    With `to_element` and a lone `DatasetToSingleElement` reading `sequence`,
-    that op is removed from `graph_def`, so it cannot run: the input map gives
-    its outputs, what waited for it (TFF's compiler adds control edges) waits
-    for the element instead, and the parameter is an empty dataset that
-    nothing reads.
+    With `to_element` and a `DatasetToSingleElement` op that alone reads
+    `sequence`, that op is removed from `graph_def`: the input map gives its
+    outputs (and its control edges), and the parameter is an empty dataset.
     """
-    reader = _single_element_reader(graph_def, sequence) if self.to_element else None
-    if reader is None:
+    op = sequence.split(":")[0]
+    readers = [node for node in graph_def.node if self.to_element
+               and any(i.split(":")[0].lstrip("^") == op for i in node.input)]
+    if len(readers) != 1 or readers[0].op != "DatasetToSingleElement":
       return lambda args: ({}, list(self.to_params(*args)))
-    name, outputs = reader
+    name, outputs = readers[0].name, len(readers[0].attr["output_types"].list.type)
     kept = [node for node in graph_def.node if node.name != name]
     del graph_def.node[:]
     graph_def.node.extend(kept)
@@ -101,34 +99,14 @@ class Feed:
     return element_inputs
 
 
-def _single_element_reader(graph_def, sequence: str) -> Optional[tuple[str, int]]:
-  """(name, outputs) of the one `DatasetToSingleElement` op that reads the
-  tensor named `sequence` when nothing else reads it, else None."""
-  op = sequence.split(":")[0]
-  readers = [node for node in graph_def.node
-             if any(i.split(":")[0].lstrip("^") == op for i in node.input)]
-  if len(readers) != 1 or readers[0].op != "DatasetToSingleElement":
-    return None
-  return readers[0].name, len(readers[0].attr["output_types"].list.type)
-
-
 _IMPORTS = itertools.count()
 _IMPORT_LOCK = threading.Lock()
 
 
-def _unique_suffix() -> str:
-  with _IMPORT_LOCK:
-    return f"ip{next(_IMPORTS)}"
-
-
 def _flat_call(function, args) -> list:
-  """Calls a concrete function through its flat signature.
-
-  `ConcreteFunction.__call__` binds its arguments to the structured signature,
-  and TensorFlow 2.14 formats every argument tensor as text on that path
-  (`bind_function_inputs` -> `Tensor.__repr__`), which costs more than a small
-  graph's whole run. The inputs here are already flat and typed.
-  """
+  """Calls a concrete function through its flat signature: TensorFlow 2.14's
+  `ConcreteFunction.__call__` formats every argument tensor as text
+  (`bind_function_inputs` -> `Tensor.__repr__`), costlier than a small graph's run."""
   return function._call_flat(args, function.captured_inputs)  # noqa: SLF001
 
 
@@ -138,7 +116,8 @@ class _Slot:
 
   def __init__(self, proto, param_leaves, device: Optional[str], feed: Optional[Feed] = None):
     tf_proto = proto.tensorflow
-    suffix = _unique_suffix()
+    with _IMPORT_LOCK:
+      suffix = f"ip{next(_IMPORTS)}"
     graph_def = serialization_utils.unpack_graph_def(tf_proto.graph_def)
     graph_def = graph_defs.rename_functions(graph_def, suffix)
     graph_def = tensorflow_utils._uniquify_shared_names_with_suffix(  # noqa: SLF001
@@ -169,9 +148,8 @@ class _Slot:
         wanted = [name for _, name in out_names] + ([init_name] if init_name else [])
         imported = tf.graph_util.import_graph_def(
             graph_def, input_map=input_map, return_elements=wanted, name=suffix)
-      traced["outputs"] = list(imported[:len(out_names)])
       traced["init"] = imported[len(out_names)] if init_name else None
-      return traced["outputs"]
+      return list(imported[:len(out_names)])
 
     wrapped = tf.compat.v1.wrap_function(body, signature)
     self._init = (wrapped.prune(feeds=[], fetches=traced["init"])
@@ -189,23 +167,17 @@ class _Slot:
     return _flat_call(self._call, list(flat_args))
 
 
-class _Serialized:
-  """What `TFComputation` reads of a TFF computation (its proto and type),
-  rebuilt from the proto's bytes: no TFF tracing, no user Python."""
-
-  def __init__(self, serialized: bytes):
-    self._computation_proto = computation_pb2.Computation.FromString(serialized)
-    self.type_signature = type_serialization.deserialize_type(self._computation_proto.type)
-
-
 def serialize(computation) -> bytes:
   """The bytes of a TFF TensorFlow computation's proto (see `deserialize`)."""
   return computation._computation_proto.SerializeToString()  # noqa: SLF001
 
 
-def deserialize(serialized: bytes) -> _Serialized:
-  """A computation `TFComputation` accepts, from `serialize`'s bytes."""
-  return _Serialized(serialized)
+def deserialize(serialized: bytes) -> types.SimpleNamespace:
+  """What `TFComputation` reads of a TFF computation (its proto and type),
+  rebuilt from `serialize`'s bytes: no TFF tracing, no user Python."""
+  proto = computation_pb2.Computation.FromString(serialized)
+  return types.SimpleNamespace(_computation_proto=proto,
+                               type_signature=type_serialization.deserialize_type(proto.type))
 
 
 class _SlotPool:
@@ -216,10 +188,8 @@ class _SlotPool:
                feed: Optional[Feed]):
     self._proto, self._param_leaves, self._devices = proto, param_leaves, list(devices)
     self._feed = feed  # kept: the pool's key holds the id of its source (`_slot_pool`)
-    # A stateful random op (Keras' seeded dropout) in the iterator loop's body
-    # keeps its kernel from call to call (`dataset.reduce` makes it afresh per
-    # client), so a client's draws would depend on what ran before it on the
-    # slot: such computations get a new import per call, a function of the inputs.
+    # A stateful random op (seeded dropout) outside a tf.data op keeps its kernel
+    # from call to call: such computations get a new import per call.
     self.fresh_kernels = graph_defs.needs_fresh_kernels(
         serialization_utils.unpack_graph_def(proto.tensorflow.graph_def))
     self._idle = [queue.SimpleQueue() for _ in self._devices]
@@ -229,7 +199,7 @@ class _SlotPool:
 
   def reserve(self, per_device: int) -> None:
     """Adds a holder that may use `per_device` slots per device at once (a
-    negative number: a holder gone). Slots are still made only when none is idle."""
+    negative number: a holder gone)."""
     with self._lock:
       self._limit += per_device
 
@@ -239,10 +209,8 @@ class _SlotPool:
   def take(self, index: int) -> _Slot:
     """An idle slot of device `index`: a new one while fewer than the holders'
     limit exist, else the next one a caller gives back."""
-    try:
+    with contextlib.suppress(queue.Empty):
       return self._idle[index].get_nowait()
-    except queue.Empty:
-      pass
     with self._lock:  # one import at a time, as when they were all made up front
       if self._made[index] < self._limit:
         slot = self.new_slot(index)
@@ -262,9 +230,8 @@ _POOLS_LOCK = threading.Lock()
 def _slot_pool(proto, param_leaves, devices: Sequence[Optional[str]],
                feed: Optional[Feed]) -> _SlotPool:
   """The process's `_SlotPool` for `proto` on `devices` with `feed`, keyed by
-  `graph_defs.digest`, the devices and the feed's source (by identity) and kind. A pool
-  lives while a `TFComputation` holds it, and holds its first feed (and so the
-  source whose id is in its key)."""
+  `graph_defs.digest`, the devices and the feed's source (by identity) and kind.
+  A pool lives while a `TFComputation` holds it, and holds its first feed."""
   source = None if feed is None else (id(feed.source if feed.source is not None else feed),
                                       feed.to_element is not None)
   key = (graph_defs.digest(proto), tuple(devices), source)
@@ -276,11 +243,9 @@ def _slot_pool(proto, param_leaves, devices: Sequence[Optional[str]],
 
 
 class TFComputation:
-  """A TFF TensorFlow computation callable in-process, with `slots` concurrent callers
-  per device.
-
-  Arguments and results are Python containers as TFF's contexts use them
-  (attrs classes, OrderedDicts, numpy arrays); results come back as numpy.
+  """A TFF TensorFlow computation callable in-process, with `slots_per_device`
+  concurrent callers per device. Arguments and results are Python containers
+  as TFF's contexts use them; results come back as numpy.
   """
 
   def __init__(self, computation, devices: Sequence[Optional[str]] = (None,),
@@ -289,8 +254,7 @@ class TFComputation:
     if proto.WhichOneof("computation") != "tensorflow":
       raise TypeError(f"not a TensorFlow computation: {computation.type_signature}")
     self.type_signature = computation.type_signature
-    # The containers of the results (TFF's compiler drops the Python container
-    # types of the computations it derives; the caller may know them).
+    # TFF's compiler drops the Python containers of the computations it derives.
     self.result_type = result_type if result_type is not None else self.type_signature.result
     parameter = self.type_signature.parameter
     self._devices = list(devices)

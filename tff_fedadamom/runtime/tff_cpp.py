@@ -1,16 +1,13 @@
 """The `tff_cpp` backend: TFF's own C++ runtime, kept as the reference.
 
-TFF 0.87 runs it only in a separate `worker_binary`, which serves gRPC on every
-network interface; here that runs in a private network namespace behind a Unix
-socket (`tff_cpp_relay`), so nothing is reachable over TCP from outside.
+TFF 0.87 runs it only in a separate `worker_binary`; here that runs in a
+private network namespace behind a Unix socket (`tff_cpp_relay` says why).
 
 `Runtime` is that worker as a TFF sync context, mirroring TFF's
 `create_sync_local_cpp_execution_context` with `local_cpp_executor_factory`
-(its compiler, transforms, client count and message limits; only the launch
-and the channel's address are this module's). `TffCppProcess` wraps a learning
-process: each call runs with its `Runtime` installed on the calling thread's
-(thread-local) context stack, for that call only; TFF's default context is
-left as it was.
+(only the launch and the channel's address differ). `TffCppProcess` wraps a
+learning process: each call runs with its `Runtime` installed on the calling
+thread's context stack, for that call only.
 
 Lifetime: the worker_binary starts on the first invocation and ends with
 `close()` (SIGTERM to its process group, SIGKILL after `STOP_TIMEOUT_S`), when
@@ -20,6 +17,7 @@ ends when its stdin, a pipe from this process, closes).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import select
@@ -52,16 +50,6 @@ _GRPC_OPTIONS = [("grpc.max_message_length", _GRPC_MAX_MESSAGE_BYTES),
                  ("grpc.max_send_message_length", _GRPC_MAX_MESSAGE_BYTES)]
 
 
-def worker_binary_path() -> str:
-  """The path of TFF's worker_binary (where TFF's own factory looks for it)."""
-  import tensorflow_federated
-
-  path = os.path.join(os.path.dirname(tensorflow_federated.__file__), "data", "worker_binary")
-  if not os.path.isfile(path):
-    raise RuntimeError(f"TFF's worker_binary is not at {path}: the {TFF_CPP} backend needs it")
-  return path
-
-
 def _relay_command(*args: str) -> list[str]:
   # -I: the relay needs the standard library only, not this environment's path.
   return [sys.executable, "-I", RELAY, *args]
@@ -82,35 +70,22 @@ def namespace_problem() -> Optional[str]:
           or f"exit status {probe.returncode}")
 
 
-def check_available() -> None:
-  """Raises a ConfigError naming `runtime.backend` if the worker_binary cannot be confined."""
-  problem = namespace_problem()
-  if problem is None:
-    return
-  from tff_fedadamom.config import ConfigError
-
-  raise ConfigError(
-      "<config>", "runtime.backend",
-      f"the {TFF_CPP} backend runs TFF's worker_binary, which listens on every network "
-      "interface and has no option to choose one, so it is run only inside a private "
-      f"network namespace, and this process cannot create one ({problem})",
-      value=TFF_CPP, allowed=f"{INPROCESS!r} or {RAY!r} (or a kernel that allows "
-      "unprivileged user namespaces: user.max_user_namespaces > 0)")
-
-
 class WorkerBinary:
-  """TFF's worker_binary in its namespace behind the relay, and the Unix socket to it.
-
-  Args:
-    max_concurrent_calls: TFF's `max_concurrent_computation_calls`; <= 0: no limit.
-  """
+  """TFF's worker_binary in its namespace behind the relay, and the Unix socket
+  to it. `max_concurrent_calls`: TFF's `max_concurrent_computation_calls` (<= 0: no limit)."""
 
   def __init__(self, max_concurrent_calls: int = -1):
+    import tensorflow_federated
+
+    # Where TFF's own factory looks for it.
+    binary = os.path.join(os.path.dirname(tensorflow_federated.__file__), "data", "worker_binary")
+    if not os.path.isfile(binary):
+      raise RuntimeError(f"TFF's worker_binary is not at {binary}: the {TFF_CPP} backend needs it")
     self._dir = tempfile.mkdtemp(prefix="tff-cpp-")  # mode 0700: this user's alone
     self.path = os.path.join(self._dir, "worker.sock")
     self.pid: Optional[int] = None  # the worker_binary's, once it runs
     self._relay = subprocess.Popen(
-        _relay_command(self.path, worker_binary_path(), str(max_concurrent_calls)),
+        _relay_command(self.path, binary, str(max_concurrent_calls)),
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
     self._started: list[tuple[int, int]] = []  # the worker_binary's identity, once it runs
     # Not at interpreter exit: the relay ends by itself when this process does.
@@ -118,7 +93,13 @@ class WorkerBinary:
                                        STOP_TIMEOUT_S)
     self._finalizer.atexit = False
     try:
-      self._wait_ready()
+      ready, _, _ = select.select([self._relay.stdout], [], [], START_TIMEOUT_S)
+      line = self._relay.stdout.readline().decode(errors="replace").strip() if ready else ""
+      if not line.startswith("ready "):
+        raise RuntimeError(f"TFF's worker_binary did not start in its network namespace: "
+                           f"{line or 'no answer in %.0f s' % START_TIMEOUT_S}")
+      self.pid = int(line.split()[1])
+      self._started.extend(filter(None, [process_table.identity(self.pid)]))
     except BaseException:
       self.close()
       raise
@@ -128,15 +109,6 @@ class WorkerBinary:
     """The relay's pid; it leads the process group of itself and the worker_binary."""
     return self._relay.pid
 
-  def _wait_ready(self) -> None:
-    ready, _, _ = select.select([self._relay.stdout], [], [], START_TIMEOUT_S)
-    line = self._relay.stdout.readline().decode(errors="replace").strip() if ready else ""
-    if not line.startswith("ready "):
-      raise RuntimeError(f"TFF's worker_binary did not start in its network namespace: "
-                         f"{line or 'no answer in %.0f s' % START_TIMEOUT_S}")
-    self.pid = int(line.split()[1])
-    self._started.extend(filter(None, [process_table.identity(self.pid)]))
-
   def close(self) -> None:
     """Stops the relay and the worker_binary (idempotent)."""
     self._finalizer()
@@ -145,33 +117,23 @@ class WorkerBinary:
 def _stop(relay: subprocess.Popen, directory: str, worker_binaries: list[tuple[int, int]],
           timeout_s: float) -> None:
   """SIGTERM to the relay's process group (relay and worker_binary), SIGKILL
-  after `timeout_s`; then waits for `worker_binaries` (`process_table.identity`s)
-  to end."""
+  after `timeout_s`; then waits for `worker_binaries` (`process_table.identity`s)."""
   for pipe in (relay.stdin, relay.stdout):
-    try:
+    with contextlib.suppress(OSError):
       pipe.close()
-    except OSError:
-      pass
   for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, None)):
-    try:
+    with contextlib.suppress(OSError):  # the group is gone
       os.killpg(relay.pid, sig)
-    except OSError:  # the group is gone
-      pass
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
       relay.wait(timeout=wait_s)
       break
-    except subprocess.TimeoutExpired:
-      continue
-  # The worker_binary's parent death signal ends it with the relay; it is gone once
-  # ended, even if nobody reaps it (a zombie counts as ended).
+  # The worker_binary's parent death signal ends it with the relay (a zombie counts as ended).
   deadline = time.monotonic() + timeout_s
   for worker in worker_binaries:
     while process_table.identity(worker[0]) == worker:
       if time.monotonic() > deadline:
-        try:
+        with contextlib.suppress(OSError):
           os.kill(worker[0], signal.SIGKILL)
-        except OSError:
-          pass
         break
       time.sleep(0.02)
   shutil.rmtree(directory, ignore_errors=True)
@@ -180,14 +142,10 @@ def _stop(relay: subprocess.Popen, directory: str, worker_binaries: list[tuple[i
 def _close_channel(channel, timeout_s: float = 1.0) -> None:
   """`channel.close()`, once the channel's connectivity poller has stopped.
 
-  TFF's executor stub subscribes to the channel's connectivity, so gRPC runs a
-  poller thread that calls the channel every 0.2 s. gRPC's `close()` drops the
-  subscriptions and closes the channel at once; a poller then between two of
-  its calls raises "Cannot invoke RPC: Channel closed!" in its thread, which
-  Python prints to stderr. Here the subscriptions are dropped first (gRPC's
-  own `_unsubscribe_all`, the first step of its `close()`) and the poller,
-  which stops once it sees none, is waited for (at most `timeout_s`). Both are
-  gRPC's private parts; a gRPC without them is closed at once.
+  TFF's executor stub subscribes to the channel's connectivity, so gRPC polls
+  it from a thread, which prints "Cannot invoke RPC: Channel closed!" if the
+  channel closes between two polls. So the subscriptions go first (gRPC's
+  private `_unsubscribe_all`) and the poller is waited for (at most `timeout_s`).
   """
   state = getattr(channel, "_connectivity_state", None)
   unsubscribe_all = getattr(channel, "_unsubscribe_all", None)
@@ -200,8 +158,7 @@ def _close_channel(channel, timeout_s: float = 1.0) -> None:
 
 
 def execution_context(worker: WorkerBinary):
-  """A TFF sync execution context whose executors run on `worker` (see the module
-  docstring for what it mirrors), and its gRPC channel."""
+  """A TFF sync execution context whose executors run on `worker`, and its gRPC channel."""
   import grpc
   from tensorflow_federated.python.core.backends.native import compiler
   from tensorflow_federated.python.core.environments.tensorflow_frontend import (
@@ -231,18 +188,25 @@ def execution_context(worker: WorkerBinary):
 
 
 class Runtime(context_base.SyncContext):
-  """TFF's C++ runtime as a TFF sync context, to install around calls
-  (`context_stack.install(runtime)`, as `TffCppProcess` does).
-
-  Args:
-    max_concurrent_calls: TFF's `max_concurrent_computation_calls`; None: no limit.
+  """TFF's C++ runtime as a TFF sync context, to install around calls.
+  `max_concurrent_calls`: TFF's `max_concurrent_computation_calls` (None: no limit).
 
   Raises:
     ConfigError: naming `runtime.backend` if the worker_binary cannot be confined.
   """
 
   def __init__(self, max_concurrent_calls: Optional[int] = None):
-    check_available()
+    problem = namespace_problem()
+    if problem is not None:
+      from tff_fedadamom.config import ConfigError
+
+      raise ConfigError(
+          "<config>", "runtime.backend",
+          f"the {TFF_CPP} backend runs TFF's worker_binary, which listens on every network "
+          "interface and has no option to choose one, so it is run only inside a private "
+          f"network namespace, and this process cannot create one ({problem})",
+          value=TFF_CPP, allowed=f"{INPROCESS!r} or {RAY!r} (or a kernel that allows "
+          "unprivileged user namespaces: user.max_user_namespaces > 0)")
     self._max_calls = max_concurrent_calls or -1
     self._lock = threading.Lock()
     self._worker_binary: Optional[WorkerBinary] = None
@@ -280,7 +244,7 @@ class Runtime(context_base.SyncContext):
 
 class _InContext:
   """A computation of the wrapped process, called under the wrapper's runtime;
-  its other attributes (`type_signature`, ...) are the computation's."""
+  its other attributes are the computation's."""
 
   def __init__(self, owner: "TffCppProcess", computation):
     self._owner, self._computation = owner, computation
@@ -300,17 +264,14 @@ def _in_runtime(name: str) -> property:
 
 class TffCppProcess:
   """The `tff_cpp` backend (`base.Backend`): a TFF learning process every
-  callable attribute of which is called with this wrapper's `Runtime` installed.
-
-  With the run's `client_tensors`, rounds take client ids (`next_for_clients`);
-  `max_concurrent_clients` is the `Runtime`'s `max_concurrent_calls`.
+  callable attribute of which is called with this wrapper's `Runtime`
+  (`max_concurrent_calls=max_concurrent_clients`) installed.
 
   Raises:
     ConfigError: naming `runtime.backend` if the worker_binary cannot be confined.
   """
 
-  # The calls of `base.Backend`, spelled out; any other attribute of the
-  # process is reached through `__getattr__`.
+  # The calls of `base.Backend`; any other attribute is reached through `__getattr__`.
   initialize = _in_runtime("initialize")
   get_model_weights = _in_runtime("get_model_weights")
   get_hparams = _in_runtime("get_hparams")
@@ -330,8 +291,7 @@ class TffCppProcess:
       return computation(*args, **kwargs)
 
   def next_for_clients(self, state, client_ids: Sequence, round_num: int):
-    """One round of TFF's `next` over the datasets of `client_ids` in round
-    `round_num`, built here from the run's `client_tensors`."""
+    """One round of TFF's `next` over the datasets of `client_ids` in round `round_num`."""
     if self._client_tensors is None:
       raise TypeError("next_for_clients needs client_tensors=...; call next(state, datasets)")
     return self.call(self._process.next, state,

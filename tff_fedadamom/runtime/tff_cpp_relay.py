@@ -4,15 +4,11 @@ namespace of its own, reachable only through a Unix socket.
 TFF's worker_binary serves gRPC on `[::]:PORT`, every network interface, with
 no option to choose the address (TFF's `cc/simulation/servers.cc`). In a fresh
 network namespace "every interface" is that namespace's loopback alone. This
-process
-
-1. enters a new user and network namespace (`unshare(CLONE_NEWUSER |
-   CLONE_NEWNET)`, allowed where the kernel allows unprivileged user
-   namespaces) and brings its `lo` up (a new namespace's `lo` is down);
-2. starts worker_binary there, with SIGKILL as its parent death signal;
-3. relays each connection on a Unix socket (in a directory only its user may
-   enter), both ways, to the worker's port on 127.0.0.1: the file system is
-   shared, the network is not.
+process enters a new user and network namespace (`unshare`, allowed where the
+kernel allows unprivileged user namespaces) and brings its `lo` up, starts
+worker_binary there with SIGKILL as its parent death signal, and relays each
+connection on a Unix socket (in a directory only its user may enter) to the
+worker's port on 127.0.0.1: the file system is shared, the network is not.
 
 It prints `ready WORKER_PID` once the worker accepts connections (the probe:
 `ready` once the namespace is made), or `error: ...` and exits 3. It ends, its
@@ -27,6 +23,7 @@ Usage: tff_cpp_relay.py --probe
        tff_cpp_relay.py SOCKET_PATH WORKER_BINARY MAX_CONCURRENT_CALLS
 """
 
+import contextlib
 import ctypes
 import fcntl
 import os
@@ -52,11 +49,8 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 def enter_private_network() -> None:
   """Moves this process into a new user and network namespace, with `lo` up.
-
-  The user namespace is what lets an unprivileged process own the network
-  namespace (and set its loopback's flags); this process's uid and gid map to
-  themselves in it.
-  """
+  The user namespace (uid and gid mapped to themselves) is what lets an
+  unprivileged process own the network namespace."""
   uid, gid = os.getuid(), os.getgid()
   if _libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET) != 0:
     errno = ctypes.get_errno()
@@ -69,14 +63,6 @@ def enter_private_network() -> None:
     request = struct.pack(_IFREQ, b"lo", 0)
     flags = struct.unpack(_IFREQ, fcntl.ioctl(s.fileno(), _SIOCGIFFLAGS, request))[1]
     fcntl.ioctl(s.fileno(), _SIOCSIFFLAGS, struct.pack(_IFREQ, b"lo", flags | _IFF_UP))
-
-
-def _free_port() -> int:
-  """A free port on the namespace's loopback (the namespace is this process's
-  alone, so nothing else can take it before the worker does)."""
-  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
 
 
 def _start_worker(binary: str, port: int, max_calls: str) -> subprocess.Popen:
@@ -109,20 +95,12 @@ def _wait_listening(worker: subprocess.Popen, port: int, timeout_s: float = 120.
 
 def _pump(source: socket.socket, sink: socket.socket) -> None:
   """Copies `source` to `sink` until end of file, then ends `sink`'s writing side."""
-  try:
-    while True:
-      data = source.recv(_CHUNK)
-      if not data:
-        break
+  with contextlib.suppress(OSError):
+    while data := source.recv(_CHUNK):
       sink.sendall(data)
-  except OSError:
-    pass
-  finally:
-    for end, how in ((sink, socket.SHUT_WR), (source, socket.SHUT_RD)):
-      try:
-        end.shutdown(how)
-      except OSError:
-        pass
+  for end, how in ((sink, socket.SHUT_WR), (source, socket.SHUT_RD)):
+    with contextlib.suppress(OSError):
+      end.shutdown(how)
 
 
 def _relay(client: socket.socket, port: int) -> None:
@@ -132,12 +110,10 @@ def _relay(client: socket.socket, port: int) -> None:
     client.close()
     return
   upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-  threads = [threading.Thread(target=_pump, args=pair, daemon=True)
-             for pair in ((client, upstream), (upstream, client))]
-  for thread in threads:
-    thread.start()
-  for thread in threads:
-    thread.join()
+  back = threading.Thread(target=_pump, args=(upstream, client), daemon=True)
+  back.start()
+  _pump(client, upstream)
+  back.join()
   client.close()
   upstream.close()
 
@@ -148,29 +124,26 @@ _ENDING = threading.Lock()
 
 def _end(worker: subprocess.Popen, status: int, path: str) -> None:
   """Ends this process, its worker first (reaped here: the machine's init may
-  not reap orphans), and removes the socket at `path` and its directory, which
-  the parent made for this relay alone: a parent killed before it could close
-  leaves nothing behind.
-
-  The first caller ends the process; another (a parent gone and the worker
-  ended with it, both seen at once) waits for that: else the second would find
-  the socket removed, skip the directory, and exit before the first removed it.
-  """
+  not reap orphans), and removes the socket at `path` and its directory. A
+  second caller (parent and worker gone at once) waits, so that it cannot exit
+  before the first removed the directory."""
   _ENDING.acquire()  # never released: this process ends here
   worker.kill()
   worker.wait()
   # Each apart: the socket may be missing (not bound yet, or removed by the
   # parent), and its directory must go all the same.
   for remove, target in ((os.unlink, path), (os.rmdir, os.path.dirname(path))):
-    try:
+    with contextlib.suppress(OSError):
       remove(target)
-    except OSError:
-      pass
   os._exit(status)
 
 
 def serve(path: str, binary: str, max_calls: str) -> None:
-  port = _free_port()
+  # A free port: the namespace is this process's alone, so nothing else can
+  # take it before the worker does.
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
   worker = _start_worker(binary, port, max_calls)
   signal.signal(signal.SIGTERM, lambda *_: _end(worker, 0, path))
   threading.Thread(target=lambda: (sys.stdin.buffer.read(), _end(worker, 0, path)),
