@@ -1,9 +1,8 @@
 """Study 4: escape from minima of controlled sharpness (the paper's diffusion claim).
 
-The paper says that log(mean escape time) from a minimum scales like 1/k for
-FedAvgM and FedAdamom but like 1/sqrt(k) for FedAdam, k being the minimum's
-sharpness. We test it with the registry's server optimizers, stepped by their
-`next`, on noisy pseudo-gradients of a Styblinski-Tang landscape.
+The paper says that log(mean escape time) from a minimum of sharpness k scales like 1/k
+for FedAvgM and FedAdamom but like 1/sqrt(k) for FedAdam. The registry's server optimizers,
+stepped by their `next`, run on noisy pseudo-gradients of a Styblinski-Tang landscape.
 
 st(u) = (u^4 - 16 u^2 + 5 u) / 2 has a local minimum at u_a ~ 2.7468 (st'' =
 h0 ~ 29.27), a barrier top at u_b ~ 0.1567 and the global minimum at u ~
@@ -16,11 +15,10 @@ start at the local minimum with zero optimizer state and escape once a
 coordinate passes u = -1; times are censored at `max_rounds`, and tau = 1 /
 rate, the exponential MLE (escapes / rounds observed).
 
-Step sizes are matched once, at the minimum of the reference sharpness k_ref
-(the geometric middle of the ks): FedAvgM's rate is fixed, FedAdam's and
-FedAdamom's set so that their mean |step| per coordinate there equals
-FedAvgM's. They then stay fixed across k, so what differs is the shape of
-log(tau) against k (matching at every k would turn FedAdam into SGD).
+Step sizes are matched once, at the minimum of k_ref (the geometric middle of the ks):
+FedAdam's and FedAdamom's mean |step| per coordinate there equals FedAvgM's. They then stay
+fixed across k, so what differs is the shape of log(tau) against k (matching at every k would
+turn FedAdam into SGD).
 """
 
 from __future__ import annotations
@@ -162,15 +160,15 @@ def _simulate_fn(batched: BatchedOptimizer, sqrt_k, noise_std, quadratic: bool):
 
 
 def _batch_arrays(setup: EscapeSetup, ks: Sequence[float], particles: int):
+  """sqrt(k), the noise's std and the start x of every (k, particle, coordinate)."""
   import tensorflow as tf
 
   k_of = np.repeat(np.asarray(ks, np.float32), particles)
-  sqrt_k = np.sqrt(k_of)[:, None] * np.ones((1, setup.dim), np.float32)
-  noise_std = np.sqrt(setup.noise_scale * k_of * H0)[:, None] * np.ones(
-      (1, setup.dim), np.float32)
+  ones = np.ones((1, setup.dim), np.float32)
+  sqrt_k = np.sqrt(k_of)[:, None] * ones
+  noise_std = np.sqrt(setup.noise_scale * k_of * H0)[:, None] * ones
   x0 = (U_LOCAL / sqrt_k).astype(np.float32)
-  return (tf.constant(sqrt_k, tf.float32), tf.constant(noise_std, tf.float32),
-          tf.constant(x0, tf.float32))
+  return tuple(tf.constant(a, tf.float32) for a in (sqrt_k, noise_std, x0))
 
 
 def mean_step_at_minimum(name: str, lr: float, setup: EscapeSetup, *, particles: int = 256,

@@ -1,14 +1,8 @@
-"""Study 4's analysis: how log(mean escape time) depends on the sharpness k.
-
-`escape.run_study_dict` gives, per optimizer and k, censored escape times and their
-exponential-MLE rate; here log(tau) = -log(rate) is fitted against k:
-
-* Pearson r of log(tau) with 1/k and with 1/sqrt(k) (the paper's two forms);
-* the exponent p of log(tau) = a + c * k^-p (least squares over a grid of p);
-* the exponent with a prefactor term, log(tau) = a + b * log(k) + c * k^-p: the
-  Kramers prefactor of an escape rate (the attempt frequency) scales with the
-  curvature, a power of k, which the two-term form folds into p;
-* 90% bootstrap intervals of both exponents, particles resampled within each k.
+"""Study 4's analysis: log(tau) = -log(escape rate) (`escape.rate_estimate`) against the
+sharpness k. Pearson r with 1/k and with 1/sqrt(k) (the paper's two forms); the exponent p of
+log(tau) = a + c k^-p; that of log(tau) = a + b log(k) + c k^-p, whose log term takes the
+Kramers prefactor (the attempt frequency, a power of k) that the two-term form folds into p;
+90% bootstrap intervals of both exponents, particles resampled within each k.
 """
 
 from __future__ import annotations
@@ -51,8 +45,7 @@ def fit_exponent(ks, log_tau, p_grid=None, prefactor: bool = False) -> Optional[
 
 def analyse(raw: Mapping, *, min_escapes: int = 10, bootstrap: int = 200,
             seed: int = 0) -> dict:
-  """The fits of the module docstring per optimizer, over the k with at least
-  `min_escapes` escapes."""
+  """The module docstring's fits per optimizer, over the k with `min_escapes` escapes."""
   setup = raw["setup"]
   ks = np.asarray(setup["ks"], float)
   max_rounds = setup["max_rounds"]

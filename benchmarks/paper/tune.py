@@ -1,20 +1,18 @@
 """Equal-budget tuning of every method of a comparison, every trial a unit.
 
-A method's space merges, later winning: the registry's search ranges of its
-hparams, the client learning rate's default range, the plan's shared entries,
-the plan's entries for the method; a `server.<hparam>` entry applies only to
-the methods that have that hparam (a range to those that may tune it).
+A method's space merges, later winning: the registry's search ranges of its hparams, the
+client learning rate's default range, the plan's shared entries, the plan's entries for the
+method; a `server.<hparam>` entry applies only to the methods that have that hparam (a range
+to those that may tune it).
 
-Trial i of a method takes, in each dimension, the i-th draw of that
-dimension's own generator (`numpy.random.RandomState`, seeded by
-crc32("<seed>:<path>")): methods that share a dimension get the same values in
-it (common random numbers: a comparison of two methods is not also one of
-their luck). Draws are as Ray Tune's domains make them, exp(U(log a, log b))
-and U(a, b): the stored trials were drawn that way.
+Trial i takes in each dimension the i-th draw of that dimension's own generator, seeded as
+`tuning.space.dimension_seed` seeds it: common random numbers, as in the sweeps. Draws are as
+Ray Tune's domains make them, exp(U(log a, log b)) and U(a, b): the stored trials were drawn
+that way.
 
-A method's best trial has the best mean `METRIC` over its last `LAST_K`
-evaluations among those that completed the rounds without diverging (the first
-of equal ones); without one, its final runs take the registry's defaults.
+A method's best trial has the best mean `METRIC` over its last `LAST_K` evaluations among
+those that completed the rounds without diverging (the first of equal ones); without one,
+its final runs take the registry's defaults.
 """
 
 from __future__ import annotations
@@ -92,8 +90,7 @@ def trial_config(base: Mapping, optimizer: str, rounds: int, values: Mapping) ->
 
 
 def objective(history: Sequence[Mapping], last_k: int) -> float:
-  """Mean `METRIC` of the last `last_k` evaluated rounds (a round's last row
-  counts), NaN if one is not finite, None without an evaluation."""
+  """`tuning.trainable.objective_from_history` of `METRIC`, without importing Ray."""
   rows = {int(r[ROUND]): r for r in history if evaluated(r) and METRIC in r}
   values = [float(rows[k][METRIC]) for k in sorted(rows)][-last_k:]
   if not values:

@@ -231,10 +231,6 @@ def comparable(result: Any) -> Any:
       k: v for k, v in record.items() if k not in TIMING_KEYS})
 
 
-def _number(value) -> bool:
-  return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def first_difference(stored: Any, now: Any, path: str = "result",
                      close: Optional[Callable[[str, float, float], bool]] = None
                      ) -> Optional[tuple]:
@@ -252,7 +248,7 @@ def first_difference(stored: Any, now: Any, path: str = "result",
     found = (first_difference(a, b, f"{path}[{i}]", close)
              for i, (a, b) in enumerate(zip(stored, now)))
     return next((d for d in found if d), None)
-  if _number(stored) and _number(now):
+  if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (stored, now)):
     if math.isnan(stored) and math.isnan(now):
       return None
     same = close(path, stored, now) if close is not None else (

@@ -1,14 +1,12 @@
 """`reproduce --verify K`: run K stored units again and compare their results.
 
-The check for what a unit's key does not cover: data pipeline, models, round
-loop, the platform's floating point. A unit stored on this machine must
-reproduce exactly, timing fields aside; one stored on another within
-`TOLERANCE`, since float32 kernels round differently on another CPU and tens of
-rounds of non-convex training carry a last-bit difference into the accuracies.
-Half a point of accuracy (absolute) lies below the seed-to-seed spread of
-almost every cell of the report, while a changed pipeline, model or round loop
-moves accuracies by more; other floats, of other scales, get 2% (relative). A
-round index derived from accuracies may move to a neighbouring evaluation.
+The check for what a unit's key does not cover: data pipeline, models, round loop, the
+platform's floating point. A unit stored on another machine reproduces within `TOLERANCE`:
+float32 kernels round differently on another CPU, and tens of rounds of non-convex training
+carry a last-bit difference into the accuracies. Half a point of accuracy (absolute) lies
+below the seed-to-seed spread of almost every cell of the report, while a changed pipeline,
+model or round loop moves accuracies by more; other floats, of other scales, get 2%
+(relative). A round index derived from accuracies may move to a neighbouring evaluation.
 """
 
 from __future__ import annotations
