@@ -16,7 +16,7 @@ import numpy as np
 
 from tff_fedadamom.metric_names import DROPPED, MAX_STALENESS, MEAN_STALENESS, ROUND, TEST_ACCURACY
 
-from benchmarks.paper import escape, escape_fit, plan
+from benchmarks.paper import escape, plan
 from benchmarks.paper import runs as runs_lib
 from benchmarks.paper import tune as tune_lib
 from benchmarks.paper import units as units_lib
@@ -271,5 +271,5 @@ def collect(ctx: Context) -> dict:
         "per_optimizer": {name: {k: res[k] for k in ("lr", "per_k", "rounds_simulated",
                                                      "seconds")}
                           for name, res in raw["optimizers"].items()},
-        "analysis": escape_fit.analyse(raw, bootstrap=200 if b.mode == "full" else 30)}
+        "analysis": escape.analyse(raw, bootstrap=200 if b.mode == "full" else 30)}
   return results
