@@ -111,13 +111,11 @@ def run(ctx: studies.Context, out: str, command: str) -> int:
           + (", committed as they complete" if ctx.store.commit else ""))
   results = studies.collect(ctx)
   ctx.pool.shutdown()
-  timings = {
-      "mode": b.mode, "workers": b.workers, "machine": units_lib.machine(),
-      "wall time": f"{minutes(time.perf_counter() - started)} (this invocation)",
-      **stored_timings(ctx.store),
-      "budget": json.dumps({k: v for k, v in dataclasses.asdict(b).items()
-                            if k != "escape"}, default=str),
-  }
+  timings = {"mode": b.mode, "workers": b.workers, "machine": units_lib.machine(),
+             "wall time": f"{minutes(time.perf_counter() - started)} (this invocation)",
+             **stored_timings(ctx.store),
+             "budget": json.dumps({k: v for k, v in dataclasses.asdict(b).items()
+                                   if k != "escape"}, default=str)}
   return write(out, document(ctx, command, results, timings), ctx.log)
 
 

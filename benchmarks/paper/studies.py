@@ -58,12 +58,11 @@ def seed_summary(records: Sequence[Mapping], target: float) -> dict:
   key = f"{target:g}"
   reached = [r["rounds_to_target"][key] for r in records
              if (r.get("rounds_to_target") or {}).get(key) is not None]
-  return {
-      **{k: mean_std([r.get(f"{k}_test_accuracy") for r in records]) for k in ("final", "best")},
-      "rounds_to_target": mean_std(reached), "reached": len(reached), "seeds": len(records),
-      "diverged": sum(r.get("status") != "completed" for r in records),
-      "final_by_seed": {str(r.get("seed")): r.get("final_test_accuracy") for r in records},
-  }
+  return {**{k: mean_std([r.get(f"{k}_test_accuracy") for r in records])
+             for k in ("final", "best")},
+          "rounds_to_target": mean_std(reached), "reached": len(reached), "seeds": len(records),
+          "diverged": sum(r.get("status") != "completed" for r in records),
+          "final_by_seed": {str(r.get("seed")): r.get("final_test_accuracy") for r in records}}
 
 
 def mean_curve(records: Sequence[Mapping]) -> dict:

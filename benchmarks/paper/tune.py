@@ -5,8 +5,8 @@ client learning rate's default range, the plan's shared entries, the plan's entr
 method; a `server.<hparam>` entry applies only to the methods that have that hparam (a range
 to those that may tune it).
 
-Trial i takes in each dimension the i-th draw of that dimension's own generator, seeded as
-`tuning.space.dimension_seed` seeds it: common random numbers, as in the sweeps. Draws are as
+Trial i takes in each dimension the i-th draw of that dimension's own generator, seeded by
+`tuning.space.dimension_seed`: common random numbers, as in the sweeps. Draws are as
 Ray Tune's domains make them, exp(U(log a, log b)) and U(a, b): the stored trials were drawn
 that way.
 
@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import copy
 import math
-import zlib
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from tff_fedadamom.metric_names import ROUND, VALIDATION_ACCURACY, evaluated
+from tuning.space import dimension_seed
 
 from benchmarks.paper import units as units_lib
 
@@ -63,7 +63,7 @@ def method_space(optimizer: str, space: Mapping[str, Any]) -> tuple:
 def draws(tuned: Mapping[str, Mapping], trials: int, seed: int) -> list:
   columns = {}
   for path, dist in tuned.items():
-    rng = np.random.RandomState(zlib.crc32(f"{int(seed)}:{path}".encode()))
+    rng = np.random.RandomState(dimension_seed(seed, path))
     if dist["dist"] == "loguniform":
       draw = lambda: np.exp(rng.uniform(np.log(dist["low"]), np.log(dist["high"]), size=1))
     elif dist["dist"] == "uniform":

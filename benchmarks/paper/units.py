@@ -200,15 +200,13 @@ class Store:
     return f"its file holds another spec ({where[0]}: {where[1]!r}, now {where[2]!r})"
 
   def put(self, unit: Unit, result: Any, wall_time_s: float) -> str:
-    record = {
-        "name": unit.name, "key": unit.key,
-        "kind": "call" if unit.config is None else "experiment", "spec": unit.spec,
-        "methods": list(unit.methods), "fingerprints": unit.fingerprints,
-        "result": result, "wall_time_s": round(float(wall_time_s), 3),
-        "source_commit": self.source.get("commit"),
-        "source_dirty": self.source.get("dirty"), "machine": machine(),
-        "written": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-    }
+    record = {"name": unit.name, "key": unit.key,
+              "kind": "call" if unit.config is None else "experiment", "spec": unit.spec,
+              "methods": list(unit.methods), "fingerprints": unit.fingerprints,
+              "result": result, "wall_time_s": round(float(wall_time_s), 3),
+              "source_commit": self.source.get("commit"),
+              "source_dirty": self.source.get("dirty"), "machine": machine(),
+              "written": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     path = os.path.join(self.root, unit.name + ".json")
     atomic_write_json(path, record)
     for key in [k for k, r in self._index.items() if r["name"] == unit.name]:
