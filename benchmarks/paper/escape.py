@@ -180,11 +180,8 @@ def _batch_arrays(setup: EscapeSetup, ks: Sequence[float], particles: int):
 def mean_step_at_minimum(name: str, lr: float, setup: EscapeSetup, *, particles: int = 256,
                          burn_in: int = 400, rounds: int = 400, seed: int = 1,
                          compiled: Optional[dict] = None) -> float:
-  """Mean |step| per coordinate in the harmonic well of the minimum at k_ref.
-
-  `compiled`: the compiled rounds by optimizer, for calls with other learning
-  rates (the rate is in the state, so one costly trace serves every rate).
-  """
+  """Mean |step| per coordinate in the harmonic well of the minimum at k_ref. `compiled`:
+  the compiled rounds by optimizer (the rate is in the state: one trace serves every rate)."""
   import tensorflow as tf
 
   i32 = lambda value: tf.constant(value, tf.int32)

@@ -15,7 +15,6 @@ from tff_fedadamom.experiment.outputs import markdown_table
 
 from benchmarks.common import NOT_MEASURED
 from benchmarks.paper import plan
-from benchmarks.paper import tune as tune_lib
 from benchmarks.paper.report_format import (EDGE_MARK, METHODS_NOTE, describe_setup,
                                             dist_text, hparam_label, hparams_text, measured,
                                             name, num, partition_text, pct, place, place_text,
@@ -51,7 +50,7 @@ def edges(opt: str, row: Mapping, space: Mapping) -> list:
   if not row or row.get("fallback_defaults") or not space:
     return []
   found = []
-  for path, dist in tune_lib.method_space(opt, space)[0].items():
+  for path, dist in plan.method_space(opt, space)[0].items():
     value = (row.get("hparams") or {}).get(path)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
       continue

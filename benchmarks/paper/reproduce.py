@@ -21,7 +21,6 @@ from benchmarks.paper import plan
 from benchmarks.paper import report as report_lib
 from benchmarks.paper import runs as runs_lib
 from benchmarks.paper import studies
-from benchmarks.paper import tune as tune_lib
 from benchmarks.paper import units as units_lib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -54,7 +53,7 @@ def document(ctx: studies.Context, command: str, results: Mapping, timings: Mapp
   from tff_fedadamom.methods import get_spec
 
   methods = [{"name": m, "communication": get_spec(m).communication} for m in plan.OPTIMIZERS]
-  return {"mode": ctx.budget.mode, "backend": tune_lib.BACKEND, "command": command,
+  return {"mode": ctx.budget.mode, "backend": plan.BACKEND, "command": command,
           "methods": methods, "results": results,
           "budget": dataclasses.asdict(ctx.budget), "timings": dict(timings)}
 

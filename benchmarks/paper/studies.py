@@ -18,7 +18,6 @@ from tff_fedadamom.metric_names import DROPPED, MAX_STALENESS, MEAN_STALENESS, R
 
 from benchmarks.paper import escape, plan
 from benchmarks.paper import runs as runs_lib
-from benchmarks.paper import tune as tune_lib
 from benchmarks.paper import units as units_lib
 
 PAIR = ("fedadam", "fedadamom")  # study 5's two methods
@@ -223,7 +222,7 @@ def collect(ctx: Context) -> dict:
       "escape/study", fn="benchmarks.paper.escape:run_study_dict",
       kwargs={"setup": dataclasses.asdict(b.escape)}, methods=escape.OPTIMIZERS,
       version=escape.VERSION)
-  tuned = tune_lib.tune(ctx, requests, seed=b.tune_seed, alongside=[escape_unit])
+  tuned = plan.tune(ctx, requests, seed=b.tune_seed, alongside=[escape_unit])
   # "fmnist-dir0.3" is study "fmnist/dir0.3"'s tuning.
   comparisons = {name.replace("-", "/", 1): {"tuning": outcome, **requests[name]}
                  for name, outcome in tuned.items() if outcome is not None}

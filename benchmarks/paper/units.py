@@ -37,7 +37,7 @@ def spec_of_config(config: Mapping[str, Any]) -> dict:
 
 
 # Significant digits of a spec's floats in its hash. A drawn hparam is
-# exp(U(log a, log b)) (`tune.draws`), whose last bit depends on the CPU (glibc
+# exp(U(log a, log b)) (`plan.draws`), whose last bit depends on the CPU (glibc
 # picks FMA or SSE2 code for exp and log at run time); to 10 digits, CPUs agree.
 SPEC_DIGITS = 10
 
