@@ -48,8 +48,7 @@ def stored_timings(store: units_lib.Store) -> dict:
 
 
 def document(ctx: studies.Context, command: str, results: Mapping, timings: Mapping) -> dict:
-  """results.json: the results, and the methods with their communication cost per
-  round relative to FedAvg."""
+  """results.json: the results, and each method's communication per round relative to FedAvg."""
   from tff_fedadamom.methods import get_spec
 
   methods = [{"name": m, "communication": get_spec(m).communication} for m in plan.OPTIMIZERS]
