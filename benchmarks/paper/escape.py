@@ -1,9 +1,8 @@
 """Study 4: escape from minima of controlled sharpness (the paper's diffusion claim).
 
-The paper says that log(mean escape time) from a minimum scales like 1/k for
-FedAvgM and FedAdamom but like 1/sqrt(k) for FedAdam, k being the minimum's
-sharpness. We test it with the registry's server optimizers, stepped by their
-`next`, on noisy pseudo-gradients of a Styblinski-Tang landscape.
+The paper says that log(mean escape time) from a minimum of sharpness k scales like 1/k
+for FedAvgM and FedAdamom but like 1/sqrt(k) for FedAdam. The registry's server optimizers,
+stepped by their `next`, run on noisy pseudo-gradients of a Styblinski-Tang landscape.
 
 st(u) = (u^4 - 16 u^2 + 5 u) / 2 has a local minimum at u_a ~ 2.7468 (st'' =
 h0 ~ 29.27), a barrier top at u_b ~ 0.1567 and the global minimum at u ~
@@ -16,11 +15,16 @@ start at the local minimum with zero optimizer state and escape once a
 coordinate passes u = -1; times are censored at `max_rounds`, and tau = 1 /
 rate, the exponential MLE (escapes / rounds observed).
 
-Step sizes are matched once, at the minimum of the reference sharpness k_ref
-(the geometric middle of the ks): FedAvgM's rate is fixed, FedAdam's and
-FedAdamom's set so that their mean |step| per coordinate there equals
-FedAvgM's. They then stay fixed across k, so what differs is the shape of
-log(tau) against k (matching at every k would turn FedAdam into SGD).
+Step sizes are matched once, at the minimum of k_ref (the geometric middle of the ks):
+FedAdam's and FedAdamom's mean |step| per coordinate there equals FedAvgM's. They then stay
+fixed across k, so what differs is the shape of log(tau) against k (matching at every k would
+turn FedAdam into SGD).
+
+The analysis (`analyse`) fits log(tau) = -log(rate) against k: Pearson r with 1/k and with
+1/sqrt(k) (the paper's two forms); the exponent p of log(tau) = a + c k^-p; that of log(tau)
+= a + b log(k) + c k^-p, whose log term takes the Kramers prefactor (the attempt frequency, a
+power of k) that the two-term form folds into p; 90% bootstrap intervals of both exponents,
+particles resampled within each k.
 """
 
 from __future__ import annotations
@@ -162,25 +166,22 @@ def _simulate_fn(batched: BatchedOptimizer, sqrt_k, noise_std, quadratic: bool):
 
 
 def _batch_arrays(setup: EscapeSetup, ks: Sequence[float], particles: int):
+  """sqrt(k), the noise's std and the start x of every (k, particle, coordinate)."""
   import tensorflow as tf
 
   k_of = np.repeat(np.asarray(ks, np.float32), particles)
-  sqrt_k = np.sqrt(k_of)[:, None] * np.ones((1, setup.dim), np.float32)
-  noise_std = np.sqrt(setup.noise_scale * k_of * H0)[:, None] * np.ones(
-      (1, setup.dim), np.float32)
+  ones = np.ones((1, setup.dim), np.float32)
+  sqrt_k = np.sqrt(k_of)[:, None] * ones
+  noise_std = np.sqrt(setup.noise_scale * k_of * H0)[:, None] * ones
   x0 = (U_LOCAL / sqrt_k).astype(np.float32)
-  return (tf.constant(sqrt_k, tf.float32), tf.constant(noise_std, tf.float32),
-          tf.constant(x0, tf.float32))
+  return tuple(tf.constant(a, tf.float32) for a in (sqrt_k, noise_std, x0))
 
 
 def mean_step_at_minimum(name: str, lr: float, setup: EscapeSetup, *, particles: int = 256,
                          burn_in: int = 400, rounds: int = 400, seed: int = 1,
                          compiled: Optional[dict] = None) -> float:
-  """Mean |step| per coordinate in the harmonic well of the minimum at k_ref.
-
-  `compiled`: the compiled rounds by optimizer, for calls with other learning
-  rates (the rate is in the state, so one costly trace serves every rate).
-  """
+  """Mean |step| per coordinate in the harmonic well of the minimum at k_ref. `compiled`:
+  the compiled rounds by optimizer (the rate is in the state: one trace serves every rate)."""
   import tensorflow as tf
 
   i32 = lambda value: tf.constant(value, tf.int32)
@@ -271,3 +272,70 @@ def run_study_dict(setup: Mapping) -> dict:
           "barrier": BARRIER, "h0": H0, "u_local": U_LOCAL, "u_barrier": U_BARRIER,
           "u_escaped": U_ESCAPED, "matched": matched, "optimizers": results,
           "seconds": time.perf_counter() - started}
+
+
+def pearson(x, y) -> Optional[float]:
+  x, y = np.asarray(x, float), np.asarray(y, float)
+  if x.size < 3 or np.std(x) == 0 or np.std(y) == 0:
+    return None
+  return float(np.corrcoef(x, y)[0, 1])
+
+
+def fit_exponent(ks, log_tau, p_grid=None, prefactor: bool = False) -> Optional[dict]:
+  """Least-squares fit of log(tau) = a + c * k^-p, with `prefactor` a + b * log(k)
+  + c * k^-p, over a grid of p (the other coefficients linear)."""
+  ks, y = np.asarray(ks, float), np.asarray(log_tau, float)
+  if ks.size < (5 if prefactor else 4):
+    return None
+  best = None
+  for p in np.linspace(0.05, 3.0, 591) if p_grid is None else p_grid:
+    design = np.stack([np.ones_like(ks)] + ([np.log(ks)] if prefactor else []) + [ks ** -p],
+                      axis=1)
+    coef, *_ = np.linalg.lstsq(design, y, rcond=None)
+    sse = float(np.sum((design @ coef - y) ** 2))
+    if best is None or sse < best[0]:
+      best = (sse, float(p), [float(c) for c in coef])
+  sse, p, coef = best
+  if prefactor:
+    return dict(zip(("p", "a", "b", "c"), [p, *coef]))
+  total = float(np.sum((y - y.mean()) ** 2))
+  return {"p": p, "a": coef[0], "c": coef[1], "r2": 1.0 - sse / total if total > 0 else None}
+
+
+def analyse(raw: Mapping, *, min_escapes: int = 10, bootstrap: int = 200,
+            seed: int = 0) -> dict:
+  """The fits of the module docstring per optimizer, over the k with `min_escapes` escapes."""
+  setup = raw["setup"]
+  ks = np.asarray(setup["ks"], float)
+  max_rounds = setup["max_rounds"]
+  rng = np.random.default_rng(seed)
+  out = {}
+  for name, res in raw["optimizers"].items():
+    per_k = res["per_k"]
+    keep = [i for i, r in enumerate(per_k) if r["escaped"] >= min_escapes]
+    k_used = ks[keep]
+    log_tau = np.array([math.log(per_k[i]["tau"]) for i in keep])
+    entry = {"k_used": k_used.tolist(), "log_tau": log_tau.tolist(),
+             "r_inv_k": pearson(1.0 / k_used, log_tau),
+             "r_inv_sqrt_k": pearson(1.0 / np.sqrt(k_used), log_tau),
+             "fit": fit_exponent(k_used, log_tau), "p_interval": None,
+             "fit_prefactor": fit_exponent(k_used, log_tau, prefactor=True),
+             "p_prefactor_interval": None,
+             "k_span": float(k_used.max() / k_used.min()) if keep else None}
+    if entry["fit"] is not None and bootstrap:
+      times = [np.asarray(res["times"][i]) for i in keep]
+      ps = {"p_interval": [], "p_prefactor_interval": []}
+      coarse = np.linspace(0.05, 3.0, 119)
+      for _ in range(bootstrap):
+        rates = [rate_estimate(rng.choice(t, size=t.size, replace=True), max_rounds)["rate"]
+                 for t in times]
+        if all(rates):  # every k still has an escape
+          sample = [math.log(1.0 / rate) for rate in rates]
+          for key, prefactor in (("p_interval", False), ("p_prefactor_interval", True)):
+            found = fit_exponent(k_used, sample, p_grid=coarse, prefactor=prefactor)
+            if found is not None:
+              ps[key].append(found["p"])
+      entry.update({key: [float(np.percentile(values, 5)), float(np.percentile(values, 95))]
+                    for key, values in ps.items() if values})
+    out[name] = entry
+  return out

@@ -1,23 +1,19 @@
 """Numerics fingerprints: a short fixed computation per method, rounded and hashed.
 
-A fingerprint must change with a method's numbers and not when code moves, nor
-from one machine to another (benchmarks/paper/README.md). Raw float32 bytes fail
-the last point: oneDNN kernels dispatch on the CPU and sum in other orders. So:
+A fingerprint changes with a method's numbers, not when code moves, nor from one machine to
+another (README.md). Raw float32 bytes fail the last: oneDNN kernels dispatch on the CPU and
+sum in other orders. So a server optimizer runs in float64, on two tensors (reductions over
+all parameters, such as FedAdamom's vbar, see more than one) with pseudo-gradients of scale
+1e-3 to 1e2 (epsilon-dominated to clipped regimes); a learning process keeps its float32, on
+a linear model fed one-example batches with one nonzero input, a power of two: every product
+is exact, no sum has two inexact terms, and the rest (client Adam/STORM steps, the mean over
+clients, the server step) is elementwise, which every CPU rounds alike.
 
-* a server optimizer runs in float64, on two tensors (so reductions over all
-  parameters, such as FedAdamom's vbar, see more than one) with pseudo-gradients
-  of scale 1e-3 to 1e2 (epsilon-dominated to clipped regimes);
-* a learning process keeps its float32, on a linear model fed one-example
-  batches with one nonzero input, a power of two: every product is exact, no
-  sum has two inexact terms, and the rest (client Adam/STORM steps, the mean
-  over clients, the server step) is elementwise, which every CPU rounds alike.
-
-Every float or integer leaf of the weights and state is then written with
-`DIGITS[dtype]` significant digits and hashed. float64 keeps 8: a last-bit
-machine difference (1e-16) is amplified by far less than 1e8 in six steps,
-while a change of numerics moves values by much more than 1e-8 (a test scales
-one update by 1.001). float32 keeps 5 of its 7.2 digits, two orders above a
-last-bit difference after two rounds. Integers are exact.
+Every float or integer leaf of the weights and state is written with `DIGITS[dtype]`
+significant digits and hashed. float64 keeps 8: six steps amplify a last-bit machine
+difference (1e-16) by far less than 1e8, while a change of numerics moves values by much
+more than 1e-8 (a test scales one update by 1.001). float32 keeps 5 of its 7.2 digits, two
+orders above a last-bit difference after two rounds.
 """
 
 from __future__ import annotations

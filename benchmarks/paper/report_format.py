@@ -94,6 +94,11 @@ def describe_setup(setup: Mapping, methods_note: str = METHODS_NOTE) -> str:
     data_text = (f"Shakespeare, clients = speaking roles ({opts.get('max_clients')} roles "
                  f"kept, seeded), next character over {opts.get('seq_length')}-character windows")
   model_text = model["name"] + (f" {model.get('options')}" if model.get("options") else "")
+  space = "; ".join(
+      f"{name(key)}: " + "; ".join(f"{hparam_label(k)} {dist_text(v)}" for k, v in value.items())
+      if isinstance(value, Mapping) and "dist" not in value  # one optimizer's entries
+      else f"{hparam_label(key)} {dist_text(value)} (all optimizers that have it)"
+      for key, value in setup["space"].items())
   return (
       f"- Data: {data_text}; {setup['clients_per_round']} clients per round, uniform averaging.\n"
       f"- Model: {model_text}. Clients: SGD, "
@@ -101,7 +106,7 @@ def describe_setup(setup: Mapping, methods_note: str = METHODS_NOTE) -> str:
       f"- Tuning: {setup['tune_trials']} trials x {setup['tune_rounds']} rounds per optimizer "
       f"(the same for all), random search, seed {setup['tune_seed']}, backend "
       f"`{setup['tune_backend']}`; objective: {metric['name']} averaged over the last "
-      f"{metric['last_k']} evaluations. Space: {space_text(setup['space'])}.\n"
+      f"{metric['last_k']} evaluations. Space: {space}.\n"
       + (f"- Validation: {100 * setup['validation']['fraction']:g}% of each training "
          "client's examples held out (drawn with the partition seed), in tuning and final "
          "runs alike; tuning selects on them, the tables report the test set.\n"
@@ -114,16 +119,8 @@ def describe_setup(setup: Mapping, methods_note: str = METHODS_NOTE) -> str:
       f"shuffling; the partition is fixed; the tuning used seed {setup['tune_seed']}).\n")
 
 
-def space_text(space: Mapping) -> str:
-  return "; ".join(
-      f"{name(key)}: " + "; ".join(f"{hparam_label(k)} {dist_text(v)}" for k, v in value.items())
-      if isinstance(value, Mapping) and "dist" not in value  # one optimizer's entries
-      else f"{hparam_label(key)} {dist_text(value)} (all optimizers that have it)"
-      for key, value in space.items())
-
-
 def dist_text(value) -> str:
-  """A search-space entry: a fixed value or a loguniform/uniform range (`tune.draws`)."""
+  """A search-space entry: a fixed value or a loguniform/uniform range (`plan.draws`)."""
   if not isinstance(value, Mapping):
     return f"fixed {num(value)}"
   return f"{value['dist']} [{num(value['low'])}, {num(value['high'])}]"

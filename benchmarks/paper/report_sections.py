@@ -1,15 +1,9 @@
 """The report's comparison sections (studies 1, 2 and 6; the others: `report_studies`):
-tables, and each study's comparison with the paper, whose numbers and claims come from
-`plan.PAPER` only.
-
-Beside each comparison table goes how far to trust it: tuned values at the edge of their
-range (the range, not the method, may have decided them), runs at chance level
-(`studies.count_failed`: they learnt nothing), each method's bias correction (part of the
-setup: uncorrected, an Adam-family method's first m / sqrt(v) is (1 - beta_1) /
-sqrt(1 - beta_2) times the corrected one, 3.2 at beta 0.9, 0.999, and epsilon weighs more
-beside a young v), the staleness asynchronous runs saw. Study 6 (FedBuff steps) has no
-paper numbers: it asks whether FedAdamom's standing against FADAS and FedAdam holds, and
-whether FADAS' delay-adaptive rate acted at all.
+tables, what they flag (README.md, "What the comparison tables flag"; also each method's
+bias correction and the staleness asynchronous runs saw), and each study's comparison with
+the paper, whose numbers and claims come from `plan.PAPER` only. Study 6 has no paper
+numbers: it asks whether FedAdamom's standing against FADAS and FedAdam holds, and whether
+FADAS' delay-adaptive rate acted at all.
 """
 
 from __future__ import annotations
@@ -21,7 +15,6 @@ from tff_fedadamom.experiment.outputs import markdown_table
 
 from benchmarks.common import NOT_MEASURED
 from benchmarks.paper import plan
-from benchmarks.paper import tune as tune_lib
 from benchmarks.paper.report_format import (EDGE_MARK, METHODS_NOTE, describe_setup,
                                             dist_text, hparam_label, hparams_text, measured,
                                             name, num, partition_text, pct, place, place_text,
@@ -57,7 +50,7 @@ def edges(opt: str, row: Mapping, space: Mapping) -> list:
   if not row or row.get("fallback_defaults") or not space:
     return []
   found = []
-  for path, dist in tune_lib.method_space(opt, space)[0].items():
+  for path, dist in plan.method_space(opt, space)[0].items():
     value = (row.get("hparams") or {}).get(path)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
       continue
@@ -81,7 +74,9 @@ def edge_note(table: Mapping, space: Mapping, methods: Sequence[str]) -> str:
 
 def bias_correction(opt: str, row: Mapping) -> str:
   """'on' or 'off' as the tuned config has `server.bias_correction` (else the registry's
-  default), or what the rule of `opt` does when it has no such switch."""
+  default), or what the rule of `opt` does without such a switch. Uncorrected, an Adam-family
+  method's first m / sqrt(v) is (1 - beta_1) / sqrt(1 - beta_2) times the corrected one (3.2
+  at beta 0.9, 0.999), and epsilon weighs more beside a young v."""
   from tff_fedadamom.methods import default_hparams
 
   defaults = default_hparams(opt)

@@ -91,16 +91,13 @@ def run_experiment_unit(config: Mapping[str, Any], parts_cache=None) -> dict:
           "wall_time_s")
   steps = [{ROUND: int(r[ROUND]), **{k: r[k] for k in ASYNC_COLUMNS if k in r}}
            for r in rows if MEAN_STALENESS in r]
-  return {
-      **{k: result.summary.get(k) for k in keys},
-      "total_s": round(time.perf_counter() - started, 3),
-      "seed": config.get("seed"),
-      "server": dict(config["server"]),
-      "client_learning_rate": config["client"]["learning_rate"],
-      "round_seconds": [round(b - a, 4) for a, b in zip([0.0] + elapsed, elapsed)],
-      "eval_rounds": [int(r[ROUND]) for r in rows if TEST_ACCURACY in r],
-      **({"async_history": steps} if steps else {}),
-  }
+  return {**{k: result.summary.get(k) for k in keys},
+          "total_s": round(time.perf_counter() - started, 3), "seed": config.get("seed"),
+          "server": dict(config["server"]),
+          "client_learning_rate": config["client"]["learning_rate"],
+          "round_seconds": [round(b - a, 4) for a, b in zip([0.0] + elapsed, elapsed)],
+          "eval_rounds": [int(r[ROUND]) for r in rows if TEST_ACCURACY in r],
+          **({"async_history": steps} if steps else {})}
 
 
 def timed_unit(config, fn, kwargs, parts_cache=None) -> tuple:

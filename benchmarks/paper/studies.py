@@ -16,9 +16,8 @@ import numpy as np
 
 from tff_fedadamom.metric_names import DROPPED, MAX_STALENESS, MEAN_STALENESS, ROUND, TEST_ACCURACY
 
-from benchmarks.paper import escape, escape_fit, plan
+from benchmarks.paper import escape, plan
 from benchmarks.paper import runs as runs_lib
-from benchmarks.paper import tune as tune_lib
 from benchmarks.paper import units as units_lib
 
 PAIR = ("fedadam", "fedadamom")  # study 5's two methods
@@ -58,13 +57,11 @@ def seed_summary(records: Sequence[Mapping], target: float) -> dict:
   key = f"{target:g}"
   reached = [r["rounds_to_target"][key] for r in records
              if (r.get("rounds_to_target") or {}).get(key) is not None]
-  return {
-      "final": mean_std([r.get("final_test_accuracy") for r in records]),
-      "best": mean_std([r.get("best_test_accuracy") for r in records]),
-      "rounds_to_target": mean_std(reached), "reached": len(reached), "seeds": len(records),
-      "diverged": sum(r.get("status") != "completed" for r in records),
-      "final_by_seed": {str(r.get("seed")): r.get("final_test_accuracy") for r in records},
-  }
+  return {**{k: mean_std([r.get(f"{k}_test_accuracy") for r in records])
+             for k in ("final", "best")},
+          "rounds_to_target": mean_std(reached), "reached": len(reached), "seeds": len(records),
+          "diverged": sum(r.get("status") != "completed" for r in records),
+          "final_by_seed": {str(r.get("seed")): r.get("final_test_accuracy") for r in records}}
 
 
 def mean_curve(records: Sequence[Mapping]) -> dict:
@@ -161,8 +158,7 @@ def summarize_comparison(name: str, comparison: Mapping, budget: plan.DataBudget
                                       chance),
         "fallback_defaults": entry.get("fallback_defaults", False)}
   summary = {"name": name, "table": table, "target": budget.target, "setup": {
-      "data": base["data"], "model": base["model"], "validation": base.get("validation"),
-      "clients_per_round": base["clients_per_round"],
+      **{k: base.get(k) for k in ("data", "model", "validation", "clients_per_round")},
       "client": {k: v for k, v in base["client"].items() if k != "learning_rate"},
       "rounds": budget.rounds, "eval_every": base["eval_every"], "methods": list(table),
       "seeds": list(budget.seeds), "tune_trials": budget.tune_trials,
@@ -206,15 +202,6 @@ def summarize_hetero(b: plan.Budget, results: Mapping, units) -> dict:
   return {"rows": rows, "seeds": list(b.hetero_seeds), "rounds": b.fmnist.rounds}
 
 
-def summarize_escape(raw: Mapping, bootstrap: int) -> dict:
-  """Study 4: the simulation's numbers without its escape times, and their fits."""
-  return {"raw": {k: v for k, v in raw.items() if k != "optimizers"},
-          "per_optimizer": {name: {k: res[k] for k in ("lr", "per_k", "rounds_simulated",
-                                                       "seconds")}
-                            for name, res in raw["optimizers"].items()},
-          "analysis": escape_fit.analyse(raw, bootstrap=bootstrap)}
-
-
 def collect(ctx: Context) -> dict:
   """Tunes, runs (or only reads) and summarizes every study whose units are there."""
   b = ctx.budget
@@ -235,15 +222,10 @@ def collect(ctx: Context) -> dict:
       "escape/study", fn="benchmarks.paper.escape:run_study_dict",
       kwargs={"setup": dataclasses.asdict(b.escape)}, methods=escape.OPTIMIZERS,
       version=escape.VERSION)
-  tuned = tune_lib.tune(ctx, requests, seed=b.tune_seed, alongside=[escape_unit])
+  tuned = plan.tune(ctx, requests, seed=b.tune_seed, alongside=[escape_unit])
   # "fmnist-dir0.3" is study "fmnist/dir0.3"'s tuning.
-  compared = {name.replace("-", "/", 1): {"tuning": outcome, **requests[name]}
-              for name, outcome in tuned.items() if outcome is not None}
-  return _runs(ctx, compared, escape_unit)
-
-
-def _runs(ctx: Context, comparisons: Mapping, escape_unit) -> dict:
-  b = ctx.budget
+  comparisons = {name.replace("-", "/", 1): {"tuning": outcome, **requests[name]}
+                 for name, outcome in tuned.items() if outcome is not None}
   ctx.log("runs: best configs x seeds, beta_2 grid, heterogeneity, asynchronous steps, "
           "escape simulation")
   groups = {study: [_final(ctx, f"{study}/{opt}/seed{seed}", entry, cmp["base"], seed,
@@ -280,7 +262,12 @@ def _runs(ctx: Context, comparisons: Mapping, escape_unit) -> dict:
     results["beta2"] = summarize_beta2(b, fmnist, done, groups["beta2"])
   if "hetero" in groups:
     results["hetero"] = summarize_hetero(b, done, groups["hetero"])
-  if escape_unit.name in done:
-    results["escape"] = summarize_escape(done[escape_unit.name],
-                                         bootstrap=200 if b.mode == "full" else 30)
+  if escape_unit.name in done:  # study 4: the simulation without its escape times, the fits
+    raw = done[escape_unit.name]
+    results["escape"] = {
+        "raw": {k: v for k, v in raw.items() if k != "optimizers"},
+        "per_optimizer": {name: {k: res[k] for k in ("lr", "per_k", "rounds_simulated",
+                                                     "seconds")}
+                          for name, res in raw["optimizers"].items()},
+        "analysis": escape.analyse(raw, bootstrap=200 if b.mode == "full" else 30)}
   return results

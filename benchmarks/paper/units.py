@@ -37,7 +37,7 @@ def spec_of_config(config: Mapping[str, Any]) -> dict:
 
 
 # Significant digits of a spec's floats in its hash. A drawn hparam is
-# exp(U(log a, log b)) (`tune.draws`), whose last bit depends on the CPU (glibc
+# exp(U(log a, log b)) (`plan.draws`), whose last bit depends on the CPU (glibc
 # picks FMA or SSE2 code for exp and log at run time); to 10 digits, CPUs agree.
 SPEC_DIGITS = 10
 
@@ -200,15 +200,13 @@ class Store:
     return f"its file holds another spec ({where[0]}: {where[1]!r}, now {where[2]!r})"
 
   def put(self, unit: Unit, result: Any, wall_time_s: float) -> str:
-    record = {
-        "name": unit.name, "key": unit.key,
-        "kind": "call" if unit.config is None else "experiment", "spec": unit.spec,
-        "methods": list(unit.methods), "fingerprints": unit.fingerprints,
-        "result": result, "wall_time_s": round(float(wall_time_s), 3),
-        "source_commit": self.source.get("commit"),
-        "source_dirty": self.source.get("dirty"), "machine": machine(),
-        "written": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-    }
+    record = {"name": unit.name, "key": unit.key,
+              "kind": "call" if unit.config is None else "experiment", "spec": unit.spec,
+              "methods": list(unit.methods), "fingerprints": unit.fingerprints,
+              "result": result, "wall_time_s": round(float(wall_time_s), 3),
+              "source_commit": self.source.get("commit"),
+              "source_dirty": self.source.get("dirty"), "machine": machine(),
+              "written": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     path = os.path.join(self.root, unit.name + ".json")
     atomic_write_json(path, record)
     for key in [k for k, r in self._index.items() if r["name"] == unit.name]:
@@ -231,10 +229,6 @@ def comparable(result: Any) -> Any:
       k: v for k, v in record.items() if k not in TIMING_KEYS})
 
 
-def _number(value) -> bool:
-  return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def first_difference(stored: Any, now: Any, path: str = "result",
                      close: Optional[Callable[[str, float, float], bool]] = None
                      ) -> Optional[tuple]:
@@ -252,7 +246,7 @@ def first_difference(stored: Any, now: Any, path: str = "result",
     found = (first_difference(a, b, f"{path}[{i}]", close)
              for i, (a, b) in enumerate(zip(stored, now)))
     return next((d for d in found if d), None)
-  if _number(stored) and _number(now):
+  if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (stored, now)):
     if math.isnan(stored) and math.isnan(now):
       return None
     same = close(path, stored, now) if close is not None else (

@@ -11,7 +11,7 @@ import pytest
 
 from tff_fedadamom.metric_names import TEST_ACCURACY
 
-from benchmarks.paper import escape, escape_fit, plan, report, reproduce, studies, tune
+from benchmarks.paper import escape, plan, report, reproduce, studies
 
 PAPER_DIR = os.path.dirname(os.path.abspath(reproduce.__file__))
 
@@ -74,14 +74,14 @@ def test_rate_estimate_censoring():
 def test_fits_recover_the_exponent(p):
   ks = np.geomspace(1, 16, 9)
   y = 1.5 + 6.0 * ks ** -p
-  fit = escape_fit.fit_exponent(ks, y)
+  fit = escape.fit_exponent(ks, y)
   assert fit["p"] == pytest.approx(p, abs=0.01)
   y3 = y - 0.7 * np.log(ks)
-  fit3 = escape_fit.fit_exponent(ks, y3, prefactor=True)
+  fit3 = escape.fit_exponent(ks, y3, prefactor=True)
   assert fit3["p"] == pytest.approx(p, abs=0.02)
   assert fit3["b"] == pytest.approx(-0.7, abs=0.05)
-  r1 = escape_fit.pearson(1 / ks, y)
-  r2 = escape_fit.pearson(1 / np.sqrt(ks), y)
+  r1 = escape.pearson(1 / ks, y)
+  r2 = escape.pearson(1 / np.sqrt(ks), y)
   assert (r1 > r2) == (p == 1.0)
 
 
@@ -109,7 +109,7 @@ def test_seed_summary_and_curve():
 
 def _quick_sweep(methods=plan.OPTIMIZERS, trials=2):
   base = plan.fmnist_base(plan.QUICK, plan.PARTITIONS["iid"])
-  return tune.plan_sweep("t", {"base": base, "optimizers": methods, "trials": trials,
+  return plan.plan_sweep("t", {"base": base, "optimizers": methods, "trials": trials,
                                "rounds": 1, "space": plan.search_space((0.01, 0.5))}, seed=7)
 
 
@@ -159,7 +159,7 @@ def test_the_stored_trials_are_the_trials_this_code_plans():
                  for s in b.async_spreads}}
   planned = {}
   for name, (base, db, lr, methods) in requests.items():
-    sweep = tune.plan_sweep(name, {"base": base, "optimizers": methods,
+    sweep = plan.plan_sweep(name, {"base": base, "optimizers": methods,
                                    "trials": db.tune_trials, "rounds": db.tune_rounds,
                                    "space": plan.search_space(lr, methods)}, seed=b.tune_seed)
     planned.update({u.name: u.spec for m in sweep["methods"].values() for _, u in m["trials"]})
@@ -176,14 +176,14 @@ def test_a_tuning_outcome_is_the_best_complete_trial():
   sweep = _quick_sweep(methods=("fedadam",), trials=3)
   names = [u.name for _, u in sweep["methods"]["fedadam"]["trials"]]
   # Tuning selects on the validation accuracy; the test accuracy ranks the other way.
-  row = lambda acc: {"round": 1, tune.METRIC: acc, TEST_ACCURACY: 1 - acc}
+  row = lambda acc: {"round": 1, plan.METRIC: acc, TEST_ACCURACY: 1 - acc}
   results = {names[0]: {"status": "completed", "history": [row(0.5)], "rounds_completed": 1},
              names[1]: {"status": "diverged", "history": [row(0.9)], "rounds_completed": 1},
              names[2]: {"status": "completed", "history": [row(0.7)], "rounds_completed": 1}}
-  best = tune.outcome(sweep, results)["best"]["fedadam"]
+  best = plan.outcome(sweep, results)["best"]["fedadam"]
   assert best["objective"] == 0.7 and best["trials_run"] == 3 and best["trials_diverged"] == 1
   assert best["config"] == sweep["methods"]["fedadam"]["trials"][2][1].config
-  fallback = tune.outcome(sweep, {names[1]: results[names[1]]})["best"]["fedadam"]
+  fallback = plan.outcome(sweep, {names[1]: results[names[1]]})["best"]["fedadam"]
   assert fallback["fallback_defaults"] and fallback["params"] is None
   assert fallback["config"]["server"] == {"optimizer": "fedadam",
                                           "client_weighting": "uniform",

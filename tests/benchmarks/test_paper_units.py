@@ -1,6 +1,6 @@
 """The study's units: fingerprints, unit files and keys, the pool, --verify and
 the no-shrink rule of --report-only (benchmarks/paper/fingerprint.py, units.py,
-runs.py, verify.py, reproduce.py)."""
+runs.py, reproduce.py)."""
 
 import json
 import math
@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from benchmarks.paper import fingerprint, plan, report, reproduce, runs, units, verify
+from benchmarks.paper import fingerprint, plan, report, reproduce, runs, units
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # A tiny unit with real numerics: one server optimizer's fingerprint computation.
@@ -245,7 +245,7 @@ def test_first_difference_names_the_field_exactly_or_within_a_tolerance():
   stored, now = units.comparable(a), units.comparable(b)
   assert units.first_difference(stored, stored) is None
   assert units.first_difference(stored, now) == ("result.best_round", 5, 10)
-  close = verify.within_tolerance(stored)
+  close = reproduce.within_tolerance(stored)
   assert units.first_difference(stored, now, close=close) is None
   far = json.loads(json.dumps(now))
   far["history"][0]["test/accuracy"] = 0.51
@@ -268,10 +268,10 @@ def _stored(tmp_path, names=("fedavg", "fedadam", "fedadamom")):
 
 def test_verify_chooses_by_seed():
   records = [{"name": f"u{i}"} for i in range(10)]
-  first = verify.choose(records, 3, seed=1)
-  assert [r["name"] for r in verify.choose(list(reversed(records)), 3, seed=1)] == \
+  first = reproduce.choose(records, 3, seed=1)
+  assert [r["name"] for r in reproduce.choose(list(reversed(records)), 3, seed=1)] == \
       [r["name"] for r in first]
-  assert len(first) == 3 and len(verify.choose(records, 20, seed=1)) == 10
+  assert len(first) == 3 and len(reproduce.choose(records, 20, seed=1)) == 10
 
 
 def test_verify_fails_on_a_changed_result_naming_unit_and_field(tmp_path):
@@ -281,7 +281,7 @@ def test_verify_fails_on_a_changed_result_naming_unit_and_field(tmp_path):
   record["result"] = "0" * 16
   path.write_text(json.dumps(record))
   lines = []
-  status = verify.verify(units.Store(str(tmp_path / "results")), 3, 0,
+  status = reproduce.verify(units.Store(str(tmp_path / "results")), 3, 0,
                          runs.Cache(str(tmp_path)), one_worker(tmp_path), log=lines.append)
   assert status == 1
   assert any("DIFFERS t/fedadam: result: stored '0000000000000000'" in l for l in lines)
@@ -295,17 +295,17 @@ def test_verify_compares_a_unit_of_another_machine_within_the_tolerance(tmp_path
   another machine, and not when it was stored on this one."""
   store = units.Store(str(tmp_path / "results"))
   unit = units.Unit("t/u", fn="json:loads", kwargs={"s": '{"test/accuracy": 0.5}'})
-  path = store.put(unit, {"test/accuracy": 0.5 + verify.TOLERANCE["accuracy (absolute)"] / 2},
+  path = store.put(unit, {"test/accuracy": 0.5 + reproduce.TOLERANCE["accuracy (absolute)"] / 2},
                    0.0)
   lines = []
-  assert verify.verify(units.Store(store.root), 1, 0, runs.Cache(str(tmp_path)),
+  assert reproduce.verify(units.Store(store.root), 1, 0, runs.Cache(str(tmp_path)),
                        one_worker(tmp_path), log=lines.append) == 1
   record = json.loads(open(path).read())
   record["machine"] = "another machine"
   with open(path, "w") as f:
     json.dump(record, f)
   lines = []
-  assert verify.verify(units.Store(store.root), 1, 0, runs.Cache(str(tmp_path)),
+  assert reproduce.verify(units.Store(store.root), 1, 0, runs.Cache(str(tmp_path)),
                        one_worker(tmp_path), log=lines.append) == 0
   assert any("on another machine; compared within the tolerance" in l for l in lines)
   assert any("t/u: within the tolerance" in l for l in lines)
@@ -317,7 +317,7 @@ def test_verify_fails_on_a_stale_unit(tmp_path):
                      fingerprints=lambda m: {"fedavg": "0" * 16})
   store.put(stale, "x", 0.0)
   lines = []
-  assert verify.verify(units.Store(str(tmp_path / "results")), 1, 0,
+  assert reproduce.verify(units.Store(str(tmp_path / "results")), 1, 0,
                        runs.Cache(str(tmp_path)), NoPool(), log=lines.append) == 1
   assert any("t/x: fingerprints differ: fedavg (stored 0000" in l for l in lines)
 
