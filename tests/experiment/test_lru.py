@@ -1,8 +1,8 @@
-"""`parts_cache.lru_get`, `lru_put`: least-recently-used order, and what eviction spares."""
+"""`lru.lru_get`, `lru_put`: least-recently-used order, and what eviction spares."""
 
 import collections
 
-from tff_fedadamom.experiment.parts_cache import lru_get, lru_put
+from tff_fedadamom.lru import lru_get, lru_put
 
 
 def test_get_marks_an_entry_used_and_misses_give_none():

@@ -7,32 +7,12 @@ from __future__ import annotations
 
 import collections
 import json
-from typing import Any, Collection
+from typing import Any
 
 from tff_fedadamom.config import ExperimentConfig, config_to_dict
 from tff_fedadamom.experiment.evaluation import Evaluator
 from tff_fedadamom.experiment.parts import ExperimentParts, build_parts, make_plan
-
-
-def lru_get(entries: collections.OrderedDict, key: str):
-  """`entries[key]`, now the most recently used (the order of `entries` is their
-  use, oldest first), or None."""
-  if key not in entries:
-    return None
-  entries.move_to_end(key)
-  return entries[key]
-
-
-def lru_put(entries: collections.OrderedDict, key: str, value, max_size: int,
-            keep: Collection[str] = ()) -> None:
-  """Sets `entries[key]`, the most recently used, keeping `max_size` entries:
-  out goes the least recently used one not in `keep`, else the least recently
-  used (`key` itself only when it is the one entry left)."""
-  entries[key] = value
-  entries.move_to_end(key)
-  while len(entries) > max_size:
-    out = next((k for k in entries if k not in keep and k != key), next(iter(entries)))
-    del entries[out]
+from tff_fedadamom.lru import lru_get, lru_put
 
 
 def _data(tree: dict) -> dict:

@@ -19,6 +19,7 @@ from tff_fedadamom import methods, models
 from tff_fedadamom.algorithms.unrolled import build_unrolled_client_work
 from tff_fedadamom.config import ExperimentConfig, config_to_dict, schema
 from tff_fedadamom.data import FederatedData, load_federated_data
+from tff_fedadamom.lru import lru_get, lru_put
 from tff_fedadamom.optimizers.client import build_client_sgd
 
 
@@ -248,14 +249,12 @@ def _client_work_key(config: ExperimentConfig, signature: dict, weighting,
 def _shared_client_work(key: str, build: Callable[[], tff.learning.templates.ClientWorkProcess]):
   """The client work of `key`: built once per process (`build()`), then shared."""
   with _CLIENT_WORKS_LOCK:
-    if key in _CLIENT_WORKS:
-      _CLIENT_WORKS.move_to_end(key)
-      return _CLIENT_WORKS[key]
+    client_work = lru_get(_CLIENT_WORKS, key)
+  if client_work is not None:
+    return client_work
   client_work = build()
   with _CLIENT_WORKS_LOCK:
-    _CLIENT_WORKS[key] = client_work
-    while len(_CLIENT_WORKS) > _CLIENT_WORKS_KEPT:
-      _CLIENT_WORKS.popitem(last=False)
+    lru_put(_CLIENT_WORKS, key, client_work, _CLIENT_WORKS_KEPT)
   return client_work
 
 
