@@ -45,18 +45,6 @@ FMNIST_SHORT = {
 SWEEPS = {"quickstart": (QUICKSTART, {}), "fmnist": (FMNIST, FMNIST_SHORT)}
 
 
-def set_path(tree: dict, path: str, value) -> None:
-  """Sets `tree[a][b][c] = value` for `path` "a.b.c", making missing mappings."""
-  *parents, leaf = path.split(".")
-  for key in parents:
-    if tree.get(key) is None:
-      tree[key] = {}
-    tree = tree[key]
-    if not isinstance(tree, dict):
-      raise ValueError(f"{path}: {key} holds {tree!r}, not a mapping")
-  tree[leaf] = value
-
-
 def prepare(sweep_file: str, values: Mapping, scratch: str, separate: bool) -> dict:
   """Writes sweep `sweep_file` with the dotted `values` applied, checked and
   inlined, as `<label>.yaml` of `scratch` for each of LABELS (storing its trials
@@ -68,7 +56,7 @@ def prepare(sweep_file: str, values: Mapping, scratch: str, separate: bool) -> d
     variant = json.loads(json.dumps(raw))
     storage = {"resources.storage_path": os.path.join(scratch, label)}
     for path, value in {**values, **storage}.items():
-      set_path(variant, path, value)
+      space.set_path(variant, path, value)
     sweep = schema.parse_sweep(variant)
     schema.dump_sweep(sweep, os.path.join(scratch, f"{label}.yaml"))
   runs_dir, runs = os.path.join(scratch, "runs"), []

@@ -19,6 +19,7 @@ orders above a last-bit difference after two rounds.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import hashlib
 import json
@@ -124,63 +125,42 @@ def _compute(name: str) -> str:
           else server_optimizer_fingerprint)(name)
 
 
-# Computed fingerprints are memoized beside the compiled learning processes
-# (`runtime.process_cache`), keyed by the package's source, this file, TensorFlow,
-# TFF and NumPy: a learning process's fingerprint costs seconds.
-MEMO_FILE = "fingerprints.json"
-
-
 @functools.lru_cache(maxsize=1)
 def _memo_key() -> str:
   from tff_fedadamom.runtime import process_cache
 
   with open(os.path.abspath(__file__), "rb") as f:
-    this_file = hashlib.sha256(f.read()).hexdigest()[:16]
-  text = json.dumps({**process_cache.versions(), "numpy": np.__version__,
-                     "fingerprint.py": this_file}, sort_keys=True)
+    text = json.dumps({**process_cache.versions(), "numpy": np.__version__,
+                       "fingerprint.py": hashlib.sha256(f.read()).hexdigest()}, sort_keys=True)
   return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def _read_memo(path: str) -> dict:
-  try:
-    with open(path) as f:
-      memo = json.load(f)
-  except (OSError, ValueError):
-    return {}
-  entries = memo.get("fingerprints") if memo.get("key") == _memo_key() else None
-  return dict(entries) if isinstance(entries, dict) else {}
+def memo_dir() -> str:
+  """Where computed fingerprints are kept, a file each: beside the compiled learning
+  processes (`runtime.process_cache`), in a folder named by the package's source, this
+  file, TensorFlow, TFF and NumPy (a learning process's fingerprint costs seconds)."""
+  from tff_fedadamom.runtime import process_cache
+
+  return os.path.join(process_cache.default_directory(), "fingerprints", _memo_key())
 
 
 @functools.lru_cache(maxsize=None)
 def fingerprint(name: str) -> str:
-  """Registry method `name`'s fingerprint, from the memo or computed and added
-  (an atomic replace: an entry a concurrent writer drops is computed again)."""
+  """Registry method `name`'s fingerprint, read from `memo_dir()` or computed and written
+  there (atomically: concurrent writers write the same bytes)."""
   from tff_fedadamom.atomic_io import atomic_write_bytes
-  from tff_fedadamom.runtime import process_cache
 
-  path = os.path.join(process_cache.default_directory(), MEMO_FILE)
-  memo = _read_memo(path)
-  if name not in memo:
-    memo[name] = _compute(name)
-    try:
-      atomic_write_bytes(path, json.dumps({"key": _memo_key(), "fingerprints": {
-          **_read_memo(path), name: memo[name]}}, sort_keys=True).encode())
-    except OSError:
-      pass  # a read-only cache directory: fingerprints are computed in each process
-  return memo[name]
+  path = os.path.join(memo_dir(), name)
+  with contextlib.suppress(OSError), open(path) as f:
+    value = f.read().strip()
+    if value:
+      return value
+  value = _compute(name)
+  with contextlib.suppress(OSError):  # a read-only cache directory: computed in each process
+    os.makedirs(memo_dir(), exist_ok=True)
+    atomic_write_bytes(path, value.encode())
+  return value
 
 
 def fingerprints(names: Iterable[str]) -> dict:
   return {n: fingerprint(n) for n in sorted(set(names))}
-
-
-def main() -> None:
-  """Prints every registered method's fingerprint, to compare machines or commits."""
-  from tff_fedadamom.methods import list_optimizers
-
-  for name, value in fingerprints(list_optimizers()).items():
-    print(f"{name} {value}")
-
-
-if __name__ == "__main__":
-  main()

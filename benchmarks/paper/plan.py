@@ -1,15 +1,11 @@
 """What the reproduction runs: budgets (full and quick), base experiments, search spaces, and
 the equal-budget tuning of every method of a comparison, every trial a unit.
 
-A method's space merges, later winning: the registry's search ranges of its hparams, the
-client learning rate's default range, `search_space`'s shared entries, its entries for the
-method; a `server.<hparam>` entry applies only to the methods that have that hparam (a range
-to those that may tune it).
-
-Trial i takes in each dimension the i-th draw of that dimension's own generator, seeded by
-`tuning.space.dimension_seed`: common random numbers, as in the sweeps. Draws are as
-Ray Tune's domains make them, exp(U(log a, log b)) and U(a, b): the stored trials were drawn
-that way.
+A comparison's tuning is a random-search sweep of the `tuning` package, planned with its
+rules (`tuning.space`): each method's space merged from the registry's ranges, the
+defaults and `search_space`, and trial i taking in each dimension the i-th draw of that
+dimension's own seeded generator (common random numbers across methods). The trials run
+as units, not as a Ray Tune experiment.
 
 A method's best trial has the best mean `METRIC` over its last `LAST_K` evaluations among
 those that completed the rounds without diverging (the first of equal ones); without one,
@@ -20,13 +16,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
+import json
 import math
 from typing import Any, Mapping, Optional, Sequence
 
-import numpy as np
-
-from tff_fedadamom.metric_names import ROUND, VALIDATION_ACCURACY, evaluated
-from tuning.space import dimension_seed
+from tff_fedadamom.metric_names import VALIDATION_ACCURACY
 
 from benchmarks.paper import units as units_lib
 from benchmarks.paper.escape import EscapeSetup
@@ -230,7 +225,7 @@ AUTHORS_UNCORRECTED = ("fedadam", "fedyogi")
 
 
 def search_space(client_lr: tuple, methods: tuple = OPTIMIZERS) -> dict:
-  """The search space of a comparison of `methods` (`method_space` reads it).
+  """The search space of a comparison of `methods` (`tuning.space` merges it per method).
 
   beta_2 and FAFED's alpha keep the registry's ranges. FedAdamom's epsilon is its
   clip margin, not an adaptivity constant: it stays at the reference 1e-3.
@@ -264,107 +259,74 @@ LAST_K = 3
 # Tuning selects on the examples held out from the training clients, never the test set.
 METRIC = VALIDATION_ACCURACY
 BACKEND = "inprocess"
-# The client learning rate's default range (Reddi et al. 2021, grid 1e-3..1e1).
-CLIENT_LR = {"dist": "loguniform", "low": 1e-3, "high": 10.0}
 
 
-def _is_dimension(entry: Any) -> bool:
-  return isinstance(entry, Mapping) and "dist" in entry
+def as_sweep(name: str, request: Mapping, seed: int):
+  """One comparison's tuning as a validated `tuning` sweep (random search, `request`'s
+  base, optimizers, trials, rounds and space)."""
+  from tff_fedadamom.config import config_to_dict, load_config
+  from tuning.schema import num_evaluations, parse_sweep
+
+  base, rounds = config_to_dict(load_config(dict(request["base"]))), request["rounds"]
+  return parse_sweep({
+      "name": name, "base": base, "optimizers": list(request["optimizers"]),
+      "budget": {"trials_per_optimizer": request["trials"], "rounds": rounds},
+      "space": copy.deepcopy(dict(request["space"])), "search": {"kind": "random", "seed": seed},
+      "metric": {"name": METRIC, "mode": "max",
+                 "last_k": min(LAST_K, num_evaluations(rounds, base["eval_every"]))}},
+      source=f"the tuning of {name}")
 
 
-def method_space(optimizer: str, space: Mapping[str, Any]) -> tuple:
-  """(tuned, fixed) of `optimizer`: dotted path -> distribution, and -> value."""
-  from tff_fedadamom.methods import default_hparams, search_ranges, sweepable_hparams
+@functools.lru_cache(maxsize=None)
+def _ranges(methods: tuple, space_json: str) -> dict:
+  # The merge depends on the base only for integer-valued paths; the study tunes none.
+  from tuning.space import resolve
 
-  sweepable, known = set(sweepable_hparams(optimizer)), set(default_hparams(optimizer))
-  registry = {f"server.{h}": {"dist": d, "low": lo, "high": hi}
-              for h, (d, lo, hi) in search_ranges(optimizer).items()}
-  shared = {k: v for k, v in space.items() if "." in k}
-  merged: dict[str, Any] = {}
-  for entries in (registry, {"client.learning_rate": CLIENT_LR}, shared,
-                  space.get(optimizer, {})):
-    for path, entry in entries.items():
-      if path.startswith("server.") and path[7:] not in (
-          sweepable if _is_dimension(entry) else known):
-        continue
-      merged[path] = entry
-  tuned = {p: e for p, e in merged.items() if _is_dimension(e)}
-  return tuned, {p: e for p, e in merged.items() if not _is_dimension(e)}
+  sweep = as_sweep("ranges", {"base": fmnist_base(QUICK, PARTITIONS["iid"]), "trials": 1,
+                              "rounds": 1, "optimizers": methods,
+                              "space": json.loads(space_json)}, 0)
+  return {o: {p: d.to_dict() for p, d in resolve(sweep, o).tuned.items()} for o in methods}
 
 
-def draws(tuned: Mapping[str, Mapping], trials: int, seed: int) -> list:
-  columns = {}
-  for path, dist in tuned.items():
-    rng = np.random.RandomState(dimension_seed(seed, path))
-    if dist["dist"] == "loguniform":
-      draw = lambda: np.exp(rng.uniform(np.log(dist["low"]), np.log(dist["high"]), size=1))
-    elif dist["dist"] == "uniform":
-      draw = lambda: rng.uniform(dist["low"], dist["high"], size=1)
-    else:
-      raise ValueError(f"search space {path}: dist {dist['dist']!r}; allowed: loguniform, "
-                       "uniform")
-    columns[path] = [float(draw()[0]) for _ in range(trials)]
-  return [{path: values[i] for path, values in columns.items()} for i in range(trials)]
-
-
-def trial_config(base: Mapping, optimizer: str, rounds: int, values: Mapping) -> dict:
-  """The resolved base run with `optimizer` for `rounds`, `values` (dotted path ->
-  value) replacing its registry defaults."""
-  from tff_fedadamom.experiment.compare import with_optimizer
-
-  tree = with_optimizer(copy.deepcopy(dict(base)), optimizer)
-  tree.update(rounds=rounds, output_dir="unused", name=None)
-  for path, value in values.items():
-    section, _, key = path.rpartition(".")
-    tree[section][key] = value
-  tree["runtime"]["threads"] = 1
-  return tree
-
-
-def objective(history: Sequence[Mapping], last_k: int) -> float:
-  """`tuning.trainable.objective_from_history` of `METRIC`, without importing Ray."""
-  rows = {int(r[ROUND]): r for r in history if evaluated(r) and METRIC in r}
-  values = [float(rows[k][METRIC]) for k in sorted(rows)][-last_k:]
-  if not values:
-    return None
-  return sum(values) / len(values) if all(math.isfinite(v) for v in values) else math.nan
+def tuned_ranges(optimizer: str, methods: Sequence[str], space: Mapping) -> dict:
+  """Dotted path -> the range `optimizer` is tuned over in a comparison of `methods`."""
+  return _ranges(tuple(methods), json.dumps(space, sort_keys=True))[optimizer]
 
 
 def plan_sweep(name: str, request: Mapping, seed: int) -> dict:
-  """The trials (units `tune/<name>/<optimizer>/trial<i>`) of one comparison's
-  tuning; `request` holds its base, optimizers, trials, rounds and space."""
-  from tff_fedadamom.config import config_to_dict, load_config
+  """The trials (units `tune/<name>/<optimizer>/trial<i>`) of one comparison's tuning,
+  and each method's fallback config (its space's fixed values, registry defaults)."""
+  from tuning.space import experiment_dict, resolve, sample_trials
 
-  base, rounds = config_to_dict(load_config(dict(request["base"]))), request["rounds"]
-  evals = rounds // base["eval_every"] + (1 if rounds % base["eval_every"] else 0)
-  sweep = {"name": name, "rounds": rounds, "metric": {
-      "name": METRIC, "last_k": min(LAST_K, evals), "mode": "max"},
-           "space": request["space"], "seed": seed, "base": base, "methods": {}}
-  for optimizer in request["optimizers"]:
-    tuned, fixed = method_space(optimizer, request["space"])
-    trials = [(params, units_lib.Unit(f"tune/{name}/{optimizer}/trial{i}", config=trial_config(
-        base, optimizer, rounds, {**fixed, **params})))
-              for i, params in enumerate(draws(tuned, request["trials"], seed))]
-    sweep["methods"][optimizer] = {"fixed": fixed, "trials": trials}
-  return sweep
+  sweep, methods = as_sweep(name, request, seed), {}
+  for optimizer in sweep.optimizers:
+    space = resolve(sweep, optimizer)
+    config = functools.partial(experiment_dict, sweep, optimizer, output_dir="unused",
+                               threads=1, space=space)
+    methods[optimizer] = {"fallback": config({}), "trials": [
+        (params, units_lib.Unit(f"tune/{name}/{optimizer}/trial{i}", config=config(params)))
+        for i, params in enumerate(sample_trials(sweep, optimizer))]}
+  return {"sweep": sweep, "space": request["space"], "methods": methods}
 
 
 def outcome(sweep: Mapping, results: Mapping) -> dict:
   """A sweep's outcome from the stored trials: per method its best trial's params,
   objective and config, and the trial list."""
-  best = {}
+  from tuning.trainable import objective_from_history
+
+  best, tuning = {}, sweep["sweep"]
   for optimizer, planned in sweep["methods"].items():
     trials, chosen = [], None
     for params, unit in planned["trials"]:
       if unit.name not in results:
         continue
       r = results[unit.name]
-      value = objective(r["history"] or [], sweep["metric"]["last_k"])
+      value = objective_from_history(r["history"] or [], METRIC, tuning.metric.last_k)
       diverged = r["status"] != "completed" or value is None or not math.isfinite(value)
       trial = {"params": params, "objective": value, "diverged": diverged,
                "rounds": r.get("rounds_completed"), "final": r.get("final_test_accuracy")}
       trials.append(trial)
-      if not diverged and (trial["rounds"] or 0) >= sweep["rounds"] and (
+      if not diverged and (trial["rounds"] or 0) >= tuning.budget.rounds and (
           chosen is None or value > chosen[0]["objective"]):
         chosen = (trial, unit)
     best_trial, best_unit = chosen or ({"params": None, "objective": None}, None)
@@ -372,10 +334,9 @@ def outcome(sweep: Mapping, results: Mapping) -> dict:
         "params": best_trial["params"], "objective": best_trial["objective"],
         "trials_run": len(trials), "trials_diverged": sum(t["diverged"] for t in trials),
         "trials": trials, "fallback_defaults": chosen is None,
-        "config": copy.deepcopy(best_unit.config if best_unit else trial_config(
-            sweep["base"], optimizer, sweep["rounds"], planned["fixed"]))}
-  return {"backend": BACKEND, "metric": sweep["metric"], "seed": sweep["seed"],
-          "space": sweep["space"], "best": best}
+        "config": copy.deepcopy(best_unit.config if best_unit else planned["fallback"])}
+  return {"backend": BACKEND, "metric": dataclasses.asdict(tuning.metric),
+          "seed": tuning.search.seed, "space": sweep["space"], "best": best}
 
 
 def tune(ctx, requests: Mapping[str, Mapping[str, Any]], seed: int,

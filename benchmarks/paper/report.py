@@ -162,19 +162,8 @@ def shrinkage(before: Mapping, after: Mapping) -> list:
 
 def incomplete(doc: Mapping) -> list:
   """Every study, method or cell the results hold less of than the run planned."""
-  out = [f"{title}: not run" for s, (title, _) in STUDIES.items() if s not in doc["results"]]
-  for label, setup, rows in _comparisons(doc):
-    absent = [name(m) for m, row in rows.items() if not row.get("seeds")]
-    out += [f"{label}: not measured: {', '.join(absent)}"] if absent else []
-    for m, row in rows.items():
-      seeds, trials = row.get("seeds", 0), row.get("trials_run")
-      if 0 < seeds < len(setup["seeds"]):
-        out.append(f"{label}: {name(m)}: {seeds} of {len(setup['seeds'])} seeds")
-      if trials is not None and trials < setup["tune_trials"]:
-        out.append(f"{label}: {name(m)}: tuned on {trials} of {setup['tune_trials']} trials")
-  out += [f"{label}: {got} of {planned} seeds" for label, what, got, planned in cells(doc)
-          if label.startswith(("beta_2", "heterogeneity")) and got < planned]
-  return out
+  return [f"{label}: not run" if what == "study" else f"{label}: {got} of {planned} {what}"
+          for label, what, got, planned in cells(doc) if got < planned]
 
 
 def _one_line(label: str, summary: Mapping) -> str:

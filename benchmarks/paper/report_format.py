@@ -120,7 +120,7 @@ def describe_setup(setup: Mapping, methods_note: str = METHODS_NOTE) -> str:
 
 
 def dist_text(value) -> str:
-  """A search-space entry: a fixed value or a loguniform/uniform range (`plan.draws`)."""
+  """A search-space entry: a fixed value or a loguniform/uniform range (`tuning.space`)."""
   if not isinstance(value, Mapping):
     return f"fixed {num(value)}"
   return f"{value['dist']} [{num(value['low'])}, {num(value['high'])}]"

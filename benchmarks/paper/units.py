@@ -36,9 +36,9 @@ def spec_of_config(config: Mapping[str, Any]) -> dict:
   return spec
 
 
-# Significant digits of a spec's floats in its hash. A drawn hparam is
-# exp(U(log a, log b)) (`plan.draws`), whose last bit depends on the CPU (glibc
-# picks FMA or SSE2 code for exp and log at run time); to 10 digits, CPUs agree.
+# Significant digits of a spec's floats in its hash. A drawn hparam is an exp or a power
+# (`tuning.space.sample_trials`), whose last bit depends on the CPU (glibc picks FMA or
+# SSE2 code at run time); to 10 digits, CPUs agree.
 SPEC_DIGITS = 10
 
 

@@ -70,18 +70,19 @@ def test_a_tuned_value_within_five_percent_of_an_end_is_at_the_edge():
   space = {"client.learning_rate": loguniform(0.01, 1.0),
            "fedavgm": {"server.learning_rate": loguniform(0.1, 10.0),
                        "server.momentum": uniform(0.5, 0.95)}}
+  setup = {"space": space, "methods": ["fedavgm"]}
   # log-space positions: 0.105 -> 0.011 (edge), 0.13 -> 0.057 (not); momentum
   # 0.93 -> 0.956 (edge), 0.92 -> 0.933 (not); the client rate 0.1 -> 0.5.
   row = lambda lr, momentum: {"hparams": {"client.learning_rate": 0.1,
                                           "server.learning_rate": lr,
                                           "server.momentum": momentum}}
-  found = report_sections.edges("fedavgm", row(0.105, 0.93), space)
+  found = report_sections.edges("fedavgm", row(0.105, 0.93), setup)
   assert [(p, end) for p, _, _, end in found] == [("server.learning_rate", "low"),
                                                   ("server.momentum", "high")]
-  assert report_sections.edges("fedavgm", row(0.13, 0.92), space) == []
+  assert report_sections.edges("fedavgm", row(0.13, 0.92), setup) == []
   assert report_sections.edges("fedavgm", {**row(0.105, 0.93), "fallback_defaults": True},
-                               space) == []
-  note = report_sections.edge_note({"fedavgm": row(0.105, 0.92)}, space, ["fedavgm"])
+                               setup) == []
+  note = report_sections.edge_note({"fedavgm": row(0.105, 0.92)}, setup, ["fedavgm"])
   assert "FedAvgM eta=0.105 (loguniform [0.1, 10], low end)" in note
   assert "momentum" not in note
 

@@ -110,7 +110,8 @@ def test_seed_summary_and_curve():
 def _quick_sweep(methods=plan.OPTIMIZERS, trials=2):
   base = plan.fmnist_base(plan.QUICK, plan.PARTITIONS["iid"])
   return plan.plan_sweep("t", {"base": base, "optimizers": methods, "trials": trials,
-                               "rounds": 1, "space": plan.search_space((0.01, 0.5))}, seed=7)
+                               "rounds": 1, "space": plan.search_space((0.01, 0.5), methods)},
+                        seed=7)
 
 
 def test_draws_are_common_across_optimizers():

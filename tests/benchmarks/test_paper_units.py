@@ -56,8 +56,8 @@ def test_fingerprints_are_the_same_with_onednn_on_and_off(tmp_path):
   seen = [proc.communicate(timeout=900)[0].split() for proc in procs]
   assert [proc.returncode for proc in procs] == [0, 0]
   assert seen[0] == seen[1] == [fingerprint.fingerprint(n) for n in names]
-  memo = json.loads((tmp_path / "1" / fingerprint.MEMO_FILE).read_text())
-  assert memo["fingerprints"] == dict(zip(names, seen[1]))
+  memo = tmp_path / "1" / "fingerprints" / os.path.basename(fingerprint.memo_dir())
+  assert [(memo / n).read_text() for n in names] == seen[1]
 
 
 def test_values_are_hashed_at_the_stated_digits():
@@ -106,7 +106,9 @@ def test_a_learning_process_fingerprint_follows_its_hparams():
 
 def test_a_fingerprint_is_computed_once_per_machine_and_code(tmp_path, monkeypatch):
   """The memo beside the process cache answers another process (here: the
-  in-process cache cleared), and an entry made under another key is never read."""
+  in-process cache cleared); other versions of the code keep theirs in another folder."""
+  from tff_fedadamom.runtime import process_cache
+
   monkeypatch.setenv("TFF_FEDADAMOM_CACHE_DIR", str(tmp_path))
   fingerprint.fingerprint.cache_clear()
   try:
@@ -116,12 +118,15 @@ def test_a_fingerprint_is_computed_once_per_machine_and_code(tmp_path, monkeypat
     with monkeypatch.context() as m:
       m.setattr(fingerprint, "_compute", lambda name: pytest.fail(f"{name} computed again"))
       assert fingerprint.fingerprint("fedavgm") == value
-    path = tmp_path / fingerprint.MEMO_FILE
-    path.write_text(json.dumps({"key": "other code", "fingerprints": {"fedavgm": "stale"}}))
-    fingerprint.fingerprint.cache_clear()
-    assert fingerprint.fingerprint("fedavgm") == value
+    here = fingerprint.memo_dir()
+    assert os.listdir(here) == ["fedavgm"]
+    fingerprint._memo_key.cache_clear()
+    with monkeypatch.context() as m:
+      m.setattr(process_cache, "versions", lambda: {"tensorflow": "another version"})
+      assert fingerprint.memo_dir() != here
   finally:
     fingerprint.fingerprint.cache_clear()
+    fingerprint._memo_key.cache_clear()
 
 
 # ---------------------------------------------------------------------------- unit files

@@ -80,15 +80,6 @@ def test_interleaved_times_every_call_and_rotates_the_first():
   assert {k: len(v) for k, v in times.items()} == {"a": 2, "b": 2}
 
 
-def test_set_path_makes_missing_mappings():
-  tree = {"base": {"runtime": None}, "x": 1}
-  sweeps.set_path(tree, "base.runtime.cache_dir", "/c")
-  sweeps.set_path(tree, "budget.rounds", 10)
-  assert tree == {"base": {"runtime": {"cache_dir": "/c"}}, "x": 1, "budget": {"rounds": 10}}
-  with pytest.raises(ValueError, match="x holds 1"):
-    sweeps.set_path(tree, "x.y", 2)
-
-
 def test_sweep_table_ratio_and_what_was_not_measured():
   body = sweeps.section({"quickstart": {"trials": 20, "rounds": 6, "concurrent": 2,
                                         "cold": 90.0, "warm": 40.0, "separate": 120.0}})
@@ -113,3 +104,27 @@ def test_round_table_marks_configs_not_run():
                       "30.00 | 4.00 | 6.00 | 1.00 | 1.60 |")
   assert all(line.count(common.NOT_MEASURED) == 13 for line in lines[3:])
   assert len(lines) == 2 + len(rounds.CONFIGS)
+
+
+def test_prepare_writes_the_shortened_sweeps_and_their_separate_runs(tmp_path):
+  from tff_fedadamom.config import load_config
+  from tuning import schema
+
+  for name, (sweep_file, values) in sweeps.SWEEPS.items():
+    scratch = tmp_path / name
+    scratch.mkdir()
+    cache = {"base.runtime.cache_dir": str(tmp_path / "cache")}
+    info = sweeps.prepare(os.path.join(common.ROOT, sweep_file), {**values, **cache},
+                          str(scratch), separate=name == "quickstart")
+    for label in sweeps.LABELS:
+      raw = schema.sweep_to_dict(schema.load_sweep(str(scratch / f"{label}.yaml")))
+      assert raw["resources"]["storage_path"] == str(scratch / label)
+      for path, value in {**values, **cache}.items():
+        section, *keys = path.split(".")
+        node = raw[section]
+        for key in keys:
+          node = node[key]
+        assert node == value, (name, path)
+    assert len(info["runs"]) == (info["trials"] if name == "quickstart" else 0)
+    for run in info["runs"]:
+      assert load_config(run).runtime.threads == 1
