@@ -52,7 +52,8 @@ SETUP_COMMANDS = ("make ", "git clone ", "source .venv/bin/activate", "cd ")
 
 # Rules that make the README's commands cheap: an experiment runs 2 rounds of 2 clients
 # (the shipped configs' own rounds and clients are a real experiment's), a sweep its
-# `--smoke-test`. Python: (text, replacement).
+# `--smoke-test` of two methods, a server optimizer and a learning process (a trial of
+# each kind of method). Python: (text, replacement).
 CHEAP_RUN = ("rounds=2", "clients_per_round=2")
 PYTHON_OVERRIDES = (
     ('load_config("configs/quickstart.yaml")',
@@ -62,7 +63,7 @@ PYTHON_OVERRIDES = (
 SHELL_LINE_OVERRIDES = (
     (re.compile(r"^tff-fedadamom (run|compare) configs/"),
      "".join(f" --set {item}" for item in CHEAP_RUN)),
-    (re.compile(r"^tff-fedadamom tune "), " --smoke-test"),
+    (re.compile(r"^tff-fedadamom tune "), " --smoke-test --set optimizers=[fedadamom,fafed]"),
 )
 # Shell: (pattern, replacement). `--smoke-test` names its sweep `<name>-smoke`, so the
 # commands that read the sweep's directory follow it there.
@@ -244,7 +245,8 @@ def test_override_rules_rewrite_as_meant():
                 "tff-fedadamom run runs/sweeps/quickstart/best/fedavg.yaml\n", 1)
   assert cheap(block)[0].splitlines() == [
       "tff-fedadamom run configs/x.yaml --set rounds=2 --set clients_per_round=2  # a run",
-      "tff-fedadamom tune configs/sweeps/quickstart.yaml --smoke-test",
+      "tff-fedadamom tune configs/sweeps/quickstart.yaml --smoke-test "
+      "--set optimizers=[fedadamom,fafed]",
       "tff-fedadamom export runs/sweeps/quickstart-smoke",
       "tff-fedadamom run runs/sweeps/quickstart-smoke/best/fedavg.yaml"]
   with pytest.raises(AssertionError, match="mixes set-up"):

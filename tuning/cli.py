@@ -1,6 +1,7 @@
 """The `tune` and `export` subcommands, added to the project's CLI parser.
 
-    tff-fedadamom tune SWEEP.yaml [--resume] [--smoke-test] [--progress-every S] [--no-reuse]
+    tff-fedadamom tune SWEEP.yaml [--set KEY=VALUE ...] [--resume] [--smoke-test]
+                       [--progress-every S] [--no-reuse]
     tff-fedadamom export SWEEP_DIR
 
 Both import Ray only when they run. Exit codes: 0 done, 2 invalid sweep or
@@ -13,9 +14,10 @@ import sys
 
 
 def _cmd_tune(args) -> int:
+  from tff_fedadamom.config import ConfigError
   from tff_fedadamom.session import startup_imports
   from tuning import schema
-  from tuning.errors import SweepConfigError, SweepError
+  from tuning.errors import SweepError
 
   try:
     # The driver's imports (Ray Tune; TensorFlow and TFF, which validating the
@@ -23,11 +25,11 @@ def _cmd_tune(args) -> int:
     with startup_imports(args.owns_process):
       from tuning.sweep import run_sweep
 
-      sweep = schema.load_sweep(args.sweep)
+      sweep = schema.load_sweep(args.sweep, overrides=args.overrides)
     result = run_sweep(sweep, resume=args.resume, smoke_test=args.smoke_test,
                        progress_interval_s=args.progress_every,
                        reuse_actors=not args.no_reuse)
-  except SweepConfigError as e:
+  except ConfigError as e:  # the sweep file's (SweepConfigError) or an override's
     print(f"sweep config error: {e}", file=sys.stderr)
     return 2
   except SweepError as e:
@@ -63,6 +65,9 @@ def add_tune_parser(subparsers) -> argparse.ArgumentParser:
       description="Runs the sweep file's trials with Ray Tune, the same budget for every "
       "optimizer, and exports best configs, leaderboard and plots into the sweep directory.")
   p.add_argument("sweep", help="sweep YAML (see configs/sweeps/)")
+  p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                 help="override a sweep value by dotted key, e.g. budget.rounds=4 or "
+                 "optimizers=[fedadamom,fedadam]")
   p.add_argument("--resume", action="store_true",
                  help="continue an interrupted sweep; finished trials are not re-run")
   p.add_argument("--smoke-test", action="store_true",

@@ -30,11 +30,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Iterable, Mapping, Optional, Union
 
 import yaml
 
-from tff_fedadamom.config.loader import read_yaml
+from tff_fedadamom.config.loader import apply_overrides, read_yaml
 from tff_fedadamom.config.sections import build_section, coerce, reject_unknown
 from tff_fedadamom.config.schema import (BACKENDS, RAY, checked_field, nonnegative, positive,
                                          ray_address, ray_resource)
@@ -325,15 +325,29 @@ def parse_sweep(raw: Any, source: str = "<dict>", base_dir: str = "") -> Sweep:
   return sweep
 
 
-def load_sweep(sweep: Union[str, os.PathLike, Mapping, Sweep]) -> Sweep:
+def load_sweep(sweep: Union[str, os.PathLike, Mapping, Sweep],
+               overrides: Iterable[str] = ()) -> Sweep:
   """Loads and validates a sweep: a YAML path, a plain mapping (a relative `base`
-  path is then relative to the current directory), or a `Sweep` (as is)."""
-  if isinstance(sweep, Sweep):
+  path is then relative to the current directory), or a `Sweep` (as is), with
+  dotted `key=value` `overrides` (values parsed as YAML, as `load_config`'s)."""
+  overrides = list(overrides or ())
+  if isinstance(sweep, Sweep) and not overrides:
     return sweep
-  if isinstance(sweep, Mapping):
-    return parse_sweep(sweep, "<dict>", "")
-  path = os.fspath(sweep)
-  return parse_sweep(read_sweep_yaml(path), path, os.path.dirname(path))
+  if isinstance(sweep, (Sweep, Mapping)):
+    raw, source, base_dir = sweep_to_dict(sweep) if isinstance(sweep, Sweep) else sweep, \
+        "<dict>", ""
+  else:
+    source = os.fspath(sweep)
+    raw, base_dir = read_sweep_yaml(source), os.path.dirname(source)
+  if overrides:
+    if not isinstance(raw, Mapping):
+      raise SweepConfigError(source, "", "a sweep file must be a mapping of sections",
+                             value=raw)
+    if source != "<dict>" and "name" not in raw:  # the file's stem, not the override's text
+      raw = {"name": os.path.splitext(os.path.basename(source))[0], **raw}
+    raw = apply_overrides(raw, overrides)
+    source += " (with --set " + " ".join(overrides) + ")"
+  return parse_sweep(raw, source, base_dir)
 
 
 def _entry_to_yaml(entry: SpaceEntry):

@@ -171,3 +171,30 @@ def test_the_tune_command_refuses_an_invalid_sweep_before_it_starts(tmp_path, ca
   err = capsys.readouterr().err
   assert err.startswith("sweep config error:") and "optimizers" in err, err
   assert not (tmp_path / "sweeps").exists()
+
+
+def test_overrides_set_dotted_values_of_a_sweep_file(tmp_path):
+  raw = _sweep()
+  del raw["name"]
+  path = write_sweep(tmp_path, raw)
+  sweep = load_sweep(path, overrides=["budget.rounds=4", "optimizers=[fedadamom]",
+                                      "base.client.learning_rate=0.05"])
+  assert sweep.budget.rounds == 4 and sweep.optimizers == ("fedadamom",)
+  assert sweep.base.client.learning_rate == 0.05
+  # The default name is still the file's stem, whatever the overrides' text holds.
+  assert sweep.name == os.path.splitext(os.path.basename(path))[0]
+  assert load_sweep(sweep, overrides=["budget.rounds=5"]).budget.rounds == 5
+  with pytest.raises(SweepConfigError) as info:
+    load_sweep(path, overrides=["budget.rounds=0"])
+  assert "budget.rounds" in str(info.value) and "--set budget.rounds=0" in str(info.value)
+
+
+def test_the_tune_command_refuses_a_bad_override_before_it_starts(tmp_path, capsys):
+  from tff_fedadamom import cli
+
+  path = write_sweep(tmp_path, _sweep(resources={"storage_path": str(tmp_path / "sweeps")}))
+  for override, field in (("budget.rounds", "--set"), ("optimizers=[nosuch]", "optimizers")):
+    assert cli.main(["tune", path, "--set", override]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sweep config error:") and field in err, err
+  assert not (tmp_path / "sweeps").exists()
