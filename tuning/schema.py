@@ -333,9 +333,10 @@ def load_sweep(sweep: Union[str, os.PathLike, Mapping, Sweep],
   overrides = list(overrides or ())
   if isinstance(sweep, Sweep) and not overrides:
     return sweep
-  if isinstance(sweep, (Sweep, Mapping)):
-    raw, source, base_dir = sweep_to_dict(sweep) if isinstance(sweep, Sweep) else sweep, \
-        "<dict>", ""
+  if isinstance(sweep, Sweep):  # its base inlined, so no directory to resolve it from
+    raw, source, base_dir = sweep_to_dict(sweep), sweep.source, ""
+  elif isinstance(sweep, Mapping):
+    raw, source, base_dir = sweep, "<dict>", ""
   else:
     source = os.fspath(sweep)
     raw, base_dir = read_sweep_yaml(source), os.path.dirname(source)

@@ -183,7 +183,9 @@ def test_overrides_set_dotted_values_of_a_sweep_file(tmp_path):
   assert sweep.base.client.learning_rate == 0.05
   # The default name is still the file's stem, whatever the overrides' text holds.
   assert sweep.name == os.path.splitext(os.path.basename(path))[0]
-  assert load_sweep(sweep, overrides=["budget.rounds=5"]).budget.rounds == 5
+  again = load_sweep(sweep, overrides=["budget.rounds=5"])
+  assert again.budget.rounds == 5 and again.name == sweep.name
+  assert again.source.startswith(path)  # errors name the file the sweep came from
   with pytest.raises(SweepConfigError) as info:
     load_sweep(path, overrides=["budget.rounds=0"])
   assert "budget.rounds" in str(info.value) and "--set budget.rounds=0" in str(info.value)
