@@ -17,7 +17,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-import json
 import math
 from typing import Any, Mapping, Optional, Sequence
 
@@ -277,25 +276,10 @@ def as_sweep(name: str, request: Mapping, seed: int):
       source=f"the tuning of {name}")
 
 
-@functools.lru_cache(maxsize=None)
-def _ranges(methods: tuple, space_json: str) -> dict:
-  # The merge depends on the base only for integer-valued paths; the study tunes none.
-  from tuning.space import resolve
-
-  sweep = as_sweep("ranges", {"base": fmnist_base(QUICK, PARTITIONS["iid"]), "trials": 1,
-                              "rounds": 1, "optimizers": methods,
-                              "space": json.loads(space_json)}, 0)
-  return {o: {p: d.to_dict() for p, d in resolve(sweep, o).tuned.items()} for o in methods}
-
-
-def tuned_ranges(optimizer: str, methods: Sequence[str], space: Mapping) -> dict:
-  """Dotted path -> the range `optimizer` is tuned over in a comparison of `methods`."""
-  return _ranges(tuple(methods), json.dumps(space, sort_keys=True))[optimizer]
-
-
 def plan_sweep(name: str, request: Mapping, seed: int) -> dict:
   """The trials (units `tune/<name>/<optimizer>/trial<i>`) of one comparison's tuning,
-  and each method's fallback config (its space's fixed values, registry defaults)."""
+  each method's fallback config (its space's fixed values, registry defaults) and the
+  ranges it is tuned over (dotted path -> distribution)."""
   from tuning.space import experiment_dict, resolve, sample_trials
 
   sweep, methods = as_sweep(name, request, seed), {}
@@ -303,7 +287,8 @@ def plan_sweep(name: str, request: Mapping, seed: int) -> dict:
     space = resolve(sweep, optimizer)
     config = functools.partial(experiment_dict, sweep, optimizer, output_dir="unused",
                                threads=1, space=space)
-    methods[optimizer] = {"fallback": config({}), "trials": [
+    methods[optimizer] = {"fallback": config({}), "ranges": {
+        p: d.to_dict() for p, d in space.tuned.items()}, "trials": [
         (params, units_lib.Unit(f"tune/{name}/{optimizer}/trial{i}", config=config(params)))
         for i, params in enumerate(sample_trials(sweep, optimizer))]}
   return {"sweep": sweep, "space": request["space"], "methods": methods}
@@ -333,7 +318,7 @@ def outcome(sweep: Mapping, results: Mapping) -> dict:
     best[optimizer] = {
         "params": best_trial["params"], "objective": best_trial["objective"],
         "trials_run": len(trials), "trials_diverged": sum(t["diverged"] for t in trials),
-        "trials": trials, "fallback_defaults": chosen is None,
+        "trials": trials, "fallback_defaults": chosen is None, "ranges": planned["ranges"],
         "config": copy.deepcopy(best_unit.config if best_unit else planned["fallback"])}
   return {"backend": BACKEND, "metric": dataclasses.asdict(tuning.metric),
           "seed": tuning.search.seed, "space": sweep["space"], "best": best}

@@ -44,14 +44,13 @@ def range_position(value: float, dist: Mapping) -> float:
   return (value - low) / (high - low)
 
 
-def edges(opt: str, row: Mapping, setup: Mapping) -> list:
-  """(path, value, range, 'low' or 'high') of each hparam of `opt` tuned to within
-  EDGE_FRACTION of an end of its range in the `setup`'s space; none for a row that fell
-  back to the defaults."""
-  if not row or row.get("fallback_defaults") or not setup.get("space"):
+def edges(opt: str, row: Mapping) -> list:
+  """(path, value, range, 'low' or 'high') of each hparam `opt` was tuned to within
+  EDGE_FRACTION of an end of its range; none for a row that fell back to the defaults."""
+  if not row or row.get("fallback_defaults"):
     return []
   found = []
-  for path, dist in plan.tuned_ranges(opt, setup["methods"], setup["space"]).items():
+  for path, dist in (row.get("ranges") or {}).items():
     value = (row.get("hparams") or {}).get(path)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
       continue
@@ -61,9 +60,9 @@ def edges(opt: str, row: Mapping, setup: Mapping) -> list:
   return found
 
 
-def edge_note(table: Mapping, setup: Mapping, methods: Sequence[str]) -> str:
+def edge_note(table: Mapping, methods: Sequence[str]) -> str:
   """The sentence under a table naming each tuned value at the edge of its range."""
-  found = [(opt, edge) for opt in methods for edge in edges(opt, table.get(opt), setup)]
+  found = [(opt, edge) for opt in methods for edge in edges(opt, table.get(opt))]
   if not found:
     return ""
   return (f"\n{EDGE_MARK} Tuned to within {EDGE_FRACTION:.0%} of an end of its search range "
@@ -144,7 +143,7 @@ def _comparison_row(method: Mapping, row, setup: Mapping) -> list:
   rtt = row["rounds_to_target"]
   rtt_text = (f"{pm(rtt, scale=1.0, digits=0)} ({row['reached']}/{row['seeds']})"
               if rtt["mean"] is not None else f"- (0/{row['seeds']})") + note
-  marked = [path for path, *_ in edges(method["name"], row, setup)]
+  marked = [path for path, *_ in edges(method["name"], row)]
   hp = hparams_text(row["hparams"], marked) + (" (defaults: no trial converged)"
                                                if row.get("fallback_defaults") else "")
   objective = pct(row["tune_objective"]) + (
@@ -210,7 +209,7 @@ def comparison_section(title: str, summaries: Mapping[str, Mapping], plot: str,
     rows = [_comparison_row(m, table.get(m["name"]), setup) for m in methods
             if m["name"] in setup["methods"]]
     text += (f"\n### {panel}\n\n" + markdown_table(header, rows) + _verdict(table)
-             + edge_note(table, setup, planned)
+             + edge_note(table, planned)
              + staleness_text(summary))
   return text + f"\n![learning curves]({plot})\n\n{paper_text}\n"
 

@@ -156,7 +156,8 @@ def summarize_comparison(name: str, comparison: Mapping, budget: plan.DataBudget
         "trials_run": entry.get("trials_run"), "trials_diverged": entry.get("trials_diverged"),
         "trials_failed": count_failed([(not t["diverged"], t.get("final")) for t in trials],
                                       chance),
-        "fallback_defaults": entry.get("fallback_defaults", False)}
+        "fallback_defaults": entry.get("fallback_defaults", False),
+        "ranges": entry.get("ranges") or {}}
   summary = {"name": name, "table": table, "target": budget.target, "setup": {
       **{k: base.get(k) for k in ("data", "model", "validation", "clients_per_round")},
       "client": {k: v for k, v in base["client"].items() if k != "learning_rate"},

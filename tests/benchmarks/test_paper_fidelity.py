@@ -38,19 +38,20 @@ def _record(acc, seed=1, status="completed", staleness=None):
   return out
 
 
-def _summary(finals, hparams=None, trials=None, chance=0.1, space=None, base_extra=None):
-  """A comparison summary of the methods of `finals` ({method: [acc per seed]})."""
+def _summary(finals, hparams=None, trials=None, chance=0.1, ranges=None, base_extra=None):
+  """A comparison summary of the methods of `finals` ({method: [acc per seed]}), each
+  tuned over `ranges` ({path: distribution})."""
   best = {o: {"config": {"client": {"learning_rate": 0.1},
                          "server": {"optimizer": o, **(hparams or {}).get(o, {})}},
               "objective": 0.5, "trials_run": len((trials or {}).get(o, [])) or 2,
-              "trials": (trials or {}).get(o, [])} for o in finals}
+              "trials": (trials or {}).get(o, []), "ranges": ranges or {}} for o in finals}
   base = {"data": {"name": "fashion_mnist", "num_clients": 10, "seed": 0,
                    "partition": {"kind": "iid"}},
           "model": {"name": "mlp"}, "clients_per_round": 5, "client": {}, "eval_every": 1,
           **(base_extra or {})}
   comparison = {"tuning": {"best": best, "backend": "inprocess", "seed": 0,
                            "metric": {"name": TEST_ACCURACY, "last_k": 1},
-                           "space": space or {}}, "base": base}
+                           "space": {}}, "base": base}
   units = [types.SimpleNamespace(name=f"s/{o}/seed{i}", config={"server": {"optimizer": o}})
            for o, accs in finals.items() for i in range(len(accs))]
   results = {f"s/{o}/seed{i}": acc if isinstance(acc, dict) else _record(acc, seed=i)
@@ -67,31 +68,28 @@ def test_range_position_is_linear_in_log_space_for_loguniform():
 
 
 def test_a_tuned_value_within_five_percent_of_an_end_is_at_the_edge():
-  space = {"client.learning_rate": loguniform(0.01, 1.0),
-           "fedavgm": {"server.learning_rate": loguniform(0.1, 10.0),
-                       "server.momentum": uniform(0.5, 0.95)}}
-  setup = {"space": space, "methods": ["fedavgm"]}
+  ranges = {"client.learning_rate": loguniform(0.01, 1.0),
+            "server.learning_rate": loguniform(0.1, 10.0), "server.momentum": uniform(0.5, 0.95)}
   # log-space positions: 0.105 -> 0.011 (edge), 0.13 -> 0.057 (not); momentum
   # 0.93 -> 0.956 (edge), 0.92 -> 0.933 (not); the client rate 0.1 -> 0.5.
-  row = lambda lr, momentum: {"hparams": {"client.learning_rate": 0.1,
-                                          "server.learning_rate": lr,
-                                          "server.momentum": momentum}}
-  found = report_sections.edges("fedavgm", row(0.105, 0.93), setup)
+  row = lambda lr, momentum: {"ranges": ranges, "hparams": {"client.learning_rate": 0.1,
+                                                            "server.learning_rate": lr,
+                                                            "server.momentum": momentum}}
+  found = report_sections.edges("fedavgm", row(0.105, 0.93))
   assert [(p, end) for p, _, _, end in found] == [("server.learning_rate", "low"),
                                                   ("server.momentum", "high")]
-  assert report_sections.edges("fedavgm", row(0.13, 0.92), setup) == []
-  assert report_sections.edges("fedavgm", {**row(0.105, 0.93), "fallback_defaults": True},
-                               setup) == []
-  note = report_sections.edge_note({"fedavgm": row(0.105, 0.92)}, setup, ["fedavgm"])
+  assert report_sections.edges("fedavgm", row(0.13, 0.92)) == []
+  assert report_sections.edges("fedavgm", {**row(0.105, 0.93), "fallback_defaults": True}) == []
+  note = report_sections.edge_note({"fedavgm": row(0.105, 0.92)}, ["fedavgm"])
   assert "FedAvgM eta=0.105 (loguniform [0.1, 10], low end)" in note
   assert "momentum" not in note
 
 
 def test_a_comparison_table_marks_the_edge_values_and_names_them():
-  space = {"client.learning_rate": loguniform(0.01, 1.0),
-           "fedavg": {"server.learning_rate": loguniform(0.3, 3.0)}}
+  ranges = {"client.learning_rate": loguniform(0.01, 1.0),
+            "server.learning_rate": loguniform(0.3, 3.0)}
   summary = _summary({"fedavg": [0.6, 0.7]}, hparams={"fedavg": {"learning_rate": 2.95}},
-                     space=space)
+                     ranges=ranges)
   methods = [{"name": "fedavg", "communication": 1.0}]
   text = report_sections.comparison_section("T", {"P": summary}, "p.png", "", methods)
   row = next(line for line in text.splitlines() if line.startswith("| FedAvg |"))

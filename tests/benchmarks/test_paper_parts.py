@@ -130,6 +130,19 @@ def test_draws_are_common_across_optimizers():
   assert "server.epsilon" not in draws["fedadamom"][0]  # fixed at the clip margin
 
 
+def test_each_method_records_the_ranges_its_trials_draw_from():
+  """The report marks tuned values at a range's edge from these ranges."""
+  methods = _quick_sweep()["methods"]
+  for opt, planned in methods.items():
+    for params, _ in planned["trials"]:
+      assert set(params) == set(planned["ranges"]), opt
+      for path, value in params.items():
+        assert planned["ranges"][path]["low"] <= value <= planned["ranges"][path]["high"]
+  assert methods["fedavgm"]["ranges"]["server.momentum"] == {
+      "dist": "uniform", "low": 0.5, "high": 0.95}
+  assert "server.epsilon" not in methods["fedadamom"]["ranges"]
+
+
 def test_study_runs_fedadam_and_fedyogi_uncorrected_like_the_authors():
   """The study's FedAdam/FedYogi trials build without bias correction; the others keep
   the registry's switch."""
