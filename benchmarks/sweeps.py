@@ -5,7 +5,7 @@
 Every figure is the wall time of whole commands as a user types them, each in a
 fresh storage directory, with this run's own process cache
 (`TFF_FEDADAMOM_CACHE_DIR` and `runtime.cache_dir`). Each sweep runs twice with
-`python -m tff_fedadamom tune`: cold (every learning process traced and
+`python -m tff_fedadamom tune SWEEP --set KEY=VALUE ...`: cold (every learning process traced and
 compiled) and warm (on the cache the cold sweep filled); the quickstart sweep's
 trials then run as separate `python -m tff_fedadamom run` commands, as many at a
 time as the sweep runs trials: separate / warm is what the sweep saves over a
@@ -24,8 +24,6 @@ import sys
 import tempfile
 import time
 from typing import Mapping, Optional, Sequence
-
-import yaml
 
 from benchmarks import common
 from benchmarks.common import NOT_MEASURED, fmt, goal, ratio
@@ -46,22 +44,15 @@ SWEEPS = {"quickstart": (QUICKSTART, {}), "fmnist": (FMNIST, FMNIST_SHORT)}
 
 
 def prepare(sweep_file: str, values: Mapping, scratch: str, separate: bool) -> dict:
-  """Writes sweep `sweep_file` with the dotted `values` applied, checked and
-  inlined, as `<label>.yaml` of `scratch` for each of LABELS (storing its trials
-  in `<label>/`); with `separate`, each trial's experiment config in `runs/` there."""
+  """The `--set` overrides that give sweep `sweep_file` the dotted `values`, checked by
+  loading the sweep with them; with `separate`, each trial's experiment config written
+  to `runs/` of `scratch`."""
+  from tff_fedadamom.config import dump_config, load_config
   from tuning import joint, schema, space
 
-  raw = schema.sweep_to_dict(schema.load_sweep(sweep_file))
-  for label in LABELS:
-    variant = json.loads(json.dumps(raw))
-    storage = {"resources.storage_path": os.path.join(scratch, label)}
-    for path, value in {**values, **storage}.items():
-      space.set_path(variant, path, value)
-    sweep = schema.parse_sweep(variant)
-    schema.dump_sweep(sweep, os.path.join(scratch, f"{label}.yaml"))
+  overrides = [f"{path}={json.dumps(value)}" for path, value in values.items()]
+  sweep = schema.load_sweep(sweep_file, overrides)
   runs_dir, runs = os.path.join(scratch, "runs"), []
-  if separate:
-    os.makedirs(runs_dir)
   for i, trial in enumerate(joint.trial_configs(sweep) if separate else ()):
     params = dict(trial)
     optimizer = params.pop("optimizer")
@@ -69,9 +60,10 @@ def prepare(sweep_file: str, values: Mapping, scratch: str, separate: bool) -> d
     config = space.experiment_dict(sweep, optimizer, params, threads=1, name=name,
                                    output_dir=os.path.join(runs_dir, name))
     runs.append(os.path.join(runs_dir, f"{name}.yaml"))
-    with open(runs[-1], "w") as f:
-      yaml.safe_dump(config, f, sort_keys=False)
-  return {"runs": runs, "concurrent": sweep.resources.max_concurrent_trials,
+    os.makedirs(runs_dir, exist_ok=True)
+    dump_config(load_config(config), runs[-1])
+  return {"overrides": overrides, "runs": runs,
+          "concurrent": sweep.resources.max_concurrent_trials,
           "trials": len(sweep.optimizers) * sweep.budget.trials_per_optimizer,
           "rounds": sweep.budget.rounds}
 
@@ -124,7 +116,9 @@ def measure(name: str, scratch: str) -> dict:
                  {**values, "base.runtime.cache_dir": cache}, scratch, separate)
   figures = {k: info[k] for k in ("trials", "rounds", "concurrent")}
   for label in LABELS:
-    tune = [sys.executable, "-m", "tff_fedadamom", "tune", os.path.join(scratch, f"{label}.yaml")]
+    overrides = info["overrides"] + [f"resources.storage_path={os.path.join(scratch, label)}"]
+    tune = [sys.executable, "-m", "tff_fedadamom", "tune", sweep_file,
+            *(arg for o in overrides for arg in ("--set", o))]
     figures[label] = run_commands([tune], env, os.path.join(scratch, f"logs-{label}"), 1)
     print(f"  {sweep_file}: {label} sweep {figures[label]:.1f} s", flush=True)
   if separate:
@@ -163,7 +157,7 @@ def section(results: Mapping[str, Optional[dict]]) -> str:
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--only", choices=tuple(SWEEPS), default=None)
-  parser.add_argument("--out", default=None, help="keep scratch files (logs, sweeps) here")
+  parser.add_argument("--out", default=None, help="keep scratch files (logs, trial runs) here")
   parser.add_argument("--results", default=common.RESULTS, help="the results file to update")
   args = parser.parse_args(argv)
   if args.out:

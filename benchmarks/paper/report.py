@@ -7,7 +7,7 @@ committed results.json byte for byte (a test checks it); `incomplete` and `shrin
 from __future__ import annotations
 
 import os
-from typing import Iterator, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -121,26 +121,18 @@ def write_report(out_dir: str, doc: Mapping) -> str:
   return path
 
 
-def _comparisons(doc: Mapping) -> Iterator[tuple]:
-  """(label, setup, {planned method: its row, or {}}) of each comparison table."""
-  for study in LABELS:
-    for panel, summary in _panels(doc["results"], study).items():
-      setup, table = summary["setup"], summary["table"]
-      yield _label(study, panel), setup, {m["name"]: table.get(m["name"]) or {}
-                                          for m in doc["methods"]
-                                          if m["name"] in setup["methods"]}
-
-
 def cells(doc: Mapping) -> list:
   """(label, what, got, planned): each study, each comparison row's seeds and trials, each
   beta_2 and heterogeneity cell's seeds."""
   results = doc["results"]
   out = [(title, "study", int(s in results), 1) for s, (title, _) in STUDIES.items()]
-  for label, setup, rows in _comparisons(doc):
-    for m, row in rows.items():
-      out += [(f"{label}: {name(m)}", "seeds", row.get("seeds", 0), len(setup["seeds"])),
-              (f"{label}: {name(m)}", "trials", row.get("trials_run") or 0,
-               setup["tune_trials"])]
+  for study in LABELS:  # each comparison table's planned methods
+    for panel, summary in _panels(results, study).items():
+      setup, label = summary["setup"], f"{_label(study, panel)}: "
+      for m in (m["name"] for m in doc["methods"] if m["name"] in setup["methods"]):
+        row = summary["table"].get(m) or {}
+        out += [(label + name(m), "seeds", row.get("seeds", 0), len(setup["seeds"])),
+                (label + name(m), "trials", row.get("trials_run") or 0, setup["tune_trials"])]
   if "beta2" in results:
     out += [(f"beta_2 {PART_NAMES.get(part, part)} beta_2={x}", "seeds", cell["seeds"],
              len(results["beta2"]["seeds"]))

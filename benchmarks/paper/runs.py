@@ -191,8 +191,7 @@ def run_units(units: Sequence[Unit], store: Store, cache: Cache, pool: Pool, *,
     line = unit.name
     if isinstance(result, Mapping) and "final_test_accuracy" in result:
       acc = result["final_test_accuracy"]
-      if isinstance(acc, (int, float)):
-        line += f" final acc {acc:.4f}"
-      line += f" ({result.get('status')}, {result.get('total_s', 0):.0f}s)"
+      line += (f" final acc {acc:.4f}" if isinstance(acc, (int, float)) else "") + (
+          f" ({result.get('status')}, {result.get('total_s', 0):.0f}s)")
     log(f"    [{done}/{len(todo)}] {line}; {time.perf_counter() - started:.0f}s elapsed")
   return results

@@ -106,25 +106,23 @@ def test_round_table_marks_configs_not_run():
   assert len(lines) == 2 + len(rounds.CONFIGS)
 
 
-def test_prepare_writes_the_shortened_sweeps_and_their_separate_runs(tmp_path):
+def test_prepare_gives_the_shortened_sweeps_and_their_separate_runs(tmp_path):
   from tff_fedadamom.config import load_config
   from tuning import schema
 
   for name, (sweep_file, values) in sweeps.SWEEPS.items():
-    scratch = tmp_path / name
-    scratch.mkdir()
     cache = {"base.runtime.cache_dir": str(tmp_path / "cache")}
-    info = sweeps.prepare(os.path.join(common.ROOT, sweep_file), {**values, **cache},
-                          str(scratch), separate=name == "quickstart")
-    for label in sweeps.LABELS:
-      raw = schema.sweep_to_dict(schema.load_sweep(str(scratch / f"{label}.yaml")))
-      assert raw["resources"]["storage_path"] == str(scratch / label)
-      for path, value in {**values, **cache}.items():
-        section, *keys = path.split(".")
-        node = raw[section]
-        for key in keys:
-          node = node[key]
-        assert node == value, (name, path)
+    path = os.path.join(common.ROOT, sweep_file)
+    info = sweeps.prepare(path, {**values, **cache}, str(tmp_path / name),
+                          separate=name == "quickstart")
+    # The --set overrides the tune command gets give the sweep exactly these values.
+    raw = schema.sweep_to_dict(schema.load_sweep(path, info["overrides"]))
+    for dotted, value in {**values, **cache}.items():
+      section, *keys = dotted.split(".")
+      node = raw[section]
+      for key in keys:
+        node = node[key]
+      assert node == value, (name, dotted)
     assert len(info["runs"]) == (info["trials"] if name == "quickstart" else 0)
     for run in info["runs"]:
       assert load_config(run).runtime.threads == 1
