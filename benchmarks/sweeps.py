@@ -53,6 +53,8 @@ def prepare(sweep_file: str, values: Mapping, scratch: str, separate: bool) -> d
   overrides = [f"{path}={json.dumps(value)}" for path, value in values.items()]
   sweep = schema.load_sweep(sweep_file, overrides)
   runs_dir, runs = os.path.join(scratch, "runs"), []
+  if separate:
+    os.makedirs(runs_dir, exist_ok=True)
   for i, trial in enumerate(joint.trial_configs(sweep) if separate else ()):
     params = dict(trial)
     optimizer = params.pop("optimizer")
@@ -60,7 +62,6 @@ def prepare(sweep_file: str, values: Mapping, scratch: str, separate: bool) -> d
     config = space.experiment_dict(sweep, optimizer, params, threads=1, name=name,
                                    output_dir=os.path.join(runs_dir, name))
     runs.append(os.path.join(runs_dir, f"{name}.yaml"))
-    os.makedirs(runs_dir, exist_ok=True)
     dump_config(load_config(config), runs[-1])
   return {"overrides": overrides, "runs": runs,
           "concurrent": sweep.resources.max_concurrent_trials,
@@ -116,7 +117,8 @@ def measure(name: str, scratch: str) -> dict:
                  {**values, "base.runtime.cache_dir": cache}, scratch, separate)
   figures = {k: info[k] for k in ("trials", "rounds", "concurrent")}
   for label in LABELS:
-    overrides = info["overrides"] + [f"resources.storage_path={os.path.join(scratch, label)}"]
+    storage = json.dumps(os.path.join(scratch, label))  # a YAML value, as `prepare`'s
+    overrides = info["overrides"] + [f"resources.storage_path={storage}"]
     tune = [sys.executable, "-m", "tff_fedadamom", "tune", sweep_file,
             *(arg for o in overrides for arg in ("--set", o))]
     figures[label] = run_commands([tune], env, os.path.join(scratch, f"logs-{label}"), 1)
